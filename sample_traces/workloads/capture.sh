@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Capture tracekit's sample traces on a GPU machine with the real nsys and ncu.
+#
+#   bash sample_traces/workloads/capture.sh OUTDIR TARGET...
+#
+# TARGETs: decode1 train1 tp2 tp2ranks tp2pp2 customar ncu_drill ncu_full ncu_prec
+# NSYS / NCU name the tools (default: nsys/ncu on PATH, else the nsys shipped inside
+# Nsight Compute 2025.3.1). Each nsys target leaves NAME.nsys-rep, NAME.sqlite and the
+# `nsys stats --format csv` output of that same nsys in OUTDIR/NAME/; each ncu target
+# leaves NAME.ncu-rep and `ncu --import --csv` pages beside it.
+set -uo pipefail
+OUT=$(realpath -m "$1"); shift
+HERE=$(cd "$(dirname "$0")" && pwd)
+NSYS=${NSYS:-$(command -v nsys || echo /opt/nvidia/nsight-compute/2025.3.1/host/target-linux-x64/nsys)}
+NCU=${NCU:-$(command -v ncu || echo /opt/nvidia/nsight-compute/2025.3.1/ncu)}
+PY=${PYTHON:-python3}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONUNBUFFERED=1
+mkdir -p "$OUT"
+cd "$HERE"
+
+REPORTS=cuda_gpu_kern_sum,cuda_gpu_mem_time_sum,cuda_gpu_mem_size_sum,cuda_api_sum,nvtx_sum,nvtx_gpu_proj_trace,nvtx_gpu_proj_sum,nvtx_kern_sum,cuda_kern_exec_sum,cuda_kern_exec_trace,cuda_gpu_trace
+BLOBS=()
+if "$NSYS" export --help 2>&1 | grep -q -- "--include-blobs"; then BLOBS=(--include-blobs=true); fi
+COMMON=(--trace=cuda,nvtx,osrt --cuda-memory-usage=true --capture-range=cudaProfilerApi
+        --capture-range-end=stop --force-overwrite=true)
+METRICS=(--gpu-metrics-devices=all --gpu-metrics-frequency=2000)
+
+export_and_stats() {  # DIR NAME: .nsys-rep -> .sqlite -> stats CSVs
+  local dir=$1 name=$2
+  "$NSYS" export --type=sqlite "${BLOBS[@]}" --force-overwrite=true \
+      -o "$dir/$name.sqlite" "$dir/$name.nsys-rep" || return 1
+  "$NSYS" stats --format=csv --report="$REPORTS" --force-overwrite=true \
+      --output="$dir/stats/$name" "$dir/$name.sqlite" >/dev/null 2>"$dir/stats/$name.stderr.txt"
+  ls "$dir/stats" | head -40
+}
+
+nsys_target() {  # NAME -- COMMAND...
+  local name=$1; shift; shift
+  local dir="$OUT/$name"; mkdir -p "$dir/stats"
+  echo "== $name: $NSYS profile ${COMMON[*]} $*" | tee "$dir/command.txt"
+  "$NSYS" profile "${COMMON[@]}" -o "$dir/$name" "$@" 2>&1 | tail -25
+  export_and_stats "$dir" "$name"
+}
+
+ncu_csv() {  # DIR NAME
+  local dir=$1 name=$2
+  "$NCU" --import "$dir/$name.ncu-rep" --csv --page raw --print-units base > "$dir/$name.raw.csv"
+  "$NCU" --import "$dir/$name.ncu-rep" --csv --page details --print-details all > "$dir/$name.details.csv"
+  "$NCU" --import "$dir/$name.ncu-rep" --csv --page session > "$dir/$name.session.csv"
+}
+
+DRILL_SECTIONS=(--section SpeedOfLight --section SpeedOfLight_RooflineChart
+  --section SpeedOfLight_HierarchicalTensorRooflineChart --section ComputeWorkloadAnalysis
+  --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats)
+TENSOR_METRICS=sm__ops_path_tensor_src_bf16_dst_fp32.sum,sm__ops_path_tensor_src_fp16.sum,sm__ops_path_tensor_src_tf32_dst_fp32.sum,sm__ops_path_tensor_src_fp8.sum,sm__ops_path_tensor_src_fp64.sum,sm__inst_executed_pipe_tensor_op_gmma.sum,dram__bytes_read.sum,dram__bytes_write.sum
+
+for target in "$@"; do
+  SECONDS=0
+  case $target in
+    decode1) nsys_target llm_decode_1gpu -- "${METRICS[@]/all/0}" "$PY" decode.py --steps 8 ;;
+    train1) nsys_target llm_train_emit_nvtx_1gpu -- "$PY" train_emit_nvtx.py --steps 2 ;;
+    tp2) nsys_target llm_tp2_nccl -- "${METRICS[@]}" "$PY" -m torch.distributed.run --nproc-per-node 2 decode.py --tp 2 --steps 8 ;;
+    tp2pp2) nsys_target llm_tp2pp2_nccl -- "${METRICS[@]}" "$PY" -m torch.distributed.run --nproc-per-node 4 decode.py --tp 2 --pp 2 --steps 8 ;;
+    customar) nsys_target custom_allreduce_2gpu -- "$PY" -m torch.distributed.run --nproc-per-node 2 custom_allreduce.py ;;
+    tp2ranks)
+      name=llm_tp2_nccl_per_rank; dir="$OUT/$name"; mkdir -p "$dir/stats"
+      echo "== $name: torchrun --no-python $NSYS profile ${COMMON[*]} -o rank%q{RANK} $PY decode.py --tp 2" | tee "$dir/command.txt"
+      "$PY" -m torch.distributed.run --nproc-per-node 2 --no-python "$NSYS" profile "${COMMON[@]}" \
+          -o "$dir/${name}_rank%q{RANK}" "$PY" decode.py --tp 2 --steps 8 2>&1 | tail -25
+      for r in 0 1; do export_and_stats "$dir" "${name}_rank$r"; done ;;
+    ncu_drill)
+      dir="$OUT/ncu_decode_drilldown"; mkdir -p "$dir"
+      "$NCU" --nvtx --nvtx-include "step.1/" "${DRILL_SECTIONS[@]}" --import-sass no \
+          --clock-control none -f -o "$dir/ncu_decode_drilldown" "$PY" decode.py --steps 2 --warmup 1 2>&1 | tail -8
+      ncu_csv "$dir" ncu_decode_drilldown ;;
+    ncu_full)
+      dir="$OUT/ncu_probe_full"; mkdir -p "$dir"
+      "$NCU" --nvtx --nvtx-include "full/" --set full --import-sass no --clock-control none \
+          -f -o "$dir/ncu_probe_full" "$PY" ncu_probe.py --mode full 2>&1 | tail -8
+      ncu_csv "$dir" ncu_probe_full ;;
+    ncu_prec)
+      dir="$OUT/ncu_precisions"; mkdir -p "$dir"
+      "$NCU" --nvtx --nvtx-include "prec/" "${DRILL_SECTIONS[@]}" --metrics "$TENSOR_METRICS" \
+          --import-sass no --clock-control none -f -o "$dir/ncu_precisions" "$PY" ncu_probe.py --mode prec 2>&1 | tail -8
+      ncu_csv "$dir" ncu_precisions ;;
+    *) echo "unknown target $target" ;;
+  esac
+  echo "== $target took ${SECONDS}s"
+done

@@ -1,0 +1,48 @@
+"""Exceptions raised by tracekit: one root class, one line that says what to do."""
+
+from __future__ import annotations
+
+
+class TracekitError(Exception):
+    """Root of every error tracekit raises on purpose.
+
+    The message is one line that says what is wrong and what to do about it.
+    """
+
+
+class TraceNotFoundError(TracekitError, FileNotFoundError):
+    """The path does not exist or is not a regular file."""
+
+
+class TracePermissionError(TracekitError, PermissionError):
+    """The file exists but cannot be read."""
+
+
+class TraceFormatError(TracekitError, ValueError):
+    """The file is not a trace tracekit can read (wrong format, truncated, corrupt)."""
+
+
+class UnsupportedReportError(TracekitError, ValueError):
+    """The trace lacks the data a report or analysis needs."""
+
+
+class MissingDependencyError(TracekitError, ImportError):
+    """An optional dependency (an extra) is not installed."""
+
+
+class ToolNotFoundError(TracekitError):
+    """An external tool (nsys, ncu) could not be found."""
+
+
+class ExportError(TracekitError):
+    """Running ``nsys export`` on a report failed."""
+
+
+class CaptureError(TracekitError):
+    """Running a profiler on a program failed."""
+
+
+def missing_extra(package: str, extra: str) -> MissingDependencyError:
+    """Build the error for a missing optional dependency ``package`` of extra ``extra``."""
+    msg = f"{package} is not installed; install it with: pip install 'tracekit[{extra}]'"
+    return MissingDependencyError(msg)

@@ -1,0 +1,100 @@
+"""``.nsys-rep`` / ``.qdrep`` → ``.sqlite`` with an nsys found on this machine, cached.
+
+The export lands beside the report (``report.nsys-rep`` → ``report.sqlite``) or, when that
+folder is not writable, in ``$TRACEKIT_CACHE`` (default ``~/.cache/tracekit``). A cached
+export is reused while it is newer than the report and its recorded input path, size and
+modification time still match (``report.sqlite.tracekit.json``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import subprocess
+from pathlib import Path
+
+from tracekit.errors import ExportError, ToolNotFoundError
+from tracekit.tools import find_tool
+
+log = logging.getLogger(__name__)
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("TRACEKIT_CACHE", Path.home() / ".cache" / "tracekit"))
+
+
+def _stamp(report: Path) -> dict[str, object]:
+    st = report.stat()
+    return {"report": str(report.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def export_path_for(report: Path) -> Path:
+    """Where the export of ``report`` goes: beside it if writable, else in the cache folder."""
+    beside = report.with_suffix(".sqlite")
+    if os.access(report.parent, os.W_OK):
+        return beside
+    digest = hashlib.sha1(str(report.resolve()).encode()).hexdigest()[:12]
+    return _cache_dir() / f"{report.stem}-{digest}.sqlite"
+
+
+def _is_fresh(sqlite: Path, report: Path) -> bool:
+    stamp_file = sqlite.with_name(sqlite.name + ".tracekit.json")
+    if not sqlite.is_file():
+        return False
+    if stamp_file.is_file():
+        try:
+            return json.loads(stamp_file.read_text()) == _stamp(report)
+        except (OSError, ValueError):
+            return False
+    # an export someone made by hand beside the report: trust it if newer
+    return sqlite.stat().st_mtime_ns >= report.stat().st_mtime_ns
+
+
+def export_report(report: str | Path, *, include_blobs: bool = True, force: bool = False) -> Path:
+    """Export an ``.nsys-rep``/``.qdrep`` to SQLite (or reuse the cached export); return its path.
+
+    Raises
+    ------
+    ToolNotFoundError
+        No nsys on this machine; the message says how to export by hand.
+    ExportError
+        nsys ran but produced no export.
+    """
+    report = Path(report)
+    target = export_path_for(report)
+    if not force and _is_fresh(target, report):
+        log.debug("reusing export %s", target)
+        return target
+    try:
+        tool = find_tool("nsys")
+    except ToolNotFoundError:
+        msg = (
+            f"{report.name} is an Nsight Systems report and no nsys was found to export it; "
+            f"run `nsys export --type sqlite -o {report.with_suffix('.sqlite').name} {report.name}` "
+            "on a machine with Nsight Systems and open the .sqlite, or set NSYS=/path/to/nsys"
+        )
+        raise ToolNotFoundError(msg) from None
+    assert tool is not None
+    target.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [str(tool.path), "export", "--type=sqlite", "--force-overwrite=true", "-o", str(target)]
+    if include_blobs and _supports_blobs(tool.path):
+        cmd.append("--include-blobs=true")
+    cmd.append(str(report))
+    log.info("exporting %s with %s", report, tool.path)
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0 or not target.is_file():
+        last = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        msg = f"nsys export of {report.name} failed (exit {proc.returncode}): {last[0]}"
+        raise ExportError(msg)
+    target.with_name(target.name + ".tracekit.json").write_text(json.dumps(_stamp(report)))
+    return target
+
+
+def _supports_blobs(nsys: Path) -> bool:
+    try:
+        proc = subprocess.run([str(nsys), "export", "--help"], capture_output=True, text=True, check=False, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "--include-blobs" in proc.stdout + proc.stderr

@@ -1,0 +1,203 @@
+"""The documented schema of every table :class:`~tracekit.nsys.trace.NsysTrace` returns.
+
+``docs/tables.md`` describes each column (unit, source); a test keeps the two in step.
+Times are ``Int64`` nanoseconds on the capture's timeline; a change here is a schema
+change and bumps :data:`SCHEMA_VERSION`.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+SCHEMA_VERSION = "1.0"
+
+I64 = pl.Int64
+STR = pl.Utf8
+F64 = pl.Float64
+
+_GPU_OP_ID = {
+    "pid": I64,
+    "global_pid": I64,
+    "device_id": I64,
+    "context_id": I64,
+    "stream_id": I64,
+    "correlation_id": I64,
+    "start_ns": I64,
+    "end_ns": I64,
+    "duration_ns": I64,
+}
+
+KERNELS: dict[str, pl.DataType | type[pl.DataType]] = {
+    **_GPU_OP_ID,
+    "green_context_id": I64,
+    "name": STR,
+    "short_name": STR,
+    "mangled_name": STR,
+    "grid_x": I64,
+    "grid_y": I64,
+    "grid_z": I64,
+    "block_x": I64,
+    "block_y": I64,
+    "block_z": I64,
+    "registers_per_thread": I64,
+    "static_shared_memory_bytes": I64,
+    "dynamic_shared_memory_bytes": I64,
+    "local_memory_per_thread_bytes": I64,
+    "launch_type": STR,
+    "graph_node_id": I64,
+    "graph_id": I64,
+}
+
+MEMCPYS: dict[str, pl.DataType | type[pl.DataType]] = {
+    **_GPU_OP_ID,
+    "green_context_id": I64,
+    "bytes": I64,
+    "copy_kind": STR,
+    "copy_kind_label": STR,
+    "src_kind": STR,
+    "dst_kind": STR,
+    "src_device_id": I64,
+    "dst_device_id": I64,
+    "graph_node_id": I64,
+    "copy_count": I64,
+}
+
+MEMSETS: dict[str, pl.DataType | type[pl.DataType]] = {
+    **_GPU_OP_ID,
+    "green_context_id": I64,
+    "bytes": I64,
+    "value": I64,
+    "mem_kind": STR,
+    "graph_node_id": I64,
+}
+
+SYNCS: dict[str, pl.DataType | type[pl.DataType]] = {
+    **_GPU_OP_ID,
+    "sync_type": STR,
+    "event_id": I64,
+}
+
+CUDA_API: dict[str, pl.DataType | type[pl.DataType]] = {
+    "pid": I64,
+    "tid": I64,
+    "global_tid": I64,
+    "start_ns": I64,
+    "end_ns": I64,
+    "duration_ns": I64,
+    "name": STR,
+    "api": STR,
+    "correlation_id": I64,
+    "return_value": I64,
+    "callchain_id": I64,
+}
+
+NVTX: dict[str, pl.DataType | type[pl.DataType]] = {
+    "pid": I64,
+    "tid": I64,
+    "global_tid": I64,
+    "event_type": STR,
+    "event_type_id": I64,
+    "start_ns": I64,
+    "end_ns": I64,
+    "duration_ns": I64,
+    "name": STR,
+    "domain_id": I64,
+    "domain": STR,
+    "category": I64,
+    "color": I64,
+    "range_id": I64,
+    "end_global_tid": I64,
+    "uint64_value": I64,
+    "int64_value": I64,
+    "double_value": F64,
+    "uint32_value": I64,
+    "int32_value": I64,
+    "float_value": F64,
+    "json_text": STR,
+    "binary_data": pl.Binary,
+}
+
+GPUS: dict[str, pl.DataType | type[pl.DataType]] = {
+    "device_id": I64,
+    "name": STR,
+    "bus_location": STR,
+    "uuid": STR,
+    "chip_name": STR,
+    "compute_capability": STR,
+    "sm_count": I64,
+    "total_memory_bytes": I64,
+    "memory_bandwidth_bytes_per_s": I64,
+    "clock_rate_hz": I64,
+    "l2_cache_bytes": I64,
+}
+
+PROCESSES: dict[str, pl.DataType | type[pl.DataType]] = {
+    "pid": I64,
+    "global_pid": I64,
+    "name": STR,
+}
+
+THREADS: dict[str, pl.DataType | type[pl.DataType]] = {
+    "pid": I64,
+    "tid": I64,
+    "global_tid": I64,
+    "name": STR,
+}
+
+MEMORY_USAGE: dict[str, pl.DataType | type[pl.DataType]] = {
+    "pid": I64,
+    "global_pid": I64,
+    "device_id": I64,
+    "context_id": I64,
+    "stream_id": I64,
+    "correlation_id": I64,
+    "start_ns": I64,
+    "address": I64,
+    "bytes": I64,
+    "mem_kind": STR,
+    "operation": STR,
+    "name": STR,
+}
+
+GPU_METRICS: dict[str, pl.DataType | type[pl.DataType]] = {
+    "device_id": I64,
+    "timestamp_ns": I64,
+    "metric": STR,
+    "metric_label": STR,
+    "value": I64,
+}
+
+TABLES: dict[str, dict[str, pl.DataType | type[pl.DataType]]] = {
+    "kernels": KERNELS,
+    "memcpys": MEMCPYS,
+    "memsets": MEMSETS,
+    "syncs": SYNCS,
+    "cuda_api": CUDA_API,
+    "nvtx": NVTX,
+    "gpus": GPUS,
+    "processes": PROCESSES,
+    "threads": THREADS,
+    "memory_usage": MEMORY_USAGE,
+    "gpu_metrics": GPU_METRICS,
+}
+
+
+def empty(table: str) -> pl.DataFrame:
+    """An empty frame with the documented schema of ``table``."""
+    return pl.DataFrame(schema=TABLES[table])
+
+
+def conform(frame: pl.DataFrame, table: str) -> pl.DataFrame:
+    """Select and cast ``frame``'s columns to the documented schema of ``table``.
+
+    Columns the frame lacks are added as nulls.
+    """
+    schema = TABLES[table]
+    exprs = []
+    for name, dtype in schema.items():
+        if name in frame.columns:
+            col = pl.col(name)
+            exprs.append(col if frame.schema[name] == dtype else col.cast(dtype, strict=False))
+        else:
+            exprs.append(pl.lit(None, dtype=dtype).alias(name))
+    return frame.select(exprs)

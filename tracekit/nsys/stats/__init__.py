@@ -1,0 +1,72 @@
+"""nsys-stats-compatible reports (``tracekit stats -r NAME``), one function per report.
+
+:data:`REPORTS` maps each report name to ``module:function``; each function takes an
+``NsysTrace`` and keyword options and returns a :class:`~tracekit.nsys.stats.common.Report`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from tracekit.nsys.stats.common import CONVENTIONS, Report
+
+if TYPE_CHECKING:
+    from tracekit.nsys.trace import NsysTrace
+
+REPORTS: dict[str, str] = {
+    "cuda_gpu_kern_sum": "tracekit.nsys.stats.summaries:cuda_gpu_kern_sum",
+    "cuda_gpu_mem_time_sum": "tracekit.nsys.stats.summaries:cuda_gpu_mem_time_sum",
+    "cuda_gpu_mem_size_sum": "tracekit.nsys.stats.summaries:cuda_gpu_mem_size_sum",
+    "cuda_api_sum": "tracekit.nsys.stats.summaries:cuda_api_sum",
+    "nvtx_sum": "tracekit.nsys.stats.summaries:nvtx_sum",
+    "cuda_gpu_trace": "tracekit.nsys.stats.gpu_trace:cuda_gpu_trace",
+    "nvtx_gpu_proj_trace": "tracekit.nsys.stats.nvtx_projection:nvtx_gpu_proj_trace",
+    "nvtx_gpu_proj_sum": "tracekit.nsys.stats.nvtx_projection:nvtx_gpu_proj_sum",
+    "nvtx_kern_sum": "tracekit.nsys.stats.nvtx_projection:nvtx_kern_sum",
+    "cuda_kern_exec_sum": "tracekit.nsys.stats.launch:cuda_kern_exec_sum",
+    "cuda_kern_exec_trace": "tracekit.nsys.stats.launch:cuda_kern_exec_trace",
+}
+
+#: Older report names nsys still accepts.
+ALIASES = {"gpukernsum": "cuda_gpu_kern_sum", "cudaapisum": "cuda_api_sum", "gputrace": "cuda_gpu_trace",
+           "gpumemtimesum": "cuda_gpu_mem_time_sum", "gpumemsizesum": "cuda_gpu_mem_size_sum", "nvtxsum": "nvtx_sum"}
+
+
+def available_reports() -> list[str]:
+    """Names of the reports whose implementation is importable."""
+    names = []
+    for name, target in REPORTS.items():
+        module = target.split(":")[0]
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            continue
+        names.append(name)
+    return names
+
+
+def run_report(trace: NsysTrace, name: str, *, convention: str = "2025", **options: Any) -> Report:
+    """Compute report ``name`` (``"cuda_gpu_kern_sum"``, ``"cuda_api_sum"`` …) on ``trace``."""
+    from tracekit.errors import UnsupportedReportError
+
+    base, _, variant = name.partition(":")
+    base = ALIASES.get(base, base)
+    if base not in REPORTS:
+        msg = f"unknown report {name!r}; available: {', '.join(available_reports())}"
+        raise UnsupportedReportError(msg)
+    if convention not in CONVENTIONS:
+        msg = f"unknown rounding convention {convention!r}; use one of {', '.join(CONVENTIONS)}"
+        raise UnsupportedReportError(msg)
+    if variant and base == "cuda_gpu_kern_sum":
+        options.setdefault("name", variant)
+    module, func = REPORTS[base].split(":")
+    try:
+        fn = getattr(importlib.import_module(module), func)
+    except (ImportError, AttributeError):
+        msg = f"report {base} is not implemented in this version of tracekit"
+        raise UnsupportedReportError(msg) from None
+    return fn(trace, convention=convention, **options)
+
+
+__all__ = ["REPORTS", "Report", "available_reports", "run_report"]

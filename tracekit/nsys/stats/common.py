@@ -1,0 +1,151 @@
+"""Shared machinery of the nsys-stats-compatible reports: statistics, rounding, CSV output.
+
+nsys's reports compute, per group, the total, count, mean, median (the mean of the two
+middle values for an even count), min, max and the *sample* standard deviation (0 for a
+single value), round Avg/Med/StdDev to one decimal and print ``Time (%)`` as the group's
+share of the summed total, rounded to one decimal.
+
+Rounding differs between nsys versions: the 2023.x reports ran in SQLite, whose ``ROUND``
+rounds the decimal text of the value half away from zero (531.55 → 531.6); the 2025.x
+reports round the binary double correctly (531.55 is 531.549999… → 531.5). ``convention``
+picks one: ``"2025"`` (the default, what current nsys prints) or ``"2023"``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from decimal import ROUND_HALF_UP, Decimal
+
+import polars as pl
+
+CONVENTIONS = ("2025", "2023")
+
+
+def round1(value: float | None, convention: str = "2025", digits: int = 1) -> float | None:
+    """Round like nsys of the given ``convention`` (see the module docstring)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    if convention == "2023":
+        quant = Decimal(1).scaleb(-digits)
+        return float(Decimal(format(value, ".15g")).quantize(quant, rounding=ROUND_HALF_UP))
+    return round(value, digits)
+
+
+def stat_aggs(value: str) -> list[pl.Expr]:
+    """Total, count, mean, median, min, max and sample stddev of column ``value``."""
+    v = pl.col(value)
+    return [
+        v.sum().alias("_total"),
+        v.len().alias("_count"),
+        v.mean().alias("_avg"),
+        v.median().alias("_med"),
+        v.min().alias("_min"),
+        v.max().alias("_max"),
+        pl.when(v.len() > 1).then(v.std(ddof=1)).otherwise(0.0).alias("_std"),
+    ]
+
+
+@dataclass
+class Report:
+    """A computed report: rows with nsys's column names, and how to print each column.
+
+    ``kinds`` maps a column to ``"int"``, ``"float1"`` (one decimal, rounded by
+    ``convention``), ``"mb3"`` (value in bytes printed as decimal MB with three decimals),
+    ``"pct"`` (percent, one decimal) or ``"str"``.
+    """
+
+    name: str
+    frame: pl.DataFrame
+    kinds: dict[str, str]
+    convention: str = "2025"
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def columns(self) -> list[str]:
+        return self.frame.columns
+
+    def formatted_rows(self) -> list[list[str]]:
+        """Rows as the strings nsys prints in CSV."""
+        formatters: list[Callable[[object], str]] = [
+            _formatter(self.kinds.get(c, "str"), self.convention) for c in self.frame.columns
+        ]
+        return [
+            [fmt(value) for fmt, value in zip(formatters, row, strict=True)]
+            for row in self.frame.iter_rows()
+        ]
+
+    def to_csv(self) -> str:
+        """The report as nsys's ``--format csv`` output (header line, then rows)."""
+        buf = io.StringIO()
+        writer = csv.writer(buf, lineterminator="\n")
+        writer.writerow(self.frame.columns)
+        writer.writerows(self.formatted_rows())
+        return buf.getvalue()
+
+
+def _fmt_int(value: object) -> str:
+    return "" if value is None else str(int(value))  # type: ignore[call-overload]
+
+
+def _formatter(kind: str, convention: str) -> Callable[[object], str]:
+    if kind == "int":
+        return _fmt_int
+    if kind in ("float1", "pct"):
+
+        def fmt(value: object) -> str:
+            r = round1(None if value is None else float(value), convention)  # type: ignore[arg-type]
+            return "" if r is None else repr(r)
+
+        return fmt
+    if kind == "mb3":
+
+        def fmt_mb(value: object) -> str:
+            if value is None:
+                return ""
+            return f"{float(value) / 1e6:.3f}"  # type: ignore[arg-type]
+
+        return fmt_mb
+    return lambda value: "" if value is None else str(value)
+
+
+def summary_frame(
+    frame: pl.DataFrame,
+    *,
+    group: Sequence[str],
+    value: str,
+) -> pl.DataFrame:
+    """Group ``frame`` and compute nsys's statistics of ``value`` (columns ``_total`` …)."""
+    out = frame.group_by(list(group)).agg(stat_aggs(value))
+    grand = out["_total"].sum()
+    return out.with_columns(
+        (pl.col("_total").cast(pl.Float64) * 100.0 / (grand if grand else 1)).alias("_pct")
+    )
+
+
+TIME_SUMMARY_KINDS = {
+    "Time (%)": "pct",
+    "Total Time (ns)": "int",
+    "Avg (ns)": "float1",
+    "Med (ns)": "float1",
+    "Min (ns)": "int",
+    "Max (ns)": "int",
+    "StdDev (ns)": "float1",
+}
+
+
+def time_summary_columns(count_label: str) -> list[pl.Expr]:
+    """The ``Time (%) … StdDev (ns)`` columns with ``count_label`` for the count."""
+    return [
+        pl.col("_pct").alias("Time (%)"),
+        pl.col("_total").alias("Total Time (ns)"),
+        pl.col("_count").alias(count_label),
+        pl.col("_avg").alias("Avg (ns)"),
+        pl.col("_med").alias("Med (ns)"),
+        pl.col("_min").alias("Min (ns)"),
+        pl.col("_max").alias("Max (ns)"),
+        pl.col("_std").alias("StdDev (ns)"),
+    ]

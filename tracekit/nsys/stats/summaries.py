@@ -1,0 +1,167 @@
+"""nsys-compatible summary reports over kernels, API calls, memory operations and NVTX.
+
+Each function takes an :class:`~tracekit.nsys.trace.NsysTrace` and returns a
+:class:`~tracekit.nsys.stats.common.Report` whose columns, numbers, rounding, ordering and
+name clean-ups are those of ``nsys stats --format csv -r <report>``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import polars as pl
+
+from tracekit.errors import UnsupportedReportError
+from tracekit.nsys.enums import NVTX_RANGE_TYPES
+from tracekit.nsys.stats.common import (
+    TIME_SUMMARY_KINDS,
+    Report,
+    summary_frame,
+    time_summary_columns,
+)
+
+if TYPE_CHECKING:
+    from tracekit.nsys.trace import NsysTrace
+
+
+def _require(trace: NsysTrace, report: str, *tables: str) -> None:
+    missing = [t for t in tables if not trace.db.has_table(t)]
+    if missing:
+        msg = f"{trace.path.name} has no {', '.join(missing)} table, so it cannot give {report}: capture with the matching --trace option"
+        raise UnsupportedReportError(msg)
+
+
+def kernel_name_expr(mode: str = "demangled") -> pl.Expr:
+    """The kernel-name column nsys groups by: ``demangled`` (default), ``base`` or ``mangled``.
+
+    nsys falls back to the demangled name wherever the chosen column is null.
+    """
+    if mode == "base":
+        return pl.coalesce(pl.col("short_name"), pl.col("name"))
+    if mode == "mangled":
+        return pl.coalesce(pl.col("mangled_name"), pl.col("name"))
+    if mode == "demangled":
+        return pl.col("name")
+    msg = f"unknown kernel name mode {mode!r}; use demangled, base or mangled"
+    raise ValueError(msg)
+
+
+def cuda_gpu_kern_sum(trace: NsysTrace, *, name: str = "demangled", convention: str = "2025") -> Report:
+    """Kernel time per kernel name (``cuda_gpu_kern_sum``).
+
+    Ordered by total time descending, then instance count ascending, then name.
+    """
+    _require(trace, "cuda_gpu_kern_sum", "CUPTI_ACTIVITY_KIND_KERNEL")
+    k = trace.kernels.select(kernel_name_expr(name).alias("Name"), "duration_ns")
+    s = summary_frame(k, group=["Name"], value="duration_ns")
+    s = s.sort(["_total", "_count", "Name"], descending=[True, False, False])
+    frame = s.select(*time_summary_columns("Instances"), pl.col("Name"))
+    return Report("cuda_gpu_kern_sum", frame, {**TIME_SUMMARY_KINDS, "Instances": "int"}, convention)
+
+
+def api_display_name(name: pl.Expr) -> pl.Expr:
+    """nsys's clean-up of API names: when the 6th- and 5th-last characters are ``_v``, drop
+    the last 6 (``cudaLaunchKernel_v7000`` → ``cudaLaunchKernel``; ``cuGetProcAddress_v2``
+    and ``cudaStreamIsCapturing_v10000`` stay)."""
+    return (
+        pl.when(name.str.slice(-6, 2) == "_v")
+        .then(name.str.slice(0, name.str.len_chars() - 6))
+        .otherwise(name)
+    )
+
+
+def cuda_api_sum(trace: NsysTrace, *, convention: str = "2025") -> Report:
+    """Time per CUDA runtime/driver API function (``cuda_api_sum``), all calls counted."""
+    _require(trace, "cuda_api_sum", "CUPTI_ACTIVITY_KIND_RUNTIME")
+    api = trace.cuda_api.select("name", "duration_ns")
+    s = summary_frame(api, group=["name"], value="duration_ns")
+    s = s.sort(["_total", "_count", "name"], descending=[True, False, False])
+    frame = s.select(*time_summary_columns("Num Calls"), api_display_name(pl.col("name")).alias("Name"))
+    return Report("cuda_api_sum", frame, {**TIME_SUMMARY_KINDS, "Num Calls": "int"}, convention)
+
+
+def memory_operations(trace: NsysTrace) -> pl.DataFrame:
+    """Memcpys and memsets with nsys's operation names: ``[CUDA memcpy <kind>]``, ``[CUDA memset]``.
+
+    Columns: ``Operation``, ``start_ns``, ``duration_ns``, ``bytes``.
+    """
+    copies = trace.memcpys.select(
+        pl.format("[CUDA memcpy {}]", pl.col("copy_kind_label")).alias("Operation"),
+        "start_ns",
+        "duration_ns",
+        "bytes",
+    )
+    sets = trace.memsets.select(pl.lit("[CUDA memset]").alias("Operation"), "start_ns", "duration_ns", "bytes")
+    return pl.concat([copies, sets])
+
+
+def _require_memory(trace: NsysTrace, report: str) -> None:
+    if not (trace.db.has_table("CUPTI_ACTIVITY_KIND_MEMCPY") or trace.db.has_table("CUPTI_ACTIVITY_KIND_MEMSET")):
+        msg = f"{trace.path.name} has no memcpy or memset table, so it cannot give {report}: the program made no traced memory operations"
+        raise UnsupportedReportError(msg)
+
+
+def cuda_gpu_mem_time_sum(trace: NsysTrace, *, convention: str = "2025") -> Report:
+    """GPU time per memory operation kind (``cuda_gpu_mem_time_sum``).
+
+    Exports older than nsys 2022.4 lack ``ENUM_CUDA_MEMCPY_OPER`` (nsys 2023.4 then skips
+    the report); tracekit uses the same labels from its built-in table instead.
+    """
+    _require_memory(trace, "cuda_gpu_mem_time_sum")
+    s = summary_frame(memory_operations(trace), group=["Operation"], value="duration_ns")
+    s = s.sort(["_total", "_count", "Operation"], descending=[True, False, False])
+    frame = s.select(*time_summary_columns("Count"), pl.col("Operation"))
+    return Report("cuda_gpu_mem_time_sum", frame, {**TIME_SUMMARY_KINDS, "Count": "int"}, convention)
+
+
+def cuda_gpu_mem_size_sum(trace: NsysTrace, *, convention: str = "2025") -> Report:
+    """Bytes per memory operation kind (``cuda_gpu_mem_size_sum``), printed in decimal MB."""
+    _require_memory(trace, "cuda_gpu_mem_size_sum")
+    s = summary_frame(memory_operations(trace), group=["Operation"], value="bytes")
+    s = s.sort(["_total", "_count", "Operation"], descending=[True, False, False])
+    frame = s.select(
+        pl.col("_total").alias("Total (MB)"),
+        pl.col("_count").alias("Count"),
+        pl.col("_avg").alias("Avg (MB)"),
+        pl.col("_med").alias("Med (MB)"),
+        pl.col("_min").alias("Min (MB)"),
+        pl.col("_max").alias("Max (MB)"),
+        pl.col("_std").alias("StdDev (MB)"),
+        pl.col("Operation"),
+    )
+    kinds = {c: "mb3" for c in frame.columns if c.endswith("(MB)")}
+    return Report("cuda_gpu_mem_size_sum", frame, {**kinds, "Count": "int"}, convention)
+
+
+def nvtx_range_name(frame: pl.DataFrame | None = None) -> pl.Expr:
+    """``domain:name`` for ranges of a named domain, else the bare name (nsys's display)."""
+    return (
+        pl.when(pl.col("domain").is_null())
+        .then(pl.col("name"))
+        .otherwise(pl.format("{}:{}", pl.col("domain"), pl.col("name")))
+    )
+
+
+def nvtx_style(expr: pl.Expr | None = None) -> pl.Expr:
+    """``PushPop`` or ``StartEnd`` from ``event_type_id``."""
+    e = pl.col("event_type_id") if expr is None else expr
+    return pl.when(e.is_in([59, 70])).then(pl.lit("PushPop")).otherwise(pl.lit("StartEnd"))
+
+
+def nvtx_sum(trace: NsysTrace, *, convention: str = "2025") -> Report:
+    """Time per NVTX range name and style (``nvtx_sum``).
+
+    Open ranges end at the largest timestamp of the NVTX table, as in nsys.
+    """
+    _require(trace, "nvtx_sum", "NVTX_EVENTS")
+    events = trace.nvtx
+    last = events.select(pl.max_horizontal(pl.col("start_ns").max(), pl.col("end_ns").max())).item()
+    ranges = events.filter(pl.col("event_type_id").is_in(list(NVTX_RANGE_TYPES))).select(
+        nvtx_range_name().alias("Range"),
+        nvtx_style().alias("Style"),
+        (pl.col("end_ns").fill_null(last) - pl.col("start_ns")).alias("duration_ns"),
+    )
+    s = summary_frame(ranges, group=["Range", "Style"], value="duration_ns")
+    s = s.sort(["_total", "_count", "Range"], descending=[True, False, False])
+    frame = s.select(*time_summary_columns("Instances"), pl.col("Style"), pl.col("Range"))
+    return Report("nvtx_sum", frame, {**TIME_SUMMARY_KINDS, "Instances": "int"}, convention)

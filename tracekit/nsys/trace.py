@@ -1,0 +1,150 @@
+"""``NsysTrace``: one Nsight Systems export as lazily built, cached polars tables."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from functools import cached_property
+from pathlib import Path
+
+import polars as pl
+
+from tracekit.nsys import readers
+from tracekit.nsys.database import ExportDatabase
+from tracekit.nsys.gpu_metrics import gpu_metrics
+from tracekit.nsys.meta import TraceMeta, read_meta
+from tracekit.nsys.nvtx import nvtx
+
+log = logging.getLogger(__name__)
+
+
+class IncompleteTraceWarning(UserWarning):
+    """The export lacks whole kinds of data (no CUDA tables, no NVTX, no GPU list)."""
+
+
+class NsysTrace:
+    """An Nsight Systems SQLite export.
+
+    Tables are polars ``DataFrame``s built on first access and cached; see
+    ``docs/tables.md`` for every column. Use as a context manager, or call :meth:`close`,
+    to release the file handle.
+
+    Parameters
+    ----------
+    path
+        The ``.sqlite`` export (open ``.nsys-rep`` files with :func:`tracekit.open`).
+    engine
+        ``"auto"`` (ADBC when installed), ``"adbc"`` or ``"sqlite3"``.
+    source
+        The report the export was made from, when tracekit exported it.
+
+    Examples
+    --------
+    >>> import tracekit
+    >>> trace = tracekit.open("sample_traces/llm_decode_1gpu/llm_decode_1gpu.sqlite")  # doctest: +SKIP
+    >>> trace.kernels.select("name", "duration_ns").head()  # doctest: +SKIP
+    """
+
+    def __init__(self, path: str | Path, *, engine: str = "auto", source: Path | None = None) -> None:
+        self.path = Path(path)
+        self.source = source
+        self.db = ExportDatabase(self.path, engine=engine)
+        if any(m.startswith("CUDA trace") for m in self.meta.missing):
+            msg = f"{self.path.name}: incomplete export, missing " + "; ".join(self.meta.missing)
+            warnings.warn(msg, IncompleteTraceWarning, stacklevel=2)
+
+    def __repr__(self) -> str:
+        return f"NsysTrace({str(self.path)!r}, nsys {self.meta.version})"
+
+    def __enter__(self) -> NsysTrace:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the file (tables already built stay usable)."""
+        self.db.close()
+
+    # -- metadata ---------------------------------------------------------------------
+    @cached_property
+    def meta(self) -> TraceMeta:
+        """Versions, capture window, capture command and environment, missing data."""
+        return read_meta(self.db)
+
+    @cached_property
+    def strings(self) -> pl.DataFrame:
+        """The export's ``StringIds(id, value)`` table."""
+        return readers.string_ids(self.db)
+
+    # -- tables -----------------------------------------------------------------------
+    @cached_property
+    def kernels(self) -> pl.DataFrame:
+        """One row per CUDA kernel execution."""
+        return readers.kernels(self.db, self.strings)
+
+    @cached_property
+    def memcpys(self) -> pl.DataFrame:
+        """One row per memory copy (``copy_kind`` HtoD, DtoH, DtoD, PtoP …)."""
+        return readers.memcpys(self.db)
+
+    @cached_property
+    def memsets(self) -> pl.DataFrame:
+        """One row per memset."""
+        return readers.memsets(self.db)
+
+    @cached_property
+    def syncs(self) -> pl.DataFrame:
+        """CUDA synchronization events (stream, event, context syncs) as the GPU saw them."""
+        return readers.syncs(self.db)
+
+    @cached_property
+    def cuda_api(self) -> pl.DataFrame:
+        """CUDA runtime and driver API calls (``api`` says which)."""
+        return readers.cuda_api(self.db, self.strings)
+
+    @cached_property
+    def nvtx(self) -> pl.DataFrame:
+        """Every NVTX event: ranges (null ``end_ns`` when left open), marks, domain rows."""
+        return nvtx(self.db, self.strings)
+
+    @cached_property
+    def gpus(self) -> pl.DataFrame:
+        """GPUs of the captured machine (all of them, used or not)."""
+        return readers.gpus(self.db)
+
+    @cached_property
+    def processes(self) -> pl.DataFrame:
+        """Processes (pid, name)."""
+        return readers.processes(self.db)
+
+    @cached_property
+    def threads(self) -> pl.DataFrame:
+        """Named threads (pid, tid, name)."""
+        return readers.threads(self.db, self.strings)
+
+    @cached_property
+    def memory_usage(self) -> pl.DataFrame:
+        """Device memory allocations and frees (``--cuda-memory-usage=true``)."""
+        return readers.memory_usage(self.db, self.strings)
+
+    @cached_property
+    def gpu_metrics(self) -> pl.DataFrame:
+        """GPU metric samples (``--gpu-metrics-devices``), long format with stable names."""
+        return gpu_metrics(self.db)
+
+    @cached_property
+    def nccl(self) -> pl.DataFrame:
+        """One row per NCCL call per rank (see ``tracekit.analysis.nccl``)."""
+        from tracekit.analysis.nccl import nccl_calls
+
+        return nccl_calls(self)
+
+    def table(self, name: str) -> pl.DataFrame:
+        """A table by name (``"kernels"``, ``"nvtx"`` …)."""
+        from tracekit.nsys.schema import TABLES
+
+        if name not in TABLES and name != "nccl":
+            msg = f"unknown table {name!r}; choose one of {', '.join(sorted(TABLES))}"
+            raise KeyError(msg)
+        return getattr(self, name)

@@ -1,0 +1,105 @@
+"""``tracekit.open``: look at a file's first bytes and return the right trace object."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tracekit.errors import TraceFormatError, TraceNotFoundError, TracePermissionError
+
+if TYPE_CHECKING:
+    from tracekit.ncu.report import NcuReport
+    from tracekit.nsys.trace import NsysTrace
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+NSYS_REPORT_MAGIC = b"NVIDIA Tegra Profiler Report"
+
+
+def _check_path(path: Path) -> None:
+    if not path.exists():
+        msg = f"{path} does not exist; check the path (Nsight Systems exports end in .sqlite or .nsys-rep)"
+        raise TraceNotFoundError(msg)
+    if path.is_dir():
+        msg = f"{path} is a directory; pass one trace file, or use tracekit.open_many() for a folder of ranks"
+        raise TraceFormatError(msg)
+    if not os.access(path, os.R_OK):
+        msg = f"{path} is not readable by this user; fix its permissions (chmod a+r) or copy it"
+        raise TracePermissionError(msg)
+
+
+def _head(path: Path, size: int = 64) -> bytes:
+    try:
+        with path.open("rb") as fh:
+            return fh.read(size)
+    except PermissionError:
+        msg = f"{path} is not readable by this user; fix its permissions (chmod a+r) or copy it"
+        raise TracePermissionError(msg) from None
+
+
+def sniff(path: str | Path) -> str:
+    """The kind of trace file by its bytes: ``"nsys-sqlite"``, ``"nsys-report"``, ``"ncu"``, ``"ncu-csv"``."""
+    path = Path(path)
+    _check_path(path)
+    head = _head(path)
+    if not head:
+        msg = f"{path} is empty (0 bytes); the capture or export was probably interrupted: capture again"
+        raise TraceFormatError(msg)
+    if head.startswith(SQLITE_MAGIC):
+        return "nsys-sqlite"
+    if head.startswith(NSYS_REPORT_MAGIC):
+        return "nsys-report"
+    from tracekit.ncu.report import is_ncu_report
+
+    if is_ncu_report(head):
+        return "ncu"
+    if head.lstrip().startswith(b'"ID"'):
+        return "ncu-csv"
+    msg = (
+        f"{path} is not an Nsight Systems (.sqlite, .nsys-rep) or Nsight Compute (.ncu-rep, raw CSV) file; "
+        "export Nsight Systems reports with `nsys export --type sqlite`"
+    )
+    raise TraceFormatError(msg)
+
+
+def open(path: str | Path, **options: Any) -> NsysTrace | NcuReport:  # noqa: A001 - public name
+    """Open a trace by content: an nsys SQLite export or report, or an ncu report or CSV.
+
+    ``.nsys-rep``/``.qdrep`` files are exported to SQLite with an nsys found on this machine
+    (see :func:`tracekit.nsys.export.export_report`). Options go to the trace class
+    (``engine="sqlite3"`` forces the standard-library reader).
+    """
+    path = Path(path)
+    kind = sniff(path)
+    if kind == "nsys-sqlite":
+        from tracekit.nsys.trace import NsysTrace
+
+        return _open_sqlite(path, NsysTrace, options)
+    if kind == "nsys-report":
+        from tracekit.nsys.export import export_report
+        from tracekit.nsys.trace import NsysTrace
+
+        exported = export_report(path)
+        return _open_sqlite(exported, NsysTrace, {**options, "source": path})
+    from tracekit.ncu.report import NcuReport
+
+    return NcuReport.from_path(path)
+
+
+def _open_sqlite(path: Path, cls: Any, options: dict[str, Any]) -> Any:
+    trace = cls(path, **options)
+    if not trace.db.tables & {"StringIds", "ThreadNames", "TARGET_INFO_SESSION_START_TIME"}:
+        trace.close()
+        msg = (
+            f"{path} is a SQLite database but not an Nsight Systems export (no StringIds table); "
+            "open the file that `nsys export --type sqlite` wrote"
+        )
+        raise TraceFormatError(msg)
+    return trace
+
+
+def open_many(paths: Any, **options: Any) -> Any:
+    """Open one trace per rank; see :func:`tracekit.analysis.ranks.open_many`."""
+    from tracekit.multi import open_many as _open_many
+
+    return _open_many(paths, **options)
