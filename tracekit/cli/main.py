@@ -55,17 +55,19 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except SystemExit as exc:  # typer's own exits (--help, usage errors)
         return int(exc.code or 0)
-    except Exception as exc:  # click usage errors arrive here with standalone_mode=False
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
-            return exc.exit_code
-        if isinstance(exc, click.exceptions.Exit):
-            return exc.exit_code
-        if isinstance(exc, click.exceptions.Abort):
+    except Exception as exc:
+        # click (vendored by typer) signals usage errors and --help exits with exceptions
+        # that carry an exit code; anything else is a bug in tracekit.
+        if hasattr(exc, "exit_code"):
+            if hasattr(exc, "show"):
+                exc.show()
+            return int(exc.exit_code)
+        if type(exc).__name__ == "Abort":
             return 1
-        raise
+        if _state["debug"]:
+            raise
+        print(f"tracekit: internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import urllib.parse
+import weakref
 from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
@@ -65,11 +66,14 @@ class ExportDatabase:
         if self._sqlite is None:
             self._sqlite = sqlite3.connect(_uri(self.path), uri=True, check_same_thread=False)
             self._sqlite.text_factory = lambda b: b.decode("utf-8", errors="replace")
+            # traces opened in notebooks are rarely closed: close with the object
+            weakref.finalize(self, self._sqlite.close)
         return self._sqlite
 
     def _adbc_connection(self) -> Any:
         if self._adbc_conn is None:
             self._adbc_conn = _adbc.connect(_uri(self.path))
+            weakref.finalize(self, self._adbc_conn.close)
         return self._adbc_conn
 
     def close(self) -> None:
@@ -101,9 +105,7 @@ class ExportDatabase:
     @cached_property
     def tables(self) -> frozenset[str]:
         """Names of the tables (and views) in the file."""
-        rows = self._stdlib().execute(
-            "SELECT name FROM sqlite_master WHERE type IN ('table', 'view')"
-        ).fetchall()
+        rows = self.rows("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")
         return frozenset(r[0] for r in rows)
 
     def has_table(self, table: str) -> bool:
@@ -117,7 +119,7 @@ class ExportDatabase:
             if table not in self.tables:
                 cache[table] = ()
             else:
-                rows = self._stdlib().execute(f'PRAGMA table_info("{table}")').fetchall()
+                rows = self.rows(f'PRAGMA table_info("{table}")')
                 cache[table] = tuple(r[1] for r in rows)
         return cache[table]
 
@@ -129,7 +131,7 @@ class ExportDatabase:
         """Number of rows in ``table`` (0 when absent)."""
         if table not in self.tables:
             return 0
-        return int(self._stdlib().execute(f'SELECT count(*) FROM "{table}"').fetchone()[0])
+        return int(self.scalar(f'SELECT count(*) FROM "{table}"'))
 
     # -- queries ---------------------------------------------------------------------
     def query(self, sql: str, schema: Mapping[str, pl.DataType | type[pl.DataType]]) -> pl.DataFrame:
@@ -142,7 +144,17 @@ class ExportDatabase:
                 return self._query_adbc(sql, schema)
             except Exception as exc:  # ADBC mis-typing: fall back to the exact path
                 log.debug("ADBC query failed (%s); falling back to sqlite3", exc)
-        return self._query_stdlib(sql, schema)
+        try:
+            return self._query_stdlib(sql, schema)
+        except sqlite3.DatabaseError as exc:
+            raise self._corrupt(exc) from None
+
+    def _corrupt(self, exc: Exception) -> TraceFormatError:
+        msg = (
+            f"{self.path} could not be read ({exc}); the export is truncated or corrupt: "
+            "export the report again with `nsys export --type sqlite`"
+        )
+        return TraceFormatError(msg)
 
     def _query_adbc(self, sql: str, schema: Mapping[str, Any]) -> pl.DataFrame:
         cur = self._adbc_connection().cursor()
@@ -171,16 +183,26 @@ class ExportDatabase:
             data[name] = pl.Series(name, values, dtype=None if dtype != pl.Binary else pl.Binary, strict=False)
         return _cast(pl.DataFrame(data), schema)
 
+    def rows(self, sql: str) -> list[tuple[Any, ...]]:
+        """All rows of ``sql`` as tuples (stdlib sqlite3; for small metadata tables)."""
+        try:
+            return self._stdlib().execute(sql).fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise self._corrupt(exc) from None
+
     def scalar(self, sql: str) -> Any:
         """First column of the first row of ``sql`` (``None`` when no row)."""
-        row = self._stdlib().execute(sql).fetchone()
+        try:
+            row = self._stdlib().execute(sql).fetchone()
+        except sqlite3.DatabaseError as exc:
+            raise self._corrupt(exc) from None
         return None if row is None else row[0]
 
     def key_values(self, table: str) -> dict[str, str]:
         """A ``(name, value)`` table such as ``META_DATA_EXPORT`` as a dict (empty when absent)."""
         if not {"name", "value"} <= set(self.columns(table)):
             return {}
-        rows = self._stdlib().execute(f'SELECT name, value FROM "{table}"').fetchall()
+        rows = self.rows(f'SELECT name, value FROM "{table}"')
         return {str(k): "" if v is None else str(v) for k, v in rows}
 
 

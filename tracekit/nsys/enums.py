@@ -66,7 +66,7 @@ def enum_map(db: ExportDatabase, table: str, fallback: dict[int, str], *, column
     """
     result = dict(fallback)
     if db.has_table(table) and {"id", column} <= set(db.columns(table)):
-        for code, label in db._stdlib().execute(f'SELECT id, "{column}" FROM "{table}"'):
+        for code, label in db.rows(f'SELECT id, "{column}" FROM "{table}"'):
             if code is not None and label is not None:
                 result[int(code)] = str(label)
     return result

@@ -116,7 +116,7 @@ def read_meta(db: ExportDatabase) -> TraceMeta:
     if db.has_table("META_DATA_CAPTURE"):
         capture = [
             (str(k), "" if v is None else str(v))
-            for k, v in db._stdlib().execute("SELECT name, value FROM META_DATA_CAPTURE")
+            for k, v in db.rows("SELECT name, value FROM META_DATA_CAPTURE")
         ]
     meta = TraceMeta(path=db.path, export=export, capture=capture, tables=db.tables)
     meta.product_version = export.get("EXPORT_PRODUCT_VERSION")
@@ -124,7 +124,7 @@ def read_meta(db: ExportDatabase) -> TraceMeta:
     if meta.product_version is None:
         meta.version_inferred = _infer_version(db)
     if db.has_table("ANALYSIS_DETAILS"):
-        row = db._stdlib().execute("SELECT startTime, stopTime, duration FROM ANALYSIS_DETAILS").fetchone()
+        row = (db.rows("SELECT startTime, stopTime, duration FROM ANALYSIS_DETAILS") or [None])[0]
         if row:
             meta.start_ns, meta.end_ns, meta.duration_ns = (None if v is None else int(v) for v in row)
     epoch = db.scalar("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME") if db.has_table(
@@ -134,11 +134,11 @@ def read_meta(db: ExportDatabase) -> TraceMeta:
     meta.processes = _processes(capture)
     if {"name", "value"} <= set(db.columns("TARGET_INFO_SYSTEM_ENV")):
         meta.system = {
-            str(k): str(v) for k, v in db._stdlib().execute("SELECT name, value FROM TARGET_INFO_SYSTEM_ENV")
+            str(k): str(v) for k, v in db.rows("SELECT name, value FROM TARGET_INFO_SYSTEM_ENV")
         }
     if db.has_column("DIAGNOSTIC_EVENT", "text"):
         meta.diagnostics = [
-            str(t) for (t,) in db._stdlib().execute("SELECT text FROM DIAGNOSTIC_EVENT ORDER BY timestamp")
+            str(t) for (t,) in db.rows("SELECT text FROM DIAGNOSTIC_EVENT ORDER BY timestamp")
         ]
     meta.partial_export = {
         k: v

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import polars as pl
 
+from tracekit.errors import TraceFormatError
 from tracekit.nsys import readers
 from tracekit.nsys.database import ExportDatabase
 from tracekit.nsys.gpu_metrics import gpu_metrics
@@ -49,6 +50,13 @@ class NsysTrace:
         self.path = Path(path)
         self.source = source
         self.db = ExportDatabase(self.path, engine=engine)
+        if not self.db.tables & {"StringIds", "ThreadNames", "TARGET_INFO_SESSION_START_TIME"}:
+            self.db.close()
+            msg = (
+                f"{self.path} is a SQLite database but not an Nsight Systems export (no StringIds "
+                "table); open the file that `nsys export --type sqlite` wrote"
+            )
+            raise TraceFormatError(msg)
         if any(m.startswith("CUDA trace") for m in self.meta.missing):
             msg = f"{self.path.name}: incomplete export, missing " + "; ".join(self.meta.missing)
             warnings.warn(msg, IncompleteTraceWarning, stacklevel=2)

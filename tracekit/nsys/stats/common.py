@@ -6,9 +6,13 @@ single value), round Avg/Med/StdDev to one decimal and print ``Time (%)`` as the
 share of the summed total, rounded to one decimal.
 
 Rounding differs between nsys versions: the 2023.x reports ran in SQLite, whose ``ROUND``
-rounds the decimal text of the value half away from zero (531.55 → 531.6); the 2025.x
-reports round the binary double correctly (531.55 is 531.549999… → 531.5). ``convention``
-picks one: ``"2025"`` (the default, what current nsys prints) or ``"2023"``.
+rounds the ~15-digit decimal text of the value half away from zero (4639.95 → 4640.0,
+although the double is 4639.9499…); the 2025.x reports round the exact binary value half
+up (4639.9499… → 4639.9, an exact 1045.25 → 1045.3). Both were checked against the CSVs
+that nsys 2023.4.4 (public corpus) and 2025.3.1 (our samples) printed. nsys 2025.x also
+prefixes default-domain NVTX range names with ``:`` (``:step.0``) where 2023.x printed
+the bare name. ``convention`` picks one: ``"2025"`` (the default, what current nsys
+prints) or ``"2023"``.
 """
 
 from __future__ import annotations
@@ -29,10 +33,9 @@ def round1(value: float | None, convention: str = "2025", digits: int = 1) -> fl
     """Round like nsys of the given ``convention`` (see the module docstring)."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return None
-    if convention == "2023":
-        quant = Decimal(1).scaleb(-digits)
-        return float(Decimal(format(value, ".15g")).quantize(quant, rounding=ROUND_HALF_UP))
-    return round(value, digits)
+    quant = Decimal(1).scaleb(-digits)
+    exact = Decimal(format(value, ".15g")) if convention == "2023" else Decimal(value)
+    return float(exact.quantize(quant, rounding=ROUND_HALF_UP))
 
 
 def stat_aggs(value: str) -> list[pl.Expr]:

@@ -53,7 +53,8 @@ def cuda_gpu_trace(trace: NsysTrace, *, convention: str = "2025") -> Report:
         "start_ns", "duration_ns", "correlation_id",
         *(null_i.alias(c) for c in ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "registers_per_thread")),
         pl.lit(None, pl.Float64).alias("smem_static"), pl.lit(None, pl.Float64).alias("smem_dynamic"),
-        "bytes", pl.lit(None, pl.Utf8).alias("src"), pl.col("mem_kind").alias("dst"),
+        # nsys prints a memset's memory kind under SrcMemKd (seen with 2025.3)
+        "bytes", pl.col("mem_kind").alias("src"), pl.lit(None, pl.Utf8).alias("dst"),
         "device_id", "context_id", "green_context_id", "stream_id",
         pl.lit("[CUDA memset]").alias("name"),
     )
@@ -78,7 +79,8 @@ def cuda_gpu_trace(trace: NsysTrace, *, convention: str = "2025") -> Report:
         pl.col("dst").alias("DstMemKd"),
         pl.format("{} ({})", pl.coalesce(pl.col("gpu_name"), pl.format("GPU {}", pl.col("device_id"))), pl.col("device_id")).alias("Device"),
         pl.col("context_id").alias("Ctx"),
-        pl.col("green_context_id").alias("GreenCtx"),
+        # nsys prints no green context for 0 (an ordinary context)
+        pl.when(pl.col("green_context_id") != 0).then(pl.col("green_context_id")).alias("GreenCtx"),
         pl.col("stream_id").alias("Strm"),
         pl.col("name").alias("Name"),
     )

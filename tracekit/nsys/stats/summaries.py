@@ -133,11 +133,13 @@ def cuda_gpu_mem_size_sum(trace: NsysTrace, *, convention: str = "2025") -> Repo
     return Report("cuda_gpu_mem_size_sum", frame, {**kinds, "Count": "int"}, convention)
 
 
-def nvtx_range_name(frame: pl.DataFrame | None = None) -> pl.Expr:
-    """``domain:name`` for ranges of a named domain, else the bare name (nsys's display)."""
+def nvtx_range_name(convention: str = "2025") -> pl.Expr:
+    """nsys's display name of a range: ``domain:name`` in a named domain; in the default
+    domain (or one whose name the export lost) ``:name`` for nsys 2025.x, ``name`` for 2023.x."""
+    bare = pl.format(":{}", pl.col("name")) if convention == "2025" else pl.col("name")
     return (
         pl.when(pl.col("domain").is_null())
-        .then(pl.col("name"))
+        .then(bare)
         .otherwise(pl.format("{}:{}", pl.col("domain"), pl.col("name")))
     )
 
@@ -157,7 +159,7 @@ def nvtx_sum(trace: NsysTrace, *, convention: str = "2025") -> Report:
     events = trace.nvtx
     last = events.select(pl.max_horizontal(pl.col("start_ns").max(), pl.col("end_ns").max())).item()
     ranges = events.filter(pl.col("event_type_id").is_in(list(NVTX_RANGE_TYPES))).select(
-        nvtx_range_name().alias("Range"),
+        nvtx_range_name(convention).alias("Range"),
         nvtx_style().alias("Style"),
         (pl.col("end_ns").fill_null(last) - pl.col("start_ns")).alias("duration_ns"),
     )

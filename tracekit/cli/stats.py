@@ -1,0 +1,73 @@
+"""``tracekit stats``: nsys-stats-compatible reports without nsys."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def register(parent: typer.Typer) -> None:
+    """Add the ``stats`` command to ``parent``."""
+    parent.command("stats")(stats)
+
+
+def stats(
+    file: str = typer.Argument(..., help="Nsight Systems export (.sqlite) or report (.nsys-rep)."),
+    report: str = typer.Option(
+        "cuda_gpu_kern_sum",
+        "--report",
+        "-r",
+        help="Report name(s), comma-separated (cuda_gpu_kern_sum, cuda_api_sum, nvtx_sum, cuda_gpu_trace, …).",
+    ),
+    fmt: str = typer.Option("table", "--format", "-f", help="csv or table."),
+    output: str | None = typer.Option(
+        None, "--output", "-o", help="Write each report to PREFIX_<report>.csv instead of stdout."
+    ),
+    convention: str = typer.Option(
+        "2025", "--convention", help="Rounding of nsys 2025.x (default) or 2023.x reports."
+    ),
+) -> None:
+    """Reproduce `nsys stats` reports: same columns, numbers, rounding and order."""
+    import tracekit
+    from tracekit.errors import TracekitError, TraceFormatError
+    from tracekit.nsys.stats import run_report
+    from tracekit.nsys.trace import NsysTrace
+
+    if fmt not in ("csv", "table"):
+        msg = f"unknown format {fmt!r}; use csv or table"
+        raise TraceFormatError(msg)
+    trace = tracekit.open(file)
+    if not isinstance(trace, NsysTrace):
+        msg = f"{file} is an Nsight Compute report; `tracekit stats` reads Nsight Systems exports"
+        raise TraceFormatError(msg)
+    names = [r.strip() for r in report.split(",") if r.strip()]
+    for name in names:
+        try:
+            result = run_report(trace, name, convention=convention)
+        except TracekitError as exc:
+            if len(names) == 1:
+                raise
+            typer.echo(f"tracekit: skipping {name}: {exc}", err=True)
+            continue
+        if output:
+            path = Path(f"{output}_{result.name}.csv")
+            path.write_text(result.to_csv())
+            typer.echo(f"wrote {path}", err=True)
+        elif fmt == "csv":
+            typer.echo(result.to_csv(), nl=False)
+        else:
+            _print_table(result)
+
+
+def _print_table(result) -> None:  # type: ignore[no-untyped-def]
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=result.name, show_lines=False)
+    for col in result.columns:
+        table.add_column(col, justify="left" if col in ("Name", "Range", "Operation", "Style", "Device") else "right",
+                         overflow="fold", max_width=80 if col in ("Name", "Range") else None)
+    for row in result.formatted_rows():
+        table.add_row(*row)
+    Console().print(table)
