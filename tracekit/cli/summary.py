@@ -46,7 +46,7 @@ def _render(s) -> None:  # type: ignore[no-untyped-def]
             table.add_column(col, justify="left" if frame.schema[col].is_(__import__("polars").Utf8) else "right",
                              overflow="fold", max_width=70)
         for row in frame.iter_rows():
-            table.add_row(*("" if v is None else (f"{v:,.1f}" if isinstance(v, float) else f"{v:,}" if isinstance(v, int) else str(v)) for v in row))
+            table.add_row(*("" if v is None else (f"{v:,.3f}" if isinstance(v, float) else f"{v:,}" if isinstance(v, int) else str(v)) for v in row))
         console.print(table)
     for note in s.notes:
         console.print(f"[yellow]note:[/yellow] {note}")

@@ -50,7 +50,7 @@ def top_kernels(kernels: pl.DataFrame, top: int = 10) -> pl.DataFrame:
 def memcpy_totals(memcpys: pl.DataFrame, memsets: pl.DataFrame) -> pl.DataFrame:
     """Bytes, count, time and bandwidth per copy kind (memsets as ``memset``).
 
-    Output: ``kind``, ``count``, ``total_mb`` (10⁶ bytes), ``total_ms``, ``bandwidth_gbps`` (10⁹ B/s).
+    Output: ``kind``, ``count``, ``total_bytes``, ``total_ms``, ``bandwidth_gbps`` (10⁹ B/s).
     """
     ops = pl.concat([
         memcpys.select(pl.col("copy_kind").alias("kind"), "bytes", "duration_ns"),
@@ -60,7 +60,7 @@ def memcpy_totals(memcpys: pl.DataFrame, memsets: pl.DataFrame) -> pl.DataFrame:
         ops.group_by("kind")
         .agg(pl.len().cast(pl.Int64).alias("count"), pl.col("bytes").sum().alias("_b"), pl.col("duration_ns").sum().alias("_t"))
         .sort("_b", descending=True)
-        .select("kind", "count", (pl.col("_b") / 1e6).alias("total_mb"), (pl.col("_t") / 1e6).alias("total_ms"),
+        .select("kind", "count", pl.col("_b").alias("total_bytes"), (pl.col("_t") / 1e6).alias("total_ms"),
                 pl.when(pl.col("_t") > 0).then(pl.col("_b") / pl.col("_t")).alias("bandwidth_gbps"))
     )
 
