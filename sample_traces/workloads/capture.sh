@@ -3,7 +3,7 @@
 #
 #   bash sample_traces/workloads/capture.sh OUTDIR TARGET...
 #
-# TARGETs: decode1 train1 tp2 tp2ranks tp2pp2 customar ncu_drill ncu_full ncu_prec
+# TARGETs: decode1 train1 tp2 tp2ranks tp2pp2 customar ncu_drill ncu_full ncu_prec reexport
 # NSYS / NCU name the tools (default: nsys/ncu on PATH, else the nsys shipped inside
 # Nsight Compute 2025.3.1). Each nsys target leaves NAME.nsys-rep, NAME.sqlite and the
 # `nsys stats --format csv` output of that same nsys in OUTDIR/NAME/; each ncu target
@@ -21,10 +21,15 @@ cd "$HERE"
 
 REPORTS=cuda_gpu_kern_sum,cuda_gpu_mem_time_sum,cuda_gpu_mem_size_sum,cuda_api_sum,nvtx_sum,nvtx_gpu_proj_trace,nvtx_gpu_proj_sum,nvtx_kern_sum,cuda_kern_exec_sum,cuda_kern_exec_trace,cuda_gpu_trace
 BLOBS=()
-if "$NSYS" export --help 2>&1 | grep -q -- "--include-blobs"; then BLOBS=(--include-blobs=true); fi
+# Read the whole help first: `nsys export --help | grep -q` under pipefail fails (grep -q
+# exits early, nsys gets SIGPIPE), which left the first capture's sqlite files without blobs.
+EXPORT_HELP=$("$NSYS" export --help 2>&1 || true)
+if grep -q -- "--include-blobs" <<<"$EXPORT_HELP"; then BLOBS=(--include-blobs=true); fi
 COMMON=(--trace=cuda,nvtx,osrt --cuda-memory-usage=true --capture-range=cudaProfilerApi
         --capture-range-end=stop --force-overwrite=true)
 METRICS=(--gpu-metrics-devices=all --gpu-metrics-frequency=2000)
+# 4 GPUs: 250 Hz and 4 steps (at 1000 Hz GPU_METRICS alone took 3.7 MB of a 6.2 MB sqlite)
+METRICS_PP=(--gpu-metrics-devices=all --gpu-metrics-frequency=250)
 
 export_and_stats() {  # DIR NAME: .nsys-rep -> .sqlite -> stats CSVs
   local dir=$1 name=$2
@@ -38,7 +43,7 @@ export_and_stats() {  # DIR NAME: .nsys-rep -> .sqlite -> stats CSVs
 nsys_target() {  # NAME -- COMMAND...
   local name=$1; shift; shift
   local dir="$OUT/$name"; mkdir -p "$dir/stats"
-  echo "== $name: $NSYS profile ${COMMON[*]} $*" | tee "$dir/command.txt"
+  echo "== $name: $NSYS profile ${COMMON[*]} -o $dir/$name $*" | tee "$dir/command.txt"
   "$NSYS" profile "${COMMON[@]}" -o "$dir/$name" "$@" 2>&1 | tail -25
   export_and_stats "$dir" "$name"
 }
@@ -50,8 +55,10 @@ ncu_csv() {  # DIR NAME
   "$NCU" --import "$dir/$name.ncu-rep" --csv --page session > "$dir/$name.session.csv"
 }
 
+# SpeedOfLight_HierarchicalTensorRooflineChart is left out here: it added ~760 detail rows
+# and ~500 KB of report per kernel (a 60-kernel drill-down came to 39 MB); --set full keeps it.
 DRILL_SECTIONS=(--section SpeedOfLight --section SpeedOfLight_RooflineChart
-  --section SpeedOfLight_HierarchicalTensorRooflineChart --section ComputeWorkloadAnalysis
+  --section ComputeWorkloadAnalysis
   --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats)
 TENSOR_METRICS=sm__ops_path_tensor_src_bf16_dst_fp32.sum,sm__ops_path_tensor_src_fp16.sum,sm__ops_path_tensor_src_tf32_dst_fp32.sum,sm__ops_path_tensor_src_fp8.sum,sm__ops_path_tensor_src_fp64.sum,sm__inst_executed_pipe_tensor_op_gmma.sum,dram__bytes_read.sum,dram__bytes_write.sum
 
@@ -61,11 +68,11 @@ for target in "$@"; do
     decode1) nsys_target llm_decode_1gpu -- "${METRICS[@]/all/0}" "$PY" decode.py --steps 8 ;;
     train1) nsys_target llm_train_emit_nvtx_1gpu -- "$PY" train_emit_nvtx.py --steps 2 ;;
     tp2) nsys_target llm_tp2_nccl -- "${METRICS[@]}" "$PY" -m torch.distributed.run --nproc-per-node 2 decode.py --tp 2 --steps 8 ;;
-    tp2pp2) nsys_target llm_tp2pp2_nccl -- "${METRICS[@]}" "$PY" -m torch.distributed.run --nproc-per-node 4 decode.py --tp 2 --pp 2 --steps 8 ;;
+    tp2pp2) nsys_target llm_tp2pp2_nccl -- "${METRICS_PP[@]}" "$PY" -m torch.distributed.run --nproc-per-node 4 decode.py --tp 2 --pp 2 --steps 4 ;;
     customar) nsys_target custom_allreduce_2gpu -- "$PY" -m torch.distributed.run --nproc-per-node 2 custom_allreduce.py ;;
     tp2ranks)
       name=llm_tp2_nccl_per_rank; dir="$OUT/$name"; mkdir -p "$dir/stats"
-      echo "== $name: torchrun --no-python $NSYS profile ${COMMON[*]} -o rank%q{RANK} $PY decode.py --tp 2" | tee "$dir/command.txt"
+      echo "== $name: $PY -m torch.distributed.run --nproc-per-node 2 --no-python $NSYS profile ${COMMON[*]} -o $dir/${name}_rank%q{RANK} $PY decode.py --tp 2 --steps 8" | tee "$dir/command.txt"
       "$PY" -m torch.distributed.run --nproc-per-node 2 --no-python "$NSYS" profile "${COMMON[@]}" \
           -o "$dir/${name}_rank%q{RANK}" "$PY" decode.py --tp 2 --steps 8 2>&1 | tail -25
       for r in 0 1; do export_and_stats "$dir" "${name}_rank$r"; done ;;
@@ -84,6 +91,12 @@ for target in "$@"; do
       "$NCU" --nvtx --nvtx-include "prec/" "${DRILL_SECTIONS[@]}" --metrics "$TENSOR_METRICS" \
           --import-sass no --clock-control none -f -o "$dir/ncu_precisions" "$PY" ncu_probe.py --mode prec 2>&1 | tail -8
       ncu_csv "$dir" ncu_precisions ;;
+    reexport)  # re-run export + stats on every OUTDIR/*/*.nsys-rep already there
+      for rep in "$OUT"/*/*.nsys-rep; do
+        d=$(dirname "$rep"); n=$(basename "$rep" .nsys-rep); mkdir -p "$d/stats"
+        echo "== reexport $n: $NSYS export --type=sqlite ${BLOBS[*]}"
+        export_and_stats "$d" "$n" >/dev/null
+      done ;;
     *) echo "unknown target $target" ;;
   esac
   echo "== $target took ${SECONDS}s"

@@ -4,7 +4,9 @@
              ``full/gemm``, ``full/attn``, ``full/elementwise``.
 --mode prec: GEMMs in bf16, fp16, tf32, fp8 (e4m3, ``torch._scaled_mm``), fp64 and a plain
              fp32 (SIMT, TF32 off) GEMM, in ranges ``prec/<precision>``.
-Each is run once untimed first so that ncu sees the steady-state kernel choice.
+Each is run once first, outside any range, so that ncu sees the steady-state kernel
+choice; only the measured call sits inside ``<mode>/<name>`` (input set-up and warm-up
+stay outside, so ``--nvtx-include "<mode>/"`` selects only the measured kernels).
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ import torch
 import torch.nn.functional as F
 
 
-def rng(name: str, fn) -> None:
-    fn()  # warm-up outside the range
+def rng(outer: str, name: str, fn) -> None:
+    fn()  # warm-up outside the ranges
     torch.cuda.synchronize()
+    torch.cuda.nvtx.range_push(outer)
     torch.cuda.nvtx.range_push(name)
     fn()
     torch.cuda.synchronize()
+    torch.cuda.nvtx.range_pop()
     torch.cuda.nvtx.range_pop()
 
 
@@ -39,30 +43,26 @@ def main() -> None:
         k = torch.randn_like(q)
         v = torch.randn_like(q)
         x = torch.randn(1 << 24, device=dev, dtype=torch.bfloat16)
-        torch.cuda.nvtx.range_push("full")
-        rng("gemm", lambda: a @ b)
-        rng("attn", lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
-        rng("elementwise", lambda: F.silu(x))
-        torch.cuda.nvtx.range_pop()
+        rng("full", "gemm", lambda: a @ b)
+        rng("full", "attn", lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+        rng("full", "elementwise", lambda: F.silu(x))
     else:
-        torch.cuda.nvtx.range_push("prec")
         for name, dtype in [("bf16", torch.bfloat16), ("fp16", torch.float16)]:
             a = torch.randn(n, n, device=dev, dtype=dtype)
             b = torch.randn(n, n, device=dev, dtype=dtype)
-            rng(name, lambda a=a, b=b: a @ b)
+            rng("prec", name, lambda a=a, b=b: a @ b)
         a = torch.randn(n, n, device=dev)
         b = torch.randn(n, n, device=dev)
         torch.backends.cuda.matmul.allow_tf32 = True
-        rng("tf32", lambda: a @ b)
+        rng("prec", "tf32", lambda: a @ b)
         torch.backends.cuda.matmul.allow_tf32 = False
-        rng("fp32_simt", lambda: a @ b)
+        rng("prec", "fp32_simt", lambda: a @ b)
         a8 = torch.randn(n, n, device=dev).to(torch.float8_e4m3fn)
         b8 = torch.randn(n, n, device=dev).to(torch.float8_e4m3fn)
         one = torch.ones((), device=dev)
-        rng("fp8", lambda: torch._scaled_mm(a8, b8.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16))
+        rng("prec", "fp8", lambda: torch._scaled_mm(a8, b8.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16))
         a64 = torch.randn(2048, 2048, device=dev, dtype=torch.float64)
-        rng("fp64", lambda: a64 @ a64)
-        torch.cuda.nvtx.range_pop()
+        rng("prec", "fp64", lambda: a64 @ a64)
     print("done", args.mode)
 
 

@@ -44,7 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     from tracekit.errors import TracekitError
 
     try:
-        app(args=argv, standalone_mode=False)
+        result = app(args=argv, standalone_mode=False)
+        if isinstance(result, int):
+            return result
     except TracekitError as exc:
         if _state["debug"]:
             raise

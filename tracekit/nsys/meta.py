@@ -65,10 +65,19 @@ class TraceMeta:
         """The nsys version, recorded or inferred (``"unknown"`` if neither)."""
         return self.product_version or self.version_inferred or "unknown"
 
+    blobs_present: bool = False
+
     @property
     def has_blobs(self) -> bool:
-        """Whether the export was made with ``--include-blobs=true`` (NVTX payload bytes)."""
-        return self.export.get("EXPORT_PARAM_INCLUDE_BLOBS", "false").lower() == "true"
+        """Whether NVTX payload bytes were exported (``--include-blobs=true``).
+
+        nsys 2026.x records the option (``EXPORT_PARAM_INCLUDE_BLOBS``); for older exports
+        tracekit looks for a non-null ``NVTX_EVENTS.binaryData``.
+        """
+        recorded = self.export.get("EXPORT_PARAM_INCLUDE_BLOBS")
+        if recorded is not None:
+            return recorded.lower() == "true"
+        return self.blobs_present
 
     def capture_option(self, name: str) -> str | None:
         """First value of capture setting ``name`` (``META_DATA_CAPTURE``), e.g. ``"GPU_METRICS_OPTIONS:SAMPLING_FREQUENCY"``."""
@@ -132,6 +141,10 @@ def read_meta(db: ExportDatabase) -> TraceMeta:
     ) else None
     meta.session_epoch_ns = None if epoch is None else int(epoch)
     meta.processes = _processes(capture)
+    if db.has_column("NVTX_EVENTS", "binaryData"):
+        meta.blobs_present = bool(
+            db.scalar("SELECT EXISTS (SELECT 1 FROM NVTX_EVENTS WHERE binaryData IS NOT NULL)")
+        )
     if {"name", "value"} <= set(db.columns("TARGET_INFO_SYSTEM_ENV")):
         meta.system = {
             str(k): str(v) for k, v in db.rows("SELECT name, value FROM TARGET_INFO_SYSTEM_ENV")

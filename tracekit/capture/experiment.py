@@ -1,0 +1,550 @@
+"""Running an experiment: pre-flight, its own folder, the profiler steps, and the record of it all.
+
+Each run writes ``<out>/<name>_<mode>_<timestamp>/`` (a new suffix rather than overwriting):
+
+``experiment.json`` (command, options, tools, times, status, exit codes), ``config.yaml`` (the
+resolved configuration), ``command.txt`` (the exact command lines), ``env.json`` (CUDA_*, NCCL_*,
+RANK… as the program saw them), ``gpu.json`` (nvidia-smi), ``<step>.stdout.log`` /
+``<step>.stderr.log``, the reports (``.nsys-rep`` + ``.sqlite``, ``.ncu-rep`` + ``.raw.csv``)
+and ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import platform
+import re
+import shlex
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tracekit.capture import commands as cmds
+from tracekit.capture import preflight, summary
+from tracekit.capture.options import Experiment, NcuOptions, NsysOptions
+from tracekit.capture.output import OutputLine, as_callback, target_exit_code
+from tracekit.capture.prepare import (
+    environment_snapshot,
+    experiment_folder,
+    gpu_info,
+    preflight_check,
+    profiler_command,
+    program_env,
+    write_json,
+)
+from tracekit.capture.runner import ProcessResult, _Interrupted, now_iso, run_process
+from tracekit.errors import CaptureError
+from tracekit.tools import Tool
+
+OnOutput = Callable[[OutputLine], None]
+__all__ = ["ExperimentResult", "ncu", "nsys", "run"]
+
+
+@dataclass
+class ExperimentResult:
+    """What a capture left behind.
+
+    Attributes
+    ----------
+    folder
+        The experiment folder.
+    status
+        ``"complete"``, ``"failed"``, ``"timeout"``, ``"interrupted"`` or ``"error"``.
+    target_exit_code
+        The profiled program's exit code (``None`` when unknown).
+    profiler_exit_code
+        The last profiler's own exit code (``None`` in mode ``none``).
+    reports
+        Report files by kind: ``nsys``, ``sqlite``, ``ncu``, ``csv`` (lists of paths).
+    summary
+        The content of ``summary.json``.
+    error
+        Why the capture produced nothing usable, if it did not.
+    """
+
+    folder: Path
+    experiment: Experiment
+    status: str = "incomplete"
+    target_exit_code: int | None = None
+    target_exit_code_source: str | None = None
+    profiler_exit_code: int | None = None
+    wall_s: float | None = None
+    program_wall_s: float | None = None
+    started_at: str = ""
+    ended_at: str | None = None
+    reports: dict[str, list[Path]] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    warnings: list[str] = field(default_factory=list)
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    tools: dict[str, dict[str, str | None]] = field(default_factory=dict)
+    handoff: dict[str, Any] | None = None
+
+    @property
+    def complete(self) -> bool:
+        """Whether every step finished and the program exited 0."""
+        return self.status == "complete"
+
+    def open(self, kind: str = "sqlite", index: int = 0) -> Any:
+        """Open a report of this capture with :func:`tracekit.open` (``kind``: sqlite, nsys or ncu)."""
+        import tracekit
+
+        paths = self.reports.get(kind) or []
+        if index >= len(paths):
+            msg = f"this capture has no {kind} report #{index} (it has: {', '.join(self.reports) or 'none'})"
+            raise CaptureError(msg)
+        return tracekit.open(paths[index])
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record written to ``experiment.json``."""
+        from tracekit import __version__
+
+        exp = self.experiment
+        return {
+            "tracekit_version": __version__,
+            "name": exp.display_name,
+            "mode": exp.mode,
+            "status": self.status,
+            "complete": self.complete,
+            "error": self.error,
+            "command": list(exp.command),
+            "command_line": shlex.join(exp.command),
+            "cwd": str(Path(exp.cwd or ".").resolve()),
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+            "wall_s": self.wall_s,
+            "program_wall_s": self.program_wall_s,
+            "target_exit_code": self.target_exit_code,
+            "target_exit_code_source": self.target_exit_code_source,
+            "profiler_exit_code": self.profiler_exit_code,
+            "tools": self.tools,
+            "steps": self.steps,
+            "reports": {k: [p.name for p in v] for k, v in self.reports.items()},
+            "handoff": self.handoff,
+            "warnings": self.warnings,
+            "host": socket.gethostname(),
+            "python": sys.version.split()[0],
+            "platform": platform.platform(),
+            "options": exp.to_dict(),
+        }
+
+
+def handoff_options(
+    exp: Experiment,
+    nsys_summary: Mapping[str, Any],
+    kernel_frames: Sequence[Any],
+    info: dict[str, Any] | None = None,
+) -> NcuOptions:
+    """The ncu options of mode ``nsys+ncu``: ``exp.ncu`` plus a filter for the top kernels nsys found.
+
+    Uses :func:`tracekit.analysis.nsys_ncu.ncu_command_for_top_kernels` when it is importable
+    and works on ``kernel_frames`` (its kernel filter, name base and launch count are taken);
+    otherwise ``--kernel-name regex:^(?:…)$`` from the summary's top kernels and
+    ``--launch-count 3 × kernels``. A kernel filter or launch count given in ``exp.ncu`` wins.
+    ``info`` receives what was decided (kernels, filter, source).
+    """
+    info = {} if info is None else info
+    opts = exp.ncu
+    info["top_n"] = exp.top_n
+    if opts.kernel_name:
+        info.update(source="user", kernel_name=opts.kernel_name)
+        return opts
+    if kernel_frames:  # rank by kernel function (what ncu matches), all template variants together
+        import polars as pl
+
+        frame = pl.concat(list(kernel_frames), how="diagonal_relaxed")
+        names = summary.top_kernel_names(frame, exp.top_n)
+    else:
+        names = [k.get("short_name") or k["name"] for k in nsys_summary.get("top_kernels") or []]
+        names = list(dict.fromkeys(names))[: exp.top_n]
+    info["kernels"] = names
+    if not names:
+        msg = (
+            "the nsys step found no kernels to hand to ncu; check the capture range, "
+            "or run mode 'ncu' with a kernel filter"
+        )
+        raise CaptureError(msg)
+    changes: dict[str, Any] = {}
+    try:
+        helper = getattr(
+            importlib.import_module("tracekit.analysis.nsys_ncu"),
+            "ncu_command_for_top_kernels",
+            None,
+        )
+    except ImportError:
+        helper = None
+    if helper is not None and kernel_frames:
+        try:
+            import polars as pl
+
+            nvtx = opts.nvtx_include[0] if opts.nvtx_include else None
+            argv = [
+                str(t)
+                for t in helper(
+                    frame, top_n=exp.top_n, nvtx_include=nvtx, program=list(exp.command)
+                )
+            ]
+            info["helper_command"] = argv
+            value = cmds.kernel_filter_from_command(argv)
+            if value:
+                changes["kernel_name"] = value
+                info["source"] = "tracekit.analysis.nsys_ncu"
+                if value.startswith("regex:^(?:") and value.endswith(")$"):
+                    info["kernels"] = [re.sub(r"\\(.)", r"\1", n) for n in value[10:-2].split("|")]
+                for flag, key, cast in (
+                    ("--kernel-name-base", "kernel_name_base", str),
+                    ("--launch-count", "launch_count", int),
+                    ("-c", "launch_count", int),
+                ):
+                    if flag in argv and getattr(opts, key) is None and key not in changes:
+                        changes[key] = cast(argv[argv.index(flag) + 1])
+        except Exception as exc:  # the helper is optional: fall back to the built-in filter
+            info["helper_error"] = f"{type(exc).__name__}: {exc}"
+    if "kernel_name" not in changes:
+        changes["kernel_name"] = cmds.kernel_name_regex(names)
+        info["source"] = "builtin"
+    if opts.launch_count is None and "launch_count" not in changes:
+        changes["launch_count"] = 3 * len(names)
+    info["kernel_name"] = changes["kernel_name"]
+    info["launch_count"] = changes.get("launch_count", opts.launch_count)
+    return dataclasses.replace(opts, **changes)
+
+
+class _Run:
+    """The mutable state of one experiment while it runs."""
+
+    def __init__(
+        self,
+        exp: Experiment,
+        folder: Path,
+        tools: dict[str, Tool],
+        env: dict[str, str],
+        on_output: OnOutput | None,
+        stop_event: threading.Event | None,
+    ) -> None:
+        self.exp, self.folder, self.tools, self.env = exp, folder, tools, env
+        self.on_output, self.stop_event = on_output, stop_event
+        self.result = ExperimentResult(folder=folder, experiment=exp, started_at=now_iso())
+        self.result.tools = {
+            k: {"path": str(t.path), "version": t.version} for k, t in tools.items()
+        }
+        self.kernel_frames: list[Any] = []
+        self.t0 = time.monotonic()
+
+    def save(self) -> None:
+        write_json(self.folder / "experiment.json", self.result.to_dict())
+
+    def step(
+        self,
+        name: str,
+        argv: list[str],
+        *,
+        tool: str | None,
+        profiled: bool = True,
+        stdout_name: str | None = None,
+    ) -> ProcessResult:
+        with (self.folder / "command.txt").open("a") as fh:
+            fh.write(f"# {name}\n{shlex.join(argv)}\n")
+        stdout = self.folder / (stdout_name or f"{name}.stdout.log")
+        record: dict[str, Any] = {
+            "step": name,
+            "argv": argv,
+            "status": "running",
+            "started_at": now_iso(),
+            "stdout": stdout.name,
+            "stderr": f"{name}.stderr.log",
+        }
+        self.result.steps.append(record)
+        self.save()
+        try:
+            res = run_process(
+                argv,
+                cwd=self.exp.cwd,
+                env=self.env,
+                stdout_path=stdout,
+                stderr_path=self.folder / f"{name}.stderr.log",
+                on_output=self.on_output if profiled else None,
+                step=name,
+                tool=tool,
+                timeout_s=self.exp.timeout_s if profiled else 3600,
+                kill_grace_s=self.exp.kill_grace_s,
+                stop_event=self.stop_event,
+            )
+        except _Interrupted as exc:
+            record.update(self._record(exc.result))
+            raise
+        record.update(self._record(res))
+        return res
+
+    @staticmethod
+    def _record(res: ProcessResult) -> dict[str, Any]:
+        return {
+            "status": res.status,
+            "returncode": res.returncode,
+            "wall_s": res.wall_s,
+            "started_at": res.started_at,
+            "ended_at": res.ended_at,
+            "signals_sent": list(res.signals_sent),
+        }
+
+    def lines(self, name: str) -> list[str]:
+        text: list[str] = []
+        for stream in ("stdout", "stderr"):
+            path = self.folder / f"{name}.{stream}.log"
+            if path.exists():
+                text += path.read_text(errors="replace").replace("\r", "\n").splitlines()
+        return text
+
+    def stop_status(self, res: ProcessResult) -> bool:
+        """Record a timeout/interrupt; return True when later steps must not run."""
+        if res.status in ("timeout", "interrupted"):
+            self.result.status = res.status
+            return True
+        return False
+
+    # --- modes -----------------------------------------------------------------------------------
+
+    def run_plain(self) -> None:
+        res = self.step("run", list(self.exp.command), tool=None)
+        self.result.program_wall_s = res.wall_s
+        self.result.target_exit_code, self.result.target_exit_code_source = res.returncode, "direct"
+        self.stop_status(res)
+        self.result.summary = {"mode": "none"}
+
+    def run_nsys(self) -> bool:
+        nsys = self.tools["nsys"]
+        res = self.step(
+            "nsys", profiler_command(self.exp, "nsys", nsys.path, self.folder), tool="nsys"
+        )
+        self.result.program_wall_s = res.wall_s
+        stopped = self.stop_status(res)
+        lines = self.lines("nsys")
+        self.result.profiler_exit_code = res.returncode
+        rc_source = (
+            (res.returncode, "direct")
+            if self.exp.per_rank
+            else target_exit_code(lines, "nsys", res.returncode)
+        )
+        self.result.target_exit_code, self.result.target_exit_code_source = rc_source
+        reports = sorted([*self.folder.glob("*.nsys-rep"), *self.folder.glob("*.qdrep")])
+        self.result.reports["nsys"] = reports
+        error = preflight.nsys_outcome_error(self.folder, reports, lines)
+        if error:
+            self.result.error = error
+            return False
+        sqlites: list[Path] = []
+        if self.exp.nsys.export_sqlite and res.status != "interrupted":
+            blobs = self.exp.nsys.include_blobs
+            if (
+                blobs is None
+            ):  # payload blobs (NCCL sizes, NVTX payloads) when this nsys can export them
+                export_help = preflight.help_text(str(nsys.path), "export")
+                blobs = bool(export_help.strip()) and not preflight.unsupported_flags(
+                    ["--include-blobs"], export_help
+                )
+            for report in reports:
+                sqlite = report.with_suffix(".sqlite")
+                name = "export" if len(reports) == 1 else f"export-{report.stem}"
+                exported = self.step(
+                    name,
+                    cmds.nsys_export_command(nsys.path, report, sqlite, include_blobs=blobs),
+                    tool="nsys",
+                    profiled=False,
+                )
+                if exported.returncode == 0 and sqlite.exists():
+                    sqlites.append(sqlite)
+                else:
+                    self.result.warnings.append(
+                        f"nsys export of {report.name} failed; see {name}.stderr.log"
+                    )
+            self.result.reports["sqlite"] = sqlites
+        per_report = []
+        for path in sqlites or reports:
+            per_report.append(summary.summarize_nsys(path, frames=self.kernel_frames))
+        self.result.summary["nsys"] = (
+            summary.combine(per_report) if per_report else {"error": "no report"}
+        )
+        return not stopped
+
+    def run_ncu(self) -> None:
+        ncu = self.tools["ncu"]
+        opts = self.exp.ncu
+        if self.exp.mode == "nsys+ncu":
+            info: dict[str, Any] = {}
+            self.result.handoff = info
+            try:
+                opts = handoff_options(
+                    self.exp, self.result.summary.get("nsys", {}), self.kernel_frames, info
+                )
+            except CaptureError as exc:  # nothing to hand over: the nsys half stays usable
+                self.result.error = str(exc)
+                return
+        res = self.step(
+            "ncu", profiler_command(self.exp, "ncu", ncu.path, self.folder, opts), tool="ncu"
+        )
+        if self.result.program_wall_s is None:
+            self.result.program_wall_s = res.wall_s
+        self.stop_status(res)
+        lines = self.lines("ncu")
+        self.result.profiler_exit_code = res.returncode
+        code, source = (
+            (res.returncode, "direct")
+            if self.exp.per_rank
+            else target_exit_code(lines, "ncu", res.returncode)
+        )
+        if self.exp.mode == "ncu" or self.result.target_exit_code in (None, 0):
+            self.result.target_exit_code, self.result.target_exit_code_source = code, source
+        reports = sorted(self.folder.glob("*.ncu-rep"))
+        self.result.reports["ncu"] = reports
+        error = preflight.ncu_outcome_error(lines)
+        if error or not reports:
+            self.result.error = error or (
+                "ncu wrote no report: no kernel passed the filters "
+                "(kernel name, NVTX include/exclude, launch skip); loosen them"
+            )
+            return
+        if opts.export_csv and res.status != "interrupted":
+            csvs, tops = [], []
+            for report in reports:
+                csv_path = report.with_suffix(".raw.csv")
+                name = "csv" if len(reports) == 1 else f"csv-{report.stem}"
+                done = self.step(
+                    name,
+                    cmds.ncu_csv_command(ncu.path, report),
+                    tool="ncu",
+                    profiled=False,
+                    stdout_name=csv_path.name,
+                )
+                if done.returncode == 0:
+                    csvs.append(csv_path)
+                    tops.append(summary.summarize_ncu_csv(csv_path))
+            self.result.reports["csv"] = csvs
+            self.result.summary["ncu"] = tops[0] if len(tops) == 1 else {"reports": tops}
+
+    def finish(self) -> None:
+        res = self.result
+        res.ended_at = now_iso()
+        res.wall_s = round(time.monotonic() - self.t0, 3)
+        if res.status == "incomplete":
+            failed = (
+                res.error
+                or (res.target_exit_code not in (0, None))
+                or any(s.get("returncode") not in (0, None) for s in res.steps)
+            )
+            res.status = "failed" if failed else "complete"
+        res.summary.setdefault("mode", self.exp.mode)
+        res.summary.update(
+            status=res.status,
+            wall_s=res.wall_s,
+            program_wall_s=res.program_wall_s,
+            target_exit_code=res.target_exit_code,
+        )
+        write_json(self.folder / "summary.json", res.summary)
+        self.save()
+
+
+def run(
+    experiment: Experiment,
+    *,
+    on_output: OnOutput | Any = None,
+    stop_event: threading.Event | None = None,
+    check: bool = True,
+    system_checks: bool = True,
+) -> ExperimentResult:
+    """Run ``experiment``: pre-flight, a new folder, the profiler steps, exports, summary.
+
+    Parameters
+    ----------
+    experiment
+        What to run (see :class:`~tracekit.capture.options.Experiment`).
+    on_output
+        Where the live output goes: a callable taking an
+        :class:`~tracekit.capture.output.OutputLine`, a rich ``Console``, or a widget with
+        ``append_stdout``.
+    stop_event
+        Set from another thread to stop the run (the folder is kept, status ``interrupted``).
+    check
+        Raise :class:`CaptureError` when the profiler produced no usable report.
+    system_checks
+        Check the machine before starting (nsys importer libraries, counter permission);
+        ``False`` skips those checks, to see what the profiler itself does.
+
+    Returns
+    -------
+    ExperimentResult
+        The folder, status, exit codes, reports and summary.
+
+    Raises
+    ------
+    CaptureError, ToolNotFoundError
+        A pre-flight check failed (nothing was started), or with ``check`` the capture failed.
+    KeyboardInterrupt
+        After the process tree was stopped and the folder marked ``interrupted``.
+    """
+    exp = experiment
+    env = program_env(exp)
+    tools, notes = preflight_check(exp, env, system_checks=system_checks)
+    folder = experiment_folder(exp.out, exp.display_name, exp.mode)
+    state = _Run(exp, folder, tools, env, as_callback(on_output), stop_event)
+    state.result.warnings += notes
+    import yaml
+
+    (folder / "config.yaml").write_text(yaml.safe_dump(exp.to_dict(), sort_keys=False))
+    write_json(folder / "env.json", environment_snapshot(env))
+    write_json(folder / "gpu.json", gpu_info())
+    state.save()
+    try:
+        if exp.mode == "none":
+            state.run_plain()
+        else:
+            go_on = True
+            if exp.mode in ("nsys", "nsys+ncu"):
+                go_on = state.run_nsys() and state.result.error is None
+            if exp.mode in ("ncu", "nsys+ncu") and go_on:
+                state.run_ncu()
+    except KeyboardInterrupt:
+        state.result.status = "interrupted"
+        state.finish()
+        raise
+    except Exception as exc:
+        state.result.status = "error"
+        state.result.error = (
+            str(exc) if isinstance(exc, CaptureError) else f"{type(exc).__name__}: {exc}"
+        )
+        state.finish()
+        raise
+    state.finish()
+    if check and state.result.error:
+        raise CaptureError(f"{state.result.error} (folder: {folder})")
+    return state.result
+
+
+def nsys(
+    command: list[str] | str, options: NsysOptions | None = None, **experiment: Any
+) -> ExperimentResult:
+    """Profile ``command`` with Nsight Systems; ``experiment`` takes :class:`Experiment` fields.
+
+    Examples
+    --------
+    >>> result = nsys(["python3", "decode.py"], NsysOptions(capture_range="cudaProfilerApi"),
+    ...               out="experiments")  # doctest: +SKIP
+    >>> result.summary["nsys"]["top_kernels"][0]["name"]  # doctest: +SKIP
+    """
+    on_output = experiment.pop("on_output", None)
+    exp = Experiment(command=command, mode="nsys", nsys=options or NsysOptions(), **experiment)  # type: ignore[arg-type]
+    return run(exp, on_output=on_output)
+
+
+def ncu(
+    command: list[str] | str, options: NcuOptions | None = None, **experiment: Any
+) -> ExperimentResult:
+    """Profile ``command`` with Nsight Compute; ``experiment`` takes :class:`Experiment` fields."""
+    on_output = experiment.pop("on_output", None)
+    exp = Experiment(command=command, mode="ncu", ncu=options or NcuOptions(), **experiment)  # type: ignore[arg-type]
+    return run(exp, on_output=on_output)
