@@ -25,10 +25,14 @@ from tracekit.errors import TraceFormatError
 
 log = logging.getLogger(__name__)
 
-try:  # optional fast path
-    import adbc_driver_sqlite.dbapi as _adbc
-except ImportError:  # pragma: no cover - exercised when the extra is absent
-    _adbc = None
+def _adbc_available() -> bool:
+    # importing the driver pulls in pyarrow.dataset (~1.5 s): only look for it here
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("adbc_driver_sqlite") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _uri(path: Path) -> str:
@@ -52,11 +56,12 @@ class ExportDatabase:
         if engine not in ("auto", "adbc", "sqlite3"):
             msg = f"unknown engine {engine!r}; use 'auto', 'adbc' or 'sqlite3'"
             raise ValueError(msg)
-        if engine == "adbc" and _adbc is None:
+        has_adbc = _adbc_available()
+        if engine == "adbc" and not has_adbc:
             from tracekit.errors import missing_extra
 
             raise missing_extra("adbc-driver-sqlite", "all")
-        self.engine = "adbc" if (engine != "sqlite3" and _adbc is not None) else "sqlite3"
+        self.engine = "adbc" if (engine != "sqlite3" and has_adbc) else "sqlite3"
         self._sqlite: sqlite3.Connection | None = None
         self._adbc_conn: Any = None
         self._check_readable()
@@ -72,7 +77,9 @@ class ExportDatabase:
 
     def _adbc_connection(self) -> Any:
         if self._adbc_conn is None:
-            self._adbc_conn = _adbc.connect(_uri(self.path))
+            import adbc_driver_sqlite.dbapi as adbc
+
+            self._adbc_conn = adbc.connect(_uri(self.path))
             weakref.finalize(self, self._adbc_conn.close)
         return self._adbc_conn
 
