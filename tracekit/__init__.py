@@ -33,11 +33,11 @@ if TYPE_CHECKING:
     )
     from tracekit.ncu.report import NcuReport
     from tracekit.nsys.trace import NsysTrace
-    from tracekit.open import open, open_many
+    from tracekit.opening import open, open_many
 
 _LAZY = {
-    "open": ("tracekit.open", "open"),
-    "open_many": ("tracekit.open", "open_many"),
+    "open": ("tracekit.opening", "open"),
+    "open_many": ("tracekit.opening", "open_many"),
     "NsysTrace": ("tracekit.nsys.trace", "NsysTrace"),
     "NcuReport": ("tracekit.ncu.report", "NcuReport"),
     "TracekitError": ("tracekit.errors", "TracekitError"),
