@@ -1,11 +1,36 @@
-"""``tracekit report``: placeholder module; filled in by its issue."""
+"""``tracekit report``: write one self-contained, offline HTML report of a trace."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Annotated
+
 import typer
 
-app = typer.Typer(help="report", no_args_is_help=True)
+
+def report(
+    trace: Annotated[
+        Path, typer.Argument(help="Nsight Systems export (.sqlite / .nsys-rep), or an Nsight Compute report alone.")
+    ],
+    ncu: Annotated[Path | None, typer.Option("--ncu", help="Nsight Compute report (.ncu-rep) to add.")] = None,
+    output: Annotated[Path, typer.Option("-o", "--output", help="HTML file to write.")] = Path("report.html"),
+    title: Annotated[str | None, typer.Option("--title", help="Title of the page.")] = None,
+    max_marks: Annotated[int, typer.Option("--max-marks", help="Most timeline marks before binning.")] = 2000,
+) -> None:
+    """Write an HTML report (overview, top kernels, NVTX, timeline, communication, GPU metrics, memory).
+
+    The file embeds its JavaScript and data: it opens offline in any browser.
+    """
+    import time
+
+    from tracekit.report import write_report
+
+    started = time.perf_counter()
+    path = write_report(trace, output, ncu_path=ncu, title=title, max_marks=max_marks)
+    size = path.stat().st_size / 1e6
+    typer.echo(f"wrote {path} ({size:.1f} MB) in {time.perf_counter() - started:.1f} s")
 
 
 def register(parent: typer.Typer) -> None:
-    """Add this module's commands to ``parent``."""
+    """Add the ``report`` command to ``parent``."""
+    parent.command("report")(report)

@@ -30,7 +30,7 @@ def stats(
 ) -> None:
     """Reproduce `nsys stats` reports: same columns, numbers, rounding and order."""
     import tracekit
-    from tracekit.errors import TracekitError, TraceFormatError
+    from tracekit.errors import TraceFormatError, TracekitError
     from tracekit.nsys.stats import run_report
     from tracekit.nsys.trace import NsysTrace
 

@@ -30,16 +30,29 @@ _ALIASES = {
 }
 
 
+#: Units that are a metric's primary unit: dropped from the stable name, so that the
+#: unit-less 2023.x label and the bracketed 2025.x one map to the same name.
+_PRIMARY_UNITS = {"throughput %", "%", "mhz", "hz", ""}
+
+
 def stable_metric_name(label: str) -> str:
     """Stable snake_case name of an nsys GPU-metric label.
 
-    The unit in brackets is dropped (``"Tensor Active [Throughput %]"`` → ``tensor_active``),
-    old spellings are mapped to new ones (``"SM Active"`` → ``sms_active``,
-    ``"DRAM Read Throughput"`` → ``dram_read_bandwidth``).
+    The primary unit in brackets is dropped (``"Tensor Active [Throughput %]"`` →
+    ``tensor_active``, ``"GPC Clock Frequency [MHz]"`` → ``gpc_clock_frequency``), old
+    spellings are mapped to new ones (``"SM Active"`` → ``sms_active``,
+    ``"DRAM Read Throughput"`` → ``dram_read_bandwidth``). Other units stay as a suffix,
+    because nsys 2025.x reports some metrics in several units at once:
+    ``"Compute Warps in Flight [Throughput %]"`` → ``compute_warps_in_flight``,
+    ``"… [Avg]"`` → ``compute_warps_in_flight_avg``, ``"… [Avg Warps per Cycle]"`` →
+    ``compute_warps_in_flight_avg_warps_per_cycle``.
     """
+    units = re.findall(r"\[([^\]]*)\]", label)
     base = re.sub(r"\s*\[[^\]]*\]\s*", " ", label).strip().lower()
     base = _ALIASES.get(base, base)
-    return re.sub(r"[^0-9a-z]+", "_", base).strip("_")
+    extra = [u for u in (u.strip().lower() for u in units) if u not in _PRIMARY_UNITS]
+    name = " ".join([base, *extra])
+    return re.sub(r"[^0-9a-z]+", "_", name).strip("_")
 
 
 def metric_descriptions(db: ExportDatabase) -> pl.DataFrame:
