@@ -10,12 +10,21 @@ import typer
 
 def report(
     trace: Annotated[
-        Path, typer.Argument(help="Nsight Systems export (.sqlite / .nsys-rep), or an Nsight Compute report alone.")
+        Path,
+        typer.Argument(
+            help="Nsight Systems export (.sqlite / .nsys-rep), or an Nsight Compute report alone."
+        ),
     ],
-    ncu: Annotated[Path | None, typer.Option("--ncu", help="Nsight Compute report (.ncu-rep) to add.")] = None,
-    output: Annotated[Path, typer.Option("-o", "--output", help="HTML file to write.")] = Path("report.html"),
+    ncu: Annotated[
+        Path | None, typer.Option("--ncu", help="Nsight Compute report (.ncu-rep) to add.")
+    ] = None,
+    output: Annotated[Path, typer.Option("-o", "--output", help="HTML file to write.")] = Path(
+        "report.html"
+    ),
     title: Annotated[str | None, typer.Option("--title", help="Title of the page.")] = None,
-    max_marks: Annotated[int, typer.Option("--max-marks", help="Most timeline marks before binning.")] = 2000,
+    max_marks: Annotated[
+        int, typer.Option("--max-marks", help="Most timeline marks before binning.")
+    ] = 2000,
 ) -> None:
     """Write an HTML report (overview, top kernels, NVTX, timeline, communication, GPU metrics, memory).
 

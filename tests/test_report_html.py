@@ -1,0 +1,76 @@
+"""``tracekit report``: one self-contained HTML file with every section."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import SAMPLES
+
+pytest.importorskip("altair", reason="needs the notebook extra")
+pytest.importorskip("vl_convert", reason="needs vl-convert-python (notebook extra)")
+
+from tracekit.cli.main import main  # noqa: E402
+
+pytestmark = [pytest.mark.notebook]
+
+TP2 = SAMPLES / "llm_tp2_nccl" / "llm_tp2_nccl.sqlite"
+NCU = SAMPLES / "ncu" / "ncu_decode_drilldown" / "ncu_decode_drilldown.ncu-rep"
+SECTIONS = ("overview", "kernels", "nvtx", "timeline", "communication", "metrics", "memory")
+
+
+def _need(*paths: Path) -> None:
+    for p in paths:
+        if not p.exists():
+            pytest.skip(f"sample missing: {p}")
+
+
+def _check_offline(page: str) -> None:
+    assert "<script src" not in page.lower() and "<link" not in page.lower()
+    for host in ("cdn.jsdelivr", "esm.sh", "unpkg.com", "cdnjs"):
+        assert host not in page
+
+
+def test_report_command_writes_one_offline_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("ncu_report", reason="needs the ncu extra")
+    _need(TP2, NCU)
+    out = tmp_path / "out" / "report.html"
+    assert main(["report", str(TP2), "--ncu", str(NCU), "-o", str(out)]) == 0
+    assert "wrote" in capsys.readouterr().out
+    page = out.read_text()
+    _check_offline(page)
+    for anchor in (*SECTIONS, "ncu"):
+        assert f'<section id="{anchor}">' in page
+    assert "could not be built" not in page
+    charts = re.findall(r'<div class="chart" id="(chart-\d+)">', page)
+    assert len(charts) >= 9 and all(f'vegaEmbed("#{c}"' in page for c in charts)
+    assert "ncclDevKernel_AllReduce_Sum_bf16_RING_LL" in page and "AllReduce" in page
+
+
+def test_report_of_a_trace_without_gpu_metrics_or_nccl(tmp_path: Path) -> None:
+    path = SAMPLES / "llm_train_emit_nvtx_1gpu" / "llm_train_emit_nvtx_1gpu.sqlite"
+    _need(path)
+    out = tmp_path / "train.html"
+    assert main(["report", str(path), "-o", str(out), "--title", "training <step>"]) == 0
+    page = out.read_text()
+    assert "No GPU metrics" in page and "No communication kernels" in page
+    assert "training &lt;step&gt;" in page and "could not be built" not in page
+
+
+def test_report_of_an_ncu_report_alone(tmp_path: Path) -> None:
+    pytest.importorskip("ncu_report", reason="needs the ncu extra")
+    _need(NCU)
+    out = tmp_path / "ncu.html"
+    assert main(["report", str(NCU), "-o", str(out)]) == 0
+    page = out.read_text()
+    assert '<section id="ncu">' in page and '<section id="overview">' not in page
+
+
+def test_report_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["report", str(tmp_path / "missing.sqlite"), "-o", str(tmp_path / "x.html")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tracekit: error:") and err.count("\n") == 1

@@ -1,0 +1,229 @@
+"""Every chart type from the sample traces, rendered to SVG and PDF; theme, sizes, byte stability."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+
+from tests.conftest import SAMPLES
+
+alt = pytest.importorskip(
+    "altair", reason="needs the notebook extra: pip install 'tracekit[notebook]'"
+)
+pytest.importorskip("vl_convert", reason="needs vl-convert-python (notebook extra)")
+
+import tracekit  # noqa: E402
+import tracekit.viz as tv  # noqa: E402
+from tracekit.viz import prep, prep_ncu  # noqa: E402
+from tracekit.viz.export import canonical_pdf, to_bytes  # noqa: E402
+
+pytestmark = [pytest.mark.notebook]
+
+DECODE = SAMPLES / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite"
+TP2 = SAMPLES / "llm_tp2_nccl" / "llm_tp2_nccl.sqlite"
+NCU = SAMPLES / "ncu" / "ncu_precisions" / "ncu_precisions.ncu-rep"
+
+
+def _need(path: Path) -> Path:
+    if not path.exists():
+        pytest.skip(f"sample trace missing: {path}")
+    return path
+
+
+@pytest.fixture(scope="module")
+def tp2() -> Any:
+    return tracekit.open(_need(TP2))
+
+
+@pytest.fixture(scope="module")
+def ncu() -> Any:
+    pytest.importorskip("ncu_report", reason="needs the ncu extra")
+    return tracekit.open(_need(NCU))
+
+
+def _charts(t: Any, r: Any) -> dict[str, Callable[[], Any]]:
+    return {
+        "top_kernels": lambda: tv.top_kernels_chart(t.kernels, n=10),
+        "timeline": lambda: tv.timeline_chart(
+            t.kernels, memcpys=t.memcpys, nvtx=t.nvtx, max_marks=500
+        ),
+        "layer_heatmap": lambda: tv.layer_heatmap(
+            prep.layer_block_matrix(prep.attributed_kernels(t.kernels, t.cuda_api, t.nvtx))
+        ),
+        "breakdown": lambda: tv.breakdown_chart(
+            prep.temporal_breakdown(t.kernels, t.memcpys, t.memsets)
+        ),
+        "nccl_bandwidth": lambda: tv.nccl_bandwidth_chart(prep.nccl_bandwidth(t.nccl)),
+        "gpu_metrics": lambda: tv.gpu_metrics_chart(t.gpu_metrics, max_points=200),
+        "memory": lambda: tv.memory_chart(t.memory_usage),
+        "durations": lambda: tv.duration_chart(t.kernels),
+        "roofline": lambda: tv.roofline_chart(r),
+        "tensor_dram": lambda: tv.tensor_dram_chart(r),
+        "iterations": lambda: tv.iterations_chart(t.nvtx),
+        "speed_of_light": lambda: tv.sol_chart(prep_ncu.kernel_metrics(r).head(1)),
+    }
+
+
+CHART_NAMES = list(_charts(None, None))
+
+
+@pytest.mark.parametrize("name", CHART_NAMES)
+def test_every_chart_renders_to_svg_and_pdf(name: str, tp2: Any, ncu: Any, tmp_path: Path) -> None:
+    chart = _charts(tp2, ncu)[name]()
+    spec = chart.to_dict()
+    rows = sum(len(v) for v in spec.get("datasets", {}).values())
+    assert rows <= 5000, f"{name} ships {rows} rows to the browser"
+    svg = tv.save(chart, tmp_path / f"{name}.svg", width="column")
+    pdf = tv.save(chart, tmp_path / f"{name}.pdf", width="double")
+    text = svg.read_text()
+    assert text.startswith("<svg") and "Liberation Sans" in text
+    data = pdf.read_bytes()
+    assert data.startswith(b"%PDF")
+    assert b"/FontFile2" in data and re.search(rb"/BaseFont /[A-Z]{6}\+LiberationSans", data), (
+        "font not embedded"
+    )
+
+
+def test_outputs_are_byte_stable(tp2: Any) -> None:
+    # the screen theme draws bold titles too: two embedded fonts, the case svg2pdf orders at random
+    chart = tv.top_kernels_chart(tp2.kernels, n=6, title="Top kernels")
+    pdfs = {to_bytes(chart, "pdf", theme=tv.SCREEN_THEME) for _ in range(6)}
+    assert len(pdfs) == 1
+    assert len({to_bytes(chart, "svg") for _ in range(3)}) == 1
+    assert len({to_bytes(chart, "png", scale=1) for _ in range(2)}) == 1
+
+
+def test_canonical_pdf_has_a_consistent_xref(tp2: Any) -> None:
+    data = to_bytes(tv.breakdown_chart(tp2.kernels, title="x"), "pdf", theme=tv.SCREEN_THEME)
+    start = int(data.rsplit(b"startxref\n", 1)[1].split(b"\n")[0])
+    assert data[start:].startswith(b"xref")
+    offsets = [int(m.group(1)) for m in re.finditer(rb"(\d{10}) 00000 n", data)]
+    for number, offset in enumerate(offsets, start=1):
+        assert data[offset:].startswith(b"%d 0 obj" % number)
+    assert canonical_pdf(data) == data  # idempotent
+    assert canonical_pdf(b"not a pdf") == b"not a pdf"
+
+
+def test_widths_are_column_and_double(tp2: Any) -> None:
+    chart = tv.breakdown_chart(tp2.kernels)
+    for width, points in (("column", 241), ("double", 506), (300, 300)):
+        pdf = to_bytes(chart, "pdf", width=width)
+        box = re.search(rb"/MediaBox \[0 0 ([\d.]+) ([\d.]+)\]", pdf)
+        assert box and abs(float(box.group(1)) - points) <= 1.5
+    with pytest.raises(ValueError, match="unknown width"):
+        to_bytes(chart, "pdf", width="poster")
+    with pytest.raises(ValueError, match="unknown figure format"):
+        to_bytes(chart, "tiff")
+
+
+def test_paper_theme_is_registered() -> None:
+    from tracekit.viz.theme import FAMILY_COLORS, PALETTE, paper_config, register_themes
+
+    register_themes()
+    assert {tv.PAPER_THEME, tv.SCREEN_THEME} <= set(alt.theme.names())
+    cfg = paper_config()
+    assert cfg["axis"]["labelFontSize"] == 9 and cfg["axis"]["titleFontSize"] == 10
+    assert cfg["font"] == "Liberation Sans"
+    assert cfg["range"]["category"] == list(PALETTE)
+    assert FAMILY_COLORS["communication"] != FAMILY_COLORS["gemm"]
+    fonts = Path(tv.__file__).with_name("fonts")
+    assert (fonts / "LiberationSans-Regular.ttf").is_file() and (
+        fonts / "LICENSE-LiberationSans.txt"
+    ).is_file()
+
+
+def test_selections_for_drill_down(tp2: Any, ncu: Any) -> None:
+    def params(chart: Any) -> set[str]:
+        found = set()
+
+        def walk(node: Any) -> None:
+            if isinstance(node, dict):
+                found.update(p["name"] for p in node.get("params", []) if "select" in p)
+                for v in node.values():
+                    walk(v)
+            elif isinstance(node, list):
+                for v in node:
+                    walk(v)
+
+        walk(chart.to_dict())
+        return found
+
+    assert params(tv.top_kernels_chart(tp2.kernels)) == {"kernel"}
+    assert params(tv.timeline_chart(tp2.kernels, nvtx=tp2.nvtx)) == {"kernel", "window"}
+    assert "window" in params(tv.gpu_metrics_chart(tp2.gpu_metrics))
+    assert params(tv.roofline_chart(ncu)) == {"kernel"}
+    spec = tv.top_kernels_chart(tp2.kernels, highlight="ncclDevKernel_SendRecv").to_dict()
+    assert spec["params"][0]["value"] == [{"name": "ncclDevKernel_SendRecv"}]
+
+
+def test_timeline_never_ships_hundreds_of_thousands_of_marks() -> None:
+    n = 300_000
+    kernels = pl.DataFrame(
+        {
+            "device_id": pl.Series([i % 4 for i in range(n)], dtype=pl.Int64),
+            "stream_id": pl.Series([7] * n, dtype=pl.Int64),
+            "start_ns": pl.Series([i * 1_000 for i in range(n)], dtype=pl.Int64),
+            "duration_ns": pl.Series([600] * n, dtype=pl.Int64),
+            "short_name": ["gemm_kernel" if i % 3 else "nccl_allreduce" for i in range(n)],
+        }
+    ).with_columns((pl.col("start_ns") + pl.col("duration_ns")).alias("end_ns"))
+    lanes = prep.timeline_ops(prep.gpu_ops(kernels), max_marks=2000)
+    assert lanes.height <= 2000 and lanes["binned"].all()
+    assert lanes["busy_fraction"].max() <= 1.0
+    assert (
+        lanes.group_by("lane").agg(pl.col("count").sum())["count"].sum() >= n
+    )  # ops split across bins count twice
+    spec = tv.timeline_chart(kernels, max_marks=2000).to_dict()
+    assert sum(len(v) for v in spec["datasets"].values()) <= 2000
+    # a zoomed window is exact again
+    window = (1_000_000, 1_050_000)
+    exact = prep.timeline_ops(prep.gpu_ops(kernels), window=window, max_marks=2000)
+    assert not exact["binned"].any() and exact.height == 50
+
+
+def test_offline_html_has_no_external_script(tp2: Any) -> None:
+    page = tv.to_html(tv.top_kernels_chart(tp2.kernels))
+    assert "<script src" not in page and "cdn.jsdelivr" not in page and "esm.sh" not in page
+    assert "vegaEmbed(" in page and len(page) > 500_000
+
+
+def test_enable_notebook_selects_an_offline_renderer() -> None:
+    name = tv.enable_notebook()
+    assert alt.renderers.active == name and name in ("tracekit", "tracekit_html")
+    bundle = alt.renderers.get()(
+        tv.top_kernels_chart(pl.DataFrame({"name": ["a"], "duration_ns": [5]})).to_dict()
+    )
+    assert "esm.sh" not in str(bundle)
+    assert tv.enable_notebook(widget=False) == "tracekit_html"
+    html = alt.renderers.get()(
+        {
+            "mark": "point",
+            "data": {"values": [{"a": 1}]},
+            "encoding": {"x": {"field": "a", "type": "quantitative"}},
+        }
+    )
+    assert "vegaEmbed(" in html["text/html"] and "<script src" not in html["text/html"]
+    alt.renderers.enable("default")
+    alt.theme.enable("default")
+
+
+def test_missing_data_gives_empty_frames_not_errors() -> None:
+    empty_nvtx = pl.DataFrame(schema={"pid": pl.Int64, "tid": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64,
+                                      "name": pl.Utf8, "event_type": pl.Utf8})  # fmt: skip
+    assert prep.iteration_times(empty_nvtx).is_empty()
+    assert prep.timeline_nvtx(pl.DataFrame()).is_empty()
+    g = pl.DataFrame(
+        schema={
+            "device_id": pl.Int64,
+            "timestamp_ns": pl.Int64,
+            "metric": pl.Utf8,
+            "metric_label": pl.Utf8,
+            "value": pl.Int64,
+        }
+    )
+    assert prep.gpu_metrics_series(g).is_empty()

@@ -1,0 +1,231 @@
+"""The notebook apps, driven headlessly: set traits (or a chart's selection) and check Python state."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+
+from tests.conftest import SAMPLES
+
+pytest.importorskip(
+    "ipywidgets", reason="needs the notebook extra: pip install 'tracekit[notebook]'"
+)
+pytest.importorskip("altair", reason="needs the notebook extra")
+
+import tracekit  # noqa: E402
+from tracekit.widgets import CaptureForm, Compare, KernelDrilldown, TraceExplorer  # noqa: E402
+
+pytestmark = [pytest.mark.notebook, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+
+DECODE = SAMPLES / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite"
+TP2 = SAMPLES / "llm_tp2_nccl" / "llm_tp2_nccl.sqlite"
+NCU = SAMPLES / "ncu" / "ncu_decode_drilldown" / "ncu_decode_drilldown.ncu-rep"
+
+
+def _open(path: Path) -> Any:
+    if not path.exists():
+        pytest.skip(f"sample trace missing: {path}")
+    return tracekit.open(path)
+
+
+@pytest.fixture(scope="module")
+def tp2() -> Any:
+    return _open(TP2)
+
+
+@pytest.fixture(scope="module")
+def decode() -> Any:
+    return _open(DECODE)
+
+
+def _frontend_selects(view: Any, name: str, value: Any) -> None:
+    """What the browser sends when a user clicks or drags in a JupyterChart."""
+    pytest.importorskip("anywidget", reason="chart selections reach Python through alt.JupyterChart (anywidget)")
+    view.jupyter_chart._vl_selections = {name: {"value": value, "store": []}}
+
+
+# -- TraceExplorer ---------------------------------------------------------------------------------
+def test_explorer_builds_every_tab(tp2: Any) -> None:
+    ex = TraceExplorer(tp2)
+    assert ex.errors == {}
+    assert len(ex.tabs.children) == 7 and ex.tabs.get_title(3) == "Timeline"
+    assert ex.top["name"][0].startswith("ncclDevKernel_AllReduce")
+    assert not ex.nvtx_rows.is_empty() and ex.timeline_lanes.height > 0
+    assert ex.nccl_calls.height > 0 and ex.nccl_calls["bus_bandwidth_gbps"].drop_nulls().len() > 0
+    if importlib.util.find_spec("anywidget") is None:
+        return
+    assert ex.views["overview"].jupyter_chart is not None  # the visible tab's charts exist ...
+    assert (
+        ex.views["timeline"].jupyter_chart is None and ex.views["timeline"].chart is not None
+    )  # ... hidden ones wait
+    ex.tabs.selected_index = 3
+    assert ex.views["timeline"].jupyter_chart is not None
+
+
+def test_selecting_a_kernel_updates_the_other_views(tp2: Any) -> None:
+    ex = TraceExplorer(tp2)
+    name = "ncclDevKernel_SendRecv"
+    ex.selected_kernel = name
+    assert ex.kernel_picker.value == name
+    assert ex.instances.height == 16 and set(ex.instances.columns) >= {
+        "start_ns",
+        "duration_ns",
+        "nvtx_path",
+    }
+    assert ex.nvtx_rows["ops"].max() <= 16  # the NVTX tree shows only this kernel's ranges
+    spec = ex.views["top"].chart.to_dict()
+    assert spec["params"][0]["value"] == [{"name": name}]
+    ex.kernel_picker.value = ex.top["name"][1]  # picking in the list
+    assert ex.selected_kernel == ex.top["name"][1]
+    ex.selected_kernel = None
+    assert ex.instances.is_empty() and ex.kernel_picker.value == ""
+
+
+def test_a_click_in_a_chart_selects_the_kernel(tp2: Any) -> None:
+    ex = TraceExplorer(tp2)
+    ex.tabs.selected_index = 1
+    first = ex.top["name"][0]
+    _frontend_selects(ex.views["top"], "kernel", {"vlPoint": {"or": [{"name": first}]}})
+    assert ex.selected_kernel == first
+
+
+def test_window_selection_filters_every_tab(tp2: Any) -> None:
+    ex = TraceExplorer(tp2)
+    total = ex.top["instances"].sum()
+    ex.window = (ex.origin_ns, ex.origin_ns + 50_000_000)
+    assert ex.window_slider.value == (0.0, 50.0)
+    assert ex.top["instances"].sum() < total
+    assert ex.timeline_lanes["end_ns"].max() <= ex.origin_ns + 50_000_000
+    # dragging on the timeline zooms (ms from the origin)
+    ex.tabs.selected_index = 3
+    _frontend_selects(ex.views["timeline"], "window", {"start_ms": [10.0, 20.0]})
+    assert ex.window == (ex.origin_ns + 10_000_000, ex.origin_ns + 20_000_000)
+    ex.window_slider.value = (1.0, 2.0)  # the slider too
+    assert ex.window == (ex.origin_ns + 1_000_000, ex.origin_ns + 2_000_000)
+    ex.reset_button.click()
+    assert ex.window is None and ex.top["instances"].sum() == total
+    with pytest.raises(Exception, match="must be after"):
+        ex.window = (5, 1)
+
+
+def test_filter_and_sort_top_kernels(decode: Any) -> None:
+    ex = TraceExplorer(decode, top_n=10)
+    ex.filter_text.value = "nvjet"
+    assert ex.top.height > 0 and all("nvjet" in n for n in ex.top["name"])
+    ex.sort_by.value = "instances"
+    assert ex.top["instances"].to_list() == sorted(ex.top["instances"].to_list(), reverse=True)
+    ex.filter_text.value = "["  # an invalid regex falls back to a literal match
+    assert ex.top.is_empty()
+    ex.top_n.value = 5
+    ex.filter_text.value = ""
+    assert ex.top.height == 5
+
+
+def test_explorer_without_gpu_metrics_or_nccl(decode: Any) -> None:
+    train = _open(SAMPLES / "llm_train_emit_nvtx_1gpu" / "llm_train_emit_nvtx_1gpu.sqlite")
+    ex = TraceExplorer(train)
+    assert ex.errors == {}
+    assert "no GPU metrics" in (ex.views["metrics"].error or "")
+    assert "no NCCL" in (ex.views["nccl"].error or "")
+    assert ex.nvtx_rows["depth"].max() >= 3
+
+
+# -- KernelDrilldown -------------------------------------------------------------------------------
+def test_drilldown_follows_the_picker_and_the_roofline(decode: Any) -> None:
+    pytest.importorskip("ncu_report", reason="needs the ncu extra")
+    report = _open(NCU)
+    d = KernelDrilldown(report, decode)
+    assert d.errors == {}
+    first = d.current
+    assert first is not None and first["duration_ns"] == d.table["duration_ns"].max()
+    assert d.instances.height > 0  # the nsys instances of the same kernel
+    assert "Speed of light" in str(d.sol_view.chart.to_dict().get("title"))
+    d.kernel_id = 5
+    assert d.picker.value == 5 and d.current["id"] == 5 and "sdpa" in d.current["kernel"]
+    assert not d.rules.is_empty() and {"rule_name", "message"} <= set(d.rules.columns)
+    label = d.points.filter(pl.col("id") == 8)["kernel"][0]
+    _frontend_selects(d.roofline_view, "kernel", {"vlPoint": {"or": [{"kernel": label}]}})
+    assert d.kernel_id == 8
+    spec = d.roofline_view.chart.to_dict()
+    assert spec["params"][0]["value"] == [{"kernel": label}]
+    d.picker.value = d.picker.options[2][1]
+    assert d.kernel_id == d.picker.options[2][1]
+
+
+# -- Compare ---------------------------------------------------------------------------------------
+def test_compare_two_traces(decode: Any, tp2: Any) -> None:
+    c = Compare(decode, tp2, labels=("1 GPU", "TP2"))
+    k = c.kernels
+    nccl = k.filter(pl.col("name") == "ncclDevKernel_SendRecv").row(0, named=True)
+    assert nccl["instances_a"] == 0 and nccl["instances_b"] == 16 and nccl["ratio"] is None
+    assert (k["delta_ns"] == k["total_b_ns"] - k["total_a_ns"]).all()
+    steps = c.ranges.filter(pl.col("range") == "step.0").row(0, named=True)
+    assert steps["count_a"] == 1 and steps["count_b"] == 2
+    c.n = 5
+    assert c.kernels_shown.height == 5 and c.n_slider.value == 5
+    c.sort = "a"
+    assert c.kernels_shown["total_a_ns"].to_list() == sorted(
+        c.kernels_shown["total_a_ns"].to_list(), reverse=True
+    )
+    c.sort_picker.value = "b"
+    assert c.sort == "b"
+    assert "1 GPU" in c.kernel_html.value and c.kernel_view.chart is not None
+
+
+# -- CaptureForm -----------------------------------------------------------------------------------
+def _program(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
+
+
+def test_capture_form_runs_a_real_command_in_the_background(tmp_path: Path) -> None:
+    code = "import time\nfor i in range(3):\n    print('line', i, flush=True)\n    time.sleep(0.2)"
+    form = CaptureForm(_program(code), mode="none", out=str(tmp_path))
+    done: list[str] = []
+    form.on_done(lambda f: done.append(f.status))
+    started = time.monotonic()
+    form.run()
+    assert time.monotonic() - started < 2.0 and form.status == "running"  # did not block
+    assert form.run_button.disabled and not form.cancel_button.disabled
+    assert form.wait(60)
+    assert form.status == "complete" and done == ["complete"]
+    assert [line.split("] ", 1)[1] for line in form.log_lines] == ["line 0", "line 1", "line 2"]
+    assert "line 2" in form.log_box.value and form.progress == 100
+    assert form.result.folder.is_dir() and (form.result.folder / "experiment.json").is_file()
+    assert form.result.target_exit_code == 0 and form.trace is None  # mode none: no report to load
+    assert not form.run_button.disabled
+
+
+def test_capture_form_cancel_stops_the_process(tmp_path: Path) -> None:
+    form = CaptureForm(
+        _program("import time; print('started', flush=True); time.sleep(120)"),
+        mode="none",
+        out=str(tmp_path),
+    )
+    form.run()
+    deadline = time.monotonic() + 30
+    while not any("started" in line for line in form.log_lines) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    form.cancel_button.click()
+    assert form.wait(60)
+    assert form.status == "interrupted"
+    assert time.monotonic() < deadline + 60
+
+
+def test_capture_form_reports_bad_input(tmp_path: Path) -> None:
+    form = CaptureForm("", mode="none", out=str(tmp_path))
+    form.run()
+    assert form.status == "error" and "no command" in (form.error or "")
+    form.command = "echo hi"
+    form.options = "nsys: ["
+    form.run()
+    assert form.status == "error" and "YAML" in (form.error or "")
+    form.options = "timeout_s: 30"
+    form.preset = "quick"
+    form.mode_box.value = "none"
+    assert form.experiment().mode == "none" and form.experiment().timeout_s == 30

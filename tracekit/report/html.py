@@ -1,0 +1,416 @@
+"""Build the HTML report of an Nsight Systems trace and/or an Nsight Compute report.
+
+The page holds its own JavaScript (Vega, Vega-Lite and vega-embed from vl-convert's bundle),
+its CSS and every chart's data: it opens offline, from a file, on an air-gapped cluster.
+Sections: overview, top kernels, NVTX breakdown, timeline, communication, GPU metrics,
+memory and, with an ncu report, the kernels' speed of light, roofline and Tensor Core / DRAM
+use. A section whose data is missing says so instead of failing the report.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+import shlex
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from tracekit.viz import prep
+from tracekit.viz.tables import fmt_bytes, fmt_ns, html_table
+
+log = logging.getLogger(__name__)
+
+CSS = """
+body{font-family:-apple-system,"Segoe UI",Roboto,"Liberation Sans",Arial,sans-serif;margin:0;color:#1b1b1b;background:#fafafa}
+header{background:#0b3d63;color:#fff;padding:14px 24px}header h1{margin:0;font-size:22px}header p{margin:4px 0 0;opacity:.85;font-size:13px}
+nav{position:sticky;top:0;background:#fff;border-bottom:1px solid #ddd;padding:6px 24px;z-index:2;font-size:14px}
+nav a{margin-right:14px;color:#0b3d63;text-decoration:none}
+main{padding:8px 24px 40px;max-width:1200px}
+section{background:#fff;border:1px solid #e3e3e3;border-radius:6px;padding:12px 18px;margin:16px 0}
+section h2{margin:4px 0 10px;font-size:18px;color:#0b3d63}
+.note{color:#666;font-style:italic}.err{color:#a00}
+.facts td{padding:2px 12px 2px 0;font-size:13px}.facts td:first-child{font-weight:600}
+.chart{margin:8px 0;overflow-x:auto}
+.tk-table{border-collapse:collapse;font-size:12px}.tk-table th,.tk-table td{padding:2px 8px;border-bottom:1px solid #e5e5e5;text-align:right}
+.tk-table th{background:#f5f5f5}.tk-table td.l,.tk-table th.l{text-align:left}
+footer{color:#888;font-size:12px;padding:0 24px 24px}
+"""
+
+
+class _Page:
+    """Accumulates sections and chart specs, then renders one HTML document."""
+
+    def __init__(self, title: str, subtitle: str) -> None:
+        self.title = title
+        self.subtitle = subtitle
+        self.sections: list[tuple[str, str, str]] = []
+        self.charts: list[tuple[str, dict[str, Any]]] = []
+        self.problems: list[str] = []
+
+    def chart(self, chart: Any) -> str:
+        from tracekit.viz.export import chart_spec
+        from tracekit.viz.theme import SCREEN_THEME
+
+        element = f"chart-{len(self.charts)}"
+        self.charts.append((element, chart_spec(chart, theme=SCREEN_THEME)))
+        return f'<div class="chart" id="{element}"></div>'
+
+    def section(self, anchor: str, title: str, build: Callable[[], str]) -> None:
+        try:
+            body = build()
+        except Exception as exc:  # a broken section must not take the report down
+            log.debug("report section %s failed", anchor, exc_info=True)
+            self.problems.append(f"{title}: {type(exc).__name__}: {exc}")
+            body = f'<p class="err">This section could not be built: {html.escape(type(exc).__name__)}: {html.escape(str(exc))}</p>'
+        self.sections.append((anchor, title, body))
+
+    def render(self) -> str:
+        from tracekit import __version__
+        from tracekit.viz.export import embed_script, javascript_bundle
+
+        nav = "".join(f'<a href="#{a}">{html.escape(t)}</a>' for a, t, _ in self.sections)
+        body = "".join(
+            f'<section id="{a}"><h2>{html.escape(t)}</h2>{b}</section>' for a, t, b in self.sections
+        )
+        scripts = "\n".join(embed_script(spec, element) for element, spec in self.charts)
+        return (
+            '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+            '<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f"<title>{html.escape(self.title)}</title><style>{CSS}</style>"
+            f"<script>{javascript_bundle()}</script></head><body>"
+            f"<header><h1>{html.escape(self.title)}</h1><p>{html.escape(self.subtitle)}</p></header>"
+            f"<nav>{nav}</nav><main>{body}</main>"
+            f"<footer>tracekit {html.escape(__version__)} · self-contained: no network access needed</footer>"
+            f"<script>\n{scripts}\n</script></body></html>\n"
+        )
+
+
+def _facts(rows: list[tuple[str, str]]) -> str:
+    return (
+        '<table class="facts">'
+        + "".join(f"<tr><td>{html.escape(a)}</td><td>{html.escape(b)}</td></tr>" for a, b in rows)
+        + "</table>"
+    )
+
+
+def _note(text: str) -> str:
+    return f'<p class="note">{html.escape(text)}</p>'
+
+
+# -- nsys sections ------------------------------------------------------------------------------------
+def _overview(page: _Page, trace: Any) -> str:
+    from tracekit.viz import breakdown_chart, iterations_chart
+
+    k = trace.kernels
+    meta = getattr(trace, "meta", None)
+    window = prep.data_window(k, trace.memcpys, trace.memsets)
+    processes = list(getattr(meta, "processes", None) or [])
+    argv = getattr(processes[0], "command", None) if processes else None
+    command = shlex.join(argv) if isinstance(argv, list | tuple) else str(argv or "")
+    gpus = trace.gpus
+    used = set(k["device_id"].drop_nulls().to_list())
+    gpu_text = (
+        ", ".join(
+            f"{r['device_id']}: {r['name']}"
+            for r in gpus.filter(pl.col("device_id").is_in(sorted(used))).iter_rows(named=True)
+        )
+        or "–"
+    )
+    paths = getattr(trace, "paths", None)
+    rows = [
+        ("file", str(getattr(trace, "path", None) or ", ".join(str(p) for p in paths or []))),
+        (
+            "Nsight Systems",
+            str(getattr(meta, "version", None) or getattr(meta, "product_version", "?")),
+        ),
+        ("command", command or "–"),
+        ("GPU work span", fmt_ns(window[1] - window[0]) if window else "–"),
+        ("GPUs used", gpu_text),
+        (
+            "kernels",
+            f"{k.height:,} launches, {k['short_name'].n_unique():,} distinct, {fmt_ns(k['duration_ns'].sum())} GPU time",
+        ),
+        ("memory copies", f"{trace.memcpys.height:,} ({fmt_bytes(trace.memcpys['bytes'].sum())})"),
+        ("NVTX events", f"{trace.nvtx.height:,}"),
+        ("GPU metric samples", f"{trace.gpu_metrics.height:,}"),
+    ]
+    out = _facts(rows)
+    if not k.is_empty():
+        out += page.chart(
+            breakdown_chart(
+                prep.temporal_breakdown(k, trace.memcpys, trace.memsets),
+                title="Where the GPU time goes",
+            )
+        )
+    its = prep.iteration_times(trace.nvtx)
+    if not its.is_empty():
+        out += page.chart(iterations_chart(its, title="Iteration times"))
+    return out
+
+
+def _kernels(page: _Page, trace: Any, top_n: int) -> str:
+    from tracekit.viz import duration_chart, top_kernels_chart
+
+    k = trace.kernels
+    if k.is_empty():
+        return _note("No kernels in this trace.")
+    top = prep.top_kernels(k, n=top_n, by="short_name")
+    table = html_table(
+        top.select(
+            "name", "family", "instances", "total_ns", "mean_ns", "median_ns", "max_ns", "share"
+        ),
+        formats={c: fmt_ns for c in ("total_ns", "mean_ns", "median_ns", "max_ns")}
+        | {"share": lambda v: f"{100 * v:.1f}%"},
+        left=("name", "family"),
+    )
+    return (
+        page.chart(
+            top_kernels_chart(top.head(25), title=f"Top {min(top_n, 25)} kernels by GPU time")
+        )
+        + table
+        + page.chart(duration_chart(k, title="Kernel durations"))
+    )
+
+
+def _nvtx(page: _Page, trace: Any) -> str:
+    from tracekit.viz import layer_heatmap
+
+    if trace.nvtx.is_empty():
+        return _note(
+            "No NVTX ranges in this trace (annotate the program with NVTX to get a breakdown)."
+        )
+    attributed = prep.attributed_kernels(trace.kernels, trace.cuda_api, trace.nvtx)
+    tree = prep.nvtx_tree(attributed, max_depth=3)
+    out = ""
+    matrix = prep.layer_block_matrix(attributed)
+    if not matrix.is_empty():
+        out += page.chart(layer_heatmap(matrix, title="GPU time per layer and block (ms)"))
+    if tree.is_empty():
+        return out + _note("No GPU work was launched inside NVTX ranges.")
+    shown = tree.with_columns(
+        pl.concat_str(
+            pl.lit("\u2003").repeat_by(pl.col("depth") - 1).list.join(""), pl.col("name")
+        ).alias("range")
+    )
+    return (
+        out
+        + "<h3>GPU time by NVTX range (inclusive, 3 levels)</h3>"
+        + html_table(
+            shown.select("range", "gpu_time_ns", "ops", "share"),
+            formats={"gpu_time_ns": fmt_ns, "share": lambda v: f"{100 * v:.1f}%"},
+            left=("range",),
+            max_rows=120,
+        )
+    )
+
+
+def _timeline(page: _Page, trace: Any, max_marks: int) -> str:
+    from tracekit.viz import timeline_chart
+
+    if trace.kernels.is_empty():
+        return _note("No GPU work to show.")
+    chart = timeline_chart(
+        trace.kernels, memcpys=trace.memcpys, memsets=trace.memsets, nvtx=trace.nvtx, max_marks=max_marks, width=1000,
+        title="GPU timeline (drag to select a window)",
+    )  # fmt: skip
+    return _note(
+        f"Lanes with more than {max_marks:,} operations are shown as time bins (opacity = busy share)."
+    ) + page.chart(chart)
+
+
+def _communication(page: _Page, trace: Any) -> str:
+    from tracekit.viz import nccl_bandwidth_chart
+
+    k = prep.gpu_ops(trace.kernels)
+    comm = k.filter(pl.col("family") == "communication")
+    if comm.is_empty():
+        return _note("No communication kernels (NCCL or custom collectives) in this trace.")
+    out = html_table(
+        prep.top_kernels(comm, n=30, by="name").select(
+            "name", "instances", "total_ns", "mean_ns", "max_ns", "share"
+        ),
+        formats={
+            "total_ns": fmt_ns,
+            "mean_ns": fmt_ns,
+            "max_ns": fmt_ns,
+            "share": lambda v: f"{100 * v:.1f}% of kernel time",
+        },
+        left=("name",),
+    )
+    try:
+        calls = prep.nccl_bandwidth(trace.nccl)
+    except Exception as exc:
+        return out + _note(f"NCCL calls could not be read: {type(exc).__name__}: {exc}")
+    if calls.is_empty():
+        return out + _note("No NCCL calls recognised.")
+    per_op = (
+        calls.group_by("op")
+        .agg(
+            pl.len().alias("calls"),
+            pl.col("bytes").sum().alias("bytes"),
+            pl.col("gpu_duration_ns").sum().alias("gpu_time_ns"),
+            pl.col("bus_bandwidth_gbps").median().alias("median_busbw_gbps"),
+        )
+        .sort("gpu_time_ns", descending=True, nulls_last=True)
+    )
+    out += "<h3>NCCL calls</h3>" + html_table(
+        per_op, formats={"bytes": fmt_bytes, "gpu_time_ns": fmt_ns, "median_busbw_gbps": lambda v: "–" if v is None else f"{v:.2f} GB/s"},
+        left=("op",),
+    )  # fmt: skip
+    if not calls["bus_bandwidth_gbps"].drop_nulls().is_empty():
+        out += page.chart(nccl_bandwidth_chart(calls, title="NCCL bus bandwidth vs message size"))
+    return out
+
+
+def _metrics(page: _Page, trace: Any, origin: int | None) -> str:
+    from tracekit.viz import gpu_metrics_chart
+
+    g = trace.gpu_metrics
+    if g.is_empty():
+        return _note("No GPU metrics (capture with nsys --gpu-metrics-devices=all).")
+    series = prep.gpu_metrics_series(g)
+    summary = (
+        g.filter(
+            pl.col("metric").is_in(list(prep.DEFAULT_GPU_METRICS))
+            & pl.col("metric_label").str.contains("%", literal=True)
+        )
+        .group_by("device_id", "metric_label")
+        .agg(
+            pl.col("value").cast(pl.Float64).mean().alias("mean_pct"),
+            pl.col("value").max().cast(pl.Float64).alias("max_pct"),
+        )
+        .sort("device_id", "metric_label")
+    )
+    return page.chart(
+        gpu_metrics_chart(series, origin_ns=origin, width=1000, title="GPU metrics over time")
+    ) + html_table(
+        summary,
+        formats={"mean_pct": lambda v: f"{v:.1f}%", "max_pct": lambda v: f"{v:.0f}%"},
+        left=("metric_label",),
+    )
+
+
+def _memory(page: _Page, trace: Any, origin: int | None) -> str:
+    from tracekit.viz import memory_chart
+
+    m = trace.memory_usage
+    if m.is_empty():
+        return _note("No memory events (capture with nsys --cuda-memory-usage=true).")
+    series = prep.memory_series(m)
+    return _note(
+        "Allocations seen during the capture, counted from zero at its start."
+    ) + page.chart(
+        memory_chart(series, origin_ns=origin, width=1000, title="Device memory allocated")
+    )
+
+
+# -- ncu section -----------------------------------------------------------------------------------------
+def _ncu(page: _Page, report: Any) -> str:
+    from tracekit.viz import prep_ncu, roofline_chart, tensor_dram_chart
+
+    table = prep_ncu.kernel_metrics(report).sort("duration_ns", descending=True, nulls_last=True)
+    pct = lambda v: "–" if v is None else f"{v:.0f}%"  # noqa: E731
+    shown = table.select(
+        "kernel", "family", "duration_ns", "compute_throughput_pct", "memory_throughput_pct", "tensor_pipe_pct",
+        "dram_throughput_pct", "achieved_occupancy_pct", "bound",
+    )  # fmt: skip
+    out = (
+        f"<p>{html.escape(str(getattr(report, 'path', '')))}: {table.height} profiled kernels</p>"
+        + html_table(
+            shown,
+            formats={"duration_ns": fmt_ns} | {c: pct for c in shown.columns if c.endswith("_pct")},
+            left=("kernel", "family", "bound"),
+            headers={
+                "compute_throughput_pct": "SM %",
+                "memory_throughput_pct": "memory %",
+                "tensor_pipe_pct": "tensor %",
+                "dram_throughput_pct": "DRAM %",
+                "achieved_occupancy_pct": "occupancy",
+            },  # fmt: skip
+            max_rows=100,
+        )
+    )
+    try:
+        out += page.chart(roofline_chart(report, title="Roofline"))
+    except Exception as exc:
+        out += _note(f"No roofline: {type(exc).__name__}: {exc}")
+    out += page.chart(tensor_dram_chart(report, title="Tensor pipe vs DRAM bandwidth"))
+    return out
+
+
+# -- entry points ------------------------------------------------------------------------------------------
+def build_report(
+    trace: Any = None,
+    ncu: Any = None,
+    *,
+    title: str | None = None,
+    top_n: int = 30,
+    max_marks: int = 2000,
+) -> str:
+    """The HTML of the report (a complete document).
+
+    Parameters
+    ----------
+    trace
+        An :class:`~tracekit.nsys.trace.NsysTrace` (optional when ``ncu`` is given).
+    ncu
+        An :class:`~tracekit.ncu.report.NcuReport` (optional).
+    top_n
+        Rows of the top-kernels table.
+    max_marks
+        Most timeline marks before binning.
+    """
+    if trace is None and ncu is None:
+        msg = "give an Nsight Systems trace, an Nsight Compute report, or both"
+        raise ValueError(msg)
+    from tracekit.viz._deps import import_altair, import_vl_convert
+
+    import_altair()  # a missing extra is one clear error, not a broken section each
+    import_vl_convert()
+    source = trace if trace is not None else ncu
+    name = Path(str(getattr(source, "path", None) or (getattr(source, "paths", None) or ["trace"])[0])).name
+    page = _Page(title or f"tracekit report: {name}", time.strftime("generated %Y-%m-%d %H:%M"))
+    if trace is not None:
+        origin = (prep.data_window(trace.kernels, trace.memcpys, trace.memsets) or (None, None))[0]
+        page.section("overview", "Overview", lambda: _overview(page, trace))
+        page.section("kernels", "Top kernels", lambda: _kernels(page, trace, top_n))
+        page.section("nvtx", "NVTX breakdown", lambda: _nvtx(page, trace))
+        page.section("timeline", "Timeline", lambda: _timeline(page, trace, max_marks))
+        page.section("communication", "Communication", lambda: _communication(page, trace))
+        page.section("metrics", "GPU metrics", lambda: _metrics(page, trace, origin))
+        page.section("memory", "Memory", lambda: _memory(page, trace, origin))
+    if ncu is not None:
+        page.section("ncu", "Nsight Compute kernels", lambda: _ncu(page, ncu))
+    return page.render()
+
+
+def write_report(
+    trace_path: str | Path | None,
+    output: str | Path,
+    *,
+    ncu_path: str | Path | None = None,
+    title: str | None = None,
+    max_marks: int = 2000,
+) -> Path:
+    """Open the files, build the report and write it to ``output`` (returned)."""
+    import tracekit
+    from tracekit.ncu.report import NcuReport
+
+    trace = tracekit.open(trace_path) if trace_path is not None else None
+    ncu = tracekit.open(ncu_path) if ncu_path is not None else None
+    if isinstance(trace, NcuReport):
+        trace, ncu = (None, trace) if ncu is None else (None, ncu)
+    if ncu is not None and not isinstance(ncu, NcuReport):
+        from tracekit.errors import TraceFormatError
+
+        msg = f"{ncu_path} is not an Nsight Compute report; pass the .ncu-rep file to --ncu"
+        raise TraceFormatError(msg)
+    document = build_report(trace, ncu, title=title, max_marks=max_marks)
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(document, encoding="utf-8")
+    return output

@@ -1,0 +1,760 @@
+"""Data preparation for the charts: tracekit tables in, small polars frames out (no altair here).
+
+Every function aggregates so that a chart never ships more than a few thousand marks to a
+browser, whatever the size of the trace. The frames are documented and public: the widgets and
+the HTML report reuse them, and a chart can be fed a frame built any other way with the same
+columns. Times stay ``Int64`` nanoseconds on the capture's timeline; charts convert to ms.
+
+Where :mod:`tracekit.analysis` has the analysis, the functions here call it; the rest are the
+minimal aggregations the charts need.
+"""
+
+from __future__ import annotations
+
+import re
+
+import polars as pl
+
+# Time series and communication live in prep_series (re-exported: ``prep.memory_series`` …).
+from tracekit.viz.prep_series import (
+    BUS_FACTORS,
+    DEFAULT_GPU_METRICS,
+    Window,
+    gpu_metrics_series,
+    memory_series,
+    nccl_bandwidth,
+)
+
+#: Default NVTX names of one iteration: ``step.3``, ``iter 12``, ``iteration_4``, ``batch-2``.
+ITERATION_PATTERN = r"(?i)^(?:train_?)?(?:step|iter|iteration|batch)[ ._#:-]?(\d+)$"
+#: A layer's range: ``layer.3``, ``layers.3``, ``decoder_layer_3``, ``block 3``, ``h.3``.
+LAYER_PATTERN = r"(?i)^(?:[a-z_]*layers?|blocks?|h)[ ._:-]?(\d+)$"
+
+
+def _with_family(frame: pl.DataFrame, name_column: str = "name") -> pl.DataFrame:
+    if "family" in frame.columns:
+        return frame
+    from tracekit.taxonomy import classify
+
+    return classify(frame, name_column=name_column)
+
+
+def _name_column(frame: pl.DataFrame, preferred: str) -> str:
+    if preferred in frame.columns:
+        return preferred
+    for candidate in ("short_name", "name", "kernel"):
+        if candidate in frame.columns:
+            return candidate
+    msg = f"the frame has no kernel name column ({preferred!r}, 'short_name' or 'name')"
+    raise ValueError(msg)
+
+
+def _i64(value: int) -> pl.Expr:
+    return pl.lit(value, dtype=pl.Int64)
+
+
+def data_window(*frames: pl.DataFrame | None) -> Window | None:
+    """``(first start_ns, last end_ns)`` over the frames that have rows (``None`` if none has)."""
+    lo: int | None = None
+    hi: int | None = None
+    for frame in frames:
+        if frame is None or frame.is_empty() or "start_ns" not in frame.columns:
+            continue
+        s = frame["start_ns"].min()
+        e = frame["end_ns"].max() if "end_ns" in frame.columns else frame["start_ns"].max()
+        if s is not None:
+            lo = int(s) if lo is None else min(lo, int(s))  # type: ignore[arg-type]
+        if e is not None:
+            hi = int(e) if hi is None else max(hi, int(e))  # type: ignore[arg-type]
+    if lo is None or hi is None:
+        return None
+    return (lo, max(hi, lo + 1))
+
+
+# -- kernels -----------------------------------------------------------------------------------
+def top_kernels(kernels: pl.DataFrame, *, n: int = 20, by: str = "short_name") -> pl.DataFrame:
+    """The ``n`` kernels with the most GPU time.
+
+    Parameters
+    ----------
+    kernels
+        ``trace.kernels`` (``duration_ns`` and a name column; ``family`` is added when absent).
+    by
+        Name column to group by (``short_name``, ``name``); falls back to what exists.
+
+    Returns
+    -------
+    ``name``, ``family``, ``instances``, ``total_ns``, ``mean_ns``, ``median_ns``, ``max_ns``
+    (Int64 ns) and ``share`` (fraction of all kernel time, 0–1), most time first.
+    """
+    col = _name_column(kernels, by)
+    k = _with_family(kernels, col)
+    total = k["duration_ns"].sum() or 1
+    return (
+        k.group_by(pl.col(col).alias("name"))
+        .agg(
+            pl.col("family").first(),
+            pl.len().cast(pl.Int64).alias("instances"),
+            pl.col("duration_ns").sum().alias("total_ns"),
+            pl.col("duration_ns").mean().round(0).cast(pl.Int64).alias("mean_ns"),
+            pl.col("duration_ns").median().round(0).cast(pl.Int64).alias("median_ns"),
+            pl.col("duration_ns").max().alias("max_ns"),
+        )
+        .with_columns((pl.col("total_ns") / total).alias("share"))
+        .sort(["total_ns", "name"], descending=[True, False])
+        .head(n)
+    )
+
+
+def duration_histogram(
+    kernels: pl.DataFrame, *, bins_per_decade: int = 5, by: str = "family"
+) -> pl.DataFrame:
+    """Kernel durations in logarithmic bins.
+
+    Returns
+    -------
+    ``group`` (the ``by`` column, ``family`` by default), ``bin_start_ns``, ``bin_end_ns``
+    (Float64 ns, ``bins_per_decade`` bins per power of ten), ``count`` and ``total_ns``.
+    """
+    k = _with_family(kernels, _name_column(kernels, "name")) if by == "family" else kernels
+    k = k.filter(pl.col("duration_ns") > 0)
+    b = pl.lit(bins_per_decade, dtype=pl.Float64)
+    idx = (pl.col("duration_ns").cast(pl.Float64).log10() * b).floor()
+    return (
+        k.with_columns(
+            idx.alias("_bin"), pl.col(by).cast(pl.Utf8).fill_null("(none)").alias("group")
+        )
+        .group_by("group", "_bin")
+        .agg(pl.len().cast(pl.Int64).alias("count"), pl.col("duration_ns").sum().alias("total_ns"))
+        .with_columns(
+            (10 ** (pl.col("_bin") / b)).alias("bin_start_ns"),
+            (10 ** ((pl.col("_bin") + 1) / b)).alias("bin_end_ns"),
+        )
+        .sort("group", "_bin")
+        .select("group", "bin_start_ns", "bin_end_ns", "count", "total_ns")
+    )
+
+
+# -- timeline ----------------------------------------------------------------------------------
+def gpu_ops(
+    kernels: pl.DataFrame,
+    memcpys: pl.DataFrame | None = None,
+    memsets: pl.DataFrame | None = None,
+    *,
+    name_column: str = "short_name",
+) -> pl.DataFrame:
+    """Kernels, copies and memsets in one frame for the timeline.
+
+    Returns
+    -------
+    ``device_id``, ``stream_id``, ``start_ns``, ``end_ns``, ``duration_ns``, ``name``,
+    ``family`` (copies are ``memcpy``, memsets ``memset``), plus ``rank`` when the inputs have it.
+    """
+    rank = ["rank"] if "rank" in kernels.columns else []
+    col = _name_column(kernels, name_column)
+    parts = [
+        _with_family(kernels, col).select(
+            *rank, "device_id", "stream_id", "start_ns", "end_ns", "duration_ns",
+            pl.col(col).alias("name"), "family",
+        )
+    ]  # fmt: skip
+    for frame, family, label in ((memcpys, "memcpy", "copy_kind_label"), (memsets, "memset", None)):
+        if frame is None or frame.is_empty():
+            continue
+        name = (
+            pl.concat_str(pl.lit(f"{family} "), pl.col(label).fill_null(""))
+            if label and label in frame.columns
+            else pl.lit(family)
+        )
+        parts.append(
+            frame.select(
+                *[c for c in rank if c in frame.columns], "device_id", "stream_id", "start_ns",
+                "end_ns", "duration_ns", name.alias("name"), pl.lit(family).alias("family"),
+            )
+        )  # fmt: skip
+    return pl.concat(parts, how="diagonal_relaxed").sort("start_ns")
+
+
+def _lane_label(frame: pl.DataFrame) -> pl.Expr:
+    parts: list[pl.Expr | str] = []
+    if "rank" in frame.columns:
+        parts += [pl.lit("rank "), pl.col("rank").cast(pl.Utf8), pl.lit(" · ")]
+    parts += [
+        pl.lit("GPU "),
+        pl.col("device_id").cast(pl.Utf8).fill_null("?"),
+        pl.lit(" · stream "),
+        pl.col("stream_id").cast(pl.Utf8).fill_null("?"),
+    ]
+    return pl.concat_str(parts)
+
+
+def timeline_ops(
+    ops: pl.DataFrame, *, window: Window | None = None, max_marks: int = 2000
+) -> pl.DataFrame:
+    """GPU work per device/stream lane, exact when few, binned when many.
+
+    Parameters
+    ----------
+    ops
+        :func:`gpu_ops` output (``device_id``, ``stream_id``, ``start_ns``, ``end_ns``,
+        ``name``, ``family``; ``rank`` optional).
+    window
+        ``(start_ns, end_ns)`` to show; the whole data by default.
+    max_marks
+        Above this many operations in the window, each lane is cut into
+        ``max_marks // lanes`` equal time bins and one mark per busy bin is returned.
+
+    Returns
+    -------
+    ``lane`` (``GPU 0 · stream 7``), ``lane_order``, ``start_ns``, ``end_ns`` (clipped to the
+    window), ``name`` (the op, or the bin's busiest name), ``family`` (the op's, or the bin's
+    busiest family), ``count`` (ops in the mark), ``busy_fraction`` (share of the mark's time
+    the lane was busy, 1 for single ops) and ``binned`` (bool).
+    """
+    window = window or data_window(ops)
+    if window is None or ops.is_empty():
+        return pl.DataFrame(
+            schema={"lane": pl.Utf8, "lane_order": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64,
+                    "name": pl.Utf8, "family": pl.Utf8, "count": pl.Int64, "busy_fraction": pl.Float64,
+                    "binned": pl.Boolean}
+        )  # fmt: skip
+    w0, w1 = window
+    rank = ["rank"] if "rank" in ops.columns else []
+    o = ops.filter((pl.col("end_ns") > w0) & (pl.col("start_ns") < w1)).with_columns(
+        _lane_label(ops).alias("lane"),
+        pl.col("start_ns").clip(w0, w1).alias("start_ns"),
+        pl.col("end_ns").clip(w0, w1).alias("end_ns"),
+    )
+    lanes = (
+        o.select(*rank, "device_id", "stream_id", "lane")
+        .unique()
+        .sort([*rank, "device_id", "stream_id"], nulls_last=True)
+        .with_row_index("lane_order")
+        .select("lane", pl.col("lane_order").cast(pl.Int64))
+    )
+    o = o.join(lanes, on="lane", how="left")
+    if o.height <= max_marks:
+        return o.select(
+            "lane", "lane_order", "start_ns", "end_ns", "name", "family",
+            pl.lit(1, dtype=pl.Int64).alias("count"), pl.lit(1.0).alias("busy_fraction"),
+            pl.lit(False).alias("binned"),
+        ).sort("lane_order", "start_ns")  # fmt: skip
+    bins = max(max_marks // max(lanes.height, 1), 1)
+    width = max(-(-(w1 - w0) // bins), 1)  # ceil: never more than ``bins`` bins
+    b0 = (pl.col("start_ns") - w0) // width
+    b1 = pl.max_horizontal((pl.col("end_ns") - 1 - w0) // width, b0)
+    exploded = (
+        o.with_columns(pl.int_ranges(b0, b1 + 1).alias("_bin"))
+        .explode("_bin")
+        .with_columns((pl.col("_bin") * width + w0).alias("_bs"))
+        .with_columns(
+            (
+                pl.min_horizontal(pl.col("end_ns"), pl.col("_bs") + width)
+                - pl.max_horizontal(pl.col("start_ns"), pl.col("_bs"))
+            ).alias("_ov")
+        )
+    )
+    per_family = exploded.group_by("lane", "lane_order", "_bin", "family").agg(
+        pl.col("_ov").sum().alias("_busy"), pl.len().alias("_n")
+    )
+    per_name = (
+        exploded.group_by("lane", "_bin", "name")
+        .agg(pl.col("_ov").sum().alias("_nb"))
+        .sort("_nb", "name", descending=[True, False])
+        .group_by("lane", "_bin")
+        .agg(pl.col("name").first())
+    )
+    return (
+        per_family.sort("_busy", "family", descending=[True, False])
+        .group_by("lane", "lane_order", "_bin")
+        .agg(
+            pl.col("family").first(),
+            pl.col("_busy").sum().alias("_busy"),
+            pl.col("_n").sum().cast(pl.Int64).alias("count"),
+        )
+        .join(per_name, on=["lane", "_bin"], how="left")
+        .with_columns(
+            (pl.col("_bin") * width + w0).alias("start_ns"),
+            pl.min_horizontal(pl.col("_bin") * width + w0 + width, pl.lit(w1)).alias("end_ns"),
+        )
+        .with_columns(
+            (pl.col("_busy") / (pl.col("end_ns") - pl.col("start_ns")).clip(lower_bound=1))
+            .clip(0.0, 1.0)
+            .alias("busy_fraction"),
+            pl.lit(True).alias("binned"),
+        )
+        .select(
+            "lane",
+            "lane_order",
+            "start_ns",
+            "end_ns",
+            "name",
+            "family",
+            "count",
+            "busy_fraction",
+            "binned",
+        )
+        .sort("lane_order", "start_ns")
+    )
+
+
+def nvtx_ranges(nvtx: pl.DataFrame) -> pl.DataFrame:
+    """NVTX ranges with their nesting level (see :func:`tracekit.analysis.attribution.nvtx_ranges`).
+
+    Returns ``pid``, ``tid``, ``start_ns``, ``end_ns``, ``name``, ``label``, ``level``, ``path``
+    (plus ``rank`` when present). Marks and domain rows are left out.
+    """
+    from tracekit.analysis.attribution import nvtx_ranges as _ranges
+
+    if nvtx.is_empty():
+        return pl.DataFrame(
+            schema={"pid": pl.Int64, "tid": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64,
+                    "name": pl.Utf8, "label": pl.Utf8, "level": pl.Int64, "path": pl.Utf8}
+        )  # fmt: skip
+    r = _ranges(nvtx)
+    keep = [
+        c
+        for c in ("rank", "pid", "tid", "start_ns", "end_ns", "name", "label", "level", "path")
+        if c in r.columns
+    ]
+    return r.select(keep).with_columns(pl.col("level").cast(pl.Int64))
+
+
+def timeline_nvtx(
+    ranges: pl.DataFrame,
+    *,
+    window: Window | None = None,
+    max_level: int = 2,
+    max_marks: int = 1500,
+    lane_offset: int = 10_000,
+) -> pl.DataFrame:
+    """NVTX ranges as timeline lanes (one lane per thread and nesting level).
+
+    Parameters
+    ----------
+    ranges
+        :func:`nvtx_ranges` output (``pid``, ``tid``, ``start_ns``, ``end_ns``, ``label`` or
+        ``name``, ``level``).
+    max_level
+        Deepest nesting level shown (0 = outermost ranges).
+    max_marks
+        When more ranges fall in the window, the shortest are dropped (a range narrower than
+        a pixel cannot be seen anyway).
+
+    Returns
+    -------
+    ``lane`` (``NVTX 884:884 · L1``), ``lane_order`` (after the GPU lanes), ``start_ns``,
+    ``end_ns`` (clipped), ``name``, ``level``.
+    """
+    empty = pl.DataFrame(
+        schema={"lane": pl.Utf8, "lane_order": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64,
+                "name": pl.Utf8, "level": pl.Int64}
+    )  # fmt: skip
+    if ranges.is_empty():
+        return empty
+    window = window or data_window(ranges)
+    if window is None:
+        return empty
+    w0, w1 = window
+    name = "label" if "label" in ranges.columns else "name"
+    rank = ["rank"] if "rank" in ranges.columns else []
+    r = ranges.filter(
+        pl.col("end_ns").is_not_null()
+        & (pl.col("end_ns") > w0)
+        & (pl.col("start_ns") < w1)
+        & (pl.col("level") <= max_level)
+    ).with_columns(
+        pl.col("start_ns").clip(w0, w1), pl.col("end_ns").clip(w0, w1), pl.col(name).alias("name")
+    )
+    if r.height > max_marks:
+        r = r.sort(pl.col("end_ns") - pl.col("start_ns"), descending=True).head(max_marks)
+    prefix: list[pl.Expr] = (
+        [pl.lit("rank "), pl.col("rank").cast(pl.Utf8), pl.lit(" · ")] if rank else []
+    )
+    r = r.with_columns(
+        pl.concat_str(
+            [*prefix, pl.lit("NVTX "), pl.col("pid").cast(pl.Utf8), pl.lit(":"),
+             pl.col("tid").cast(pl.Utf8), pl.lit(" · L"), pl.col("level").cast(pl.Utf8)]
+        ).alias("lane")
+    )  # fmt: skip
+    lanes = (
+        r.select(*rank, "pid", "tid", "level", "lane")
+        .unique()
+        .sort([*rank, "pid", "tid", "level"])
+        .with_row_index("lane_order")
+        .select("lane", (pl.col("lane_order").cast(pl.Int64) + lane_offset).alias("lane_order"))
+    )
+    return (
+        r.join(lanes, on="lane", how="left")
+        .select("lane", "lane_order", "start_ns", "end_ns", "name", "level")
+        .sort("lane_order", "start_ns")
+    )
+
+
+# -- temporal breakdown -------------------------------------------------------------------------
+BREAKDOWN_CATEGORIES: tuple[str, ...] = ("compute", "communication", "overlap", "memcpy", "idle")
+
+
+def temporal_breakdown(
+    kernels: pl.DataFrame,
+    memcpys: pl.DataFrame | None = None,
+    memsets: pl.DataFrame | None = None,
+    *,
+    by: str | None = None,
+    window: Window | None = None,
+) -> pl.DataFrame:
+    """Split each GPU's (or rank's) time into compute, communication, overlap, memcpy and idle.
+
+    A moment counts as ``overlap`` when a communication kernel and another kernel run at once,
+    ``compute`` / ``communication`` when only one kind runs, ``memcpy`` when only copies or
+    memsets run, ``idle`` when nothing does. Computed by :mod:`tracekit.analysis.comm`
+    (communication kernels as it classifies them, peer-to-peer copies count as
+    communication); without it, communication kernels are those of family
+    ``communication`` (:mod:`tracekit.taxonomy`).
+
+    Parameters
+    ----------
+    by
+        Grouping column: ``rank`` when present, else ``device_id``.
+    window
+        ``(start_ns, end_ns)``; by default from the first to the last operation of all groups,
+        so that idle time is comparable across GPUs.
+
+    Returns
+    -------
+    ``group`` (Utf8: ``GPU 0`` or ``rank 1``), the ``by`` column, ``category``, ``time_ns``
+    (Int64), ``fraction`` (of the window) and ``window_ns``; five rows per group.
+    """
+    by = by or ("rank" if "rank" in kernels.columns else "device_id")
+    if by in ("device_id", "rank") and not kernels.is_empty():
+        try:
+            return _breakdown_from_analysis(kernels, memcpys, memsets, by=by, window=window)
+        except (ImportError, pl.exceptions.ColumnNotFoundError):
+            pass  # the analysis is not there, or the frames lack its identity columns
+    k = _with_family(kernels, _name_column(kernels, "name"))
+    parts = [
+        k.select(by, "start_ns", "end_ns", pl.when(pl.col("family") == "communication")
+                 .then(pl.lit("comm")).otherwise(pl.lit("comp")).alias("_kind"))
+    ]  # fmt: skip
+    for frame in (memcpys, memsets):
+        if frame is not None and not frame.is_empty() and by in frame.columns:
+            parts.append(frame.select(by, "start_ns", "end_ns", pl.lit("mem").alias("_kind")))
+    ops = pl.concat(parts).filter(pl.col("end_ns").is_not_null() & pl.col(by).is_not_null())
+    window = window or data_window(ops)
+    if window is None:
+        return pl.DataFrame(
+            schema={"group": pl.Utf8, by: pl.Int64, "category": pl.Utf8, "time_ns": pl.Int64,
+                    "fraction": pl.Float64, "window_ns": pl.Int64}
+        )  # fmt: skip
+    w0, w1 = window
+    ops = ops.with_columns(pl.col("start_ns").clip(w0, w1), pl.col("end_ns").clip(w0, w1)).filter(
+        pl.col("end_ns") > pl.col("start_ns")
+    )
+    groups = ops.select(by).unique().sort(by)
+    kinds = ("comp", "comm", "mem")
+    edges = pl.concat(
+        [
+            ops.select(by, pl.col("start_ns").alias("t"), "_kind", _i64(1).alias("_d")),
+            ops.select(by, pl.col("end_ns").alias("t"), "_kind", _i64(-1).alias("_d")),
+            groups.select(
+                by, _i64(w0).alias("t"), pl.lit("comp").alias("_kind"), _i64(0).alias("_d")
+            ),
+            groups.select(
+                by, _i64(w1).alias("t"), pl.lit("comp").alias("_kind"), _i64(0).alias("_d")
+            ),
+        ]
+    )
+    steps = (
+        edges.group_by(by, "t")
+        .agg(*[(pl.col("_d") * (pl.col("_kind") == kind)).sum().alias(kind) for kind in kinds])
+        .sort(by, "t")
+        .with_columns(
+            *[pl.col(kind).cum_sum().over(by).alias(kind) for kind in kinds],
+            (pl.col("t").shift(-1).over(by) - pl.col("t")).alias("_len"),
+        )
+        .filter(pl.col("_len").is_not_null())
+    )
+    category = (
+        pl.when((pl.col("comp") > 0) & (pl.col("comm") > 0)).then(pl.lit("overlap"))
+        .when(pl.col("comp") > 0).then(pl.lit("compute"))
+        .when(pl.col("comm") > 0).then(pl.lit("communication"))
+        .when(pl.col("mem") > 0).then(pl.lit("memcpy"))
+        .otherwise(pl.lit("idle"))
+    )  # fmt: skip
+    sums = (
+        steps.with_columns(category.alias("category"))
+        .group_by(by, "category")
+        .agg(pl.col("_len").sum().alias("time_ns"))
+    )
+    full = groups.join(pl.DataFrame({"category": list(BREAKDOWN_CATEGORIES)}), how="cross")
+    label = "rank " if by == "rank" else ("GPU " if by == "device_id" else f"{by} ")
+    order = {c: i for i, c in enumerate(BREAKDOWN_CATEGORIES)}
+    return (
+        full.join(sums, on=[by, "category"], how="left")
+        .with_columns(
+            pl.col("time_ns").fill_null(0).cast(pl.Int64),
+            pl.concat_str(pl.lit(label), pl.col(by).cast(pl.Utf8)).alias("group"),
+            pl.lit(w1 - w0, dtype=pl.Int64).alias("window_ns"),
+            pl.col("category").replace_strict(order, return_dtype=pl.Int64).alias("_o"),
+        )
+        .with_columns((pl.col("time_ns") / pl.col("window_ns")).alias("fraction"))
+        .sort(by, "_o")
+        .select("group", by, "category", "time_ns", "fraction", "window_ns")
+    )
+
+
+_STATE_CATEGORY = {
+    "compute_only": "compute",
+    "communication_only": "communication",
+    "overlap": "overlap",
+    "memcpy": "memcpy",
+    "idle": "idle",
+}
+
+
+def _breakdown_from_analysis(
+    kernels: pl.DataFrame,
+    memcpys: pl.DataFrame | None,
+    memsets: pl.DataFrame | None,
+    *,
+    by: str,
+    window: Window | None,
+) -> pl.DataFrame:
+    """:func:`temporal_breakdown` through :mod:`tracekit.analysis.comm` (peer copies count as communication)."""
+    from tracekit.analysis.comm import activity_segments, categorize_ops
+
+    ops = categorize_ops(kernels, memcpys, memsets)
+    window = window or data_window(ops)
+    if window is None:
+        msg = "no operations"
+        raise ImportError(msg)
+    seg = activity_segments(ops, start_ns=window[0], end_ns=window[1])
+    keys = [c for c in ("rank", "device_id") if c in seg.columns]
+    if by not in keys:
+        msg = f"cannot group by {by}"
+        raise ImportError(msg)
+    sums = (
+        seg.with_columns(
+            pl.col("state").replace_strict(_STATE_CATEGORY, return_dtype=pl.Utf8).alias("category")
+        )
+        .group_by(by, "category")
+        .agg(pl.col("duration_ns").sum().alias("time_ns"))
+    )
+    groups = ops.select(by).unique().sort(by)
+    full = groups.join(pl.DataFrame({"category": list(BREAKDOWN_CATEGORIES)}), how="cross")
+    label = "rank " if by == "rank" else "GPU "
+    order = {c: i for i, c in enumerate(BREAKDOWN_CATEGORIES)}
+    w0, w1 = window
+    return (
+        full.join(sums, on=[by, "category"], how="left")
+        .with_columns(
+            pl.col("time_ns").fill_null(0).cast(pl.Int64),
+            pl.concat_str(pl.lit(label), pl.col(by).cast(pl.Utf8)).alias("group"),
+            pl.lit(w1 - w0, dtype=pl.Int64).alias("window_ns"),
+            pl.col("category").replace_strict(order, return_dtype=pl.Int64).alias("_o"),
+        )
+        .with_columns((pl.col("time_ns") / pl.col("window_ns")).alias("fraction"))
+        .sort(by, "_o")
+        .select("group", by, "category", "time_ns", "fraction", "window_ns")
+    )
+
+
+# -- iterations, layers --------------------------------------------------------------------------
+def iteration_times(nvtx: pl.DataFrame, *, pattern: str = ITERATION_PATTERN) -> pl.DataFrame:
+    """One row per iteration range (NVTX ranges named like ``step.3``).
+
+    With the default pattern this is :func:`tracekit.analysis.iterations.iteration_ranges`
+    (the outermost matching ranges, numbered in order); a custom ``pattern`` takes every
+    closed range whose name matches and numbers it from its first group.
+
+    Returns
+    -------
+    ``group`` (``rank N`` or ``pid N``), ``iteration`` (Int64, from the name, else the order),
+    ``name``, ``start_ns``, ``end_ns``, ``duration_ns``.
+    """
+    rank = "rank" if "rank" in nvtx.columns else "pid"
+    if pattern == ITERATION_PATTERN and not nvtx.is_empty():
+        try:
+            from tracekit.analysis.iterations import iteration_ranges
+
+            its = iteration_ranges(nvtx)
+        except (ImportError, pl.exceptions.ColumnNotFoundError):
+            its = None
+        if its is not None:
+            return its.sort(rank, "start_ns").select(
+                pl.concat_str(pl.lit(f"{rank} "), pl.col(rank).cast(pl.Utf8)).alias("group"),
+                pl.col("iteration").cast(pl.Int64),
+                "name",
+                "start_ns",
+                "end_ns",
+                (pl.col("end_ns") - pl.col("start_ns")).alias("duration_ns"),
+            )
+    r = nvtx.filter(
+        pl.col("end_ns").is_not_null()
+        & pl.col("name").is_not_null()
+        & pl.col("name").str.contains(pattern)
+        & (pl.col("event_type") != "Mark" if "event_type" in nvtx.columns else pl.lit(True))
+    )
+    return (
+        r.with_columns(
+            pl.col("name").str.extract(pattern, 1).cast(pl.Int64, strict=False).alias("iteration"),
+            pl.concat_str(pl.lit(f"{rank} "), pl.col(rank).cast(pl.Utf8)).alias("group"),
+        )
+        .sort(rank, "start_ns")
+        .with_columns(
+            pl.col("iteration").fill_null(pl.int_range(pl.len()).over(rank).cast(pl.Int64)),
+            (pl.col("end_ns") - pl.col("start_ns")).alias("duration_ns"),
+        )
+        .select("group", "iteration", "name", "start_ns", "end_ns", "duration_ns")
+    )
+
+
+def attributed_kernels(
+    kernels: pl.DataFrame, cuda_api: pl.DataFrame, nvtx: pl.DataFrame
+) -> pl.DataFrame:
+    """Kernels with their NVTX path (``nvtx_path``, ``nvtx_range``), via :mod:`tracekit.analysis.attribution`."""
+    from tracekit.analysis.attribution import attribute_nvtx, launch_info
+
+    return attribute_nvtx(launch_info(kernels, cuda_api), nvtx)
+
+
+def layer_block_matrix(
+    attributed: pl.DataFrame, *, layer_pattern: str = LAYER_PATTERN, value: str = "duration_ns"
+) -> pl.DataFrame:
+    """GPU time per (layer, block) from each kernel's NVTX path.
+
+    With the defaults this is :func:`tracekit.analysis.breakdowns.layer_matrix` summed over
+    ranks (it also reads dotted names such as ``model.layers.2.self_attn``). Otherwise the layer is the first path element matching ``layer_pattern`` (``layer.3``); the block is
+    the element right after it (``attn``, ``mlp``), or ``(layer)`` for work directly inside
+    the layer range.
+
+    Parameters
+    ----------
+    attributed
+        Kernels with ``nvtx_path`` (``step.0/layer.3/attn``) and ``duration_ns``
+        (:func:`attributed_kernels` or ``tracekit.analysis.attribution.attribute_nvtx``).
+
+    Returns
+    -------
+    ``layer`` (Int64), ``layer_name``, ``block``, ``time_ns``, ``instances`` and ``share``
+    (fraction of the time of all kernels inside a layer).
+    """
+    if "nvtx_path" not in attributed.columns:
+        msg = "the kernels have no nvtx_path; attribute them first (tracekit.viz.prep.attributed_kernels)"
+        raise ValueError(msg)
+    if layer_pattern == LAYER_PATTERN and value == "duration_ns":
+        try:
+            from tracekit.analysis.breakdowns import layer_matrix
+
+            m: pl.DataFrame | None = layer_matrix(attributed)
+        except ImportError:
+            m = None
+        if m is not None:
+            total = m["gpu_time_ns"].sum() or 1
+            count = "kernels" if "kernels" in m.columns else "ops"
+            return (
+                m.with_columns(pl.col("block").fill_null("(layer)"))
+                .group_by("layer", "block")
+                .agg(
+                    pl.col("gpu_time_ns").sum().alias("time_ns"),
+                    pl.col(count).sum().cast(pl.Int64).alias("instances"),
+                )
+                .with_columns(
+                    pl.col("layer").cast(pl.Int64),
+                    pl.concat_str(pl.lit("layer."), pl.col("layer").cast(pl.Utf8)).alias(
+                        "layer_name"
+                    ),
+                    (pl.col("time_ns") / total).alias("share"),
+                )
+                .sort("layer", "block")
+                .select("layer", "layer_name", "block", "time_ns", "instances", "share")
+            )
+    rx = re.compile(layer_pattern)
+
+    def split(path: str | None) -> dict[str, object]:
+        parts = (path or "").split("/")
+        for i, part in enumerate(parts):
+            m = rx.match(part)
+            if m:
+                block = parts[i + 1] if i + 1 < len(parts) else "(layer)"
+                return {"layer": int(m.group(1)), "layer_name": part, "block": block}
+        return {"layer": None, "layer_name": None, "block": None}
+
+    paths = attributed.select(pl.col("nvtx_path").unique())
+    parsed = paths.with_columns(
+        pl.col("nvtx_path")
+        .map_elements(
+            split,
+            return_dtype=pl.Struct({"layer": pl.Int64, "layer_name": pl.Utf8, "block": pl.Utf8}),
+        )
+        .alias("_p")
+    ).unnest("_p")
+    joined = attributed.select("nvtx_path", value).join(
+        parsed, on="nvtx_path", how="left", nulls_equal=True
+    )
+    inside = joined.filter(pl.col("layer").is_not_null())
+    total = inside[value].sum() or 1
+    return (
+        inside.group_by("layer", "block")
+        .agg(
+            pl.col("layer_name").first(),
+            pl.col(value).sum().alias("time_ns"),
+            pl.len().cast(pl.Int64).alias("instances"),
+        )
+        .with_columns((pl.col("time_ns") / total).alias("share"))
+        .sort("layer", "block")
+        .select("layer", "layer_name", "block", "time_ns", "instances", "share")
+    )
+
+
+def nvtx_tree(
+    attributed: pl.DataFrame, *, max_depth: int = 4, by_process: bool | None = None
+) -> pl.DataFrame:
+    """Inclusive GPU time of every NVTX path prefix (the rows of an NVTX tree).
+
+    Parameters
+    ----------
+    attributed
+        Kernels (or any GPU ops) with ``nvtx_path`` and ``duration_ns``; ``pid``/``rank``
+        separate processes when ``by_process`` (default: when there are several).
+
+    Returns
+    -------
+    ``path`` (``step.0/layer.1``), ``name`` (last element), ``depth`` (1 = outermost),
+    ``gpu_time_ns`` (all GPU work launched inside, Int64), ``ops`` and ``share`` (of all
+    attributed GPU time), sorted in tree order.
+    """
+    a = attributed.filter(pl.col("nvtx_path").is_not_null() & (pl.col("nvtx_path") != ""))
+    proc = "rank" if "rank" in a.columns else "pid" if "pid" in a.columns else None
+    if by_process is None:
+        by_process = proc is not None and a[proc].n_unique() > 1
+    path = pl.col("nvtx_path")
+    if by_process and proc:
+        path = pl.concat_str(pl.lit(f"{proc} "), pl.col(proc).cast(pl.Utf8), pl.lit("/"), path)
+    parts = a.select(path.str.split("/").alias("_p"), "duration_ns").with_row_index("_r")
+    exploded = parts.with_columns(
+        pl.int_ranges(1, pl.col("_p").list.len() + 1).alias("_d")
+    ).explode("_d")
+    exploded = exploded.filter(pl.col("_d") <= max_depth).with_columns(
+        pl.col("_p").list.head(pl.col("_d")).list.join("/").alias("path")
+    )
+    total = a["duration_ns"].sum() or 1
+    return (
+        exploded.group_by("path", "_d")
+        .agg(pl.col("duration_ns").sum().alias("gpu_time_ns"), pl.len().cast(pl.Int64).alias("ops"))
+        .with_columns(
+            pl.col("_d").cast(pl.Int64).alias("depth"),
+            pl.col("path").str.split("/").list.last().alias("name"),
+            (pl.col("gpu_time_ns") / total).alias("share"),
+        )
+        .sort("path")
+        .select("path", "name", "depth", "gpu_time_ns", "ops", "share")
+    )
+
+
+__all__ = [
+    "BREAKDOWN_CATEGORIES", "BUS_FACTORS", "DEFAULT_GPU_METRICS", "ITERATION_PATTERN", "LAYER_PATTERN",
+    "attributed_kernels", "data_window", "duration_histogram", "gpu_metrics_series", "gpu_ops",
+    "iteration_times", "layer_block_matrix", "memory_series", "nccl_bandwidth", "nvtx_ranges",
+    "nvtx_tree", "temporal_breakdown", "timeline_nvtx", "timeline_ops", "top_kernels",
+]  # fmt: skip

@@ -1,0 +1,241 @@
+"""``Compare``: two traces side by side — top kernels and NVTX ranges, with deltas."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import polars as pl
+
+from tracekit.viz._deps import import_ipywidgets
+from tracekit.widgets._common import ChartView, fmt_ns, html_table
+
+widgets = import_ipywidgets()
+import traitlets  # noqa: E402
+
+
+def compare_kernels(a: pl.DataFrame, b: pl.DataFrame, *, by: str = "short_name") -> pl.DataFrame:
+    """GPU time per kernel name in two kernel tables, with the difference.
+
+    Returns
+    -------
+    ``name``, ``family``, ``instances_a``, ``instances_b``, ``total_a_ns``, ``total_b_ns``
+    (Int64, 0 when absent), ``delta_ns`` (b − a), ``ratio`` (b / a, null when a is 0), sorted by
+    the larger absolute delta first.
+    """
+    from tracekit.viz.prep import top_kernels
+
+    ta = top_kernels(a, n=max(a.height, 1), by=by).select(
+        "name",
+        "family",
+        pl.col("instances").alias("instances_a"),
+        pl.col("total_ns").alias("total_a_ns"),
+    )
+    tb = top_kernels(b, n=max(b.height, 1), by=by).select(
+        "name",
+        pl.col("family").alias("_fb"),
+        pl.col("instances").alias("instances_b"),
+        pl.col("total_ns").alias("total_b_ns"),
+    )
+    return (
+        ta.join(tb, on="name", how="full", coalesce=True)
+        .with_columns(
+            pl.coalesce("family", "_fb").alias("family"),
+            *[
+                pl.col(c).fill_null(0)
+                for c in ("instances_a", "instances_b", "total_a_ns", "total_b_ns")
+            ],
+        )
+        .with_columns(
+            (pl.col("total_b_ns") - pl.col("total_a_ns")).alias("delta_ns"),
+            pl.when(pl.col("total_a_ns") > 0)
+            .then(pl.col("total_b_ns") / pl.col("total_a_ns"))
+            .alias("ratio"),
+        )
+        .sort(pl.col("delta_ns").abs(), "name", descending=[True, False])
+        .select(
+            "name",
+            "family",
+            "instances_a",
+            "instances_b",
+            "total_a_ns",
+            "total_b_ns",
+            "delta_ns",
+            "ratio",
+        )
+    )
+
+
+def compare_ranges(a: pl.DataFrame, b: pl.DataFrame) -> pl.DataFrame:
+    """Total duration per NVTX range name in two ``nvtx`` tables, with the difference.
+
+    Only closed ranges count (marks and open ranges are left out); NCCL's own ranges keep their
+    ``domain:`` prefix.
+
+    Returns
+    -------
+    ``range``, ``count_a``, ``count_b``, ``total_a_ns``, ``total_b_ns``, ``delta_ns``,
+    ``ratio``, sorted by absolute delta.
+    """
+
+    def totals(nvtx: pl.DataFrame, suffix: str) -> pl.DataFrame:
+        label = (
+            pl.when(pl.col("domain").is_not_null())
+            .then(pl.concat_str(pl.col("domain"), pl.lit(":"), pl.col("name")))
+            .otherwise(pl.col("name"))
+            if "domain" in nvtx.columns
+            else pl.col("name")
+        )
+        closed = nvtx.filter(
+            pl.col("end_ns").is_not_null()
+            & pl.col("name").is_not_null()
+            & (pl.col("end_ns") > pl.col("start_ns"))
+        )
+        return closed.group_by(label.alias("range")).agg(
+            pl.len().cast(pl.Int64).alias(f"count_{suffix}"),
+            (pl.col("end_ns") - pl.col("start_ns")).sum().alias(f"total_{suffix}_ns"),
+        )
+
+    return (
+        totals(a, "a")
+        .join(totals(b, "b"), on="range", how="full", coalesce=True)
+        .with_columns(
+            *[pl.col(c).fill_null(0) for c in ("count_a", "count_b", "total_a_ns", "total_b_ns")]
+        )
+        .with_columns(
+            (pl.col("total_b_ns") - pl.col("total_a_ns")).alias("delta_ns"),
+            pl.when(pl.col("total_a_ns") > 0)
+            .then(pl.col("total_b_ns") / pl.col("total_a_ns"))
+            .alias("ratio"),
+        )
+        .sort(pl.col("delta_ns").abs(), "range", descending=[True, False])
+    )
+
+
+def _delta_chart(frame: pl.DataFrame, key: str, labels: tuple[str, str], title: str) -> Any:
+    from tracekit.viz.charts import _alt, _short
+
+    alt = _alt()
+    long = (
+        frame.head(20)
+        .with_columns(_short(key, 48).alias("label"))
+        .unpivot(
+            index=["label"], on=["total_a_ns", "total_b_ns"], variable_name="trace", value_name="ns"
+        )
+        .with_columns(
+            pl.col("trace").replace_strict(
+                {"total_a_ns": labels[0], "total_b_ns": labels[1]}, return_dtype=pl.Utf8
+            ),
+            (pl.col("ns") / 1e6).alias("ms"),
+        )
+    )
+    order = frame.head(20).with_columns(_short(key, 48).alias("label"))["label"].to_list()
+    return (
+        alt.Chart(long)
+        .mark_bar()
+        .encode(
+            y=alt.Y("label:N", sort=order, title=None),
+            yOffset=alt.YOffset("trace:N", sort=list(labels)),
+            x=alt.X("ms:Q", title="time (ms)"),
+            color=alt.Color(
+                "trace:N",
+                sort=list(labels),
+                scale=alt.Scale(range=["#0072B2", "#E69F00"]),
+                title=None,
+            ),
+            tooltip=["label:N", "trace:N", alt.Tooltip("ms:Q", format=".3f")],
+        )
+        .properties(title=title, width=420)
+    )
+
+
+class Compare(widgets.VBox):  # type: ignore[misc,name-defined]
+    """Two traces side by side: top kernels and NVTX ranges, with deltas (b − a).
+
+    Parameters
+    ----------
+    a, b
+        Two :class:`~tracekit.nsys.trace.NsysTrace` (e.g. before and after a change).
+    labels
+        Names of the two traces in tables and legends.
+
+    ``n`` (rows shown) and ``sort`` (``"delta"``, ``"a"``, ``"b"``) are traits.
+    """
+
+    n = traitlets.Int(20)
+    sort = traitlets.Unicode("delta")
+
+    def __init__(
+        self, a: Any, b: Any, *, labels: tuple[str, str] = ("A", "B"), **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        self.a, self.b, self.labels = a, b, labels
+        self.kernels = compare_kernels(a.kernels, b.kernels)
+        self.ranges = compare_ranges(a.nvtx, b.nvtx)
+        self.kernels_shown = pl.DataFrame()
+        self.ranges_shown = pl.DataFrame()
+        w = widgets
+        self.n_slider = w.IntSlider(
+            value=self.n, min=5, max=100, step=5, description="rows", continuous_update=False
+        )
+        self.sort_picker = w.Dropdown(options=[("largest change", "delta"), (f"time in {labels[0]}", "a"), (f"time in {labels[1]}", "b")],
+                                      value=self.sort, description="sort")  # fmt: skip
+        w.link((self.n_slider, "value"), (self, "n"))
+        w.link((self.sort_picker, "value"), (self, "sort"))
+        self.summary = w.HTML()
+        self.kernel_view = ChartView()
+        self.range_view = ChartView()
+        self.kernel_html = w.HTML()
+        self.range_html = w.HTML()
+        tabs = w.Tab(
+            children=[
+                w.VBox([self.kernel_view.widget, self.kernel_html]),
+                w.VBox([self.range_view.widget, self.range_html]),
+            ]
+        )
+        tabs.set_title(0, "Kernels")
+        tabs.set_title(1, "NVTX ranges")
+        self.children = (w.HBox([self.n_slider, self.sort_picker]), self.summary, tabs)
+        self._refresh()
+
+    @traitlets.observe("n", "sort")
+    def _on_change(self, _change: dict[str, Any]) -> None:
+        self._refresh()
+
+    def _sorted(self, frame: pl.DataFrame, key: str) -> pl.DataFrame:
+        if self.sort == "a":
+            return frame.sort("total_a_ns", key, descending=[True, False])
+        if self.sort == "b":
+            return frame.sort("total_b_ns", key, descending=[True, False])
+        return frame.sort(pl.col("delta_ns").abs(), key, descending=[True, False])
+
+    def _refresh(self) -> None:
+        la, lb = self.labels
+        ka, kb = self.a.kernels["duration_ns"].sum(), self.b.kernels["duration_ns"].sum()
+        self.summary.value = (
+            f"<p>kernel time: {la} {fmt_ns(ka)} · {lb} {fmt_ns(kb)} · Δ {fmt_ns(kb - ka)}"
+            + (f" ({100 * (kb - ka) / ka:+.1f}%)" if ka else "")
+            + f" · kernels {self.a.kernels.height:,} → {self.b.kernels.height:,}</p>"
+        )
+        fmts: dict[str, Callable[[Any], str]] = {
+            c: fmt_ns for c in ("total_a_ns", "total_b_ns", "delta_ns")
+        }
+        fmts["ratio"] = lambda v: "–" if v is None else f"{v:.2f}×"
+        self.kernels_shown = self._sorted(self.kernels, "name").head(self.n)
+        self.ranges_shown = self._sorted(self.ranges, "range").head(self.n)
+        headers = {"total_a_ns": la, "total_b_ns": lb, "instances_a": f"n {la}", "instances_b": f"n {lb}",
+                   "count_a": f"n {la}", "count_b": f"n {lb}", "delta_ns": "Δ"}  # fmt: skip
+        self.kernel_html.value = html_table(
+            self.kernels_shown, formats=fmts, left=("name", "family"), headers=headers
+        )
+        self.range_html.value = html_table(
+            self.ranges_shown, formats=fmts, left=("range",), headers=headers
+        )
+        for view, frame, key, title in (
+            (self.kernel_view, self.kernels_shown, "name", "Top kernels"),
+            (self.range_view, self.ranges_shown, "range", "NVTX ranges"),
+        ):
+            if frame.is_empty():
+                view.message("nothing to compare")
+                continue
+            view.show(_delta_chart(frame, key, self.labels, title))

@@ -1,0 +1,540 @@
+"""``TraceExplorer``: one Nsight Systems trace in tabs, with a shared kernel and time selection.
+
+Tabs: overview, top kernels (filter, sort), NVTX tree with GPU time, timeline (window
+selection), communication, GPU metrics, memory. Two traits tie them together:
+``selected_kernel`` (a kernel name) and ``window`` (``(start_ns, end_ns)`` or ``None``).
+Clicking a kernel in a chart, picking it in the list, dragging over the timeline or a metric
+plot, or setting the traits from Python updates every tab.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+import polars as pl
+
+from tracekit.viz._deps import import_ipywidgets
+from tracekit.viz.prep import nvtx_tree
+from tracekit.widgets._common import (
+    ChartView,
+    fmt_bytes,
+    fmt_ns,
+    html_table,
+    selected_points,
+    selected_range,
+)
+
+widgets = import_ipywidgets()
+import traitlets  # noqa: E402  (ipywidgets depends on it; imported after the helpful error)
+
+SORT_KEYS = {"GPU time": "total_ns", "instances": "instances", "mean": "mean_ns", "max": "max_ns"}
+
+
+class TraceExplorer(widgets.VBox):  # type: ignore[misc,name-defined]
+    """Explore one trace in a notebook.
+
+    Parameters
+    ----------
+    trace
+        An :class:`~tracekit.nsys.trace.NsysTrace` (or any object with ``kernels``,
+        ``memcpys``, ``memsets``, ``nvtx``, ``cuda_api``, ``gpu_metrics``, ``memory_usage``).
+    max_marks
+        Most marks a timeline draws before it aggregates into time bins.
+    top_n
+        Rows of the top-kernels table and chart.
+
+    Examples
+    --------
+    >>> from tracekit.widgets import TraceExplorer
+    >>> ex = TraceExplorer(tracekit.open("trace.sqlite"))  # doctest: +SKIP
+    >>> ex.selected_kernel = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL"  # doctest: +SKIP
+    >>> ex.window = (ex.origin_ns, ex.origin_ns + 50_000_000)  # first 50 ms  # doctest: +SKIP
+    """
+
+    selected_kernel = traitlets.Unicode(None, allow_none=True)
+    window = traitlets.Tuple(None, allow_none=True)
+
+    TAB_TITLES = (
+        "Overview",
+        "Top kernels",
+        "NVTX",
+        "Timeline",
+        "Communication",
+        "GPU metrics",
+        "Memory",
+    )
+    #: Chart views of each tab: a hidden tab's charts are created when the tab is first shown.
+    TAB_VIEWS: tuple[tuple[str, ...], ...] = (
+        ("overview", "iterations"), ("top",), (), ("timeline",), ("breakdown", "nccl"), ("metrics",), ("memory",),
+    )  # fmt: skip
+
+    def __init__(
+        self, trace: Any, *, max_marks: int = 2000, top_n: int = 25, **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        from tracekit.viz import prep
+
+        self.trace = trace
+        self.max_marks = max_marks
+        self.prep = prep
+        self.kernels = prep.gpu_ops(trace.kernels)
+        self._raw_kernels = trace.kernels
+        self.full_window = prep.data_window(trace.kernels, trace.memcpys, trace.memsets) or (0, 1)
+        self.origin_ns = self.full_window[0]
+        self._attributed: pl.DataFrame | None = None
+        self._syncing = False
+        self.errors: dict[str, str] = {}
+
+        # state the views show (read by tests and by users)
+        self.top = pl.DataFrame()
+        self.instances = pl.DataFrame()
+        self.nvtx_rows = pl.DataFrame()
+        self.timeline_lanes = pl.DataFrame()
+        self.nccl_calls = pl.DataFrame()
+
+        self.views = {
+            name: ChartView(self._on_chart_select, active=name in self.TAB_VIEWS[0])
+            for name in (
+                "overview",
+                "top",
+                "timeline",
+                "breakdown",
+                "nccl",
+                "metrics",
+                "memory",
+                "iterations",
+            )
+        }
+        self._build(top_n)
+        self._refresh_all()
+
+    # -- layout -------------------------------------------------------------------------------------
+    def _build(self, top_n: int) -> None:
+        w = widgets
+        self.summary = w.HTML()
+        self.filter_text = w.Text(
+            placeholder="filter kernels (regex)", description="filter", continuous_update=False
+        )
+        self.sort_by = w.Dropdown(options=list(SORT_KEYS), value="GPU time", description="sort by")
+        self.top_n = w.IntSlider(
+            value=top_n, min=5, max=200, step=5, description="rows", continuous_update=False
+        )
+        self.kernel_picker = w.Dropdown(options=[("(none)", "")], value="", description="kernel",
+                                        layout=w.Layout(width="60%"))  # fmt: skip
+        self.top_table = w.HTML()
+        self.instances_html = w.HTML()
+        for control in (self.filter_text, self.sort_by, self.top_n):
+            control.observe(lambda _c: self._refresh_top(), names="value")
+        self.kernel_picker.observe(self._on_pick, names="value")
+
+        self.nvtx_depth = w.IntSlider(
+            value=3, min=1, max=8, description="depth", continuous_update=False
+        )
+        self.nvtx_depth.observe(lambda _c: self._refresh_nvtx(), names="value")
+        self.nvtx_html = w.HTML()
+
+        span_ms = (self.full_window[1] - self.full_window[0]) / 1e6
+        self.window_slider = w.FloatRangeSlider(
+            value=(0.0, span_ms), min=0.0, max=span_ms, step=max(span_ms / 1000, 1e-3),
+            description="ms", continuous_update=False, readout_format=".3f", layout=w.Layout(width="80%"),
+        )  # fmt: skip
+        self.window_slider.observe(self._on_slider, names="value")
+        self.reset_button = w.Button(description="whole trace", icon="expand")
+        self.reset_button.on_click(lambda _b: setattr(self, "window", None))
+        self.show_nvtx = w.Checkbox(value=True, description="NVTX lanes")
+        self.show_nvtx.observe(lambda _c: self._refresh_timeline(), names="value")
+        self.window_label = w.HTML()
+        self.comm_html = w.HTML()
+
+        v = self.views
+        tabs = [
+            w.VBox([self.summary, v["overview"].widget, v["iterations"].widget]),
+            w.VBox([w.HBox([self.filter_text, self.sort_by, self.top_n]), self.kernel_picker, v["top"].widget,
+                    self.top_table, self.instances_html]),
+            w.VBox([self.nvtx_depth, self.nvtx_html]),
+            w.VBox([w.HBox([self.window_slider, self.reset_button, self.show_nvtx]), self.window_label,
+                    v["timeline"].widget]),
+            w.VBox([v["breakdown"].widget, v["nccl"].widget, self.comm_html]),
+            w.VBox([v["metrics"].widget]),
+            w.VBox([v["memory"].widget]),
+        ]  # fmt: skip
+        self.tabs = w.Tab(children=tabs)
+        for i, title in enumerate(self.TAB_TITLES):
+            self.tabs.set_title(i, title)
+        self.tabs.observe(self._on_tab, names="selected_index")
+        self.children = (self.tabs,)
+
+    def _on_tab(self, change: dict[str, Any]) -> None:
+        index = change["new"]
+        if index is not None:
+            for name in self.TAB_VIEWS[index]:
+                self.views[name].activate()
+
+    # -- selection plumbing ---------------------------------------------------------------------------
+    def _on_chart_select(self, name: str, value: Any) -> None:
+        if name == "kernel":
+            names = selected_points(value, "name")
+            self.selected_kernel = str(names[0]) if names else None
+        elif name == "window":
+            rng = selected_range(value, "start_ms") or selected_range(value, "time_ms")
+            if rng is not None:
+                self.window = (
+                    self.origin_ns + int(rng[0] * 1e6),
+                    self.origin_ns + int(rng[1] * 1e6),
+                )
+
+    def _on_pick(self, change: dict[str, Any]) -> None:
+        if not self._syncing:
+            self.selected_kernel = change["new"] or None
+
+    def _set_picker(self, options: list[tuple[str, str]], value: str) -> None:
+        self._syncing = True
+        try:
+            self.kernel_picker.options = options
+            self.kernel_picker.value = value
+        finally:
+            self._syncing = False
+
+    def _on_slider(self, change: dict[str, Any]) -> None:
+        if self._syncing:
+            return
+        lo, hi = change["new"]
+        win = (self.origin_ns + int(lo * 1e6), self.origin_ns + int(hi * 1e6))
+        if win != self._effective_window():
+            self.window = None if (lo <= 0 and hi >= self.window_slider.max) else win  # type: ignore[assignment]
+
+    @traitlets.validate("window")
+    def _valid_window(self, proposal: dict[str, Any]) -> Any:
+        win = proposal["value"]
+        if win is None:
+            return None
+        lo, hi = int(win[0]), int(win[1])
+        if hi <= lo:
+            msg = f"window end ({hi}) must be after its start ({lo})"
+            raise traitlets.TraitError(msg)
+        return (lo, hi)
+
+    @traitlets.observe("window")
+    def _window_changed(self, _change: dict[str, Any]) -> None:
+        lo, hi = self._effective_window()
+        self._syncing = True
+        try:
+            self.window_slider.value = ((lo - self.origin_ns) / 1e6, (hi - self.origin_ns) / 1e6)
+        finally:
+            self._syncing = False
+        self._refresh_all()
+
+    @traitlets.observe("selected_kernel")
+    def _kernel_changed(self, change: dict[str, Any]) -> None:
+        self._refresh_top()
+        self._refresh_instances()
+        self._refresh_nvtx()
+        self._refresh_timeline()
+
+    # -- data -------------------------------------------------------------------------------------------
+    def _effective_window(self) -> tuple[int, int]:
+        window: tuple[int, int] = self.window if self.window is not None else self.full_window
+        return window
+
+    def _in_window(self, frame: pl.DataFrame) -> pl.DataFrame:
+        if self.window is None or frame.is_empty():
+            return frame
+        lo, hi = self.window
+        return frame.filter((pl.col("end_ns") > lo) & (pl.col("start_ns") < hi))
+
+    @property
+    def attributed(self) -> pl.DataFrame:
+        """Kernels with their NVTX path (computed once)."""
+        if self._attributed is None:
+            try:
+                self._attributed = self.prep.attributed_kernels(
+                    self._raw_kernels, self.trace.cuda_api, self.trace.nvtx
+                )
+            except Exception as exc:  # keep the other tabs alive
+                self.errors["nvtx"] = f"{type(exc).__name__}: {exc}"
+                self._attributed = self._raw_kernels.with_columns(
+                    pl.lit(None, pl.Utf8).alias("nvtx_path")
+                )
+        return self._attributed
+
+    def _guard(self, key: str, view: ChartView | None, build: Any) -> None:
+        try:
+            build()
+        except Exception as exc:  # one failing view must not break the explorer
+            self.errors[key] = f"{type(exc).__name__}: {exc}"
+            if view is not None:
+                view.message(f"could not draw this view: {self.errors[key]}")
+
+    # -- views ----------------------------------------------------------------------------------------
+    def _refresh_all(self) -> None:
+        self._refresh_overview()
+        self._refresh_top()
+        self._refresh_instances()
+        self._refresh_nvtx()
+        self._refresh_timeline()
+        self._refresh_comm()
+        self._refresh_metrics()
+        self._refresh_memory()
+
+    def _refresh_overview(self) -> None:
+        t = self.trace
+        k = self._in_window(self.kernels)
+        lo, hi = self._effective_window()
+        gpus = k["device_id"].n_unique() if not k.is_empty() else 0
+        meta = getattr(t, "meta", None)
+        rows = [
+            ("trace", html.escape(str(getattr(t, "path", "")))),
+            (
+                "nsys",
+                html.escape(
+                    str(getattr(meta, "version", "") or getattr(meta, "product_version", "") or "?")
+                ),
+            ),
+            ("window", f"{fmt_ns(hi - lo)} ({'selected' if self.window else 'whole trace'})"),
+            ("GPUs with kernels", str(gpus)),
+            ("kernels", f"{k.height:,}"),
+            ("kernel time", fmt_ns(k["duration_ns"].sum() if not k.is_empty() else 0)),
+            (
+                "memcpy",
+                f"{self._in_window(t.memcpys).height:,} ({fmt_bytes(self._in_window(t.memcpys)['bytes'].sum())})",
+            ),
+            ("NVTX events", f"{t.nvtx.height:,}"),
+            ("GPU metric samples", f"{t.gpu_metrics.height:,}"),
+        ]
+        self.summary.value = (
+            "<table>"
+            + "".join(f"<tr><td><b>{a}</b></td><td>{b}</td></tr>" for a, b in rows)
+            + "</table>"
+        )
+
+        def breakdown() -> None:
+            frame = self.prep.temporal_breakdown(
+                t.kernels, t.memcpys, t.memsets, window=self._effective_window()
+            )
+            self.breakdown = frame
+            from tracekit.viz import breakdown_chart
+
+            chart = breakdown_chart(frame, title="Where the GPU time goes")
+            self.views["overview"].show(chart)
+            self.views["breakdown"].show(chart)
+
+        self._guard("breakdown", self.views["overview"], breakdown)
+
+        def iterations() -> None:
+            its = self.prep.iteration_times(t.nvtx)
+            if its.is_empty():
+                self.views["iterations"].message("no iteration ranges (NVTX named step.N / iter N)")
+                return
+            from tracekit.viz import iterations_chart
+
+            self.views["iterations"].show(iterations_chart(its, title="Iterations"))
+
+        self._guard("iterations", self.views["iterations"], iterations)
+
+    def _refresh_top(self) -> None:
+        k = self._in_window(self.kernels)
+        pattern = self.filter_text.value.strip()
+        if pattern:
+            try:
+                k = k.filter(pl.col("name").str.contains(pattern))
+            except Exception:
+                k = k.filter(pl.col("name").str.contains(pattern, literal=True))
+        top = self.prep.top_kernels(k, n=max(k.height, 1), by="name")
+        key = SORT_KEYS[self.sort_by.value]
+        top = top.sort([key, "name"], descending=[True, False]).head(self.top_n.value)
+        self.top = top
+        current = self.selected_kernel or ""
+        options = [("(none)", "")] + [
+            (n if len(n) < 90 else n[:89] + "…", n) for n in top["name"].to_list()
+        ]
+        if current and current not in top["name"].to_list():
+            options.append((current, current))
+        self._set_picker(options, current)
+        self.top_table.value = html_table(
+            top.select("name", "family", "instances", "total_ns", "mean_ns", "max_ns", "share"),
+            formats={
+                "total_ns": fmt_ns,
+                "mean_ns": fmt_ns,
+                "max_ns": fmt_ns,
+                "share": lambda v: f"{100 * v:.1f}%",
+            },
+            left=("name", "family"),
+            highlight=lambda row: row["name"] == self.selected_kernel,
+        )
+
+        def chart() -> None:
+            from tracekit.viz import top_kernels_chart
+
+            if top.is_empty():
+                self.views["top"].message("no kernels in this window")
+                return
+            chart = top_kernels_chart(
+                top.head(40), highlight=self.selected_kernel, title="Top kernels by GPU time"
+            )
+            self.views["top"].show(chart)
+
+        self._guard("top", self.views["top"], chart)
+
+    def _refresh_instances(self) -> None:
+        name = self.selected_kernel
+        if not name:
+            self.instances = pl.DataFrame()
+            self.instances_html.value = ""
+            return
+        a = self.attributed
+        col = "short_name" if "short_name" in a.columns else "name"
+        inst = self._in_window(a.filter(pl.col(col) == name)).sort("start_ns")
+        keep = [
+            c
+            for c in (
+                "device_id",
+                "stream_id",
+                "start_ns",
+                "duration_ns",
+                "grid_x",
+                "block_x",
+                "nvtx_path",
+            )
+            if c in inst.columns
+        ]
+        self.instances = inst.select(keep)
+        shown = self.instances.with_columns(
+            ((pl.col("start_ns") - self.origin_ns) / 1e6).alias("start_ms")
+        ).drop("start_ns")
+        self.instances_html.value = (
+            f"<h4>{html.escape(name)}: {inst.height} instances</h4>"
+            + html_table(
+                shown,
+                formats={"duration_ns": fmt_ns, "start_ms": lambda v: f"{v:.4f}"},
+                left=("nvtx_path",),
+                max_rows=100,
+            )
+        )
+
+    def _refresh_nvtx(self) -> None:
+        a = self._in_window(self.attributed)
+        if self.selected_kernel:
+            col = "short_name" if "short_name" in a.columns else "name"
+            a = a.filter(pl.col(col) == self.selected_kernel)
+        rows = (
+            nvtx_tree(a, max_depth=self.nvtx_depth.value)
+            if "nvtx_path" in a.columns
+            else pl.DataFrame()
+        )
+        self.nvtx_rows = rows
+        if rows.is_empty():
+            self.nvtx_html.value = (
+                "<i>no GPU work inside NVTX ranges"
+                + (" for this kernel" if self.selected_kernel else "")
+                + "</i>"
+            )
+            return
+        shown = rows.head(400).with_columns(
+            pl.concat_str(
+                pl.lit("\u2003").repeat_by(pl.col("depth") - 1).list.join(""), pl.col("name")
+            ).alias("range")
+        )
+        title = f"<h4>GPU time by NVTX range{' — ' + html.escape(self.selected_kernel) if self.selected_kernel else ''}</h4>"
+        self.nvtx_html.value = title + html_table(
+            shown.select("range", "gpu_time_ns", "ops", "share"),
+            formats={"gpu_time_ns": fmt_ns, "share": lambda v: f"{100 * v:.1f}%"},
+            left=("range",),
+            max_rows=400,
+        )
+
+    def _refresh_timeline(self) -> None:
+        lo, hi = self._effective_window()
+        self.window_label.value = (
+            f"<small>{fmt_ns(hi - lo)} shown, drag on the chart to zoom</small>"
+        )
+
+        def build() -> None:
+            from tracekit.viz import timeline_chart
+
+            t = self.trace
+            ops = self.prep.gpu_ops(t.kernels, t.memcpys, t.memsets)
+            lanes = self.prep.timeline_ops(ops, window=(lo, hi), max_marks=self.max_marks)
+            self.timeline_lanes = lanes
+            nvtx = t.nvtx if self.show_nvtx.value else None
+            chart = timeline_chart(
+                lanes,
+                nvtx=nvtx,
+                window=(lo, hi),
+                origin_ns=self.origin_ns,
+                highlight=self.selected_kernel,
+                title="GPU timeline",
+                width=720,
+            )
+            self.views["timeline"].show(chart)
+
+        self._guard("timeline", self.views["timeline"], build)
+
+    def _refresh_comm(self) -> None:
+        k = self._in_window(self.kernels).filter(pl.col("family") == "communication")
+        if k.is_empty():
+            self.comm_html.value = "<i>no communication kernels (NCCL or custom collectives)</i>"
+        else:
+            top = self.prep.top_kernels(k, n=30, by="name")
+            self.comm_html.value = "<h4>Communication kernels</h4>" + html_table(
+                top.select("name", "instances", "total_ns", "mean_ns", "max_ns"),
+                formats={"total_ns": fmt_ns, "mean_ns": fmt_ns, "max_ns": fmt_ns},
+                left=("name",),
+            )
+
+        def nccl() -> None:
+            calls = getattr(self.trace, "nccl", None)
+            if calls is not None and not calls.is_empty():
+                calls = self._in_window(
+                    self.prep.nccl_bandwidth(calls).filter(pl.col("start_ns").is_not_null())
+                )
+            if (
+                calls is None
+                or calls.is_empty()
+                or calls["bus_bandwidth_gbps"].drop_nulls().is_empty()
+            ):
+                self.views["nccl"].message("no NCCL calls with message sizes in this window")
+                return
+            from tracekit.viz import nccl_bandwidth_chart
+
+            self.nccl_calls = calls
+            self.views["nccl"].show(nccl_bandwidth_chart(calls, title="NCCL bus bandwidth"))
+
+        self._guard("nccl", self.views["nccl"], nccl)
+
+    def _refresh_metrics(self) -> None:
+        def build() -> None:
+            g = self.trace.gpu_metrics
+            if g.is_empty():
+                self.views["metrics"].message(
+                    "no GPU metrics (capture with nsys --gpu-metrics-devices=all)"
+                )
+                return
+            from tracekit.viz import gpu_metrics_chart
+
+            series = self.prep.gpu_metrics_series(g, window=self.window)
+            self.views["metrics"].show(
+                gpu_metrics_chart(series, origin_ns=self.origin_ns, title="GPU metrics")
+            )
+
+        self._guard("metrics", self.views["metrics"], build)
+
+    def _refresh_memory(self) -> None:
+        def build() -> None:
+            m = self.trace.memory_usage
+            if m.is_empty():
+                self.views["memory"].message(
+                    "no memory events (capture with nsys --cuda-memory-usage=true)"
+                )
+                return
+            from tracekit.viz import memory_chart
+
+            series = self.prep.memory_series(m, window=self.window)
+            if series.is_empty():
+                self.views["memory"].message("no allocations in this window")
+                return
+            self.views["memory"].show(
+                memory_chart(series, origin_ns=self.origin_ns, title="Device memory allocated")
+            )
+
+        self._guard("memory", self.views["memory"], build)
