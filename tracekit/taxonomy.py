@@ -1,15 +1,43 @@
 """Kernel families: one taxonomy for nsys and ncu kernel names (short, demangled, mangled).
 
 A family is decided by the first rule, in order, whose regular expression matches the
-kernel name (case-insensitive). Users prepend their own rules with :func:`add_rule` or pass
-a rule list to :func:`classify`. Families, in default rule order:
+kernel name (case-insensitive substring search, Rust ``regex`` syntax: no look-around). The
+patterns look for identifiers, so the same rule fits a demangled name
+(``void at::native::elementwise_kernel<…direct_copy_kernel_cuda…>``), a short name
+(``elementwise_kernel``) and a mangled one (``_ZN2at6native18elementwise_kernel…``).
+Users prepend their own rules with :func:`add_rule` or pass a rule list to :func:`classify`.
 
-``communication``, ``attention``, ``gemm``, ``normalization``, ``softmax``,
-``embedding``, ``reduction``, ``copy``, ``elementwise``, ``other``.
+Families, in default rule order:
 
-Communication is checked first so that an NCCL kernel with ``Reduce`` in its name is not
-a reduction, attention before GEMM so that fused attention kernels built on cutlass are
-attention, and elementwise last because its patterns are the loosest.
+``communication``
+    NCCL (``ncclDevKernel_*``, ``ncclKernel_*``), custom and symmetric-memory all-reduce,
+    NVSHMEM, DeepEP, MSCCL++. First, so that an NCCL ``…Reduce…`` kernel is not a reduction.
+``attention``
+    flash / fmha / SDPA (cuDNN's ``*_sdpa_*`` and its backward helpers), paged and decode
+    attention, FlashInfer, xFormers, KV-cache writes. Before GEMM: fused attention is built on
+    cutlass.
+``reduction`` (pooling only)
+    ``*_pooling_*`` kernels, which TensorRT names ``xmma`` too.
+``gemm``
+    cuBLAS/cuBLASLt (``nvjet_*``, ``splitKreduce``), cutlass, ``xmma`` GEMM and implicit-GEMM
+    convolutions, ``*gemm*``, ``matmul``, ``scaled_mm``.
+``normalization``
+    layer/RMS/batch/group/instance norm forward and backward (``GammaBetaBackward``).
+``softmax``
+    softmax and log-softmax.
+``embedding``
+    embedding, gather/scatter, index_select/index_put, rotary embeddings.
+``copy``
+    memcpy/memset kernels, fills, ``direct_copy`` (dtype casts, ``.contiguous()``), concat,
+    transposes and permutations, TensorRT reformats.
+``reduction``
+    reductions, arg-max/min, scans, sorts, top-k, losses.
+``elementwise``
+    elementwise and activation kernels (``vectorized_elementwise_kernel``, SiLU, GELU,
+    Triton pointwise), optimizer steps (``multi_tensor_apply``), ``axpy``. Last: its patterns
+    are the loosest.
+``other``
+    no rule matched.
 """
 
 from __future__ import annotations
@@ -36,7 +64,7 @@ FAMILIES: tuple[str, ...] = (
 
 @dataclass(frozen=True)
 class FamilyRule:
-    """``pattern`` (a case-insensitive regular expression) → ``family``."""
+    """``pattern`` (a case-insensitive regular expression, searched anywhere) → ``family``."""
 
     family: str
     pattern: str
@@ -48,44 +76,52 @@ COMMUNICATION_PATTERNS: tuple[str, ...] = (
     r"nccl",
     r"cross_device_reduce",
     r"custom_?all_?reduce",
-    r"all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|alltoall",
+    r"all_?reduce|all_?gather|reduce_?scatter|all_?to_?all",
     r"deep_?ep|internode|intranode",
     r"nvshmem",
-    r"symm_?mem|one_shot_all_reduce|two_shot_all_reduce|multimem",
+    r"symmetric_?memory|symm_?mem|one_?shot_all_reduce|two_?shot_all_reduce|multimem",
     r"mscclpp|msccl",
-    r"\bpeer_?copy|p2p_?copy",
+    r"peer_?copy|p2p_?copy",
 )
 
 DEFAULT_RULES: tuple[FamilyRule, ...] = (
     *(FamilyRule("communication", p) for p in COMMUNICATION_PATTERNS),
     FamilyRule(
         "attention",
-        r"flash|fmha|attention|attn|sdpa|mha_|paged_?attention|decode_?attention|"
-        r"flashinfer|xformers|efficient_attention|cudnn_?.*mha|_fwd_kernel.*(?:q|kv)",
+        r"flash|fmha|attention|attn|sdpa|mha_|paged_?attention|decode_?attention|flashinfer|"
+        r"xformers|dot_do_o|convert_dq|reshape_and_cache|kv_?cache",
     ),
+    FamilyRule("reduction", r"pooling"),
     FamilyRule(
         "gemm",
-        r"gemm|nvjet|cutlass|xmma|cublas|sgemm|hgemm|dgemm|igemm|wgmma|gmma|"
-        r"matmul|_mm_|sm\d+_xmma|ampere_.*(?:h|s|bf16)\d*|volta_.*gemm|turing_.*gemm|"
-        r"splitkreduce|splitk|cudnn.*conv|implicit_convolve|conv2d|convolution|scaled_mm|fp8_gemm",
+        r"gemm|nvjet|cutlass|xmma|cublas|wgmma|matmul|splitk|scaled_mm|implicit_?convolve|"
+        r"conv2d|convolution|_fprop_|_dgrad_|_wgrad_|tensorop",
     ),
-    FamilyRule("normalization", r"norm(?!al_)|rmsnorm|layernorm|layer_norm|rms_norm|batch_norm|group_norm"),
+    FamilyRule(
+        "normalization",
+        r"layer_?norm|rms_?norm|batch_?norm|group_?norm|instance_?norm|gamma_?beta",
+    ),
     FamilyRule("softmax", r"softmax"),
     FamilyRule(
         "embedding",
-        r"embedding|gather|scatter|index_select|indexselect|index_put|take_along|"
-        r"rotary|rope",
+        r"embedding|gather|scatter|index_?select|index_?put|index_?add|indexing|take_along|"
+        r"rotary|rope_",
+    ),
+    FamilyRule(
+        "copy",
+        r"memcpy|memset|copy_kernel|direct_copy|cat_?array|batched_?copy|copy_?vectorized|"
+        r"transpose|permut|fill_?kernel|fillfunctor|zero_|reformat|contiguous|to_copy",
     ),
     FamilyRule(
         "reduction",
-        r"reduce|reduction|argmax|argmin|\bsum\b|_sum|mean|cumsum|scan|topk|sort|radix|max_kernel|norm_kernel",
+        r"reduce|reduction|argmax|argmin|cum_?sum|scan|topk|sort|radix|nll_loss|"
+        r"cross_?entropy|_sum_|sum_kernel|mean_kernel|norm_kernel|max_kernel|min_kernel",
     ),
-    FamilyRule("copy", r"memcpy|memset|copy_kernel|direct_copy|catarray|cat_?kernel|transpose|fill_kernel|zero_"),
     FamilyRule(
         "elementwise",
-        r"elementwise|vectorized|unrolled_elementwise|pointwise|silu|gelu|relu|swiglu|"
-        r"activation|act_and_mul|triton_poi|add_kernel|mul_kernel|binary|unary|"
-        r"fused_|triton_|cast|multi_tensor_apply|adam|sgd|copy",
+        r"elementwise|vectorized|unrolled|pointwise|silu|gelu|relu|swiglu|geglu|"
+        r"activation|act_and_mul|triton_poi|triton_|add_kernel|mul_kernel|binary|unary|fused_|"
+        r"cast|multi_tensor_apply|adam|sgd|dropout|sigmoid|tanh|axpy|functor",
     ),
 )
 
@@ -93,9 +129,22 @@ _user_rules: list[FamilyRule] = []
 
 
 def add_rule(family: str, pattern: str) -> None:
-    """Add a rule checked before the built-in ones (later calls are checked first)."""
-    re.compile(pattern)
+    """Add a rule checked before the built-in ones (later calls are checked first).
+
+    ``pattern`` is a case-insensitive regular expression in the syntax polars accepts (Rust
+    ``regex``: no look-around or back-references); it is searched anywhere in the name.
+    """
+    _check_pattern(pattern)
     _user_rules.insert(0, FamilyRule(family, pattern))
+
+
+def _check_pattern(pattern: str) -> None:
+    re.compile(pattern)
+    try:
+        pl.select(pl.lit("x").str.contains(f"(?i){pattern}"))
+    except pl.exceptions.ComputeError as exc:
+        msg = f"kernel family pattern {pattern!r} is not valid polars regex syntax (no look-around): {exc}"
+        raise ValueError(msg) from None
 
 
 def reset_rules() -> None:
@@ -124,19 +173,18 @@ def family_expr(column: str | pl.Expr, rules: Sequence[FamilyRule] | None = None
     chosen = list(rules) if rules is not None else active_rules()
     result: pl.Expr = pl.lit("other")
     for rule in reversed(chosen):
-        result = (
-            pl.when(expr.str.contains(f"(?i){rule.pattern}")).then(pl.lit(rule.family)).otherwise(result)
-        )
-    return result
+        result = pl.when(expr.str.contains(f"(?i){rule.pattern}")).then(pl.lit(rule.family)).otherwise(result)
+    return pl.when(expr.is_null()).then(pl.lit("other")).otherwise(result)
 
 
 def classify(
     frame: pl.DataFrame, *, name_column: str = "name", rules: Sequence[FamilyRule] | None = None
 ) -> pl.DataFrame:
-    """Return ``frame`` with a ``family`` column computed from ``name_column``.
+    """Return ``frame`` (same row order) with a ``family`` column computed from ``name_column``.
 
     Each distinct name is classified once, so this is cheap on million-row tables.
     """
     names = frame.select(pl.col(name_column).unique())
     mapping = names.with_columns(family_expr(name_column, rules).alias("family"))
-    return frame.join(mapping, on=name_column, how="left", nulls_equal=True)
+    out = frame.drop("family") if "family" in frame.columns else frame
+    return out.join(mapping, on=name_column, how="left", nulls_equal=True, maintain_order="left")

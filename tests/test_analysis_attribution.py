@@ -1,0 +1,286 @@
+"""GPU op → API call → NVTX range attribution, checked against the nsys rule evaluated with
+plain SQL on the raw export rows."""
+
+from __future__ import annotations
+
+import functools
+import shutil
+import sqlite3
+import warnings
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+import tracekit
+from tracekit.analysis.attribution import (
+    attribute_nvtx,
+    enclosing_ranges,
+    launch_info,
+    nvtx_coverage,
+    nvtx_ranges,
+)
+from tracekit.analysis.gpu_time import gpu_ops
+
+from .conftest import NSYS_CORPUS, SAMPLES
+
+DECODE = SAMPLES / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite"
+TRAIN = SAMPLES / "llm_train_emit_nvtx_1gpu" / "llm_train_emit_nvtx_1gpu.sqlite"
+TP2 = SAMPLES / "llm_tp2_nccl" / "llm_tp2_nccl.sqlite"
+ALLREDUCE = SAMPLES / "custom_allreduce_2gpu" / "custom_allreduce_2gpu.sqlite"
+SAXPY = NSYS_CORPUS / "nsys2022.2_pipit_saxpy_mpi_cuda.sqlite"
+MFU = NSYS_CORPUS / "nsys2026.2_nsysai_mfu_2xh100_nccl_slice.sqlite"
+PER_RANK = [SAMPLES / "llm_tp2_nccl_per_rank" / f"llm_tp2_nccl_per_rank_rank{r}.sqlite" for r in (0, 1)]
+
+
+def _open(path: Path) -> tracekit.NsysTrace:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return tracekit.open(path)  # type: ignore[return-value]
+
+
+def _sql(path: Path, query: str, *args: object) -> list[tuple]:
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return con.execute(query, args).fetchall()
+    finally:
+        con.close()
+
+
+# the nsys rule, straight in SQL: for each kernel's launch call, the enclosing ranges on the
+# same thread (open ranges end at the last range timestamp); innermost = latest start
+_RANGES_SQL = """
+CREATE TEMP TABLE rng AS
+SELECT rowid AS id, start, coalesce(end, ?) AS end, globalTid FROM NVTX_EVENTS
+WHERE eventType IN (59, 60, 70, 71) AND endGlobalTid IS NULL
+"""
+_INNERMOST_SQL = """
+SELECT
+  (SELECT n.id FROM rng n WHERE n.globalTid = r.globalTid AND n.start <= r.start AND n.end >= r.end
+    ORDER BY n.start DESC, n.id DESC LIMIT 1),
+  (SELECT count(*) FROM rng n WHERE n.globalTid = r.globalTid AND n.start <= r.start AND n.end >= r.end)
+FROM CUPTI_ACTIVITY_KIND_KERNEL k
+LEFT JOIN api r
+  ON r.correlationId = k.correlationId AND k.globalPid = (r.globalTid / 16777216) * 16777216
+ORDER BY k.rowid
+"""
+
+
+@functools.cache
+def _sql_innermost(path: Path) -> list[tuple[int | None, int]]:
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        last = con.execute(
+            "SELECT max(max(start), max(coalesce(end, 0))) FROM NVTX_EVENTS WHERE eventType IN (59, 60, 70, 71)"
+        ).fetchone()[0]
+        con.execute(_RANGES_SQL, (last,))
+        con.execute("CREATE INDEX temp.rng_thread ON rng (globalTid, start)")
+        con.execute(
+            "CREATE TEMP TABLE api AS SELECT correlationId, globalTid, start, end FROM CUPTI_ACTIVITY_KIND_RUNTIME "
+            "WHERE eventClass IN (0, 1)"
+        )
+        con.execute("CREATE INDEX temp.api_corr ON api (correlationId)")
+        return [(rid, depth) for rid, depth in con.execute(_INNERMOST_SQL)]
+    finally:
+        con.close()
+
+
+# -- launch_info -------------------------------------------------------------------------
+def test_launch_info_joins_on_correlation_id_and_process() -> None:
+    trace = _open(ALLREDUCE)
+    ours = launch_info(trace.kernels, trace.cuda_api)
+    expected = _sql(
+        ALLREDUCE,
+        "SELECT r.globalTid, r.start, r.end FROM CUPTI_ACTIVITY_KIND_KERNEL k LEFT JOIN CUPTI_ACTIVITY_KIND_RUNTIME r "
+        "ON r.correlationId = k.correlationId AND k.globalPid = (r.globalTid / 16777216) * 16777216 ORDER BY k.rowid",
+    )
+    assert ours.select("global_tid", "api_start_ns", "api_end_ns").rows() == expected
+    assert ours.height == trace.kernels.height
+    # correlation ids repeat across the two processes: joining on them alone over-matches
+    loose = _sql(ALLREDUCE, "SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN CUPTI_ACTIVITY_KIND_RUNTIME r ON r.correlationId = k.correlationId")[0][0]
+    assert loose > ours["api_start_ns"].count()
+    assert (ours["pid"] == ours["global_tid"] // (1 << 24) % (1 << 24)).all()
+
+
+def test_launch_info_prefers_the_cuda_row_over_a_wrapper() -> None:
+    # this 2022 export records each CUDA call twice: an eventClass 67 wrapper and the runtime row
+    trace = _open(SAXPY)
+    ours = launch_info(trace.kernels, trace.cuda_api)
+    assert ours.height == trace.kernels.height == 5
+    assert set(ours["api_name"]) == {"cudaLaunchKernel_v7000"}
+
+
+def test_launch_info_keeps_rows_without_a_traced_call() -> None:
+    trace = _open(MFU)  # a time slice: some kernels' launches fall outside it
+    ours = launch_info(trace.kernels, trace.cuda_api)
+    missing = _sql(
+        MFU,
+        "SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL k WHERE NOT EXISTS (SELECT 1 FROM CUPTI_ACTIVITY_KIND_RUNTIME r "
+        "WHERE r.correlationId = k.correlationId AND k.globalPid = (r.globalTid / 16777216) * 16777216)",
+    )[0][0]
+    assert ours.height == trace.kernels.height
+    assert ours["api_start_ns"].null_count() == missing > 0
+
+
+# -- attribute_nvtx ----------------------------------------------------------------------
+@pytest.mark.parametrize("path", [DECODE, TRAIN, TP2, SAXPY, ALLREDUCE], ids=lambda p: p.stem)
+def test_innermost_range_and_depth_follow_the_nsys_rule(path: Path) -> None:
+    trace = _open(path)
+    ours = attribute_nvtx(launch_info(trace.kernels, trace.cuda_api), trace.nvtx, fallback="none")
+    expected = _sql_innermost(path)
+    assert ours["nvtx_range_id"].to_list() == [rid for rid, _ in expected]
+    assert ours["nvtx_depth"].to_list() == [d for _, d in expected]
+    thread = ours["attribution"] == "thread"
+    assert thread.to_list() == [rid is not None for rid, _ in expected]
+
+
+def test_path_lists_the_enclosing_ranges_outermost_first() -> None:
+    trace = _open(DECODE)
+    ours = attribute_nvtx(launch_info(trace.kernels, trace.cuda_api), trace.nvtx)
+    assert ours.height == trace.kernels.height
+    paths = set(ours["nvtx_path"])
+    assert "step.0/layer.0/attn" in paths and "step.7/layer.3/mlp" in paths
+    row = ours.filter(pl.col("nvtx_path") == "step.0/layer.0/attn").row(0, named=True)
+    assert row["nvtx_range"] == "attn" and row["nvtx_depth"] == 3
+    name = _sql(DECODE, "SELECT text FROM NVTX_EVENTS WHERE rowid = ?", row["nvtx_range_id"])[0][0]
+    assert name == "attn"
+
+
+def test_named_domains_are_prefixed_and_torch_names_shortened_in_paths() -> None:
+    trace = _open(TP2)
+    ours = attribute_nvtx(launch_info(trace.kernels, trace.cuda_api), trace.nvtx)
+    nccl = ours.filter(pl.col("name").str.starts_with("ncclDevKernel_AllReduce"))
+    assert set(nccl["nvtx_range"]) == {"NCCL:ncclAllReduce"}
+    assert all(p.split("/")[-1] == "NCCL:ncclAllReduce" for p in nccl["nvtx_path"])
+    train = _open(TRAIN)
+    a = attribute_nvtx(launch_info(train.kernels, train.cuda_api), train.nvtx)
+    mm = a.filter(pl.col("nvtx_range").str.starts_with("aten::mm, seq"))
+    assert mm.height and all(p.endswith("/aten::mm") for p in mm["nvtx_path"])
+
+
+def _with_moved_launches(tmp_path: Path) -> tuple[Path, list[int]]:
+    """A copy of the decode export where the layer.0/attn launches of step.0 come from a thread
+    with no ranges (what PyTorch's autograd threads and NCCL proxies look like)."""
+    copy = tmp_path / "moved.sqlite"
+    shutil.copyfile(DECODE, copy)
+    con = sqlite3.connect(copy)
+    s, e, g = con.execute("SELECT start, end, globalTid FROM NVTX_EVENTS WHERE rowid = 3").fetchone()  # step.0/layer.0/attn
+    corr = [r[0] for r in con.execute(
+        "SELECT correlationId FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE globalTid = ? AND start >= ? AND end <= ? "
+        "AND correlationId IN (SELECT correlationId FROM CUPTI_ACTIVITY_KIND_KERNEL)", (g, s, e))]
+    con.executemany("UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET globalTid = globalTid + 1 WHERE correlationId = ?", [(c,) for c in corr])
+    con.commit()
+    con.close()
+    return copy, corr
+
+
+def test_fallback_to_another_thread_of_the_process_is_flagged(tmp_path: Path) -> None:
+    path, corr = _with_moved_launches(tmp_path)
+    trace = _open(path)
+    ops = launch_info(trace.kernels, trace.cuda_api)
+    moved = pl.col("correlation_id").is_in(corr)
+    none = attribute_nvtx(ops, trace.nvtx, fallback="none").filter(moved)
+    assert none.height == len(corr) > 0
+    assert set(none["attribution"]) == {"none"} and none["nvtx_range"].null_count() == none.height
+    fb = attribute_nvtx(ops, trace.nvtx, fallback="process").filter(moved)
+    assert set(fb["attribution"]) == {"process_fallback"}
+    # the ranges open on the main thread at those moments: step.0/layer.0/attn
+    assert set(fb["nvtx_path"]) == {"step.0/layer.0/attn"} and set(fb["nvtx_range_id"]) == {3}
+    # everything else is untouched
+    rest = attribute_nvtx(ops, trace.nvtx).filter(~moved)
+    assert set(rest["attribution"]) == {"thread"}
+
+
+def test_crossing_start_end_ranges_use_the_exact_rule(tmp_path: Path) -> None:
+    """Start/end ranges need not nest; one that crosses layer boundaries forces the exact path."""
+    copy = tmp_path / "crossing.sqlite"
+    shutil.copyfile(DECODE, copy)
+    con = sqlite3.connect(copy)
+    s2, g = con.execute("SELECT start, globalTid FROM NVTX_EVENTS WHERE rowid = 3").fetchone()
+    e5 = con.execute("SELECT end FROM NVTX_EVENTS WHERE rowid = 6").fetchone()[0]  # layer.1/attn
+    con.execute(
+        "INSERT INTO NVTX_EVENTS (start, end, eventType, globalTid, text, domainId) VALUES (?, ?, 60, ?, 'window', 0)",
+        (s2 + 1, e5 - 1, g),
+    )
+    # and an open range: no end
+    last = con.execute("SELECT max(start) FROM NVTX_EVENTS").fetchone()[0]
+    con.execute("INSERT INTO NVTX_EVENTS (start, end, eventType, globalTid, text, domainId) VALUES (?, NULL, 59, ?, 'tail', 0)", (last - 5_000_000, g))
+    con.commit()
+    con.close()
+    trace = _open(copy)
+    ours = attribute_nvtx(launch_info(trace.kernels, trace.cuda_api), trace.nvtx, fallback="none")
+    expected = _sql_innermost(copy)
+    assert ours["nvtx_range_id"].to_list() == [rid for rid, _ in expected]
+    window = _sql(copy, "SELECT rowid FROM NVTX_EVENTS WHERE text = 'window'")[0][0]
+    assert window in set(ours["nvtx_range_id"])
+    ranges = nvtx_ranges(trace.nvtx)
+    tail = ranges.filter(pl.col("name") == "tail").row(0, named=True)
+    assert tail["is_open"] and tail["end_ns"] == ranges["end_ns"].max()
+
+
+def test_multi_rank_tables_match_each_rank_alone() -> None:
+    traces = [_open(p) for p in PER_RANK]
+    ops = pl.concat([launch_info(t.kernels, t.cuda_api).with_columns(pl.lit(r).alias("rank")) for r, t in enumerate(traces)])
+    api = pl.concat([t.cuda_api.with_columns(pl.lit(r).alias("rank")) for r, t in enumerate(traces)])
+    nvtx = pl.concat([t.nvtx.with_columns(pl.lit(r).alias("rank")) for r, t in enumerate(traces)])
+    kernels = pl.concat([t.kernels.with_columns(pl.lit(r).alias("rank")) for r, t in enumerate(traces)])
+    both = attribute_nvtx(launch_info(kernels, api), nvtx)
+    assert both.height == ops.height
+    for r, t in enumerate(traces):
+        alone = attribute_nvtx(launch_info(t.kernels, t.cuda_api), t.nvtx)
+        mine = both.filter(pl.col("rank") == r)
+        assert mine["nvtx_range_id"].to_list() == alone["nvtx_range_id"].to_list()
+        assert mine["nvtx_path"].to_list() == alone["nvtx_path"].to_list()
+    cov = nvtx_coverage(both)
+    assert cov["rank"].to_list() == [0, 1]
+
+
+def test_coverage_is_the_attributed_share_of_gpu_time() -> None:
+    trace = _open(ALLREDUCE)
+    ops = gpu_ops(trace.kernels, trace.memcpys, trace.memsets)
+    a = attribute_nvtx(launch_info(ops, trace.cuda_api), trace.nvtx)
+    cov = nvtx_coverage(a).row(0, named=True)
+    total = sum(
+        _sql(ALLREDUCE, f"SELECT coalesce(sum(end - start), 0) FROM {t}")[0][0]
+        for t in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY")
+    )
+    assert cov["gpu_time_ns"] == total
+    kernels_in = [rid is not None for rid, _ in _sql_innermost(ALLREDUCE)]
+    k_dur = [d for (d,) in _sql(ALLREDUCE, "SELECT end - start FROM CUPTI_ACTIVITY_KIND_KERNEL ORDER BY rowid")]
+    kernel_thread_ns = sum(d for d, inside in zip(k_dur, kernels_in, strict=True) if inside)
+    assert a.filter((pl.col("op_kind") == "kernel") & (pl.col("attribution") == "thread"))["duration_ns"].sum() == kernel_thread_ns
+    assert cov["coverage"] == pytest.approx((cov["thread_ns"] + cov["process_fallback_ns"]) / total)
+    assert 0.99 < cov["coverage"] < 1.0
+    assert cov["none_ns"] == total - cov["thread_ns"] - cov["process_fallback_ns"] > 0
+
+
+def test_enclosing_ranges_lists_every_level() -> None:
+    trace = _open(DECODE)
+    ops = launch_info(trace.kernels, trace.cuda_api)
+    pairs = enclosing_ranges(ops, trace.nvtx)
+    depths = [d for _, d in _sql_innermost(DECODE)]
+    assert pairs.height == sum(depths)
+    per_op = pairs.group_by("op_index").agg(pl.col("level").max() + 1).sort("op_index")
+    assert per_op["level"].to_list() == [d for d in depths if d]
+
+
+def test_range_ids_are_nvtx_rows_and_parents_nest() -> None:
+    trace = _open(TRAIN)
+    ranges = nvtx_ranges(trace.nvtx)
+    raw = dict(_sql(TRAIN, "SELECT rowid, start FROM NVTX_EVENTS WHERE eventType = 59"))
+    assert ranges.height == len(raw)
+    assert all(raw[r] == s for r, s in zip(ranges["range_id"], ranges["start_ns"], strict=True))
+    parents = ranges.join(
+        ranges.select(pl.col("range_id").alias("parent_id"), pl.col("start_ns").alias("ps"), pl.col("end_ns").alias("pe"), pl.col("level").alias("pl")),
+        on="parent_id",
+    )
+    assert ((parents["ps"] <= parents["start_ns"]) & (parents["pe"] >= parents["end_ns"])).all()
+    assert (parents["pl"] + 1 == parents["level"]).all()
+
+
+def test_bad_arguments_are_explained() -> None:
+    trace = _open(DECODE)
+    with pytest.raises(ValueError, match="launch_info"):
+        attribute_nvtx(trace.kernels, trace.nvtx)
+    with pytest.raises(ValueError, match="fallback"):
+        attribute_nvtx(launch_info(trace.kernels, trace.cuda_api), trace.nvtx, fallback="thread")

@@ -1,0 +1,175 @@
+"""GPU busy time, utilization bins, stream concurrency and idle gaps, checked against
+interval arithmetic on the raw rows."""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+import warnings
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+import tracekit
+from tracekit.analysis.gpu_time import (
+    busy_time,
+    gpu_ops,
+    idle_gaps,
+    stream_concurrency,
+    utilization,
+)
+
+from .conftest import NSYS_CORPUS, SAMPLES
+
+TP2 = SAMPLES / "llm_tp2_nccl" / "llm_tp2_nccl.sqlite"
+CLOVER = NSYS_CORPUS / "nsys2024.5_pipit_cloverleaf_4xa100.sqlite"
+MFU = NSYS_CORPUS / "nsys2026.2_nsysai_mfu_2xh100_nccl_slice.sqlite"
+
+
+def _open(path: Path) -> tracekit.NsysTrace:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return tracekit.open(path)  # type: ignore[return-value]
+
+
+def _raw_intervals(path: Path) -> dict[int, list[tuple[int, int, int]]]:
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    names = {r[0] for r in con.execute("SELECT name FROM sqlite_master")}
+    out: dict[int, list[tuple[int, int, int]]] = {}
+    for t in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET"):
+        if t in names:
+            for dev, s, e, strm in con.execute(f"SELECT deviceId, start, end, streamId FROM {t}"):
+                out.setdefault(dev, []).append((s, e, strm))
+    con.close()
+    return out
+
+
+def _union(iv: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    merged: list[list[int]] = []
+    for s, e in sorted(iv):
+        if merged and s <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], e)
+        else:
+            merged.append([s, e])
+    return [(a, b) for a, b in merged]
+
+
+@pytest.mark.parametrize("path", [TP2, CLOVER, MFU], ids=lambda p: p.stem)
+def test_busy_time_is_the_union_of_op_intervals(path: Path) -> None:
+    t = _open(path)
+    busy = busy_time(gpu_ops(t.kernels, t.memcpys, t.memsets))
+    raw = _raw_intervals(path)
+    assert sorted(busy["device_id"]) == sorted(raw)
+    for row in busy.iter_rows(named=True):
+        iv = raw[row["device_id"]]
+        u = _union([(s, e) for s, e, _ in iv])
+        assert row["busy_ns"] == sum(b - a for a, b in u)
+        assert row["span_ns"] == max(e for _, e, _ in iv) - min(s for s, _, _ in iv)
+        assert row["summed_ns"] == sum(e - s for s, e, _ in iv)
+        assert row["utilization"] == pytest.approx(row["busy_ns"] / row["span_ns"])
+
+
+def test_utilization_bins_add_up_to_busy_time() -> None:
+    t = _open(CLOVER)
+    ops = gpu_ops(t.kernels, t.memcpys, t.memsets)
+    bins = utilization(ops, bin_ns=5_000_000)
+    busy = busy_time(ops)
+    per_dev = bins.group_by("device_id").agg(pl.col("busy_ns").sum()).sort("device_id")
+    assert per_dev["busy_ns"].to_list() == busy.sort("device_id")["busy_ns"].to_list()
+    assert bins["utilization"].max() <= 1.0 + 1e-12 and bins["utilization"].min() >= 0
+    # every bin of the window is listed, idle ones too
+    n_bins = bins.group_by("device_id").len()["len"].unique().to_list()
+    assert len(n_bins) == 1
+    with pytest.raises(ValueError, match="positive"):
+        utilization(ops, bin_ns=0)
+
+
+def _sweep(iv: list[tuple[int, int, int]]) -> dict[int, int]:
+    """Time with k streams busy: a plain event sweep over each stream's merged intervals."""
+    per_stream: dict[int, list[tuple[int, int]]] = {}
+    for s, e, strm in iv:
+        per_stream.setdefault(strm, []).append((s, e))
+    events = sorted((p, d) for u in per_stream.values() for a, b in _union(u) for p, d in ((a, 1), (b, -1)))
+    out: dict[int, int] = {}
+    active, last = 0, None
+    for t, d in events:
+        if last is not None and t > last:
+            out[active] = out.get(active, 0) + t - last
+        active += d
+        last = t
+    return out
+
+
+@pytest.mark.parametrize("shift", [0, 150_000], ids=["as_captured", "streams_overlapping"])
+def test_stream_concurrency_by_brute_force(shift: int, tmp_path: Path) -> None:
+    path = MFU
+    if shift:
+        # a copy where every 5th kernel moves to a new stream and earlier, so streams overlap
+        path = tmp_path / "overlap.sqlite"
+        shutil.copyfile(MFU, path)
+        con = sqlite3.connect(path)
+        con.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET streamId = streamId + 1000, start = start - ?, end = end - ? WHERE rowid % 5 = 0", (shift, shift))
+        con.commit()
+        con.close()
+    t = _open(path)
+    ops = gpu_ops(t.kernels, t.memcpys, t.memsets)
+    conc = stream_concurrency(ops)
+    busy = busy_time(ops)
+    raw = _raw_intervals(path)
+    for row in busy.iter_rows(named=True):
+        mine = conc.filter(pl.col("device_id") == row["device_id"])
+        assert dict(zip(mine["streams"], mine["time_ns"], strict=True)) == {k: v for k, v in _sweep(raw[row["device_id"]]).items() if v}
+        assert mine["time_ns"].sum() == row["span_ns"]
+        assert mine.filter(pl.col("streams") == 0)["time_ns"].sum() == row["idle_ns"]
+    if shift:
+        assert conc["streams"].max() >= 2
+
+
+def test_idle_gaps_are_the_holes_of_the_busy_union() -> None:
+    t = _open(TP2)
+    ops = gpu_ops(t.kernels, t.memcpys, t.memsets)
+    gaps = idle_gaps(ops, t.cuda_api, min_gap_ns=0)
+    busy = busy_time(ops)
+    per_dev = gaps.group_by("device_id").agg(pl.col("duration_ns").sum()).sort("device_id")
+    assert per_dev["duration_ns"].to_list() == busy.sort("device_id")["idle_ns"].to_list()
+    assert set(gaps["cause"]) <= {"dependency", "sync_wait", "host_copy", "launch_bound", "untraced"}
+    big = idle_gaps(ops, t.cuda_api, min_gap_ns=1_000_000)
+    assert (big["duration_ns"] >= 1_000_000).all() and big.height < gaps.height
+
+
+def test_idle_gap_cause_from_the_cpu_side() -> None:
+    """A sync_wait gap: a *Synchronize call of the thread that launched the next operation
+    overlaps the gap — checked with SQL on the raw API rows."""
+    t = _open(TP2)
+    gaps = idle_gaps(gpu_ops(t.kernels, t.memcpys, t.memsets), t.cuda_api, min_gap_ns=10_000)
+    sync = gaps.filter(pl.col("cause") == "sync_wait")
+    assert sync.height > 0
+    con = sqlite3.connect(f"file:{TP2}?mode=ro", uri=True)
+    for row in sync.iter_rows(named=True):
+        # the launching thread of the next op is the one whose call ended the gap
+        n = con.execute(
+            "SELECT count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON s.id = r.nameId "
+            "WHERE s.value LIKE '%Synchronize%' AND r.start < ? AND r.end > ? AND r.globalTid IN "
+            "(SELECT globalTid FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE start = ?)",
+            (row["end_ns"], row["start_ns"], row["next_launched_ns"]),
+        ).fetchone()[0]
+        assert n >= 1
+        assert row["sync_ns"] > 0 and row["next_launched_ns"] > row["start_ns"]
+    con.close()
+    dep = gaps.filter(pl.col("cause") == "dependency")
+    assert (dep["next_launched_ns"] <= dep["start_ns"]).all()
+
+
+def test_multi_rank_busy_time_and_gaps() -> None:
+    files = [SAMPLES / "llm_tp2_nccl_per_rank" / f"llm_tp2_nccl_per_rank_rank{r}.sqlite" for r in (0, 1)]
+    traces = [_open(p) for p in files]
+    ops = pl.concat([gpu_ops(t.kernels, t.memcpys, t.memsets).with_columns(pl.lit(r).alias("rank")) for r, t in enumerate(traces)])
+    api = pl.concat([t.cuda_api.with_columns(pl.lit(r).alias("rank")) for r, t in enumerate(traces)])
+    busy = busy_time(ops)
+    gaps = idle_gaps(ops, api, min_gap_ns=50_000)
+    for r, t in enumerate(traces):
+        single_ops = gpu_ops(t.kernels, t.memcpys, t.memsets)
+        assert busy.filter(pl.col("rank") == r).drop("rank").equals(busy_time(single_ops))
+        assert gaps.filter(pl.col("rank") == r).drop("rank").equals(idle_gaps(single_ops, t.cuda_api, min_gap_ns=50_000))
+    assert utilization(ops, bin_ns=10_000_000)["rank"].n_unique() == 2

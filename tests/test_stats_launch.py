@@ -1,0 +1,114 @@
+"""cuda_kern_exec_trace and cuda_kern_exec_sum equal `nsys stats`, cell by cell.
+
+References: the sample traces' CSVs (nsys 2025.3) and, with an nsys 2023.4 CLI on the machine,
+fresh runs on corpus files (marker ``nsys``).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from tracekit.errors import UnsupportedReportError
+from tracekit.nsys.stats import run_report
+
+from .conftest import NSYS_CORPUS, SAMPLES
+from .nsys_reference import read_reference
+from .test_stats_nvtx_projection import (
+    _nsys,
+    _open,
+    _sample_cases,
+    assert_identical,
+    nsys_stats,
+    nsys_version,
+)
+
+REPORTS = ("cuda_kern_exec_trace", "cuda_kern_exec_sum")
+
+
+@pytest.mark.parametrize(("export", "ref", "report"), _sample_cases(REPORTS), ids=lambda x: x.stem if isinstance(x, Path) and x.suffix == ".csv" else "")
+def test_samples_equal_nsys_2025(export: Path, ref: Path, report: str) -> None:
+    assert_identical(run_report(_open(export), report, convention="2025"), read_reference(ref))
+
+
+def test_reference_cases_exist() -> None:
+    assert len(_sample_cases(REPORTS)) >= 12
+
+
+def test_queue_and_total_hand_computed_from_sqlite() -> None:
+    """Every kernel of the decode sample: queue = start − API end when ≥ 0, total = max(API
+    end, kernel end) − API start, from the raw rows."""
+    path = SAMPLES / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite"
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    raw = con.execute(
+        "SELECT r.start, r.end, k.start, k.end FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN CUPTI_ACTIVITY_KIND_RUNTIME r "
+        "ON r.correlationId = k.correlationId AND k.globalPid = (r.globalTid / 16777216) * 16777216 ORDER BY r.start"
+    ).fetchall()
+    con.close()
+    frame = run_report(_open(path), "cuda_kern_exec_trace").frame
+    assert frame.height == len(raw)
+    for row, (a0, a1, k0, k1) in zip(frame.iter_rows(named=True), raw, strict=True):
+        assert row["API Start (ns)"] == a0 and row["API Dur (ns)"] == a1 - a0
+        assert row["Queue Dur (ns)"] == (k0 - a1 if k0 >= a1 else None)
+        assert row["Total Dur (ns)"] == max(a1, k1) - a0
+
+
+def test_needs_kernels_and_api_calls() -> None:
+    trace = _open(NSYS_CORPUS / "incomplete_cardiac_report1.sqlite")
+    for report in REPORTS:
+        with pytest.raises(UnsupportedReportError, match="CUPTI_ACTIVITY_KIND_KERNEL"):
+            run_report(trace, report)
+
+
+LIVE_FILES = (
+    NSYS_CORPUS / "nsys2022.2_pipit_saxpy_mpi_cuda.sqlite",  # each kernel matches two API rows
+    NSYS_CORPUS / "nsys2020.5_kmeans_report2.sqlite",
+    NSYS_CORPUS / "nsys2021.2_mordred_report1.sqlite",
+    NSYS_CORPUS / "nsys2023.1_memfusion_tensorrt.sqlite",
+    NSYS_CORPUS / "nsys2024.5_pipit_cloverleaf_4xa100.sqlite",
+    NSYS_CORPUS / "nsys2026.1_nsysai_mock.sqlite",
+    SAMPLES / "llm_tp2_nccl" / "llm_tp2_nccl.sqlite",
+)
+
+
+@pytest.mark.nsys
+@pytest.mark.parametrize("export", LIVE_FILES, ids=lambda p: p.stem)
+def test_fresh_nsys_2023_run(export: Path, tmp_path: Path) -> None:
+    nsys = _nsys()
+    if nsys is None:
+        pytest.skip("no nsys CLI on this machine (set NSYS)")
+    version = nsys_version(nsys)
+    if "2023.4" not in version:
+        pytest.skip(f"convention '2023' is checked against nsys 2023.4; found {version.strip()}")
+    for report, csv_path in nsys_stats(nsys, export, REPORTS, tmp_path).items():
+        assert_identical(run_report(_open(export), report, convention="2023"), read_reference(csv_path))
+
+
+def test_reading_narrow_columns_or_reusing_loaded_tables_gives_the_same_report() -> None:
+    """Reports read only the columns they need unless the trace already built its tables."""
+    import tracekit
+
+    path = SAMPLES / "llm_tp2_nccl" / "llm_tp2_nccl.sqlite"
+    fresh = tracekit.open(path)
+    loaded = tracekit.open(path)
+    for table in ("kernels", "memcpys", "memsets", "cuda_api"):
+        getattr(loaded, table)
+    for report in ("cuda_kern_exec_sum", "cuda_kern_exec_trace", "nvtx_kern_sum", "nvtx_gpu_proj_trace"):
+        a = run_report(fresh, report).formatted_rows()
+        b = run_report(loaded, report).formatted_rows()
+        assert a == b, report
+    assert "kernels" not in fresh.__dict__ and "cuda_api" not in fresh.__dict__
+
+
+@pytest.mark.parametrize("convention", ["2023", "2025"])
+def test_trace_reports_print_the_same_csv_as_the_generic_formatter(convention: str) -> None:
+    """The *_trace reports format with polars (millions of rows); the text must not change."""
+    from tracekit.nsys.stats.common import Report
+
+    for path in (SAMPLES / "custom_allreduce_2gpu" / "custom_allreduce_2gpu.sqlite", NSYS_CORPUS / "nsys2022.2_pipit_saxpy_mpi_cuda.sqlite"):
+        for report in ("cuda_kern_exec_trace", "nvtx_gpu_proj_trace"):
+            rep = run_report(_open(path), report, convention=convention)
+            assert rep.to_csv() == Report.to_csv(rep)
+            assert rep.formatted_rows() == Report.formatted_rows(rep)

@@ -1,0 +1,194 @@
+"""nvtx_gpu_proj_trace, nvtx_gpu_proj_sum and nvtx_kern_sum equal `nsys stats`, cell by cell
+and row by row.
+
+References: the sample traces' CSVs (printed by the capturing nsys 2025.3, convention "2025"),
+the public corpus' CSVs (nsys 2023.4.4, convention "2023"), and — when an nsys CLI is on this
+machine — fresh `nsys stats` runs on corpus and sample files (marker ``nsys``).
+"""
+
+from __future__ import annotations
+
+import collections
+import sqlite3
+import subprocess
+import warnings
+from pathlib import Path
+
+import pytest
+
+import tracekit
+from tracekit.errors import UnsupportedReportError
+from tracekit.nsys.stats import run_report
+
+from .conftest import NSYS_CORPUS, NSYS_REFERENCE, SAMPLES
+from .nsys_reference import read_reference
+
+REPORTS = ("nvtx_gpu_proj_trace", "nvtx_gpu_proj_sum", "nvtx_kern_sum")
+NSYS_DEBIAN = Path("/opt/nsys-debian/usr/lib/x86_64-linux-gnu/nsight-systems/target-linux-x64/nsys")
+
+_TRACES: dict[Path, object] = {}
+
+
+def _open(path: Path):  # noqa: ANN202 - NsysTrace
+    if path not in _TRACES:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _TRACES[path] = tracekit.open(path)
+    return _TRACES[path]
+
+
+def assert_identical(report, reference: list[list[str]]) -> None:  # noqa: ANN001
+    """Header, every cell, and the row order equal nsys's output."""
+    ours = [report.columns, *report.formatted_rows()]
+    assert ours[0] == reference[0], "header differs"
+    assert len(ours) == len(reference), f"{len(ours) - 1} rows, nsys printed {len(reference) - 1}"
+    a, b = collections.Counter(map(tuple, ours[1:])), collections.Counter(map(tuple, reference[1:]))
+    only_ours, only_nsys = list((a - b).elements())[:2], list((b - a).elements())[:2]
+    assert a == b, f"cells differ: ours {only_ours} nsys {only_nsys}"
+    assert ours == reference, "row order differs"
+
+
+def _sample_cases(reports: tuple[str, ...]) -> list[tuple[Path, Path, str]]:
+    cases = []
+    for ref in sorted(SAMPLES.rglob("stats/*.csv")):
+        for report in reports:
+            if ref.stem.endswith("_" + report):
+                export = ref.parent.parent / f"{ref.stem[: -len(report) - 1]}.sqlite"
+                if export.is_file():
+                    cases.append((export, ref, report))
+    return cases
+
+
+def _corpus_cases(reports: tuple[str, ...]) -> list[tuple[Path, Path, str]]:
+    cases = []
+    for ref_dir in sorted(NSYS_REFERENCE.glob("*")):
+        for report in reports:
+            ref = ref_dir / f"{report}.csv"
+            if ref.is_file():
+                cases.append((NSYS_CORPUS / f"{ref_dir.name}.sqlite", ref, report))
+    return cases
+
+
+def _check(export: Path, ref: Path, report: str, convention: str) -> None:
+    reference = read_reference(ref)
+    trace = _open(export)
+    if not reference:  # nsys skipped it: tracekit must say why
+        with pytest.raises(UnsupportedReportError, match="NVTX"):
+            run_report(trace, report, convention=convention)
+        return
+    assert_identical(run_report(trace, report, convention=convention), reference)
+
+
+@pytest.mark.parametrize(("export", "ref", "report"), _sample_cases(REPORTS), ids=lambda x: x.stem if isinstance(x, Path) and x.suffix == ".csv" else "")
+def test_samples_equal_nsys_2025(export: Path, ref: Path, report: str) -> None:
+    _check(export, ref, report, "2025")
+
+
+@pytest.mark.parametrize(("export", "ref", "report"), _corpus_cases(REPORTS), ids=lambda x: f"{x.parent.name}/{x.stem}" if isinstance(x, Path) and x.suffix == ".csv" else "")
+def test_corpus_equals_nsys_2023(export: Path, ref: Path, report: str) -> None:
+    _check(export, ref, report, "2023")
+
+
+def test_reference_cases_exist() -> None:
+    assert len(_sample_cases(REPORTS)) >= 18
+    assert len(_corpus_cases(REPORTS)) >= 10
+
+
+def test_default_domain_prefix_is_a_2025_convention() -> None:
+    trace = _open(SAMPLES / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite")
+    new = run_report(trace, "nvtx_gpu_proj_trace", convention="2025").frame
+    old = run_report(trace, "nvtx_gpu_proj_trace", convention="2023").frame
+    assert new["Name"].to_list() == [":" + n for n in old["Name"].to_list()]
+    # the 2025 CSV nsys printed has the prefix
+    ref = read_reference(SAMPLES / "llm_decode_1gpu" / "stats" / "llm_decode_1gpu_nvtx_gpu_proj_trace.csv")
+    assert ref[1][0] == ":step.0"
+
+
+def test_named_domains_look_the_same_in_both_conventions() -> None:
+    trace = _open(SAMPLES / "llm_tp2_nccl" / "llm_tp2_nccl.sqlite")
+    for conv in ("2023", "2025"):
+        names = set(run_report(trace, "nvtx_kern_sum", convention=conv).frame["NVTX Range"].drop_nulls())
+        assert "NCCL:ncclAllReduce" in names
+
+
+def test_projection_hand_computed_from_sqlite() -> None:
+    """step.0 of the decode sample: first op start, last op end, distinct correlation ids of the
+    kernels and memcpys whose launch call lies inside the range on the same thread."""
+    path = SAMPLES / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite"
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    rid, start, end, gtid = con.execute(
+        "SELECT rowid, start, end, globalTid FROM NVTX_EVENTS WHERE text = 'step.0'"
+    ).fetchone()
+    rows = []
+    for table in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY"):
+        rows += con.execute(
+            f"SELECT o.start, o.end, o.correlationId FROM {table} o JOIN CUPTI_ACTIVITY_KIND_RUNTIME r "
+            "ON r.correlationId = o.correlationId AND o.globalPid = (r.globalTid / 16777216) * 16777216 "
+            "WHERE r.globalTid = ? AND r.start >= ? AND r.end <= ?",
+            (gtid, start, end),
+        ).fetchall()
+    con.close()
+    frame = run_report(_open(path), "nvtx_gpu_proj_trace").frame
+    row = frame.filter(frame["RangeId"] == rid).row(0, named=True)
+    assert row["Projected Start (ns)"] == min(r[0] for r in rows)
+    assert row["Projected Duration (ns)"] == max(r[1] for r in rows) - min(r[0] for r in rows)
+    assert row["NumGPUOps"] == len({r[2] for r in rows})
+    assert row["Orig Start (ns)"] == start and row["Orig Duration (ns)"] == end - start
+
+
+def test_no_nvtx_table_is_explained() -> None:
+    trace = _open(NSYS_CORPUS / "nsys2021.2_mordred_report1.sqlite")
+    for report in REPORTS:
+        with pytest.raises(UnsupportedReportError, match="no NVTX_EVENTS"):
+            run_report(trace, report)
+
+
+# -- fresh nsys runs --------------------------------------------------------------------
+def _nsys() -> Path | None:
+    import os
+    import shutil
+
+    for cand in (os.environ.get("NSYS"), str(NSYS_DEBIAN), shutil.which("nsys")):
+        if cand and Path(cand).is_file():
+            return Path(cand)
+    return None
+
+
+def nsys_stats(nsys: Path, export: Path, reports: tuple[str, ...], out: Path) -> dict[str, Path]:
+    """Run ``nsys stats`` on a copy of ``export``; return report → CSV path."""
+    copy = out / export.name
+    copy.write_bytes(export.read_bytes())
+    prefix = out / export.stem
+    subprocess.run(
+        [str(nsys), "stats", "--format", "csv", "--force-export=false", "--force-overwrite=true", "--report", ",".join(reports),
+         "-o", str(prefix), str(copy)],
+        check=True, capture_output=True, timeout=300,
+    )
+    return {r: Path(f"{prefix}_{r}.csv") for r in reports}
+
+
+def nsys_version(nsys: Path) -> str:
+    return subprocess.run([str(nsys), "--version"], capture_output=True, text=True, timeout=60).stdout
+
+
+LIVE_FILES = (
+    NSYS_CORPUS / "nsys2022.2_pipit_saxpy_mpi_cuda.sqlite",  # wrapper API rows, ops outside ranges
+    NSYS_CORPUS / "nsys2026.2_nsysai_mfu_2xh100_nccl_slice.sqlite",  # ties in proj_sum order
+    SAMPLES / "custom_allreduce_2gpu" / "custom_allreduce_2gpu.sqlite",  # one outside row for 2 processes
+    SAMPLES / "llm_tp2pp2_nccl" / "llm_tp2pp2_nccl.sqlite",
+    SAMPLES / "llm_train_emit_nvtx_1gpu" / "llm_train_emit_nvtx_1gpu.sqlite",
+)
+
+
+@pytest.mark.nsys
+@pytest.mark.parametrize("export", LIVE_FILES, ids=lambda p: p.stem)
+def test_fresh_nsys_2023_run(export: Path, tmp_path: Path) -> None:
+    nsys = _nsys()
+    if nsys is None:
+        pytest.skip("no nsys CLI on this machine (set NSYS)")
+    version = nsys_version(nsys)
+    if "2023.4" not in version:
+        pytest.skip(f"convention '2023' is checked against nsys 2023.4; found {version.strip()}")
+    csvs = nsys_stats(nsys, export, REPORTS, tmp_path)
+    for report, csv_path in csvs.items():
+        _check(export, csv_path, report, "2023")

@@ -1,0 +1,87 @@
+"""Small helpers shared by the analysis modules (rank keys, GPU-op unions, interval unions)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import polars as pl
+
+#: A ``globalTid``'s thread bits: ``globalTid // PID_UNIT * PID_UNIT`` is the process key
+#: (vm and pid bits, the ``globalPid`` of GPU activity rows).
+PID_UNIT = 1 << 24
+
+
+def rank_keys(*frames: pl.DataFrame) -> list[str]:
+    """``["rank"]`` when every frame has a ``rank`` column (a multi-rank table set), else ``[]``."""
+    return ["rank"] if frames and all("rank" in f.columns for f in frames) else []
+
+
+def max_int(series: pl.Series) -> int:
+    """Largest value of an integer column, 0 when empty or all null."""
+    value = series.max()
+    return int(value) if isinstance(value, int | float) else 0
+
+
+def process_key(global_tid: str | pl.Expr = "global_tid") -> pl.Expr:
+    """The ``globalPid`` of a ``globalTid`` (thread bits cleared)."""
+    e = pl.col(global_tid) if isinstance(global_tid, str) else global_tid
+    return e // PID_UNIT * PID_UNIT
+
+
+def row_index(frame: pl.DataFrame, name: str = "_row") -> pl.DataFrame:
+    """``frame`` with a 0-based ``UInt32``/``Int64`` row index column ``name``."""
+    return frame.with_row_index(name)
+
+
+def gpu_ops(
+    kernels: pl.DataFrame,
+    memcpys: pl.DataFrame | None = None,
+    memsets: pl.DataFrame | None = None,
+    *,
+    columns: Sequence[str] = (),
+) -> pl.DataFrame:
+    """Kernels, memcpys and memsets stacked into one frame with an ``op_kind`` column
+    (``"kernel"``, ``"memcpy"``, ``"memset"``) and ``name`` (kernel name, ``[CUDA memcpy <kind>]``
+    or ``[CUDA memset]``).
+
+    Keeps the GPU-op identity columns (``rank`` when present, ``pid``, ``global_pid``,
+    ``device_id``, ``context_id``, ``stream_id``, ``correlation_id``, ``start_ns``, ``end_ns``,
+    ``duration_ns``) plus ``bytes`` and any extra ``columns`` the inputs share.
+    """
+    keys = rank_keys(*(f for f in (kernels, memcpys, memsets) if f is not None))
+    base = [*keys, "pid", "global_pid", "device_id", "context_id", "stream_id", "correlation_id",
+            "start_ns", "end_ns", "duration_ns"]
+    extra = [c for c in columns if c not in base and c not in ("name", "bytes", "op_kind")]
+    parts = []
+    k = kernels.select(*base, *extra, pl.col("name"), pl.lit(None, pl.Int64).alias("bytes"),
+                       pl.lit("kernel").alias("op_kind"))
+    parts.append(k)
+    if memcpys is not None:
+        label = pl.coalesce(pl.col("copy_kind_label"), pl.col("copy_kind")) if "copy_kind_label" in memcpys.columns else pl.col("copy_kind")
+        parts.append(memcpys.select(*base, *extra, pl.format("[CUDA memcpy {}]", label).alias("name"),
+                                    pl.col("bytes"), pl.lit("memcpy").alias("op_kind")))
+    if memsets is not None:
+        parts.append(memsets.select(*base, *extra, pl.lit("[CUDA memset]").alias("name"),
+                                    pl.col("bytes"), pl.lit("memset").alias("op_kind")))
+    return pl.concat(parts, how="vertical_relaxed")
+
+
+def interval_union(frame: pl.DataFrame, by: Sequence[str], start: str = "start_ns", end: str = "end_ns") -> pl.DataFrame:
+    """Merge overlapping or touching ``[start, end)`` intervals within each ``by`` group.
+
+    Returns ``by`` columns plus ``start_ns``, ``end_ns`` of the merged intervals, sorted.
+    """
+    by = list(by)
+    f = frame.select(*by, pl.col(start).alias("start_ns"), pl.col(end).alias("end_ns")).drop_nulls(["start_ns", "end_ns"])
+    f = f.sort([*by, "start_ns"])
+    prev_max = pl.col("end_ns").cum_max().shift(1)
+    if by:
+        prev_max = prev_max.over(by)
+    f = f.with_columns((prev_max.is_null() | (pl.col("start_ns") > prev_max)).alias("_new"))
+    grp = pl.col("_new").cast(pl.Int64).cum_sum()
+    f = f.with_columns(grp.alias("_grp"))
+    return (
+        f.group_by([*by, "_grp"], maintain_order=True)
+        .agg(pl.col("start_ns").min(), pl.col("end_ns").max())
+        .drop("_grp")
+    )

@@ -1,0 +1,523 @@
+"""Attribute GPU work to the API call that launched it and to the NVTX ranges around that call.
+
+The rules are those of Nsight Systems (``docs/analysis.md`` § Attribution):
+
+* **GPU op → API call**: same ``correlation_id`` *and* same process
+  (``op.global_pid == api.global_tid & 0xFFFFFFFFFF000000``). Correlation ids repeat across
+  processes, so they are never joined alone.
+* **API call → NVTX range**: push/pop and start/end ranges (event types 59, 60, 70, 71) that
+  begin and end on the launching thread (``end_global_tid`` null) and contain the whole call
+  (``range.start <= api.start`` and ``range.end >= api.end``). A range left open ends at the
+  last timestamp of the range rows. The innermost range is the containing one that starts
+  last; the path is its chain of enclosing ranges, outermost first.
+* **Fallback** (not in nsys): work launched from a thread with no enclosing range on that
+  thread (PyTorch's autograd threads, NCCL proxy threads) can take the innermost range open
+  on another thread of the same process; such rows say ``attribution == "process_fallback"``.
+
+The containment is computed with sorted joins, not an N×M join: ranges of a thread are a
+nested family (push/pop ranges always are), so each range's parent is found by pointer jumping
+over the ranges sorted by start, and each call's innermost range by an as-of join on its start
+followed by a climb to the first ancestor that also covers its end. Threads whose ranges
+overlap without nesting (start/end ranges can) are detected and handled by an exact join on
+that thread alone.
+"""
+
+from __future__ import annotations
+
+import re
+
+import polars as pl
+
+from tracekit.analysis._frames import PID_UNIT, max_int, process_key, rank_keys
+
+#: ``NVTX_EVENTS.eventType`` codes of ranges: push/pop (59, NVTXT 70), start/end (60, 71).
+RANGE_TYPES: tuple[int, ...] = (59, 60, 70, 71)
+PUSHPOP_TYPES: tuple[int, ...] = (59, 70)
+FALLBACKS: tuple[str, ...] = ("process", "none")
+
+#: PyTorch ``emit_nvtx`` range names: ``aten::mm, seq = 146, op_id = 32, sizes = [...]``.
+TORCH_OP_NAME = re.compile(r"^(?P<op>[^,\s]+), (?:seq|op_id|stashed seq|sizes) = ")
+
+_LAUNCH_COLUMNS = ("tid", "global_tid", "api_name", "api_start_ns", "api_end_ns")
+_NVTX_COLUMNS = ("nvtx_range", "nvtx_path", "nvtx_depth", "nvtx_range_id", "attribution")
+
+
+# -- GPU op → API call -----------------------------------------------------------------------
+def launch_info(ops: pl.DataFrame, cuda_api: pl.DataFrame) -> pl.DataFrame:
+    """Add the launching CUDA API call to each GPU operation.
+
+    Parameters
+    ----------
+    ops
+        ``kernels``, ``memcpys`` or ``memsets`` (or any frame with ``correlation_id`` and
+        ``global_pid``; ``rank`` too for a multi-rank table set).
+    cuda_api
+        The ``cuda_api`` table (``correlation_id``, ``global_tid``, ``tid``, ``name``,
+        ``start_ns``, ``end_ns``; ``api`` and ``rank`` when present).
+
+    Returns
+    -------
+    ``ops`` in its order with ``tid``, ``global_tid`` (the launching thread), ``api_name``
+    (e.g. ``cudaLaunchKernel_v7000``), ``api_start_ns`` and ``api_end_ns`` (Int64 ns; null when
+    no call matches, e.g. when the API trace was off). The join is on ``correlation_id`` and
+    the process (``global_pid == global_tid & 0xFFFFFFFFFF000000``), plus ``rank`` when both
+    frames have one. Where another tracer recorded a wrapper row with the same correlation id
+    (some 2022 exports, ``eventClass`` 67), the CUDA runtime/driver row wins.
+
+    Examples
+    --------
+    >>> ops = launch_info(trace.kernels, trace.cuda_api)  # doctest: +SKIP
+    >>> (ops["start_ns"] - ops["api_end_ns"]).median()  # launch-to-start latency  # doctest: +SKIP
+    """
+    return _launch_join(ops, cuda_api, dedupe=True)
+
+
+def _launch_join(ops: pl.DataFrame, cuda_api: pl.DataFrame, *, dedupe: bool, with_name: bool = True) -> pl.DataFrame:
+    """:func:`launch_info`; with ``dedupe=False`` an op matching several API rows appears once
+    per row (as in nsys's SQL joins, which ``nvtx_kern_sum`` reproduces); ``with_name=False``
+    leaves out ``api_name`` (cheaper when only the times are needed)."""
+    keys = rank_keys(ops, cuda_api)
+    pref = (
+        (~pl.col("api").is_in(["runtime", "driver"])).fill_null(True)
+        if "api" in cuda_api.columns
+        else pl.lit(False)
+    )
+    join_keys = [*keys, "correlation_id", "_process"]
+    api = cuda_api.filter(pl.col("correlation_id").is_not_null()).select(
+        *keys,
+        "correlation_id",
+        process_key("global_tid").alias("_process"),
+        pl.col("tid"),
+        pl.col("global_tid"),
+        *([pl.col("name").alias("api_name")] if with_name else []),
+        pl.col("start_ns").alias("api_start_ns"),
+        pl.col("end_ns").alias("api_end_ns"),
+        pref.alias("_pref"),
+    )
+    base = ops.drop([c for c in _LAUNCH_COLUMNS if c in ops.columns])
+    base = base.with_columns(pl.col("global_pid").alias("_process"))
+    base, api, join_keys = _single_key(base, api, join_keys)
+    if not dedupe:
+        return base.join(api.drop("_pref"), on=join_keys, how="left", maintain_order="left").drop("_process", "_key", strict=False)
+    # a left join only grows where a (correlation id, process) repeats among the API rows,
+    # which is rare: dedupe the result then, not the millions of API rows every time
+    out = base.with_row_index("_lrow").join(api, on=join_keys, how="left", maintain_order="left")
+    if out.height != base.height:
+        out = out.sort(["_lrow", "_pref", "api_start_ns"], nulls_last=True).unique(
+            subset="_lrow", keep="first", maintain_order=True
+        )
+    return out.drop("_process", "_lrow", "_pref", "_key", strict=False)
+
+
+def _single_key(
+    base: pl.DataFrame, api: pl.DataFrame, join_keys: list[str]
+) -> tuple[pl.DataFrame, pl.DataFrame, list[str]]:
+    """Fold (rank,) correlation id and process into one Int64 key when it fits: joining on
+    one integer costs a fraction of the memory of a multi-column join (1M kernels × 2.5M
+    calls: ~0.1 GB instead of ~0.8 GB)."""
+    proc_cols = [k for k in join_keys if k != "correlation_id"]
+    procs = pl.concat([base.select(proc_cols), api.select(proc_cols)], how="vertical_relaxed").unique(maintain_order=True)
+    corr_max = max(base["correlation_id"].max() or 0, api["correlation_id"].max() or 0)  # type: ignore[operator]
+    if procs.null_count().sum_horizontal().item() or int(corr_max) >= (1 << 62) // max(procs.height, 1):
+        return base, api, join_keys
+    procs = procs.with_row_index("_pidx").with_columns(pl.col("_pidx").cast(pl.Int64))
+    if proc_cols == ["_process"]:
+        # one process column: map it in place (a join would copy the whole frame)
+        old, idx = procs["_process"], procs["_pidx"]
+        pidx = pl.col("_process").replace_strict(old, idx, return_dtype=pl.Int64)
+        base = base.with_columns((pl.col("correlation_id") * procs.height + pidx).alias("_key"))
+        api = api.with_columns((pl.col("correlation_id") * procs.height + pidx).alias("_key")).drop("_process", "correlation_id")
+        return base, api, ["_key"]
+    key = pl.col("correlation_id") * procs.height + pl.col("_pidx")
+    base = base.join(procs, on=proc_cols, how="left", maintain_order="left").with_columns(key.alias("_key")).drop("_pidx")
+    api = api.join(procs, on=proc_cols, how="left").with_columns(key.alias("_key")).drop("_pidx", *proc_cols, "correlation_id")
+    return base, api, ["_key"]
+
+
+# -- the range table -------------------------------------------------------------------------
+def range_label(name: pl.Expr, domain: pl.Expr) -> pl.Expr:
+    """``domain:name`` for ranges of a named domain, the bare name in the default domain."""
+    return pl.when(domain.is_null()).then(name).otherwise(pl.format("{}:{}", domain, name))
+
+
+def path_label(label: pl.Expr) -> pl.Expr:
+    """The step of a range in ``nvtx_path``: the label, except that PyTorch ``emit_nvtx``
+    names (``aten::mm, seq = 146, op_id = 32, sizes = [...]``) keep only the operator name."""
+    return pl.coalesce(label.str.extract(TORCH_OP_NAME.pattern, 1), label)
+
+
+def nvtx_ranges(nvtx: pl.DataFrame) -> pl.DataFrame:
+    """NVTX ranges that can enclose a CUDA call, with their nesting on each thread.
+
+    Parameters
+    ----------
+    nvtx
+        The whole ``nvtx`` table in file order (row ``i`` is ``NVTX_EVENTS`` row ``i + 1``; a
+        multi-rank table counts rows per ``rank``). Pass it unfiltered: ``range_id`` is the row
+        number.
+
+    Returns
+    -------
+    One row per push/pop or start/end range that ends on the thread it began on, sorted by
+    (``rank``,) ``global_tid``, ``start_ns``, longest first:
+
+    ``[rank,] range_id`` (the ``NVTX_EVENTS`` row number, nsys's ``RangeId``), ``pid``,
+    ``tid``, ``global_tid``, ``start_ns``, ``end_ns`` (an open range ends at the last
+    timestamp of the range rows), ``is_open``, ``name``, ``domain``, ``label``
+    (``domain:name`` or ``name``), ``style`` (``PushPop``/``StartEnd``), ``event_type_id``,
+    ``parent_id`` (``range_id`` of the enclosing range on the thread: the containing range
+    that minimises (start gap + end gap); null at top level), ``level`` (0 = outermost) and
+    ``path`` (``path_label`` of each enclosing range and itself, outermost first, joined
+    by ``/``).
+    """
+    tree = _nvtx_tree(nvtx, rank_keys(nvtx))
+    return tree.drop("_thr", "_idx", "_parent_idx", "_crossing")
+
+
+def _thread_ids(frame: pl.DataFrame, thread_keys: list[str]) -> pl.Expr:
+    """Dense 0-based id of each thread in a frame sorted by ``thread_keys``."""
+    changed = pl.any_horizontal([pl.col(k) != pl.col(k).shift(1) for k in thread_keys]).fill_null(True)
+    return changed.cast(pl.Int64).cum_sum() - 1
+
+
+def _range_tree(ranges: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
+    """Sort ranges per thread and add ``_thr``, ``_idx``, ``_parent_idx``, ``parent_id``,
+    ``level`` and ``path``."""
+    tkeys = [*keys, "global_tid"]
+    r = ranges.sort([*tkeys, "start_ns", "end_ns", "range_id"], descending=[*([False] * len(tkeys)), False, True, False])
+    r = r.with_columns(_thread_ids(r, tkeys).alias("_thr")).with_row_index("_idx").with_columns(pl.col("_idx").cast(pl.Int64))
+    prev = pl.when(pl.col("_thr") == pl.col("_thr").shift(1)).then(pl.col("_idx") - 1)
+    r = r.with_columns(prev.alias("_parent_idx"))
+    r = r.with_columns(_pointer_jump_parents(r["_parent_idx"], r["end_ns"]).alias("_parent_idx"))
+    r = r.with_columns(_levels(r["_parent_idx"]).alias("level"))
+    bad = _crossing_threads(r)
+    if bad.len():
+        r = _exact_parents(r, bad)
+    r = r.with_columns(pl.col("_thr").is_in(bad.implode()).alias("_crossing"))
+    r = r.with_columns(pl.col("range_id").gather(pl.col("_parent_idx")).alias("parent_id"))
+    return r.with_columns(_paths(r).alias("path"))
+
+
+def _pointer_jump_parents(prev: pl.Series, end: pl.Series) -> pl.Series:
+    """Parent index of each range of a nested family sorted by (thread, start, -end).
+
+    Invariant: ``parent(r) <= cand(r) < r`` in sort order. A candidate that ends at or after
+    ``r`` contains it and is the parent; one that ends before ``r`` ended before ``r`` began,
+    and the parent of ``r`` then also encloses the candidate, so it can jump to the
+    candidate's candidate. Synchronous jumps need O(log n) rounds.
+    """
+    t = pl.DataFrame({"end": end, "cand": prev})
+    for _ in range(200):
+        t = t.with_columns(pl.col("end").gather(pl.col("cand")).alias("_ce"))
+        active = (pl.col("_ce") < pl.col("end")).fill_null(False)
+        if not t.select(active.any()).item():
+            break
+        t = t.with_columns(pl.when(active).then(pl.col("cand").gather(pl.col("cand"))).otherwise(pl.col("cand")).alias("cand"))
+    return t["cand"]
+
+
+def _levels(parent: pl.Series) -> pl.Series:
+    """Number of ancestors of each node of a forest given by parent indices (list ranking)."""
+    t = pl.DataFrame({"anc": parent}).with_columns(pl.col("anc").is_not_null().cast(pl.Int64).alias("d"))
+    while t["anc"].null_count() < t.height:
+        t = t.with_columns(
+            (pl.col("d") + pl.col("d").gather(pl.col("anc")).fill_null(0)).alias("d"),
+            pl.col("anc").gather(pl.col("anc")).alias("anc"),
+        )
+    return t["d"]
+
+
+def _crossing_threads(r: pl.DataFrame) -> pl.Series:
+    """Threads whose ranges are not nested: for some range, the ranges still open at its
+    start outnumber its computed ancestors."""
+    first = pl.col("_idx").min().over("_thr")
+    ends = r.select("_thr", pl.col("end_ns").alias("_t")).sort("_thr", "_t")
+    ends = ends.with_columns(pl.int_range(1, pl.len() + 1, dtype=pl.Int64).over("_thr").alias("_ended"))
+    starts = r.select("_thr", "_idx", "level", (pl.col("_idx") - first).alias("_pos"), pl.col("start_ns").alias("_t")).sort("_thr", "_t")
+    j = starts.join_asof(ends, on="_t", by="_thr", strategy="backward", check_sortedness=False)
+    opened = pl.col("_pos") - pl.col("_ended").fill_null(0)
+    return j.filter(opened != pl.col("level"))["_thr"].unique()
+
+
+def _exact_parents(r: pl.DataFrame, bad: pl.Series) -> pl.DataFrame:
+    """Parents on threads with crossing ranges, by nsys's rule: the containing range (earlier
+    in sort order) with the smallest (start gap + end gap)."""
+    sub = r.filter(pl.col("_thr").is_in(bad.implode())).select("_thr", "_idx", "start_ns", "end_ns")
+    pairs = sub.join(sub, on="_thr", suffix="_o").filter(
+        (pl.col("_idx_o") < pl.col("_idx"))
+        & (pl.col("start_ns_o") <= pl.col("start_ns"))
+        & (pl.col("end_ns_o") >= pl.col("end_ns"))
+    )
+    cost = (pl.col("start_ns") - pl.col("start_ns_o")) + (pl.col("end_ns_o") - pl.col("end_ns"))
+    best = (
+        pairs.with_columns(cost.alias("_cost"))
+        .sort(["_idx", "_cost", "start_ns_o", "_idx_o"], descending=[False, False, True, True])
+        .unique(subset=["_idx"], keep="first")
+        .select("_idx", pl.col("_idx_o").alias("_exact"))
+    )
+    r = r.join(best, on="_idx", how="left", maintain_order="left").with_columns(
+        pl.when(pl.col("_thr").is_in(bad.implode())).then(pl.col("_exact")).otherwise(pl.col("_parent_idx")).alias("_parent_idx")
+    ).drop("_exact")
+    return r.with_columns(_levels(r["_parent_idx"]).alias("level"))
+
+
+def _paths(r: pl.DataFrame) -> pl.Series:
+    """``path`` of every range: parents' paths are complete before their children's level."""
+    t = r.select("_parent_idx", "level", path_label(pl.col("label")).alias("path"))
+    for level in range(1, max_int(t["level"]) + 1):
+        t = t.with_columns(
+            pl.when(pl.col("level") == level)
+            .then(pl.format("{}/{}", pl.col("path").gather(pl.col("_parent_idx")), pl.col("path")))
+            .otherwise(pl.col("path"))
+            .alias("path")
+        )
+    return t["path"]
+
+
+# -- API call → innermost range --------------------------------------------------------------
+def _innermost(calls: pl.DataFrame, tree: pl.DataFrame) -> pl.DataFrame:
+    """Innermost range of ``tree`` containing each call.
+
+    ``calls`` has ``_op``, ``_thr`` (the thread to search, as in ``tree``), ``_s``, ``_e``;
+    the result has ``_op`` and ``_idx`` (null when no range contains the call).
+    """
+    if calls.height == 0 or tree.height == 0:
+        return calls.select("_op", pl.lit(None, pl.Int64).alias("_idx"))
+    # one asof row per (thread, start): the last in sort order, the innermost of equal starts
+    starts = tree.select("_thr", pl.col("start_ns").alias("_s"), "_idx").unique(subset=["_thr", "_s"], keep="last", maintain_order=True)
+    c = calls.sort("_thr", "_s").join_asof(starts, on="_s", by="_thr", strategy="backward", check_sortedness=False)
+    end = tree["end_ns"]
+    parent = tree["_parent_idx"]
+    frame = pl.DataFrame({"end": end, "parent": parent})
+    c = c.with_columns(pl.col("_idx").cast(pl.Int64))
+    for _ in range(10_000):
+        ends = frame["end"].gather(c["_idx"])
+        climb = (ends < c["_e"]).fill_null(False)
+        if not climb.any():
+            break
+        c = c.with_columns(pl.when(climb).then(frame["parent"].gather(c["_idx"])).otherwise(pl.col("_idx")).alias("_idx"))
+    bad = _crossing_thread_set(tree)
+    if bad.len():
+        exact = _innermost_exact(c.filter(pl.col("_thr").is_in(bad.implode())), tree)
+        c = c.join(exact, on="_op", how="left", maintain_order="left").with_columns(
+            pl.when(pl.col("_thr").is_in(bad.implode())).then(pl.col("_exact")).otherwise(pl.col("_idx")).alias("_idx")
+        )
+    return c.select("_op", "_idx")
+
+
+def _crossing_thread_set(tree: pl.DataFrame) -> pl.Series:
+    """Threads of ``tree`` whose ranges cross (see :func:`_range_tree`)."""
+    return tree.filter(pl.col("_crossing"))["_thr"].unique()
+
+
+def _innermost_exact(calls: pl.DataFrame, tree: pl.DataFrame) -> pl.DataFrame:
+    sub = tree.select("_thr", "_idx", pl.col("start_ns").alias("_rs"), pl.col("end_ns").alias("_re"))
+    pairs = calls.select("_op", "_thr", "_s", "_e").join(sub, on="_thr").filter(
+        (pl.col("_rs") <= pl.col("_s")) & (pl.col("_re") >= pl.col("_e"))
+    )
+    return (
+        pairs.sort(["_op", "_rs", "_idx"], descending=[False, True, True])
+        .unique(subset=["_op"], keep="first")
+        .select("_op", pl.col("_idx").alias("_exact"))
+    )
+
+
+def _nvtx_tree(nvtx: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
+    """:func:`nvtx_ranges` with the internal ``_thr``, ``_idx``, ``_parent_idx`` and ``_crossing``."""
+    rid = pl.int_range(1, pl.len() + 1, dtype=pl.Int64)
+    events = nvtx.with_columns((rid.over(keys) if keys else rid).alias("range_id"))
+    ranges = events.filter(
+        pl.col("event_type_id").is_in(list(RANGE_TYPES)) & pl.col("end_global_tid").is_null()
+    )
+    last = pl.max_horizontal(pl.col("start_ns").max(), pl.col("end_ns").max())
+    ranges = ranges.with_columns(
+        pl.col("end_ns").is_null().alias("is_open"),
+        pl.col("end_ns").fill_null(last.over(keys) if keys else last).alias("end_ns"),
+    ).select(
+        *keys, "range_id", "pid", "tid", "global_tid", "start_ns", "end_ns", "is_open", "name", "domain",
+        range_label(pl.col("name"), pl.col("domain")).alias("label"),
+        pl.when(pl.col("event_type_id").is_in(list(PUSHPOP_TYPES))).then(pl.lit("PushPop")).otherwise(pl.lit("StartEnd")).alias("style"),
+        "event_type_id",
+    )
+    return _range_tree(ranges, keys)
+
+
+def _enclosing(calls: pl.DataFrame, tree: pl.DataFrame, inner: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Every range of ``tree`` containing each call: rows ``_op``, ``_idx`` (the innermost
+    range's ancestors on nested threads, an exact join on crossing ones). ``inner`` is
+    :func:`_innermost`'s result when already computed."""
+    inner = (_innermost(calls, tree) if inner is None else inner).filter(pl.col("_idx").is_not_null())
+    bad = _crossing_thread_set(tree)
+    parent = tree["_parent_idx"]
+    parts = []
+    cur = inner
+    if bad.len():
+        on_bad = calls.filter(pl.col("_thr").is_in(bad.implode()))
+        cur = cur.join(on_bad.select("_op"), on="_op", how="anti")
+        sub = tree.filter(pl.col("_thr").is_in(bad.implode())).select(
+            "_thr", "_idx", pl.col("start_ns").alias("_rs"), pl.col("end_ns").alias("_re")
+        )
+        exact = on_bad.join(sub, on="_thr").filter((pl.col("_rs") <= pl.col("_s")) & (pl.col("_re") >= pl.col("_e")))
+        parts.append(exact.select("_op", "_idx"))
+    while cur.height:
+        parts.append(cur)
+        cur = cur.with_columns(parent.gather(cur["_idx"]).alias("_idx")).filter(pl.col("_idx").is_not_null())
+    if not parts:
+        return inner.select("_op", "_idx")
+    return pl.concat(parts)
+
+
+# -- ops → ranges ----------------------------------------------------------------------------
+def attribute_nvtx(ops_with_launch: pl.DataFrame, nvtx: pl.DataFrame, *, fallback: str = "process") -> pl.DataFrame:
+    """Add the NVTX ranges that enclosed each operation's launching call.
+
+    Parameters
+    ----------
+    ops_with_launch
+        The output of :func:`launch_info` (needs ``global_tid``, ``api_start_ns``,
+        ``api_end_ns``; ``rank`` for a multi-rank table set).
+    nvtx
+        The whole ``nvtx`` table, unfiltered and in file order (see :func:`nvtx_ranges`).
+    fallback
+        ``"process"`` (default): a call with no enclosing range on its own thread takes the
+        innermost range that encloses it on another thread of the same process (the one that
+        started last), flagged ``"process_fallback"``. ``"none"``: such calls stay
+        unattributed.
+
+    Returns
+    -------
+    ``ops_with_launch`` in its order with:
+
+    ``nvtx_range``
+        label of the innermost enclosing range (``domain:name`` in a named domain).
+    ``nvtx_path``
+        the enclosing ranges, outermost first, joined by ``/`` (``step.3/layer.2/attn``);
+        PyTorch ``emit_nvtx`` names appear as their operator name (``aten::mm``).
+    ``nvtx_depth``
+        number of ranges on the path (0 when none).
+    ``nvtx_range_id``
+        ``range_id`` of the innermost range (the ``NVTX_EVENTS`` row number; join with
+        :func:`nvtx_ranges` for its thread, times and parent).
+    ``attribution``
+        ``"thread"`` (nsys's rule), ``"process_fallback"`` or ``"none"``.
+    """
+    if fallback not in FALLBACKS:
+        msg = f"unknown fallback {fallback!r}; use one of {', '.join(FALLBACKS)}"
+        raise ValueError(msg)
+    missing = [c for c in ("global_tid", "api_start_ns", "api_end_ns") if c not in ops_with_launch.columns]
+    if missing:
+        msg = f"ops lack {', '.join(missing)}; pass them through tracekit.analysis.attribution.launch_info first"
+        raise ValueError(msg)
+    keys = rank_keys(ops_with_launch, nvtx)
+    tkeys = [*keys, "global_tid"]
+    base = ops_with_launch.drop([c for c in _NVTX_COLUMNS if c in ops_with_launch.columns])
+    n = base.height
+    tree = _nvtx_tree(nvtx, keys)
+    threads = tree.select(*tkeys, "_thr").unique(subset=tkeys, keep="first", maintain_order=True)
+
+    calls = base.select(*tkeys, "api_start_ns", "api_end_ns").with_row_index("_op").filter(
+        pl.col("api_start_ns").is_not_null()
+    ).select(pl.col("_op").cast(pl.Int64), *tkeys, pl.col("api_start_ns").alias("_s"), pl.col("api_end_ns").alias("_e"))
+    own = calls.join(threads, on=tkeys, how="inner")
+    found = _innermost(own.select("_op", "_thr", "_s", "_e"), tree).filter(pl.col("_idx").is_not_null())
+    # dense per-op columns: the range index and how it was found
+    idx = pl.repeat(None, n, dtype=pl.Int64, eager=True)
+    how = pl.repeat("none", n, dtype=pl.Utf8, eager=True)
+    if found.height:
+        idx = idx.scatter(found["_op"], found["_idx"])
+        how = how.scatter(found["_op"], "thread")
+
+    if fallback == "process":
+        rest = calls.filter(idx.gather(calls["_op"]).is_null())
+        proc_threads = threads.with_columns(process_key("global_tid").alias("_process")).rename({"global_tid": "_cand_tid"})
+        cand = rest.with_columns(process_key("global_tid").alias("_process")).join(
+            proc_threads, on=[*keys, "_process"], how="inner"
+        ).filter(pl.col("_cand_tid") != pl.col("global_tid"))
+        if cand.height:
+            # one search per (call, other thread of its process): key the searches by pair id
+            cand = cand.with_row_index("_pair").with_columns(pl.col("_pair").cast(pl.Int64))
+            hits = _innermost(cand.select(pl.col("_pair").alias("_op"), "_thr", "_s", "_e"), tree)
+            hits = hits.filter(pl.col("_idx").is_not_null())
+            hits = hits.with_columns(
+                cand["_op"].gather(hits["_op"]).alias("_call"),
+                tree["start_ns"].gather(hits["_idx"]).alias("_rs"),
+            )
+            best = hits.sort(["_call", "_rs", "_idx"], descending=[False, True, True]).unique(subset=["_call"], keep="first")
+            if best.height:
+                idx = idx.scatter(best["_call"], best["_idx"])
+                how = how.scatter(best["_call"], "process_fallback")
+
+    return base.with_columns(
+        tree["label"].gather(idx).alias("nvtx_range"),
+        tree["path"].gather(idx).alias("nvtx_path"),
+        (tree["level"].gather(idx) + 1).fill_null(0).cast(pl.Int64).alias("nvtx_depth"),
+        tree["range_id"].gather(idx).alias("nvtx_range_id"),
+        how.alias("attribution"),
+    )
+
+
+def enclosing_ranges(ops_with_launch: pl.DataFrame, nvtx: pl.DataFrame) -> pl.DataFrame:
+    """Every NVTX range enclosing each operation's launching call (nsys's thread rule).
+
+    Unlike :func:`attribute_nvtx`, which keeps the innermost range, this lists all of them:
+    an operation inside ``step.3/layer.2/attn`` gives three rows. Inputs as for
+    :func:`attribute_nvtx`.
+
+    Returns ``op_index`` (0-based row of ``ops_with_launch``), ``[rank,] range_id``, ``level``
+    (0 = outermost) and ``label`` of the range.
+    """
+    keys = rank_keys(ops_with_launch, nvtx)
+    tkeys = [*keys, "global_tid"]
+    tree = _nvtx_tree(nvtx, keys)
+    threads = tree.select(*tkeys, "_thr").unique(subset=tkeys, keep="first", maintain_order=True)
+    calls = (
+        ops_with_launch.with_row_index("_op")
+        .filter(pl.col("api_start_ns").is_not_null())
+        .join(threads, on=tkeys, how="inner")
+        .select("_op", "_thr", pl.col("api_start_ns").alias("_s"), pl.col("api_end_ns").alias("_e"))
+    )
+    pairs = _enclosing(calls, tree)
+    out = pairs.join(tree.select("_idx", *keys, "range_id", "level", "label"), on="_idx")
+    return out.select(pl.col("_op").cast(pl.Int64).alias("op_index"), *keys, "range_id", "level", "label").sort("op_index", "level")
+
+
+def nvtx_coverage(attributed: pl.DataFrame, *, by: list[str] | None = None) -> pl.DataFrame:
+    """Share of GPU time whose launch :func:`attribute_nvtx` tied to some range.
+
+    Input: an :func:`attribute_nvtx` result (``duration_ns``, ``attribution``; ``rank`` and
+    the ``by`` columns when given, e.g. ``["device_id"]``).
+
+    Returns one row per (``rank``,) ``by`` group: ``ops``, ``gpu_time_ns`` (sum of
+    ``duration_ns``), ``thread_ns``, ``process_fallback_ns``, ``none_ns`` and
+    ``coverage`` (= (thread + fallback) / total, 0–1) and ``thread_coverage`` (thread only).
+    """
+    keys = [*rank_keys(attributed), *(by or [])]
+    d = pl.col("duration_ns")
+    a = pl.col("attribution")
+    aggs = [
+        pl.len().alias("ops"),
+        d.sum().alias("gpu_time_ns"),
+        d.filter(a == "thread").sum().alias("thread_ns"),
+        d.filter(a == "process_fallback").sum().alias("process_fallback_ns"),
+        d.filter(a == "none").sum().alias("none_ns"),
+    ]
+    out = attributed.group_by(keys, maintain_order=True).agg(aggs) if keys else attributed.select(aggs)
+    total = pl.col("gpu_time_ns").cast(pl.Float64)
+    return out.with_columns(
+        pl.when(total > 0).then((pl.col("thread_ns") + pl.col("process_fallback_ns")) / total).alias("coverage"),
+        pl.when(total > 0).then(pl.col("thread_ns") / total).alias("thread_coverage"),
+    )
+
+
+__all__ = [
+    "FALLBACKS",
+    "PID_UNIT",
+    "RANGE_TYPES",
+    "attribute_nvtx",
+    "enclosing_ranges",
+    "launch_info",
+    "nvtx_coverage",
+    "nvtx_ranges",
+    "path_label",
+    "range_label",
+]

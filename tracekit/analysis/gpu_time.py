@@ -1,0 +1,287 @@
+"""GPU busy and idle time: busy time per device, utilization in bins, stream concurrency, and
+idle gaps with their probable cause on the CPU side.
+
+*Busy* is the union of kernel, memcpy and memset intervals on a device, so overlapping work on
+several streams counts once. Every function groups by ``rank`` as well when its input has one.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from tracekit.analysis._frames import gpu_ops, interval_union, rank_keys
+from tracekit.analysis.attribution import launch_info
+
+__all__ = [
+    "SYNC_API_PATTERN",
+    "busy_time",
+    "gpu_ops",
+    "idle_gaps",
+    "stream_concurrency",
+    "utilization",
+]
+
+#: CUDA calls that block the host until GPU work finishes.
+SYNC_API_PATTERN = r"Synchronize|^cuStreamWaitValue|^cudaStreamQuery|^cudaEventQuery"
+#: Host↔device copies issued by the host (the synchronous ones block it).
+COPY_API_PATTERN = r"^cu(?:da)?Memcpy|^cu(?:da)?Memset"
+#: Calls that put work on a stream.
+LAUNCH_API_PATTERN = r"Launch|^cudaGraphLaunch|Async|^cuGraphLaunch"
+
+
+def _device_keys(frame: pl.DataFrame) -> list[str]:
+    return [*rank_keys(frame), "device_id"]
+
+
+def busy_time(ops: pl.DataFrame) -> pl.DataFrame:
+    """Busy time per device.
+
+    Parameters
+    ----------
+    ops
+        GPU operations with ``device_id``, ``start_ns``, ``end_ns`` (``kernels``, or
+        :func:`gpu_ops` of kernels, memcpys and memsets); ``rank`` when present.
+
+    Returns
+    -------
+    One row per (``rank``,) ``device_id``: ``ops``, ``first_start_ns``, ``last_end_ns``,
+    ``span_ns`` (last end − first start), ``busy_ns`` (length of the union of the
+    intervals), ``idle_ns`` (span − busy), ``utilization`` (busy / span, 0–1) and
+    ``summed_ns`` (sum of durations; above ``busy_ns`` when streams overlap).
+    """
+    keys = _device_keys(ops)
+    merged = interval_union(ops, keys)
+    busy = merged.group_by(keys).agg((pl.col("end_ns") - pl.col("start_ns")).sum().alias("busy_ns"))
+    stats = ops.group_by(keys).agg(
+        pl.len().alias("ops"),
+        pl.col("start_ns").min().alias("first_start_ns"),
+        pl.col("end_ns").max().alias("last_end_ns"),
+        (pl.col("end_ns") - pl.col("start_ns")).sum().alias("summed_ns"),
+    )
+    out = stats.join(busy, on=keys, how="left").with_columns(
+        (pl.col("last_end_ns") - pl.col("first_start_ns")).alias("span_ns")
+    )
+    out = out.with_columns(
+        (pl.col("span_ns") - pl.col("busy_ns")).alias("idle_ns"),
+        pl.when(pl.col("span_ns") > 0).then(pl.col("busy_ns") / pl.col("span_ns")).alias("utilization"),
+    )
+    return out.select(*keys, "ops", "first_start_ns", "last_end_ns", "span_ns", "busy_ns", "idle_ns",
+                      "utilization", "summed_ns").sort(keys)
+
+
+def utilization(
+    ops: pl.DataFrame,
+    *,
+    bin_ns: int = 1_000_000,
+    start_ns: int | None = None,
+    end_ns: int | None = None,
+) -> pl.DataFrame:
+    """Busy share of each time bin per device.
+
+    Bins are ``[start_ns + k·bin_ns, start_ns + (k+1)·bin_ns)``; ``start_ns`` defaults to
+    the first operation start on any device of the (rank's) input, ``end_ns`` to the last end.
+
+    Returns one row per (``rank``,) ``device_id``, ``bin_start_ns`` — every bin of the
+    window, idle ones included — with ``busy_ns`` (union of the device's intervals inside the
+    bin) and ``utilization`` (``busy_ns / bin_ns``; the last bin is divided by its clipped
+    width).
+    """
+    if bin_ns <= 0:
+        msg = f"bin_ns must be positive, got {bin_ns}"
+        raise ValueError(msg)
+    keys = _device_keys(ops)
+    rk = rank_keys(ops)
+    merged = interval_union(ops, keys)
+    bounds = ops.group_by(rk or pl.lit(0).alias("_all")).agg(
+        pl.col("start_ns").min().alias("_w0"), pl.col("end_ns").max().alias("_w1")
+    )
+    if start_ns is not None:
+        bounds = bounds.with_columns(pl.lit(start_ns, pl.Int64).alias("_w0"))
+    if end_ns is not None:
+        bounds = bounds.with_columns(pl.lit(end_ns, pl.Int64).alias("_w1"))
+    on = rk or None
+    merged = merged.join(bounds, on=on) if on else merged.join(bounds.drop("_all"), how="cross")
+    merged = merged.with_columns(
+        pl.max_horizontal("start_ns", "_w0").alias("start_ns"), pl.min_horizontal("end_ns", "_w1").alias("end_ns")
+    ).filter(pl.col("end_ns") > pl.col("start_ns"))
+    first = (pl.col("start_ns") - pl.col("_w0")) // bin_ns
+    last = (pl.col("end_ns") - 1 - pl.col("_w0")) // bin_ns
+    pieces = merged.with_columns(pl.int_ranges(first, last + 1).alias("_bin")).explode("_bin")
+    b0 = pl.col("_w0") + pl.col("_bin") * bin_ns
+    pieces = pieces.with_columns(
+        (pl.min_horizontal("end_ns", b0 + bin_ns) - pl.max_horizontal("start_ns", b0)).alias("_ov")
+    )
+    busy = pieces.group_by([*keys, "_bin"]).agg(pl.col("_ov").sum().alias("busy_ns"))
+    # the full grid of bins for every device seen
+    devices = ops.select(keys).unique()
+    devices = devices.join(bounds, on=on) if on else devices.join(bounds.drop("_all"), how="cross")
+    n_bins = ((pl.col("_w1") - pl.col("_w0") + bin_ns - 1) // bin_ns).clip(lower_bound=1)
+    grid = devices.with_columns(pl.int_ranges(0, n_bins).alias("_bin")).explode("_bin")
+    out = grid.join(busy, on=[*keys, "_bin"], how="left").with_columns(pl.col("busy_ns").fill_null(0))
+    width = pl.min_horizontal(pl.lit(bin_ns, pl.Int64), pl.col("_w1") - (pl.col("_w0") + pl.col("_bin") * bin_ns))
+    out = out.with_columns(
+        (pl.col("_w0") + pl.col("_bin") * bin_ns).alias("bin_start_ns"),
+        (pl.col("busy_ns") / width).alias("utilization"),
+    )
+    return out.select(*keys, "bin_start_ns", "busy_ns", "utilization").sort([*keys, "bin_start_ns"])
+
+
+def stream_concurrency(ops: pl.DataFrame) -> pl.DataFrame:
+    """Time during which exactly k streams of a device were busy, k = 0, 1, 2, …
+
+    Input: ``device_id``, ``stream_id``, ``start_ns``, ``end_ns`` (``rank`` when present).
+    Returns one row per (``rank``,) ``device_id``, ``streams`` with ``time_ns`` and
+    ``share`` (of the device's span, first start to last end). ``streams == 0`` is idle time
+    inside the span.
+    """
+    keys = _device_keys(ops)
+    per_stream = interval_union(ops, [*keys, "stream_id"])
+    events = pl.concat(
+        [
+            per_stream.select(*keys, pl.col("start_ns").alias("t"), pl.lit(1).alias("d")),
+            per_stream.select(*keys, pl.col("end_ns").alias("t"), pl.lit(-1).alias("d")),
+        ]
+    )
+    events = events.group_by([*keys, "t"]).agg(pl.col("d").sum()).sort([*keys, "t"])
+    events = events.with_columns(
+        pl.col("d").cum_sum().over(keys).alias("streams"),
+        (pl.col("t").shift(-1).over(keys) - pl.col("t")).alias("time_ns"),
+    ).filter(pl.col("time_ns").is_not_null())
+    out = events.group_by([*keys, "streams"]).agg(pl.col("time_ns").sum())
+    span = out.group_by(keys).agg(pl.col("time_ns").sum().alias("_span"))
+    out = out.join(span, on=keys).with_columns((pl.col("time_ns") / pl.col("_span")).alias("share"))
+    return out.select(*keys, pl.col("streams").cast(pl.Int64), "time_ns", "share").sort([*keys, "streams"])
+
+
+def idle_gaps(
+    ops: pl.DataFrame,
+    cuda_api: pl.DataFrame,
+    *,
+    min_gap_ns: int = 10_000,
+    launch_share: float = 0.5,
+) -> pl.DataFrame:
+    """Idle stretches of each device longer than ``min_gap_ns``, with a probable cause.
+
+    Parameters
+    ----------
+    ops
+        GPU operations (``device_id``, ``start_ns``, ``end_ns``, ``correlation_id``,
+        ``global_pid``; ``rank`` when present), e.g. :func:`gpu_ops` of a trace.
+    cuda_api
+        The ``cuda_api`` table.
+    min_gap_ns
+        Smallest gap reported.
+    launch_share
+        Share of the gap that launch calls must fill for ``launch_bound``.
+
+    Returns
+    -------
+    One row per gap: (``rank``,) ``device_id``, ``start_ns`` (end of the previous busy
+    stretch), ``end_ns`` (start of the next operation), ``duration_ns``, ``next_op`` (its
+    name), ``next_api`` (the call that launched it), ``next_launched_ns`` (start of that call),
+    the time of the gap that calls of the launching thread filled, by kind — ``sync_ns``
+    (``*Synchronize`` and queries), ``copy_ns`` (``cudaMemcpy*``/``cudaMemset*`` calls),
+    ``launch_ns`` (kernel/graph launches and other ``*Async`` calls), ``other_api_ns`` — and
+    ``cause``, the first that applies of:
+
+    ``dependency``
+        the next operation was launched before the gap began: the GPU waited on something
+        else (an event, another stream or device), not on the host;
+    ``sync_wait``
+        the host sat in a synchronizing call during the gap, so it had not queued work ahead;
+    ``host_copy``
+        the host was in a memcpy/memset call (pageable staging, synchronous copies);
+    ``launch_bound``
+        launch calls filled at least ``launch_share`` of the gap: the host was still issuing
+        work (many short kernels);
+    ``untraced``
+        the host spent the gap outside traced CUDA calls (Python, data loading, or no
+        activity at all); ``other_api_ns`` shows any other calls made.
+
+    Calls are those of the thread that launched the next operation; a gap whose next
+    operation has no traced launch is ``untraced``.
+    """
+    rk = rank_keys(ops, cuda_api)
+    keys = [*rk, "device_id"]
+    merged = interval_union(ops, keys)
+    gaps = merged.with_columns(
+        pl.col("end_ns").shift(1).over(keys).alias("_g0"),
+    ).filter(pl.col("_g0").is_not_null())
+    gaps = gaps.select(*keys, pl.col("_g0").alias("start_ns"), pl.col("start_ns").alias("end_ns"))
+    gaps = gaps.with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("duration_ns")).filter(
+        pl.col("duration_ns") >= min_gap_ns
+    )
+    schema_cols = [*keys, "start_ns", "end_ns", "duration_ns", "next_op", "next_api", "next_launched_ns",
+                   "sync_ns", "copy_ns", "launch_ns", "other_api_ns", "cause"]
+    # the operation that ends the gap and the call that launched it
+    opcols = [c for c in ("name", "correlation_id", "global_pid") if c in ops.columns]
+    first_ops = (
+        ops.select(*keys, "start_ns", *opcols)
+        .sort([*keys, "start_ns"])
+        .unique(subset=[*keys, "start_ns"], keep="first", maintain_order=True)
+    )
+    if "correlation_id" in first_ops.columns and "global_pid" in first_ops.columns:
+        first_ops = launch_info(first_ops, cuda_api)
+    else:
+        first_ops = first_ops.with_columns(
+            pl.lit(None, pl.Int64).alias("global_tid"), pl.lit(None, pl.Utf8).alias("api_name"),
+            pl.lit(None, pl.Int64).alias("api_start_ns"),
+        )
+    nxt = first_ops.select(
+        *keys, pl.col("start_ns").alias("end_ns"),
+        pl.col("name").alias("next_op") if "name" in first_ops.columns else pl.lit(None, pl.Utf8).alias("next_op"),
+        pl.col("api_name").alias("next_api"), pl.col("api_start_ns").alias("next_launched_ns"), "global_tid",
+    )
+    gaps = gaps.join(nxt, on=[*keys, "end_ns"], how="left", maintain_order="left").with_row_index("_gap")
+
+    # calls of the launching thread overlapping each gap: explode the index range of calls
+    # that start inside the gap, plus the one call that started before it (it may straddle)
+    api = cuda_api.select(*rk, "global_tid", pl.col("start_ns").alias("_as"), pl.col("end_ns").alias("_ae"), "name")
+    api = api.sort([*rk, "global_tid", "_as"]).with_row_index("_ai").with_columns(pl.col("_ai").cast(pl.Int64))
+    tk = [*rk, "global_tid"]
+    g = gaps.filter(pl.col("global_tid").is_not_null()).select("_gap", *tk, "start_ns", "end_ns")
+    lo = g.sort([*tk, "start_ns"]).join_asof(
+        api.select(*tk, pl.col("_as").alias("start_ns"), pl.col("_ai").alias("_lo")),
+        on="start_ns", by=tk, strategy="backward", check_sortedness=False,
+    )
+    hi = g.sort([*tk, "end_ns"]).join_asof(
+        api.select(*tk, pl.col("_as").alias("end_ns"), pl.col("_ai").alias("_hi")),
+        on="end_ns", by=tk, strategy="backward", check_sortedness=False, allow_exact_matches=False,
+    )
+    rng = lo.select("_gap", "_lo").join(hi.select("_gap", "_hi"), on="_gap")
+    first_in = g.sort([*tk, "start_ns"]).join_asof(
+        api.select(*tk, pl.col("_as").alias("start_ns"), pl.col("_ai").alias("_first")),
+        on="start_ns", by=tk, strategy="forward", check_sortedness=False,
+    ).select("_gap", "_first")
+    rng = rng.join(first_in, on="_gap", how="left").with_columns(
+        pl.coalesce("_lo", "_first").alias("_lo")
+    ).filter(pl.col("_lo").is_not_null() & pl.col("_hi").is_not_null() & (pl.col("_hi") >= pl.col("_lo")))
+    pairs = rng.with_columns(pl.int_ranges("_lo", pl.col("_hi") + 1).alias("_ai")).explode("_ai").select("_gap", "_ai")
+    pairs = pairs.join(api.select("_ai", "_as", "_ae", "name"), on="_ai").join(
+        gaps.select("_gap", pl.col("start_ns").alias("_g0"), pl.col("end_ns").alias("_g1")), on="_gap"
+    )
+    overlap = (pl.min_horizontal("_ae", "_g1") - pl.max_horizontal("_as", "_g0")).clip(lower_bound=0)
+    kind = (
+        pl.when(pl.col("name").str.contains(SYNC_API_PATTERN)).then(pl.lit("sync_ns"))
+        .when(pl.col("name").str.contains(COPY_API_PATTERN) & ~pl.col("name").str.contains("Async")).then(pl.lit("copy_ns"))
+        .when(pl.col("name").str.contains(LAUNCH_API_PATTERN)).then(pl.lit("launch_ns"))
+        .otherwise(pl.lit("other_api_ns"))
+    )
+    pairs = pairs.with_columns(overlap.alias("_ov"), kind.alias("_kind")).filter(pl.col("_ov") > 0)
+    per_kind = pairs.group_by("_gap", "_kind").agg(pl.col("_ov").sum())
+    wide = gaps.select("_gap")
+    for k in ("sync_ns", "copy_ns", "launch_ns", "other_api_ns"):
+        part = per_kind.filter(pl.col("_kind") == k).select("_gap", pl.col("_ov").alias(k))
+        wide = wide.join(part, on="_gap", how="left")
+    gaps = gaps.join(wide, on="_gap", how="left", maintain_order="left").with_columns(
+        pl.col(k).fill_null(0).cast(pl.Int64) for k in ("sync_ns", "copy_ns", "launch_ns", "other_api_ns")
+    )
+    cause = (
+        pl.when(pl.col("next_launched_ns").is_not_null() & (pl.col("next_launched_ns") <= pl.col("start_ns")))
+        .then(pl.lit("dependency"))
+        .when(pl.col("sync_ns") > 0).then(pl.lit("sync_wait"))
+        .when(pl.col("copy_ns") > 0).then(pl.lit("host_copy"))
+        .when(pl.col("launch_ns") >= launch_share * pl.col("duration_ns")).then(pl.lit("launch_bound"))
+        .otherwise(pl.lit("untraced"))
+    )
+    return gaps.with_columns(cause.alias("cause")).select(schema_cols).sort([*keys, "start_ns"])

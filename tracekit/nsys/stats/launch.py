@@ -1,0 +1,168 @@
+"""Kernel launch and execution timing: ``cuda_kern_exec_trace`` and ``cuda_kern_exec_sum``.
+
+Each kernel is joined to its launching API call (same correlation id and process). The
+*queue* time is the wait from the end of the API call to the start of the kernel; nsys leaves
+it empty when the kernel started before the call returned (a start exactly at the return
+queues for 0 ns). The *total* runs from the start
+of the call to whichever ends last, the call or the kernel.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import polars as pl
+
+from tracekit.analysis.attribution import _launch_join
+from tracekit.errors import UnsupportedReportError
+from tracekit.nsys.stats.common import Report
+from tracekit.nsys.stats.nvtx_projection import (
+    KERNEL_TABLE,
+    TraceReport,
+    api_rows,
+    names_are_ids,
+    op_rows,
+    resolve_names,
+)
+from tracekit.nsys.stats.summaries import api_display_name
+
+if TYPE_CHECKING:
+    from tracekit.nsys.trace import NsysTrace
+
+
+def _require(trace: NsysTrace, report: str) -> None:
+    missing = [t for t in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME") if not trace.db.has_table(t)]
+    if missing:
+        msg = f"{trace.path.name} has no {', '.join(missing)} table, so it cannot give {report}: capture with --trace=cuda"
+        raise UnsupportedReportError(msg)
+
+
+def kernel_launches(trace: NsysTrace, *, resolve: bool = True, geometry: bool = True) -> pl.DataFrame:
+    """Kernels with their launch: one row per (kernel, matching API call).
+
+    With ``resolve=False``, ``name`` and ``api_name`` may stay ``StringIds`` ids (Int64) for
+    cheap grouping; :func:`~tracekit.nsys.stats.nvtx_projection.resolve_names` turns them
+    into text (``api_name`` then still needs nsys's display clean-up). ``geometry=False``
+    leaves out the grid and block sizes.
+
+    Columns: ``api_start_ns``, ``api_duration_ns``, ``queue_start_ns``, ``queue_duration_ns``
+    (null when the kernel started before the call ended; 0 when exactly at its end), ``start_ns``, ``duration_ns``,
+    ``total_duration_ns``, ``pid``, ``tid``, ``device_id``, ``api_name`` (nsys's display
+    name), grid and block sizes and ``name``.
+    """
+    # every matching API row, as nsys's join does: a kernel whose launch another tracer also
+    # recorded (eventClass 67 wrappers in some 2022 exports) appears once per row
+    grid = ["grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"]
+    kernels = op_rows(
+        trace, KERNEL_TABLE, ["global_pid", "correlation_id", "start_ns", "end_ns", "device_id", *(grid if geometry else [])], names=True
+    )
+    k = _launch_join(kernels, api_rows(trace, (KERNEL_TABLE,)), dedupe=False).filter(pl.col("api_start_ns").is_not_null())
+    if resolve:
+        k = resolve_names(k, trace, "name", "api_name").with_columns(api_display_name(pl.col("api_name")).alias("api_name"))
+    queue = pl.col("start_ns") - pl.col("api_end_ns")
+    return k.select(
+        "api_start_ns",
+        (pl.col("api_end_ns") - pl.col("api_start_ns")).alias("api_duration_ns"),
+        pl.when(queue >= 0).then(pl.col("api_end_ns")).alias("queue_start_ns"),
+        pl.when(queue >= 0).then(queue).alias("queue_duration_ns"),
+        "start_ns",
+        "duration_ns",
+        (pl.max_horizontal("end_ns", "api_end_ns") - pl.col("api_start_ns")).alias("total_duration_ns"),
+        (pl.col("global_tid") // (1 << 24) % (1 << 24)).alias("pid"),
+        "tid",
+        "device_id",
+        "api_name",
+        *(grid if geometry else []),
+        "name",
+        "correlation_id",
+    )
+
+
+def _xyz(x: str, y: str, z: str) -> pl.Expr:
+    return pl.format(
+        "{} {} {}",
+        *(pl.col(c).cast(pl.Utf8).str.pad_start(4) for c in (x, y, z)),
+    )
+
+
+def cuda_kern_exec_trace(trace: NsysTrace, *, convention: str = "2025") -> Report:
+    """One row per kernel: API call, queue wait and execution (``cuda_kern_exec_trace``).
+
+    ``GridXYZ``/``BlockXYZ`` are three right-aligned 4-wide fields as nsys prints them.
+    Ordered by API start.
+    """
+    _require(trace, "cuda_kern_exec_trace")
+    k = kernel_launches(trace).sort(["api_start_ns", "start_ns", "correlation_id"], maintain_order=True)
+    frame = k.select(
+        pl.col("api_start_ns").alias("API Start (ns)"),
+        pl.col("api_duration_ns").alias("API Dur (ns)"),
+        pl.col("queue_start_ns").alias("Queue Start (ns)"),
+        pl.col("queue_duration_ns").alias("Queue Dur (ns)"),
+        pl.col("start_ns").alias("Kernel Start (ns)"),
+        pl.col("duration_ns").alias("Kernel Dur (ns)"),
+        pl.col("total_duration_ns").alias("Total Dur (ns)"),
+        pl.col("pid").alias("PID"),
+        pl.col("tid").alias("TID"),
+        pl.col("device_id").alias("DevId"),
+        pl.col("api_name").alias("API Function"),
+        _xyz("grid_x", "grid_y", "grid_z").alias("GridXYZ"),
+        _xyz("block_x", "block_y", "block_z").alias("BlockXYZ"),
+        pl.col("name").alias("Kernel Name"),
+    )
+    kinds = {c: "int" for c in frame.columns[:10]}
+    return TraceReport("cuda_kern_exec_trace", frame, kinds, convention)
+
+
+def _stats(value: str, prefix: str) -> list[pl.Expr]:
+    v = pl.col(value).drop_nulls()
+    return [
+        v.mean().alias(f"{prefix}Avg (ns)"),
+        v.median().alias(f"{prefix}Med (ns)"),
+        v.min().alias(f"{prefix}Min (ns)"),
+        v.max().alias(f"{prefix}Max (ns)"),
+        # nsys's stdev is 0 below two values, even for none (an empty queue column)
+        pl.when(v.len() > 1).then(v.std(ddof=1)).otherwise(0.0).alias(f"{prefix}StdDev (ns)"),
+    ]
+
+
+def cuda_kern_exec_sum(trace: NsysTrace, *, convention: str = "2025") -> Report:
+    """``cuda_kern_exec_trace`` summarised per thread, device, API function and kernel name
+    (``cuda_kern_exec_sum``).
+
+    ``Count`` kernels, ``QCount`` of them with a queue wait; ``T`` = total, ``A`` = API,
+    ``Q`` = queue (over kernels that waited), ``K`` = kernel duration statistics. Ordered by
+    average total time, descending.
+    """
+    _require(trace, "cuda_kern_exec_sum")
+    k = kernel_launches(trace, resolve=False, geometry=False)
+    # API names group by their display text: cudaLaunchKernel and cudaLaunchKernel_v7000 are
+    # one row; kernel names group by id while each text has one id
+    k = resolve_names(k, trace, "api_name").with_columns(api_display_name(pl.col("api_name")).alias("api_name"))
+    if not names_are_ids(k, "name", trace):
+        k = resolve_names(k, trace, "name")
+    keys = ["pid", "tid", "device_id", "api_name", "name"]
+    s = k.group_by(keys).agg(
+        pl.len().alias("Count"),
+        pl.col("queue_duration_ns").count().alias("QCount"),
+        *_stats("total_duration_ns", "T"),
+        *_stats("api_duration_ns", "A"),
+        *_stats("queue_duration_ns", "Q"),
+        *_stats("duration_ns", "K"),
+    )
+    s = resolve_names(s, trace, "name")
+    s = s.sort(["TAvg (ns)", "Count", "name"], descending=[True, False, False])
+    frame = s.select(
+        pl.col("pid").alias("PID"),
+        pl.col("tid").alias("TID"),
+        pl.col("device_id").alias("DevId"),
+        pl.col("Count").cast(pl.Int64),
+        pl.col("QCount").cast(pl.Int64),
+        *[pl.col(f"{p}{stat} (ns)") for p in "TAQK" for stat in ("Avg", "Med", "Min", "Max", "StdDev")],
+        pl.col("api_name").alias("API Name"),
+        pl.col("name").alias("Kernel Name"),
+    )
+    kinds = {"PID": "int", "TID": "int", "DevId": "int", "Count": "int", "QCount": "int"}
+    for p in "TAQK":
+        kinds.update({f"{p}Avg (ns)": "float1", f"{p}Med (ns)": "float1", f"{p}Min (ns)": "int",
+                      f"{p}Max (ns)": "int", f"{p}StdDev (ns)": "float1"})
+    return Report("cuda_kern_exec_sum", frame, kinds, convention)

@@ -1,0 +1,418 @@
+"""NVTX ranges projected onto the GPU: ``nvtx_gpu_proj_trace``, ``nvtx_gpu_proj_sum``, ``nvtx_kern_sum``.
+
+A GPU operation (kernel, memcpy, memset) belongs to every NVTX range that encloses its
+launching API call on the launching thread (nsys's rule; see
+:mod:`tracekit.analysis.attribution`, which computes it with sorted joins). A range's
+*projection* runs from the first start to the last end of its operations.
+
+Version conventions: nsys 2025.x prefixes default-domain range names with ``:``
+(``:step.0``) in all three reports and drops operations outside every range from
+``nvtx_gpu_proj_trace``; 2023.x prints bare names and gives those operations one row with an
+empty name per launching thread. ``nvtx_kern_sum`` lists kernels outside every range, with
+an empty range name, in both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import polars as pl
+
+from tracekit.analysis._frames import max_int
+from tracekit.analysis.attribution import _enclosing, _innermost, _launch_join, _nvtx_tree
+from tracekit.errors import UnsupportedReportError
+from tracekit.nsys import readers
+from tracekit.nsys.readers import Col
+from tracekit.nsys.stats.common import Report, stat_aggs
+from tracekit.nsys.stats.summaries import nvtx_range_name
+
+if TYPE_CHECKING:
+    from tracekit.nsys.trace import NsysTrace
+
+
+# -- inputs: only the columns the reports need ----------------------------------------------
+# A report reads narrow integer columns straight from the export (names stay string ids until
+# the end) unless the trace already built the full table, which it then reuses. On a
+# 1M-kernel export this halves the reading time and cuts memory by ~4×.
+KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
+_OP_COLUMNS = {
+    "start_ns": "start", "end_ns": "end", "device_id": "deviceId", "correlation_id": "correlationId",
+    "global_pid": "globalPid", "grid_x": "gridX", "grid_y": "gridY", "grid_z": "gridZ",
+    "block_x": "blockX", "block_y": "blockY", "block_z": "blockZ",
+}
+
+
+def _loaded(trace: NsysTrace, table: str) -> pl.DataFrame | None:
+    """The trace's ``table`` if it was already built (a cached property), else None."""
+    value = trace.__dict__.get(table)
+    return value if isinstance(value, pl.DataFrame) else None
+
+
+def op_rows(trace: NsysTrace, table: str, columns: list[str], *, names: bool = False) -> pl.DataFrame:
+    """``columns`` (loader names, from :data:`_OP_COLUMNS`) of a GPU activity table, plus
+    ``duration_ns`` and, with ``names``, ``name``: the kernel's demangled name, as its
+    ``StringIds`` id (Int64) when read here or as text when reused from ``trace.kernels``."""
+    loader = {KERNEL_TABLE: "kernels", "CUPTI_ACTIVITY_KIND_MEMCPY": "memcpys", "CUPTI_ACTIVITY_KIND_MEMSET": "memsets"}[table]
+    extra = ["name"] if names else []
+    cached = _loaded(trace, loader)
+    if cached is not None:
+        return cached.select(*columns, "duration_ns", *extra)
+    cols = [Col(c, _OP_COLUMNS[c]) for c in columns] + ([Col("name", "demangledName")] if names else [])
+    frame = readers.select(trace.db, table, cols) if trace.db.has_table(table) else pl.DataFrame(schema={c.target: c.dtype for c in cols})
+    return frame.with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("duration_ns")).select(*columns, "duration_ns", *extra)
+
+
+def api_rows(trace: NsysTrace, launching: tuple[str, ...] = ()) -> pl.DataFrame:
+    """CUDA API calls for the launch join: ``global_tid``, ``tid``, ``correlation_id``,
+    ``start_ns``, ``end_ns``, ``api`` (runtime/driver/other) and ``name`` (string id, or text
+    when reused from ``trace.cuda_api``). With ``launching`` (activity tables), only calls
+    whose correlation id appears in them are read."""
+    cols = ["global_tid", "tid", "correlation_id", "start_ns", "end_ns", "api", "name"]
+    cached = _loaded(trace, "cuda_api")
+    if cached is not None:
+        return cached.select(cols)
+    present = [t for t in launching if trace.db.has_table(t) and trace.db.has_column(t, "correlationId")]
+    where = (
+        "correlationId IN (" + " UNION ALL ".join(f'SELECT correlationId FROM "{t}"' for t in present) + ")"
+        if present
+        else ""
+    )
+    frame = readers.select(
+        trace.db,
+        "CUPTI_ACTIVITY_KIND_RUNTIME",
+        [Col("global_tid", "globalTid"), Col("correlation_id", "correlationId"), Col("start_ns", "start"),
+         Col("end_ns", "end"), Col("event_class", "eventClass"), Col("name", "nameId")],
+        where=where,
+    )
+    api = pl.col("event_class")
+    return frame.with_columns(
+        readers.tid_from_global(pl.col("global_tid")).alias("tid"),
+        pl.when(api == 0).then(pl.lit("runtime")).when(api == 1).then(pl.lit("driver")).otherwise(api.cast(pl.Utf8)).alias("api"),
+    ).select(cols)
+
+
+def resolve_names(frame: pl.DataFrame, trace: NsysTrace, *columns: str) -> pl.DataFrame:
+    """``frame`` with its string-id ``columns`` turned into text (text columns pass through)."""
+    ids = [c for c in columns if frame.schema[c] != pl.Utf8]
+    if not ids:
+        return frame
+    return frame.with_columns(readers.lookup_strings(pl.col(c), trace.strings).alias(c) for c in ids)
+
+
+def names_are_ids(frame: pl.DataFrame, column: str, trace: NsysTrace) -> bool:
+    """Whether ``column`` holds string ids that can be grouped on instead of the text (each
+    text has one id)."""
+    return frame.schema[column] == pl.Int64 and not trace.strings["value"].is_duplicated().any()
+
+
+class TraceReport(Report):
+    """A :class:`Report` of integer and text columns (the ``*_trace`` reports, up to
+    millions of rows) formatted by polars instead of cell by cell in Python; the CSV is
+    byte-identical."""
+
+    def _text(self) -> pl.DataFrame:
+        kinds = {c: self.kinds.get(c, "str") for c in self.frame.columns}
+        if any(k not in ("int", "str") for k in kinds.values()):
+            msg = "TraceReport formats only int and str columns"
+            raise ValueError(msg)
+        # empty text and nulls are both written as an empty, unquoted field (like csv.writer)
+        text = {c: pl.col(c).cast(pl.Utf8) for c in self.frame.columns}
+        return self.frame.select(pl.when(t == "").then(None).otherwise(t).alias(c) for c, t in text.items())
+
+    def formatted_rows(self) -> list[list[str]]:
+        return [list(r) for r in self._text().select(pl.all().fill_null("")).iter_rows()]
+
+    def to_csv(self) -> str:
+        return self._text().write_csv(quote_style="necessary", line_terminator="\n", null_value="")
+
+
+@dataclass
+class Projection:
+    """Inputs shared by the three reports: the range tree, the GPU ops with their launching
+    call (row ``i`` has ``_op == i``), the (op, enclosing range) pairs, and whether each op
+    has an enclosing range (``inside``, aligned with ``ops``)."""
+
+    tree: pl.DataFrame
+    ops: pl.DataFrame
+    pairs: pl.DataFrame
+    inside: pl.Series
+
+
+def _require_nvtx(trace: NsysTrace, report: str) -> None:
+    if not trace.db.has_table("NVTX_EVENTS"):
+        msg = f"{trace.path.name} has no NVTX_EVENTS table, so it cannot give {report}: capture with --trace=nvtx and annotate the program with NVTX ranges"
+        raise UnsupportedReportError(msg)
+
+
+def projection(trace: NsysTrace, *, kernels_only: bool = False) -> Projection:
+    """Attribute every GPU operation of ``trace`` to all ranges enclosing its launch.
+
+    ``ops`` has one row per (operation, matching API row): ``_gpu`` numbers the operations,
+    ``_op`` the rows. Exports where another tracer wrapped the CUDA call (``eventClass`` 67)
+    match twice; nsys counts such kernels twice in ``nvtx_kern_sum``'s times.
+    """
+    cols = ["global_pid", "correlation_id", "start_ns", "end_ns"]
+    kernels = op_rows(trace, KERNEL_TABLE, cols, names=True)
+    parts = [kernels]
+    if not kernels_only:
+        none = pl.lit(None, kernels.schema["name"]).alias("name")
+        for table in ("CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET"):
+            parts.append(op_rows(trace, table, cols).with_columns(none))
+    ops = pl.concat(parts, how="vertical_relaxed")
+    tables = (KERNEL_TABLE,) if kernels_only else (KERNEL_TABLE, "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
+    api = api_rows(trace, tables)
+    ops = _launch_join(ops.with_row_index("_gpu"), api, dedupe=False, with_name=False).with_row_index("_op")
+    tree = _nvtx_tree(trace.nvtx, [])
+    threads = tree.select("global_tid", "_thr").unique(subset=["global_tid"], keep="first")
+    calls = (
+        ops.filter(pl.col("api_start_ns").is_not_null())
+        .join(threads, on="global_tid", how="inner")
+        .select("_op", "_thr", pl.col("api_start_ns").alias("_s"), pl.col("api_end_ns").alias("_e"))
+    )
+    inner = _innermost(calls, tree)
+    pairs = _enclosing(calls, tree, inner)
+    found = inner.filter(pl.col("_idx").is_not_null())["_op"].cast(pl.Int64)
+    inside = pl.repeat(False, ops.height, dtype=pl.Boolean, eager=True)
+    if found.len():
+        inside = inside.scatter(found, True)
+    return Projection(tree, ops, pairs.with_columns(pl.col("_op").cast(pl.Int64)), inside)
+
+
+def _take(series: pl.Series, index: pl.Series) -> pl.Series:
+    """``series[index]`` (dense row ids: a gather, much cheaper than a join)."""
+    return series.gather(index)
+
+
+def _stacks(tree: pl.DataFrame) -> pl.Series:
+    """``RangeStack`` of every range: ``:<root id>:…:<own id>``."""
+    t = tree.select("_parent_idx", "level", pl.format(":{}", pl.col("range_id")).alias("s"))
+    for level in range(1, max_int(t["level"]) + 1):
+        t = t.with_columns(
+            pl.when(pl.col("level") == level)
+            .then(pl.col("s").gather(pl.col("_parent_idx")) + pl.col("s"))
+            .otherwise(pl.col("s"))
+            .alias("s")
+        )
+    return t["s"]
+
+
+_TRACE_KINDS = {
+    "Projected Start (ns)": "int", "Projected Duration (ns)": "int", "Orig Start (ns)": "int",
+    "Orig Duration (ns)": "int", "PID": "int", "TID": "int", "NumGPUOps": "int", "Lvl": "int",
+    "NumChild": "int", "RangeId": "int", "ParentId": "int",
+}
+
+
+def _trace_frame(p: Projection, convention: str) -> pl.DataFrame:
+    idx = p.pairs["_op"]
+    per_range = (
+        p.pairs.with_columns(
+            _take(p.ops["start_ns"], idx).alias("start_ns"),
+            _take(p.ops["end_ns"], idx).alias("end_ns"),
+            _take(p.ops["correlation_id"], idx).alias("correlation_id"),
+        )
+        .group_by("_idx")
+        .agg(
+            pl.col("start_ns").min().alias("_ps"),
+            pl.col("end_ns").max().alias("_pe"),
+            pl.col("correlation_id").n_unique().alias("_n"),
+        )
+    )
+    tree = p.tree.with_columns(_stacks(p.tree).alias("_stack"))
+    ranges = tree.join(per_range, on="_idx", how="inner")
+    children = ranges.group_by("_parent_idx").len("_nchild")
+    ranges = ranges.join(children, left_on="_idx", right_on="_parent_idx", how="left")
+    frame = ranges.select(
+        nvtx_range_name(convention).alias("Name"),
+        pl.col("_ps").alias("Projected Start (ns)"),
+        (pl.col("_pe") - pl.col("_ps")).alias("Projected Duration (ns)"),
+        pl.col("start_ns").alias("Orig Start (ns)"),
+        (pl.col("end_ns") - pl.col("start_ns")).alias("Orig Duration (ns)"),
+        pl.col("style").alias("Style"),
+        pl.col("pid").alias("PID"),
+        pl.col("tid").alias("TID"),
+        pl.col("_n").cast(pl.Int64).alias("NumGPUOps"),
+        pl.col("level").alias("Lvl"),
+        pl.col("_nchild").fill_null(0).cast(pl.Int64).alias("NumChild"),
+        pl.col("range_id").alias("RangeId"),
+        pl.col("parent_id").alias("ParentId"),
+        pl.col("_stack").alias("RangeStack"),
+    )
+    if convention == "2023":
+        # one row for every operation outside all ranges; nsys prints the PID and TID of the
+        # last such operation it scanned (kernels, then memcpys, then memsets)
+        rest_ops = p.ops.filter(pl.col("api_start_ns").is_not_null() & ~p.inside)
+        outside = rest_ops.select(
+            (pl.col("global_tid") // (1 << 24) % (1 << 24)).last().alias("_pid"),
+            pl.col("tid").last(),
+            pl.col("start_ns").min().alias("_ps"),
+            pl.col("end_ns").max().alias("_pe"),
+            pl.col("correlation_id").n_unique().alias("_n"),
+        ).filter(pl.col("_n") > 0)
+        none_i = pl.lit(None, pl.Int64)
+        rest = outside.select(
+            pl.lit("").alias("Name"),
+            pl.col("_ps").alias("Projected Start (ns)"),
+            (pl.col("_pe") - pl.col("_ps")).alias("Projected Duration (ns)"),
+            none_i.alias("Orig Start (ns)"),
+            none_i.alias("Orig Duration (ns)"),
+            pl.lit(None, pl.Utf8).alias("Style"),
+            pl.col("_pid").alias("PID"),
+            pl.col("tid").alias("TID"),
+            pl.col("_n").cast(pl.Int64).alias("NumGPUOps"),
+            none_i.alias("Lvl"),
+            pl.lit(0, pl.Int64).alias("NumChild"),
+            none_i.alias("RangeId"),
+            none_i.alias("ParentId"),
+            pl.lit(None, pl.Utf8).alias("RangeStack"),
+        )
+        frame = pl.concat([rest, frame])
+    return frame.sort(["Orig Start (ns)", "RangeId", "PID", "TID"], nulls_last=False, maintain_order=True)
+
+
+def nvtx_gpu_proj_trace(trace: NsysTrace, *, convention: str = "2025") -> Report:
+    """Each NVTX range with GPU work, projected onto the GPU (``nvtx_gpu_proj_trace``).
+
+    Columns: ``Name``, ``Projected Start (ns)`` (first start of the range's operations),
+    ``Projected Duration (ns)`` (last end − first start), ``Orig Start (ns)``,
+    ``Orig Duration (ns)`` (the range on the CPU), ``Style``, ``PID``, ``TID``, ``NumGPUOps``
+    (distinct correlation ids among kernels, memcpys and memsets launched inside),
+    ``Lvl`` (0 = outermost), ``NumChild`` (child ranges with GPU work), ``RangeId`` (the
+    ``NVTX_EVENTS`` row), ``ParentId`` and ``RangeStack`` (``:outer:…:own`` ids). Ordered by
+    original start.
+    """
+    _require_nvtx(trace, "nvtx_gpu_proj_trace")
+    frame = _trace_frame(projection(trace), convention)
+    return TraceReport("nvtx_gpu_proj_trace", frame, dict(_TRACE_KINDS), convention)
+
+
+def nvtx_gpu_proj_sum(trace: NsysTrace, *, convention: str = "2025") -> Report:
+    """``nvtx_gpu_proj_trace`` summed per range name and style (``nvtx_gpu_proj_sum``).
+
+    ``Total Proj Time`` and the ``Proj`` statistics are over projected durations,
+    ``Total Range Time`` over the ranges' CPU durations, ``Total GPU Ops`` sums ``NumGPUOps``,
+    ``Avg Range Lvl`` and ``Avg Num Child`` average the tree columns. Ordered by total
+    projected time, descending.
+    """
+    _require_nvtx(trace, "nvtx_gpu_proj_sum")
+    t = _trace_frame(projection(trace), convention).filter(pl.col("RangeId").is_not_null())
+    s = t.group_by("Name", "Style").agg(
+        *stat_aggs("Projected Duration (ns)"),
+        pl.col("Orig Duration (ns)").sum().alias("_range_total"),
+        pl.col("NumGPUOps").sum().alias("_ops"),
+        pl.col("NumGPUOps").mean().alias("_avg_ops"),
+        pl.col("Lvl").mean().alias("_lvl"),
+        pl.col("NumChild").mean().alias("_child"),
+    )
+    s = s.sort(["_total", "Name", "Style"], descending=[True, False, False])
+    frame = s.select(
+        pl.col("Name").alias("Range"),
+        "Style",
+        pl.col("_total").alias("Total Proj Time (ns)"),
+        pl.col("_range_total").alias("Total Range Time (ns)"),
+        pl.col("_count").cast(pl.Int64).alias("Range Instances"),
+        pl.col("_avg").alias("Proj Avg (ns)"),
+        pl.col("_med").alias("Proj Med (ns)"),
+        pl.col("_min").alias("Proj Min (ns)"),
+        pl.col("_max").alias("Proj Max (ns)"),
+        pl.col("_std").alias("Proj StdDev (ns)"),
+        pl.col("_ops").alias("Total GPU Ops"),
+        pl.col("_avg_ops").alias("Avg GPU Ops"),
+        pl.col("_lvl").alias("Avg Range Lvl"),
+        pl.col("_child").alias("Avg Num Child"),
+    )
+    kinds = {
+        "Total Proj Time (ns)": "int", "Total Range Time (ns)": "int", "Range Instances": "int",
+        "Proj Avg (ns)": "float1", "Proj Med (ns)": "float1", "Proj Min (ns)": "int", "Proj Max (ns)": "int",
+        "Proj StdDev (ns)": "float1", "Total GPU Ops": "int", "Avg GPU Ops": "float1",
+        "Avg Range Lvl": "float1", "Avg Num Child": "float1",
+    }
+    return Report("nvtx_gpu_proj_sum", frame, kinds, convention)
+
+
+def nvtx_kern_sum(trace: NsysTrace, *, convention: str = "2025") -> Report:
+    """Kernel statistics per enclosing NVTX range, thread and kernel name (``nvtx_kern_sum``).
+
+    A kernel counts once in *every* range enclosing its launch (not only the innermost).
+    ``NVTX Inst`` = distinct ranges, ``Kern Inst`` = kernels; time statistics over kernel
+    durations. Kernels outside every range form rows with an empty range name (their
+    launching thread's PID and TID; empty when the launch was not traced).
+    """
+    _require_nvtx(trace, "nvtx_kern_sum")
+    p = projection(trace, kernels_only=True)
+    ops = p.ops.select(
+        "_op", "_gpu", "duration_ns", "name",
+        (pl.col("global_tid") // (1 << 24) % (1 << 24)).alias("_pid"), "tid",
+    )
+    idx, ridx = p.pairs["_op"], p.pairs["_idx"]
+    tree = p.tree
+    inside = pl.DataFrame({
+        "_gpu": _take(ops["_gpu"], idx),
+        "duration_ns": _take(ops["duration_ns"], idx),
+        "name": _take(ops["name"], idx),
+        "range_id": _take(tree["range_id"], ridx),
+        "_rpid": _take(tree["pid"], ridx),
+        "_rtid": _take(tree["tid"], ridx),
+        "_rname": _take(tree["name"], ridx),
+        "domain": _take(tree["domain"], ridx),
+        "style": _take(tree["style"], ridx),
+    })
+    inside = inside.select(
+        _range_name(convention),
+        pl.col("style").alias("_style"),
+        pl.col("_rpid").alias("_gpid"),
+        pl.col("_rtid").alias("_gtid"),
+        "range_id", "_gpu", "duration_ns", pl.col("name").alias("_kname"),
+    )
+    outside = ops.filter(~p.inside).select(
+        pl.lit(None, pl.Utf8).alias("_range"),
+        pl.lit(None, pl.Utf8).alias("_style"),
+        pl.col("_pid").alias("_gpid"),
+        pl.col("tid").alias("_gtid"),
+        pl.lit(None, pl.Int64).alias("range_id"),
+        "_gpu", "duration_ns", pl.col("name").alias("_kname"),
+    )
+    both = pl.concat([outside, inside.with_columns(pl.col("range_id").cast(pl.Int64))], how="vertical_relaxed")
+    by_id = names_are_ids(both, "_kname", trace)
+    if not by_id and both.schema["_kname"] == pl.Int64:
+        both = resolve_names(both, trace, "_kname")
+    keys = ["_range", "_style", "_gpid", "_gtid", "_kname"]
+    s = both.group_by(keys).agg(
+        pl.col("range_id").drop_nulls().n_unique().alias("_ninst"),
+        pl.col("_gpu").n_unique().alias("_kinst"),
+        *stat_aggs("duration_ns"),
+    )
+    if by_id:
+        s = resolve_names(s, trace, "_kname")
+    s = s.sort(["_range", "_style", "_gpid", "_gtid", "_total", "_kname"], descending=[False, False, False, False, True, False], nulls_last=False)
+    frame = s.select(
+        pl.col("_range").alias("NVTX Range"),
+        pl.col("_style").alias("Style"),
+        pl.col("_gpid").alias("PID"),
+        pl.col("_gtid").alias("TID"),
+        pl.col("_ninst").cast(pl.Int64).alias("NVTX Inst"),
+        pl.col("_kinst").cast(pl.Int64).alias("Kern Inst"),
+        pl.col("_total").alias("Total Time (ns)"),
+        pl.col("_avg").alias("Avg (ns)"),
+        pl.col("_med").alias("Med (ns)"),
+        pl.col("_min").alias("Min (ns)"),
+        pl.col("_max").alias("Max (ns)"),
+        pl.col("_std").alias("StdDev (ns)"),
+        pl.col("_kname").alias("Kernel Name"),
+    )
+    kinds = {
+        "PID": "int", "TID": "int", "NVTX Inst": "int", "Kern Inst": "int", "Total Time (ns)": "int",
+        "Avg (ns)": "float1", "Med (ns)": "float1", "Min (ns)": "int", "Max (ns)": "int", "StdDev (ns)": "float1",
+    }
+    return Report("nvtx_kern_sum", frame, kinds, convention)
+
+
+def _range_name(convention: str) -> pl.Expr:
+    bare = pl.format(":{}", pl.col("_rname")) if convention == "2025" else pl.col("_rname")
+    return (
+        pl.when(pl.col("domain").is_null())
+        .then(bare)
+        .otherwise(pl.format("{}:{}", pl.col("domain"), pl.col("_rname")))
+        .alias("_range")
+    )
