@@ -170,7 +170,8 @@ class ExportDatabase:
             table = cur.fetch_arrow_table()
         finally:
             cur.close()
-        frame = pl.from_arrow(table, rechunk=False)
+        # one contiguous chunk per column: later joins and group-bys are faster (measured)
+        frame = pl.from_arrow(table, rechunk=True)
         assert isinstance(frame, pl.DataFrame)
         frame.columns = list(schema)
         return _cast(frame, schema)
