@@ -1,4 +1,4 @@
 """Pure analyses over tracekit's tables: frames in, frames out (no I/O, no plotting).
 
-One topic per module: attribution, breakdowns, torch_ops, gpu_time, launch, iterations, memory, metrics.
+Modules by topic: attribution, breakdowns, torch_ops, families, gpu_time, launch, iterations, memory, metrics (and the NCCL/rank analyses).
 """

@@ -117,8 +117,8 @@ def _single_key(
     calls: ~0.1 GB instead of ~0.8 GB)."""
     proc_cols = [k for k in join_keys if k != "correlation_id"]
     procs = pl.concat([base.select(proc_cols), api.select(proc_cols)], how="vertical_relaxed").unique(maintain_order=True)
-    corr_max = max(base["correlation_id"].max() or 0, api["correlation_id"].max() or 0)  # type: ignore[operator]
-    if procs.null_count().sum_horizontal().item() or int(corr_max) >= (1 << 62) // max(procs.height, 1):
+    corr_max = max(max_int(base["correlation_id"]), max_int(api["correlation_id"]))
+    if procs.null_count().sum_horizontal().item() or corr_max >= (1 << 62) // max(procs.height, 1):
         return base, api, join_keys
     procs = procs.with_row_index("_pidx").with_columns(pl.col("_pidx").cast(pl.Int64))
     if proc_cols == ["_process"]:

@@ -19,7 +19,7 @@ import polars as pl
 from tracekit.analysis._frames import interval_union, max_int, process_key, rank_keys
 from tracekit.analysis.attribution import _nvtx_tree
 
-__all__ = ["DEFAULT_ITERATION_PATTERN", "iteration_stats", "iterations"]
+__all__ = ["DEFAULT_ITERATION_PATTERN", "iteration_ranges", "iteration_stats", "iterations"]
 
 DEFAULT_ITERATION_PATTERN = r"step|iter"
 

@@ -7,8 +7,8 @@ launching API call on the launching thread (nsys's rule; see
 
 Version conventions: nsys 2025.x prefixes default-domain range names with ``:``
 (``:step.0``) in all three reports and drops operations outside every range from
-``nvtx_gpu_proj_trace``; 2023.x prints bare names and gives those operations one row with an
-empty name per launching thread. ``nvtx_kern_sum`` lists kernels outside every range, with
+``nvtx_gpu_proj_trace``; 2023.x prints bare names and gives all those operations one row
+with an empty name (and the PID/TID of the last of them). ``nvtx_kern_sum`` lists kernels outside every range, with
 an empty range name, in both.
 """
 

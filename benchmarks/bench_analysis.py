@@ -1,0 +1,230 @@
+"""Speed of tracekit's analyses against `nsys stats` on a ≥1M-kernel trace.
+
+Each variant runs in a fresh Python (or nsys) process, measured whole — reading the SQLite
+export included — for wall time and peak RSS of the process tree (``common.run_measured``):
+
+* ``attribution``: open the export, stack kernels/memcpys/memsets, ``launch_info`` and
+  ``attribute_nvtx`` (1 M operations), ``nvtx_coverage``;
+* ``nvtx_gpu_proj_trace``, ``nvtx_gpu_proj_sum``, ``nvtx_kern_sum``, ``cuda_kern_exec_sum``,
+  ``cuda_kern_exec_trace``: tracekit's report written as CSV, against ``nsys stats -r`` of the
+  same report (``--force-export=false`` on the same ``.sqlite``);
+* ``gpu_metrics``: per-kernel averages of every default metric over a second trace with
+  ≥5 M GPU-metric samples, then per kernel name.
+
+Each tracekit variant prints its own split (``load_s``/``compute_s`` for analyses over the
+loader's tables; ``open_s``/``report_s``/``csv_s`` for reports, which read the columns they
+need themselves). The "same rows" column compares tracekit's CSV (convention "2023") with the
+one nsys wrote.
+
+The traces come from ``benchmarks/make_big_trace.py`` (repeated real exports). Results go to
+``benchmarks/out/bench_analysis.{json,md}``.
+
+Example
+-------
+    python benchmarks/make_big_trace.py --kernels 1000000
+    python benchmarks/make_big_trace.py --kernels 100000 -o benchmarks/out/metrics.sqlite
+    python benchmarks/bench_analysis.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import (  # noqa: E402
+    DEFAULT_BIG,
+    OUT,
+    REPO,
+    Measured,
+    find_nsys,
+    fmt_ratio,
+    fmt_s,
+    machine,
+    markdown_table,
+    nsys_version,
+    print_table,
+    python,
+    run_measured,
+    table_info,
+    versions,
+    warm_page_cache,
+    write_results,
+)
+
+DEFAULT_METRICS_TRACE = OUT / "metrics.sqlite"
+REPORTS = (
+    "nvtx_gpu_proj_trace",
+    "nvtx_gpu_proj_sum",
+    "nvtx_kern_sum",
+    "cuda_kern_exec_sum",
+    "cuda_kern_exec_trace",
+)
+
+_ATTRIBUTION = """
+import sys, time, tracekit
+from tracekit.analysis.attribution import attribute_nvtx, launch_info, nvtx_coverage
+from tracekit.analysis.gpu_time import gpu_ops
+t0 = time.perf_counter()
+trace = tracekit.open(sys.argv[1])
+ops = gpu_ops(trace.kernels, trace.memcpys, trace.memsets)
+api, nvtx = trace.cuda_api, trace.nvtx
+t1 = time.perf_counter()
+a = attribute_nvtx(launch_info(ops, api), nvtx)
+cov = nvtx_coverage(a)
+t2 = time.perf_counter()
+print(f"ops={a.height} coverage={cov['coverage'][0]:.4f} load_s={t1 - t0:.2f} compute_s={t2 - t1:.2f}")
+"""
+
+_REPORT = """
+import sys, time, tracekit
+from tracekit.nsys.stats import run_report
+t0 = time.perf_counter()
+trace = tracekit.open(sys.argv[1])
+t1 = time.perf_counter()
+report = run_report(trace, sys.argv[2], convention="2023")  # reads the columns it needs
+t2 = time.perf_counter()
+with open(sys.argv[3], "w") as fh:
+    fh.write(report.to_csv())
+t3 = time.perf_counter()
+print(f"rows={report.frame.height} open_s={t1 - t0:.2f} report_s={t2 - t1:.2f} csv_s={t3 - t2:.2f}")
+"""
+
+_METRICS = """
+import sys, time, tracekit
+from tracekit.analysis.metrics import kernel_metrics, metrics_by
+t0 = time.perf_counter()
+trace = tracekit.open(sys.argv[1])
+samples, kernels = trace.gpu_metrics, trace.kernels
+t1 = time.perf_counter()
+km = kernel_metrics(kernels, samples)
+by_name = metrics_by(km, ["name"])
+t2 = time.perf_counter()
+print(f"samples={samples.height} kernels={km.height} names={by_name.height} load_s={t1 - t0:.2f} compute_s={t2 - t1:.2f}")
+"""
+
+
+def _tracekit(code: str, *args: str) -> Measured:
+    return run_measured([python(), "-W", "ignore", "-c", code, *args], cwd=REPO)
+
+
+def _nsys_report(nsys: Path, trace: Path, report: str, out: Path) -> Measured:
+    prefix = out / f"nsys_{report}"
+    Path(f"{prefix}_{report}.csv").unlink(missing_ok=True)  # nsys skips reports whose CSV exists
+    argv = [str(nsys), "stats", "--format", "csv", "--force-export=false", "--force-overwrite=true",
+            "--report", report, "-o", str(prefix), str(trace)]
+    return run_measured(argv)
+
+
+def _same_csv(a: Path, b: Path) -> bool | None:
+    """Whether two CSVs hold the same rows (as multisets); None when one is missing."""
+    if not (a.is_file() and b.is_file()):
+        return None
+    return sorted(a.read_text().splitlines()) == sorted(b.read_text().splitlines())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--trace", type=Path, default=DEFAULT_BIG, help="≥1M-kernel export (make_big_trace.py)"
+    )
+    parser.add_argument(
+        "--metrics-trace",
+        type=Path,
+        default=DEFAULT_METRICS_TRACE,
+        help="export with ≥5M GPU-metric samples",
+    )
+    parser.add_argument(
+        "--reports", default=",".join(REPORTS), help="reports to time (comma-separated)"
+    )
+    parser.add_argument("--skip-nsys", action="store_true", help="time tracekit only")
+    args = parser.parse_args(argv)
+    if not args.trace.is_file():
+        print(
+            f"{args.trace} is missing; build it with: python benchmarks/make_big_trace.py --kernels 1000000"
+        )
+        return 2
+    OUT.mkdir(parents=True, exist_ok=True)
+    work = OUT / "bench_analysis"
+    work.mkdir(exist_ok=True)
+    nsys = None if args.skip_nsys else find_nsys()
+    warm_page_cache(args.trace)
+    results: dict[str, dict[str, object]] = {}
+
+    m = _tracekit(_ATTRIBUTION, str(args.trace))
+    results["attribution"] = {"tracekit": m, "note": m.stdout.strip() or m.stderr[-500:]}
+    for report in [r for r in args.reports.split(",") if r]:
+        ours_csv = work / f"tracekit_{report}.csv"
+        ours_csv.unlink(missing_ok=True)
+        ours = _tracekit(_REPORT, str(args.trace), report, str(ours_csv))
+        entry: dict[str, object] = {
+            "tracekit": ours,
+            "note": ours.stdout.strip() or ours.stderr[-500:],
+        }
+        if nsys is not None:
+            theirs = _nsys_report(nsys, args.trace, report, work)
+            entry["nsys"] = theirs
+            entry["same_rows"] = _same_csv(ours_csv, work / f"nsys_{report}_{report}.csv")
+        results[report] = entry
+    if args.metrics_trace.is_file():
+        warm_page_cache(args.metrics_trace)
+        mm = _tracekit(_METRICS, str(args.metrics_trace))
+        results["gpu_metrics"] = {"tracekit": mm, "note": mm.stdout.strip() or mm.stderr[-500:]}
+
+    header = [
+        "variant",
+        "tracekit s",
+        "tracekit MB",
+        "nsys s",
+        "nsys MB",
+        "speed-up",
+        "same rows",
+        "notes",
+    ]
+    rows = []
+    for name, entry in results.items():
+        ours_m = entry["tracekit"]
+        theirs_m = entry.get("nsys")
+        assert isinstance(ours_m, Measured)
+        speedup = (
+            theirs_m.wall_s / ours_m.wall_s
+            if isinstance(theirs_m, Measured) and ours_m.wall_s
+            else None
+        )
+        rows.append(
+            [
+                name,
+                fmt_s(ours_m.wall_s) + ("" if ours_m.returncode == 0 else " (failed)"),
+                f"{ours_m.peak_rss_mb:.0f}",
+                fmt_s(theirs_m.wall_s) + ("" if theirs_m.returncode == 0 else " (failed)")
+                if isinstance(theirs_m, Measured)
+                else "–",
+                f"{theirs_m.peak_rss_mb:.0f}" if isinstance(theirs_m, Measured) else "–",
+                fmt_ratio(speedup),
+                {True: "yes", False: "no", None: "–"}[entry.get("same_rows")],  # type: ignore[index]
+                str(entry.get("note", ""))[:120],
+            ]
+        )
+    info = {
+        "machine": machine(),
+        "versions": versions(),
+        "nsys": None if nsys is None else {"path": str(nsys), "version": nsys_version(nsys)},
+        "trace": {"path": str(args.trace), "rows": table_info(args.trace)},
+        "metrics_trace": {"path": str(args.metrics_trace), "rows": table_info(args.metrics_trace)}
+        if args.metrics_trace.is_file()
+        else None,
+        "results": results,
+    }
+    title = "tracekit analyses vs nsys stats (whole process, warm page cache)"
+    print_table(title, header, rows)
+    md = f"# {title}\n\n```\n{json.dumps({k: info[k] for k in ('machine', 'versions', 'nsys')}, indent=2)}\n```\n\n"
+    md += markdown_table(header, rows)
+    jpath, mpath = write_results("bench_analysis", info, md)
+    print(f"wrote {jpath} and {mpath}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
