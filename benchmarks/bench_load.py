@@ -1,0 +1,350 @@
+"""Load benchmark: tracekit's kernels + cuda_api + nvtx vs a raw Arrow read and pandas.read_sql.
+
+Each variant runs in a fresh subprocess, rounds interleaved (A B C D, A B C D, …) so that
+background load hits every variant alike; the table reports the median of the rounds, and
+the ratios are computed from those medians in the same run.
+
+* ``tracekit`` — ``tracekit.open(path)`` then ``.kernels``, ``.cuda_api``, ``.nvtx`` (ADBC);
+* ``tracekit-sqlite3`` — the same with ``engine="sqlite3"`` (stdlib path; for information);
+* ``arrow`` — ADBC ``cursor.execute`` + ``fetch_arrow_table`` of the very SELECTs tracekit
+  runs for those tables (recorded from tracekit itself), nothing else;
+* ``pandas`` — ``pandas.read_sql`` of the same SELECTs on a stdlib ``sqlite3`` connection;
+* ``tracekit-rechunk`` — ``tracekit`` with ``ExportDatabase.query``'s result rechunked before
+  the readers process it (ADBC hands polars one chunk per 1,024 rows): a preview of the fix
+  proposed in README.md, patched in the child only.
+
+``load s`` is measured inside the child from just before the open to the last table (imports
+done before it); ``process s`` is the child's whole wall time (interpreter, imports, load);
+``peak RSS`` is the child's maximum resident set size (``os.wait4``).
+
+    python benchmarks/bench_load.py [--file benchmarks/out/big.sqlite] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import (  # noqa: E402
+    DEFAULT_BIG,
+    OUT,
+    fmt_ratio,
+    fmt_s,
+    machine,
+    markdown_table,
+    print_table,
+    run_measured,
+    table_info,
+    versions,
+    wait_for_idle,
+    warm_page_cache,
+    write_results,
+)
+
+TABLES = ("kernels", "cuda_api", "nvtx")
+VARIANTS = ("tracekit", "arrow", "pandas", "tracekit-sqlite3", "tracekit-rechunk")
+LABELS = {
+    "tracekit": "tracekit (ADBC)",
+    "tracekit-rechunk": "tracekit (ADBC), query() result rechunked (proposed fix)",
+    "tracekit-sqlite3": "tracekit engine=sqlite3",
+    "arrow": "raw Arrow (ADBC fetch_arrow_table)",
+    "pandas": "pandas.read_sql (sqlite3)",
+}
+TARGETS = {"arrow": ("tracekit / raw Arrow", "≤ 1.3×"), "pandas": ("pandas / tracekit", "≥ 4×")}
+
+
+def _uri(path: Path) -> str:
+    import urllib.parse
+
+    return f"file:{urllib.parse.quote(str(path.resolve()))}?mode=ro&immutable=1"
+
+
+def record_queries(path: Path) -> list[str]:
+    """The SELECTs tracekit sends through ``ExportDatabase.query`` for kernels, cuda_api, nvtx.
+
+    Recorded by running tracekit with ``query`` stubbed to return empty frames, so the list
+    follows the loader as it changes.
+    """
+    import polars as pl
+
+    import tracekit
+    from tracekit.nsys.database import ExportDatabase
+
+    recorded: list[str] = []
+    original = ExportDatabase.query
+
+    def stub(self: ExportDatabase, sql: str, schema: Any) -> pl.DataFrame:
+        recorded.append(sql)
+        return pl.DataFrame(schema=dict(schema))
+
+    ExportDatabase.query = stub  # type: ignore[method-assign]
+    try:
+        trace = tracekit.open(path)
+        for name in TABLES:
+            getattr(trace, name)
+        trace.close()
+    finally:
+        ExportDatabase.query = original  # type: ignore[method-assign]
+    return recorded
+
+
+# -- children -------------------------------------------------------------------------------
+def child(variant: str, path: Path, queries: list[str]) -> dict[str, Any]:
+    t_imp = time.perf_counter()
+    if variant.startswith("tracekit"):
+        import polars  # noqa: F401
+
+        import tracekit
+        import tracekit.nsys.trace  # noqa: F401  (tracekit.open imports it lazily)
+
+        if variant == "tracekit-rechunk":
+            from tracekit.nsys.database import ExportDatabase
+
+            original = ExportDatabase.query
+            ExportDatabase.query = lambda self, sql, schema: original(self, sql, schema).rechunk()  # type: ignore[method-assign]
+    elif variant == "arrow":
+        import adbc_driver_sqlite.dbapi as adbc
+        import pyarrow  # noqa: F401
+    elif variant == "pandas":
+        import sqlite3
+
+        import pandas as pd
+    import_s = time.perf_counter() - t_imp
+
+    t0, c0 = time.perf_counter(), time.process_time()
+    rows: dict[str, int] = {}
+    if variant.startswith("tracekit"):
+        engine = "sqlite3" if variant == "tracekit-sqlite3" else "auto"
+        trace = tracekit.open(path, engine=engine)
+        for name in TABLES:
+            rows[name] = getattr(trace, name).height
+        actual_engine = trace.db.engine
+    elif variant == "arrow":
+        con = adbc.connect(_uri(path))
+        kept = []
+        for sql in queries:
+            cur = con.cursor()
+            cur.execute(sql)
+            kept.append(cur.fetch_arrow_table())
+            cur.close()
+        rows = {f"q{i}": t.num_rows for i, t in enumerate(kept)}
+        actual_engine = "adbc"
+    elif variant == "pandas":
+        con = sqlite3.connect(_uri(path), uri=True)
+        kept = [pd.read_sql(sql, con) for sql in queries]
+        rows = {f"q{i}": len(f) for i, f in enumerate(kept)}
+        actual_engine = "sqlite3"
+    else:
+        msg = f"unknown variant {variant!r}"
+        raise SystemExit(msg)
+    load_s, cpu_s = time.perf_counter() - t0, time.process_time() - c0
+    return {
+        "import_s": import_s,
+        "load_s": load_s,
+        "cpu_s": cpu_s,
+        "rows": rows,
+        "engine": actual_engine,
+    }
+
+
+# -- parent ---------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--file", type=Path, default=DEFAULT_BIG)
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="interleaved rounds per variant (default 3)"
+    )
+    parser.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help="comma-separated subset of " + ", ".join(VARIANTS),
+    )
+    parser.add_argument(
+        "--idle-wait",
+        type=float,
+        default=10.0,
+        help="before each run, wait up to this many seconds for other processes to go quiet (0: never)",
+    )
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--queries", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.child:
+        queries = json.loads(args.queries.read_text()) if args.queries else []
+        print(json.dumps(child(args.child, args.file, queries)))
+        return 0
+
+    path: Path = args.file
+    if not path.exists():
+        print(
+            f"{path} is missing: build it with `python benchmarks/make_big_trace.py -o {path}`",
+            file=sys.stderr,
+        )
+        return 2
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    OUT.mkdir(parents=True, exist_ok=True)
+    queries = record_queries(path)
+    qfile = OUT / "load_queries.json"
+    qfile.write_text(json.dumps(queries, indent=2) + "\n")
+    counts = table_info(path)
+    print(
+        f"{path} ({path.stat().st_size / 1e9:.2f} GB): "
+        + ", ".join(f"{k} {v:,}" for k, v in counts.items())
+    )
+    print(f"{len(queries)} SELECTs recorded from tracekit → {qfile}")
+    warm_page_cache(path)
+
+    runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
+    print(
+        f"load average before: {os.getloadavg()[0]:.2f} (2 cores; other sessions may share the machine)"
+    )
+    t_start = time.perf_counter()
+    for r in range(args.rounds):
+        for v in variants:
+            busy_before = wait_for_idle(args.idle_wait) if args.idle_wait > 0 else None
+            m = run_measured(
+                [
+                    sys.executable,
+                    __file__,
+                    "--child",
+                    v,
+                    "--file",
+                    str(path),
+                    "--queries",
+                    str(qfile),
+                ]
+            )
+            if m.returncode != 0:
+                print(m.stderr, file=sys.stderr)
+                msg = f"variant {v} failed (exit {m.returncode})"
+                raise SystemExit(msg)
+            res = json.loads(m.stdout.strip().splitlines()[-1])
+            res.update(
+                process_s=m.wall_s,
+                peak_rss_mb=m.peak_rss_mb,
+                others_cores=m.others_cores,
+                busy_before=busy_before,
+            )
+            runs[v].append(res)
+            print(
+                f"  round {r + 1}/{args.rounds} {v:17s} load {res['load_s']:6.2f} s  cpu {res['cpu_s']:6.2f} s  "
+                f"process {m.wall_s:6.2f} s  peak RSS {m.peak_rss_mb:7.0f} MB  others {m.others_cores:4.2f} cores",
+                flush=True,
+            )
+    total_s = time.perf_counter() - t_start
+
+    # every variant must have read the same rows (raw variants also read StringIds)
+    data_rows = sum(
+        counts.get(t, 0)
+        for t in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME", "NVTX_EVENTS")
+    )
+    string_rows = counts.get("StringIds", 0)
+    for v in variants:
+        got = sum(runs[v][0]["rows"].values())
+        want = data_rows if v.startswith("tracekit") else data_rows + string_rows
+        if got != want:
+            msg = f"{v} read {got:,} rows, expected {want:,}"
+            raise SystemExit(msg)
+    summary: dict[str, dict[str, float]] = {}
+    for v in variants:
+        rs = runs[v]
+        summary[v] = {
+            "load_s": statistics.median(r["load_s"] for r in rs),
+            "load_min_s": min(r["load_s"] for r in rs),
+            "cpu_s": statistics.median(r["cpu_s"] for r in rs),
+            "process_s": statistics.median(r["process_s"] for r in rs),
+            "import_s": statistics.median(r["import_s"] for r in rs),
+            "peak_rss_mb": max(r["peak_rss_mb"] for r in rs),
+            "others_cores": statistics.median(r["others_cores"] for r in rs),
+        }
+    ref = summary.get("tracekit")
+    header = [
+        "variant",
+        "load s (median)",
+        "load s (min)",
+        "CPU s",
+        "process s",
+        "peak RSS MB",
+        "load ÷ tracekit",
+        "others (cores)",
+    ]
+    rows = []
+    for v in variants:
+        s = summary[v]
+        ratio = s["load_s"] / ref["load_s"] if ref else None
+        rows.append(
+            [
+                LABELS.get(v, v),
+                fmt_s(s["load_s"]),
+                fmt_s(s["load_min_s"]),
+                fmt_s(s["cpu_s"]),
+                fmt_s(s["process_s"]),
+                f"{s['peak_rss_mb']:.0f}",
+                fmt_ratio(ratio),
+                f"{s['others_cores']:.2f}",
+            ]
+        )
+    checks: list[list[str]] = []
+
+    def ratio_rows(label: str, num: str, den: str, target: str, ok: Any) -> None:
+        """One row per statistic: median wall, min wall, median CPU time of the load."""
+        if num not in summary or den not in summary:
+            return
+        for stat, key in (
+            ("wall, median", "load_s"),
+            ("wall, min", "load_min_s"),
+            ("CPU", "cpu_s"),
+        ):
+            x = summary[num][key] / summary[den][key]
+            verdict = "" if ok is None else ("met" if ok(x) else "MISSED")
+            checks.append([f"{label} ({stat})", fmt_ratio(x), target, verdict])
+
+    ratio_rows("tracekit ÷ raw Arrow", "tracekit", "arrow", "≤ 1.30×", lambda x: x <= 1.3)
+    ratio_rows("pandas.read_sql ÷ tracekit", "pandas", "tracekit", "≥ 4.00×", lambda x: x >= 4)
+    ratio_rows(
+        "fix preview: tracekit+rechunk ÷ raw Arrow", "tracekit-rechunk", "arrow", "≤ 1.30×", None
+    )
+    ratio_rows(
+        "fix preview: pandas ÷ tracekit+rechunk", "pandas", "tracekit-rechunk", "≥ 4.00×", None
+    )
+    ratio_rows("engine=sqlite3 ÷ ADBC", "tracekit-sqlite3", "tracekit", "info", None)
+
+    title = f"load kernels + cuda_api + nvtx: {path.name}, {args.rounds} rounds"
+    print_table(title, header, rows)
+    print_table("ratios (same run)", ["ratio", "value", "target", ""], checks)
+    print(f"benchmark wall time {total_s:.0f} s; {string_rows:,} StringIds rows")
+
+    md = (
+        f"### {title}\n\n"
+        + markdown_table(header, rows)
+        + "\n"
+        + markdown_table(["ratio", "value", "target", ""], checks)
+    )
+    payload = {
+        "file": str(path),
+        "file_bytes": path.stat().st_size,
+        "row_counts": counts,
+        "queries": queries,
+        "rounds": args.rounds,
+        "runs": runs,
+        "summary": summary,
+        "checks": checks,
+        "machine": machine(),
+        "versions": versions(),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "wall_s": total_s,
+    }
+    jpath, mpath = write_results("bench_load", payload, md)
+    print(f"wrote {jpath} and {mpath}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

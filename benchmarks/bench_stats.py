@@ -1,0 +1,331 @@
+"""`tracekit stats` vs `nsys stats` on the same export: whole-process wall time and peak RSS.
+
+For each report both tools run as fresh processes writing CSV to a file (rounds interleaved:
+nsys, tracekit, nsys, tracekit …); the table gives the median wall time, the largest peak
+RSS of the process tree (``os.wait4``) and the speed-up nsys ÷ tracekit computed from the
+medians of this run. tracekit runs with ``--convention 2023`` so that its CSV can be
+compared byte for byte with nsys 2023.4.4's (nsys appends one blank line; ignored).
+
+The input must stay untouched: its SHA-256 is taken before and after, and its size and
+mtime, plus the folder listing, are checked after every nsys run (nsys opens exports
+read-only and immutable, so no copy is needed; the check proves it).
+
+    python benchmarks/bench_stats.py [--file benchmarks/out/big.sqlite] [--rounds 3]
+
+nsys: ``$NSYS``, else the Debian ``nsight-systems-target`` unpacked to /opt/nsys-debian
+(README.md says how), else ``nsys`` on the PATH; without one only tracekit is timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import (  # noqa: E402
+    DEFAULT_BIG,
+    OUT,
+    Measured,
+    find_nsys,
+    fmt_ratio,
+    fmt_s,
+    machine,
+    markdown_table,
+    nsys_version,
+    print_table,
+    run_measured,
+    sha256,
+    table_info,
+    versions,
+    wait_for_idle,
+    warm_page_cache,
+    write_results,
+)
+
+REPORTS = (
+    "cuda_gpu_kern_sum",
+    "cuda_gpu_mem_time_sum",
+    "cuda_gpu_mem_size_sum",
+    "cuda_api_sum",
+    "nvtx_sum",
+    "cuda_gpu_trace",
+)
+TARGETS = {"cuda_api_sum": 10.0}
+DEFAULT_TARGET = 3.0
+#: reports whose row order nsys leaves open for ties (compare as multisets)
+UNORDERED = {"cuda_api_sum"}
+
+_FALLBACK = (
+    "import sys; import tracekit; from tracekit.nsys.stats import run_report; "
+    "t = tracekit.open(sys.argv[2]); sys.stdout.write(run_report(t, sys.argv[1], convention='2023').to_csv())"
+)
+
+
+def tracekit_command(python: str) -> tuple[list[str], str]:
+    """argv prefix for `tracekit stats` (the CLI when it works, else an equivalent python -c)."""
+    exe = Path(python).with_name("tracekit")
+    try:
+        help_text = subprocess.run(
+            [str(exe), "stats", "--help"], capture_output=True, text=True, timeout=120
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        help_text = ""
+    if "--report" in help_text and "--convention" in help_text:
+        return [str(exe), "stats", "-f", "csv", "--convention", "2023", "-r"], "tracekit stats CLI"
+    return [python, "-c", _FALLBACK], "python -c run_report(...).to_csv() (CLI unavailable)"
+
+
+def _lines(path: Path) -> list[str]:
+    text = path.read_text(errors="replace")
+    return text.rstrip("\n").split("\n")
+
+
+def compare(nsys_csv: Path, tk_csv: Path, report: str) -> str:
+    """identical / same rows in another order / differs (n lines)."""
+    a, b = _lines(nsys_csv), _lines(tk_csv)
+    if a == b:
+        return "identical"
+    if sorted(a) == sorted(b):
+        return "same rows, tie order differs" if report in UNORDERED else "same rows, order differs"
+    diff = sum(1 for x, y in zip(a, b, strict=False) if x != y) + abs(len(a) - len(b))
+    return f"differs ({diff:,} of {max(len(a), len(b)):,} lines)"
+
+
+def _state(path: Path) -> tuple[int, int, tuple[str, ...]]:
+    """Size, mtime and the side files (``big.sqlite-journal``, ``big.nsys-rep`` …) of ``path``."""
+    st = path.stat()
+    stem = path.name.split(".")[0]
+    side = tuple(
+        sorted(p.name for p in path.parent.iterdir() if p.name.split(".")[0].split("-")[0] == stem)
+    )
+    return st.st_size, st.st_mtime_ns, side
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--file", type=Path, default=DEFAULT_BIG)
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="interleaved rounds per tool and report (default 3)"
+    )
+    parser.add_argument("--reports", default=",".join(REPORTS))
+    parser.add_argument("--no-nsys", action="store_true", help="time tracekit only")
+    parser.add_argument(
+        "--idle-wait",
+        type=float,
+        default=10.0,
+        help="before each run, wait up to this many seconds for other processes to go quiet (0: never)",
+    )
+    args = parser.parse_args(argv)
+
+    path: Path = args.file.resolve()
+    if not path.exists():
+        print(
+            f"{path} is missing: build it with `python benchmarks/make_big_trace.py -o {path}`",
+            file=sys.stderr,
+        )
+        return 2
+    reports = [r.strip() for r in args.reports.split(",") if r.strip()]
+    nsys = None if args.no_nsys else find_nsys()
+    nsys_ver = nsys_version(nsys) if nsys else "absent"
+    tk_prefix, tk_how = tracekit_command(sys.executable)
+    outdir = OUT / "stats"
+    outdir.mkdir(parents=True, exist_ok=True)
+
+    print(f"input {path} ({path.stat().st_size / 1e9:.2f} GB)")
+    print(f"nsys: {nsys or 'absent: only tracekit is timed'} ({nsys_ver})")
+    print(f"tracekit: {tk_how}")
+    t_hash = time.perf_counter()
+    digest_before = sha256(path)
+    hash_s = time.perf_counter() - t_hash
+    state_before = _state(path)
+    counts = table_info(path)
+    warm_page_cache(path)
+
+    # the fixed cost every tracekit run pays: interpreter + polars + tracekit imports
+    floor_cmd = [
+        sys.executable,
+        "-c",
+        "import polars, tracekit, tracekit.nsys.trace, tracekit.nsys.stats.summaries",
+    ]
+    floors: list[Measured] = []
+
+    runs: dict[str, dict[str, list[Measured]]] = {r: {"nsys": [], "tracekit": []} for r in reports}
+    commands: dict[str, dict[str, str]] = {}
+    print(
+        f"load average before: {os.getloadavg()[0]:.2f} (2 cores; other sessions may share the machine)"
+    )
+    t_start = time.perf_counter()
+    for rnd in range(args.rounds):
+        floors.append(run_measured(floor_cmd))
+        for report in reports:
+            tk_out = outdir / f"tracekit_{report}.csv"
+            tk_argv = [*tk_prefix, report, str(path)]
+            if nsys:
+                ns_out = outdir / f"nsys_{report}.csv"
+                ns_argv = [
+                    str(nsys),
+                    "stats",
+                    "-q",
+                    "-f",
+                    "csv",
+                    "-o",
+                    "-",
+                    "-r",
+                    report,
+                    str(path),
+                ]
+                if args.idle_wait > 0:
+                    wait_for_idle(args.idle_wait)
+                m = run_measured(ns_argv, stdout_path=ns_out)
+                if m.returncode != 0:
+                    print(
+                        f"nsys {report} failed (exit {m.returncode}): {m.stderr.strip()[:500]}",
+                        file=sys.stderr,
+                    )
+                runs[report]["nsys"].append(m)
+                if _state(path) != state_before:
+                    msg = f"nsys changed {path} or its folder while running {report}; stopping"
+                    raise SystemExit(msg)
+                commands.setdefault(report, {})["nsys"] = " ".join(ns_argv[:-1]) + " FILE"
+            if args.idle_wait > 0:
+                wait_for_idle(args.idle_wait)
+            m = run_measured(tk_argv, stdout_path=tk_out)
+            if m.returncode != 0:
+                print(
+                    f"tracekit {report} failed (exit {m.returncode}): {m.stderr.strip()[-800:]}",
+                    file=sys.stderr,
+                )
+            runs[report]["tracekit"].append(m)
+            commands.setdefault(report, {})["tracekit"] = (
+                " ".join(Path(a).name if i == 0 else a for i, a in enumerate(tk_argv[:-1]))
+                + " FILE"
+            )
+            ns_w = runs[report]["nsys"][-1].wall_s if nsys else float("nan")
+            print(
+                f"  round {rnd + 1}/{args.rounds} {report:22s} nsys {ns_w:6.2f} s  tracekit {m.wall_s:6.2f} s "
+                f"(peak RSS {m.peak_rss_mb:5.0f} MB; others {m.others_cores:4.2f} cores)",
+                flush=True,
+            )
+    bench_s = time.perf_counter() - t_start
+
+    t_hash = time.perf_counter()
+    digest_after = sha256(path)
+    hash_s += time.perf_counter() - t_hash
+    unchanged = digest_after == digest_before and _state(path) == state_before
+    if not unchanged:
+        print(f"ERROR: {path} changed during the benchmark", file=sys.stderr)
+
+    header = [
+        "report",
+        "nsys s",
+        "tracekit s",
+        "nsys ÷ tracekit",
+        "target",
+        "",
+        "CPU s nsys / tracekit",
+        "ratio (CPU)",
+        "nsys peak RSS MB",
+        "tracekit peak RSS MB",
+        "CSV vs nsys",
+        "others (cores)",
+    ]
+    rows: list[list[str]] = []
+    summary: dict[str, dict[str, Any]] = {}
+    for report in reports:
+        tk = runs[report]["tracekit"]
+        ns = runs[report]["nsys"]
+        tk_s = statistics.median(m.wall_s for m in tk)
+        ns_s = statistics.median(m.wall_s for m in ns) if ns else None
+        ratio = ns_s / tk_s if ns_s else None
+        target = TARGETS.get(report, DEFAULT_TARGET)
+        ok_tk = all(m.returncode == 0 for m in tk)
+        ok_ns = all(m.returncode == 0 for m in ns) if ns else False
+        if ok_tk and ok_ns:
+            match = compare(
+                outdir / f"nsys_{report}.csv", outdir / f"tracekit_{report}.csv", report
+            )
+        else:
+            match = "–" if not ns else ("tracekit failed" if not ok_tk else "nsys failed")
+        summary[report] = {
+            "nsys_s": ns_s,
+            "tracekit_s": tk_s,
+            "ratio": ratio,
+            "target": target,
+            "nsys_peak_rss_mb": max((m.peak_rss_mb for m in ns), default=None),
+            "tracekit_peak_rss_mb": max(m.peak_rss_mb for m in tk),
+            "csv": match,
+            "nsys_runs_s": [m.wall_s for m in ns],
+            "tracekit_runs_s": [m.wall_s for m in tk],
+            "nsys_cpu_s": statistics.median(m.cpu_s for m in ns) if ns else None,
+            "tracekit_cpu_s": statistics.median(m.cpu_s for m in tk),
+            "others_cores": statistics.median(m.others_cores for m in [*ns, *tk]),
+        }
+        rows.append(
+            [
+                report,
+                fmt_s(ns_s),
+                fmt_s(tk_s),
+                fmt_ratio(ratio),
+                f"≥ {target:g}×",
+                "–" if ratio is None else ("met" if ratio >= target else "MISSED"),
+                f"{fmt_s(summary[report]['nsys_cpu_s'])} / {fmt_s(summary[report]['tracekit_cpu_s'])}",
+                fmt_ratio(
+                    summary[report]["nsys_cpu_s"] / summary[report]["tracekit_cpu_s"]
+                    if ns and summary[report]["tracekit_cpu_s"]
+                    else None
+                ),
+                "–" if not ns else f"{summary[report]['nsys_peak_rss_mb']:.0f}",
+                f"{summary[report]['tracekit_peak_rss_mb']:.0f}",
+                match,
+                f"{summary[report]['others_cores']:.2f}",
+            ]
+        )
+    floor_s = statistics.median(m.wall_s for m in floors)
+    floor_rss = max(m.peak_rss_mb for m in floors)
+    title = f"whole-process time, {path.name}, median of {args.rounds} rounds"
+    print_table(title, header, rows)
+    print(
+        f"tracekit start-up floor (python + import polars, tracekit): {floor_s:.2f} s, {floor_rss:.0f} MB; "
+        f"input sha256 {'unchanged' if unchanged else 'CHANGED'} ({digest_before[:16]}…); "
+        f"benchmark {bench_s:.0f} s + hashing {hash_s:.0f} s"
+    )
+
+    md = (
+        f"### {title}\n\n"
+        + markdown_table(header, rows)
+        + f"\ntracekit start-up floor (python + `import polars, tracekit`): {floor_s:.2f} s, {floor_rss:.0f} MB peak RSS. "
+        + f"Input SHA-256 before/after: {'unchanged' if unchanged else 'CHANGED'} (`{digest_before}`).\n"
+    )
+    payload = {
+        "file": str(path),
+        "file_bytes": path.stat().st_size,
+        "row_counts": counts,
+        "sha256_before": digest_before,
+        "sha256_after": digest_after,
+        "input_unchanged": unchanged,
+        "nsys": str(nsys) if nsys else None,
+        "nsys_version": nsys_ver,
+        "tracekit_how": tk_how,
+        "commands": commands,
+        "rounds": args.rounds,
+        "summary": summary,
+        "startup_floor_s": floor_s,
+        "startup_floor_runs_s": [m.wall_s for m in floors],
+        "machine": machine(),
+        "versions": versions(),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "bench_s": bench_s,
+    }
+    jpath, mpath = write_results("bench_stats", payload, md)
+    print(f"wrote {jpath} and {mpath}; CSVs in {outdir}")
+    return 0 if unchanged else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
