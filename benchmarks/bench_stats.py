@@ -41,6 +41,7 @@ from common import (  # noqa: E402
     print_table,
     run_measured,
     sha256,
+    source_state,
     table_info,
     versions,
     wait_for_idle,
@@ -134,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     nsys = None if args.no_nsys else find_nsys()
     nsys_ver = nsys_version(nsys) if nsys else "absent"
     tk_prefix, tk_how = tracekit_command(sys.executable)
-    outdir = OUT / "stats"
+    outdir = OUT / ("stats" if path == DEFAULT_BIG.resolve() else f"stats_{path.stem}")
     outdir.mkdir(parents=True, exist_ok=True)
 
     print(f"input {path} ({path.stat().st_size / 1e9:.2f} GB)")
@@ -300,7 +301,9 @@ def main(argv: list[str] | None = None) -> int:
         f"### {title}\n\n"
         + markdown_table(header, rows)
         + f"\ntracekit start-up floor (python + `import polars, tracekit`): {floor_s:.2f} s, {floor_rss:.0f} MB peak RSS. "
-        + f"Input SHA-256 before/after: {'unchanged' if unchanged else 'CHANGED'} (`{digest_before}`).\n"
+        + f"Input SHA-256 before/after: {'unchanged' if unchanged else 'CHANGED'} (`{digest_before}`). "
+        + f"nsys {nsys_ver}; tracekit via {tk_how}, source {source_state()}; "
+        + f"{time.strftime('%Y-%m-%d %H:%M %Z')}.\n"
     )
     payload = {
         "file": str(path),
@@ -317,12 +320,17 @@ def main(argv: list[str] | None = None) -> int:
         "summary": summary,
         "startup_floor_s": floor_s,
         "startup_floor_runs_s": [m.wall_s for m in floors],
+        "tracekit_source": source_state(),
         "machine": machine(),
         "versions": versions(),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "bench_s": bench_s,
     }
-    jpath, mpath = write_results("bench_stats", payload, md)
+    jpath, mpath = write_results(
+        "bench_stats" if path.resolve() == DEFAULT_BIG.resolve() else f"bench_stats_{path.stem}",
+        payload,
+        md,
+    )
     print(f"wrote {jpath} and {mpath}; CSVs in {outdir}")
     return 0 if unchanged else 1
 

@@ -197,6 +197,26 @@ def versions() -> dict[str, str]:
     return out
 
 
+def source_state() -> str:
+    """``git`` commit of the checkout and whether ``tracekit/`` has uncommitted changes."""
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(REPO), "status", "--porcelain", "--", "tracekit"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return f"{head or 'unknown'}{' + uncommitted tracekit/ changes' if dirty else ''}"
+
+
 def table_info(path: Path) -> dict[str, int]:
     """Row counts of the tables the benchmarks read."""
     import sqlite3

@@ -229,14 +229,14 @@ def main(argv: list[str] | None = None) -> int:
         "--force", action="store_true", help="rebuild even if the output is up to date"
     )
     args = parser.parse_args(argv)
-    seed = args.seed or default_seed()
+    seed = (args.seed or default_seed()).resolve()
     skip = {"GPU_METRICS"} if args.no_gpu_metrics else set()
     sidecar = args.output.with_name(args.output.name + ".json")
     if args.output.exists() and sidecar.exists() and not args.force:
         info = json.loads(sidecar.read_text())
         k = info["rows"].get(KERNEL_TABLE, {}).get("total", 0)
         if (
-            info.get("seed") == str(seed)
+            Path(info.get("seed", "")).resolve() == seed
             and k >= args.kernels
             and info.get("gap_ns") == args.gap_ns
             and sorted(info.get("skipped_tables", [])) == sorted(skip)
@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = info["rows"]
     assert isinstance(rows, dict)
     print(
-        f"wrote {args.output} ({info['output_bytes'] / 1e9:.2f} GB) in {info['seconds']} s: "
+        f"wrote {args.output} ({int(str(info['output_bytes'])) / 1e9:.2f} GB) in {info['seconds']} s: "
         f"{info['copies']} copies of {seed.name}"
     )
     for table, c in rows.items():
