@@ -29,6 +29,7 @@ import re
 import polars as pl
 
 from tracekit.analysis._frames import PID_UNIT, max_int, process_key, rank_keys
+from tracekit.nsys.nvtx import qualified_name
 
 #: ``NVTX_EVENTS.eventType`` codes of ranges: push/pop (59, NVTXT 70), start/end (60, 71).
 RANGE_TYPES: tuple[int, ...] = (59, 60, 70, 71)
@@ -137,7 +138,7 @@ def _single_key(
 # -- the range table -------------------------------------------------------------------------
 def range_label(name: pl.Expr, domain: pl.Expr) -> pl.Expr:
     """``domain:name`` for ranges of a named domain, the bare name in the default domain."""
-    return pl.when(domain.is_null()).then(name).otherwise(pl.format("{}:{}", domain, name))
+    return qualified_name(name, domain)
 
 
 def path_label(label: pl.Expr) -> pl.Expr:

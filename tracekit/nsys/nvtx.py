@@ -76,10 +76,13 @@ def ranges(frame: pl.DataFrame) -> pl.DataFrame:
     return frame.filter(pl.col("event_type_id").is_in(list(enums.NVTX_RANGE_TYPES)))
 
 
-def qualified_name(frame: pl.DataFrame) -> pl.Expr:
-    """``domain:name`` for named domains, the bare name in the default domain (nsys's display)."""
-    return (
-        pl.when(pl.col("domain").is_null())
-        .then(pl.col("name"))
-        .otherwise(pl.format("{}:{}", pl.col("domain"), pl.col("name")))
-    )
+def qualified_name(
+    name: pl.Expr | None = None, domain: pl.Expr | None = None, *, colon_default: bool = False
+) -> pl.Expr:
+    """nsys's display name of a range: ``domain:name`` in a named domain; in the default
+    domain (or one whose name the export lost) the bare ``name``, or ``:name`` with
+    ``colon_default`` (what nsys 2025.x prints). Columns default to ``name`` and ``domain``."""
+    name = pl.col("name") if name is None else name
+    domain = pl.col("domain") if domain is None else domain
+    bare = pl.format(":{}", name) if colon_default else name
+    return pl.when(domain.is_null()).then(bare).otherwise(pl.format("{}:{}", domain, name))

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
+from tracekit.nsys.nvtx import qualified_name
+
 if TYPE_CHECKING:
     from tracekit.nsys.trace import NsysTrace
 
@@ -71,7 +73,7 @@ def top_nvtx(nvtx: pl.DataFrame, top: int = 10) -> pl.DataFrame:
     Output: ``range`` (``domain:name``), ``count``, ``total_ms``, ``mean_us``.
     """
     ranges = nvtx.filter(pl.col("event_type_id").is_in([59, 60, 70, 71]) & pl.col("end_ns").is_not_null())
-    name = pl.when(pl.col("domain").is_null()).then(pl.col("name")).otherwise(pl.format("{}:{}", "domain", "name"))
+    name = qualified_name()
     return (
         ranges.group_by(name.alias("range"))
         .agg(pl.len().cast(pl.Int64).alias("count"), pl.col("duration_ns").sum().alias("_t"), pl.col("duration_ns").mean().alias("_m"))

@@ -23,6 +23,7 @@ from tracekit.analysis._frames import max_int
 from tracekit.analysis.attribution import _enclosing, _innermost, _launch_join, _nvtx_tree
 from tracekit.errors import UnsupportedReportError
 from tracekit.nsys import readers
+from tracekit.nsys.nvtx import qualified_name
 from tracekit.nsys.readers import Col
 from tracekit.nsys.stats.common import Report, stat_aggs
 from tracekit.nsys.stats.summaries import nvtx_range_name
@@ -409,10 +410,4 @@ def nvtx_kern_sum(trace: NsysTrace, *, convention: str = "2025") -> Report:
 
 
 def _range_name(convention: str) -> pl.Expr:
-    bare = pl.format(":{}", pl.col("_rname")) if convention == "2025" else pl.col("_rname")
-    return (
-        pl.when(pl.col("domain").is_null())
-        .then(bare)
-        .otherwise(pl.format("{}:{}", pl.col("domain"), pl.col("_rname")))
-        .alias("_range")
-    )
+    return qualified_name(pl.col("_rname"), colon_default=convention == "2025").alias("_range")

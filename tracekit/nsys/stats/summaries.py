@@ -13,6 +13,7 @@ import polars as pl
 
 from tracekit.errors import UnsupportedReportError
 from tracekit.nsys.enums import NVTX_RANGE_TYPES
+from tracekit.nsys.nvtx import qualified_name
 from tracekit.nsys.stats.common import (
     TIME_SUMMARY_KINDS,
     Report,
@@ -136,12 +137,7 @@ def cuda_gpu_mem_size_sum(trace: NsysTrace, *, convention: str = "2025") -> Repo
 def nvtx_range_name(convention: str = "2025") -> pl.Expr:
     """nsys's display name of a range: ``domain:name`` in a named domain; in the default
     domain (or one whose name the export lost) ``:name`` for nsys 2025.x, ``name`` for 2023.x."""
-    bare = pl.format(":{}", pl.col("name")) if convention == "2025" else pl.col("name")
-    return (
-        pl.when(pl.col("domain").is_null())
-        .then(bare)
-        .otherwise(pl.format("{}:{}", pl.col("domain"), pl.col("name")))
-    )
+    return qualified_name(colon_default=convention == "2025")
 
 
 def nvtx_style(expr: pl.Expr | None = None) -> pl.Expr:
