@@ -49,36 +49,35 @@ def _drop_none(data: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in data.items() if v is not None and v != [] and v != {}}
 
 
+# options shared by the group callback and each capture command
+ConfigOption = Annotated[
+    Path | None, typer.Option("--config", help="Experiment file (YAML).", rich_help_panel=_EXP)
+]
+OutOption = Annotated[
+    Path | None,
+    typer.Option("--out", "-o", help="Parent folder of experiment folders.", rich_help_panel=_EXP),
+]
+DryRunOption = Annotated[
+    bool, typer.Option("--dry-run", help="Print the command lines; run nothing.", rich_help_panel=_EXP)
+]
+QuietOption = Annotated[
+    bool, typer.Option("--quiet", "-q", help="Do not echo the program's output.", rich_help_panel=_EXP)
+]
+
+
 @app.callback()
 def _group(
     ctx: typer.Context,
-    config: Annotated[
-        Path | None, typer.Option("--config", help="Experiment file (YAML).", rich_help_panel=_EXP)
-    ] = None,
+    config: ConfigOption = None,
     sweep: Annotated[
         str | None,
         typer.Option(
             "--sweep", help="'A=1,2;B=3,4' or a sweep named in the file.", rich_help_panel=_EXP
         ),
     ] = None,
-    out: Annotated[
-        Path | None,
-        typer.Option(
-            "--out", "-o", help="Parent folder of experiment folders.", rich_help_panel=_EXP
-        ),
-    ] = None,
-    dry_run: Annotated[
-        bool,
-        typer.Option(
-            "--dry-run", help="Print the command lines; run nothing.", rich_help_panel=_EXP
-        ),
-    ] = False,
-    quiet: Annotated[
-        bool,
-        typer.Option(
-            "--quiet", "-q", help="Do not echo the program's output.", rich_help_panel=_EXP
-        ),
-    ] = False,
+    out: OutOption = None,
+    dry_run: DryRunOption = False,
+    quiet: QuietOption = False,
 ) -> None:
     """Run a program under nsys and/or ncu (see the commands), or the experiment in --config."""
     ctx.obj = {
@@ -114,9 +113,7 @@ def _capture(
     command: Annotated[
         list[str] | None, typer.Argument(help="The program and its arguments (after --).")
     ] = None,
-    config: Annotated[
-        Path | None, typer.Option("--config", help="Experiment file (YAML).", rich_help_panel=_EXP)
-    ] = None,
+    config: ConfigOption = None,
     preset: Annotated[
         str | None,
         typer.Option(
@@ -126,12 +123,7 @@ def _capture(
     name: Annotated[
         str | None, typer.Option("--name", help="Folder name prefix.", rich_help_panel=_EXP)
     ] = None,
-    out: Annotated[
-        Path | None,
-        typer.Option(
-            "--out", "-o", help="Parent folder of experiment folders.", rich_help_panel=_EXP
-        ),
-    ] = None,
+    out: OutOption = None,
     sweep: Annotated[
         str | None,
         typer.Option(
@@ -172,18 +164,8 @@ def _capture(
     ncu_path: Annotated[
         str | None, typer.Option("--ncu-path", help="The ncu to use.", rich_help_panel=_EXP)
     ] = None,
-    dry_run: Annotated[
-        bool,
-        typer.Option(
-            "--dry-run", help="Print the command lines; run nothing.", rich_help_panel=_EXP
-        ),
-    ] = False,
-    quiet: Annotated[
-        bool,
-        typer.Option(
-            "--quiet", "-q", help="Do not echo the program's output.", rich_help_panel=_EXP
-        ),
-    ] = False,
+    dry_run: DryRunOption = False,
+    quiet: QuietOption = False,
     skip_system_checks: Annotated[
         bool,
         typer.Option(
