@@ -7,6 +7,8 @@ change and bumps :data:`SCHEMA_VERSION`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import polars as pl
 
 SCHEMA_VERSION = "1.0"
@@ -187,14 +189,17 @@ def empty(table: str) -> pl.DataFrame:
     return pl.DataFrame(schema=TABLES[table])
 
 
-def conform(frame: pl.DataFrame, table: str) -> pl.DataFrame:
-    """Select and cast ``frame``'s columns to the documented schema of ``table``.
+def conform(frame: pl.DataFrame, table: str, columns: Sequence[str] | None = None) -> pl.DataFrame:
+    """Select and cast ``frame``'s columns to the documented schema of ``table`` (only
+    ``columns`` of it, in schema order, when given).
 
     Columns the frame lacks are added as nulls.
     """
     schema = TABLES[table]
     exprs = []
     for name, dtype in schema.items():
+        if columns is not None and name not in columns:
+            continue
         if name in frame.columns:
             col = pl.col(name)
             exprs.append(col if frame.schema[name] == dtype else col.cast(dtype, strict=False))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from collections.abc import Callable, Collection
 from functools import cached_property
 from pathlib import Path
 
@@ -148,11 +149,33 @@ class NsysTrace:
 
         return nccl_calls(self)
 
-    def table(self, name: str) -> pl.DataFrame:
-        """A table by name (``"kernels"``, ``"nvtx"`` …)."""
+    def table(self, name: str, columns: Collection[str] | None = None) -> pl.DataFrame:
+        """A table by name (``"kernels"``, ``"nvtx"`` …), or only its ``columns``.
+
+        With ``columns``, a table already built is reused; otherwise only the raw columns
+        they need are read, and the narrow frame is returned without being cached (reports
+        use this: ``cuda_gpu_kern_sum`` reads two of the kernel table's 25 columns).
+        """
         from tracekit.nsys.schema import TABLES
 
         if name not in TABLES and name != "nccl":
             msg = f"unknown table {name!r}; choose one of {', '.join(sorted(TABLES))}"
             raise KeyError(msg)
-        return getattr(self, name)
+        if columns is None or self.is_loaded(name) or name not in _PROJECTED_READERS:
+            frame: pl.DataFrame = getattr(self, name)
+            return frame if columns is None else frame.select(readers.wanted_columns(name, columns))
+        return _PROJECTED_READERS[name](self, columns)
+
+    def is_loaded(self, name: str) -> bool:
+        """Whether table ``name`` was already built (and is held in memory)."""
+        return isinstance(self.__dict__.get(name), pl.DataFrame)
+
+
+_PROJECTED_READERS: dict[str, Callable[[NsysTrace, Collection[str]], pl.DataFrame]] = {
+    "kernels": lambda t, cols: readers.kernels(t.db, t.strings, cols),
+    "memcpys": lambda t, cols: readers.memcpys(t.db, cols),
+    "memsets": lambda t, cols: readers.memsets(t.db, cols),
+    "syncs": lambda t, cols: readers.syncs(t.db, cols),
+    "cuda_api": lambda t, cols: readers.cuda_api(t.db, t.strings, cols),
+    "nvtx": lambda t, cols: nvtx(t.db, t.strings, cols),
+}

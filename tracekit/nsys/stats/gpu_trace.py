@@ -20,6 +20,15 @@ _KINDS = {
 }
 
 
+_OP = ["start_ns", "duration_ns", "correlation_id", "device_id", "context_id", "green_context_id", "stream_id"]
+_KERNEL_COLUMNS = [
+    *_OP, "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "registers_per_thread",
+    "static_shared_memory_bytes", "dynamic_shared_memory_bytes", "name",
+]
+_COPY_COLUMNS = [*_OP, "bytes", "src_kind", "dst_kind", "copy_kind_label"]
+_SET_COLUMNS = [*_OP, "bytes", "mem_kind"]
+
+
 def cuda_gpu_trace(trace: NsysTrace, *, convention: str = "2025") -> Report:
     """One row per GPU operation with launch geometry, sizes and throughput (``cuda_gpu_trace``).
 
@@ -31,7 +40,7 @@ def cuda_gpu_trace(trace: NsysTrace, *, convention: str = "2025") -> Report:
     if not any(trace.db.has_table(t) for t in tables):
         msg = f"{trace.path.name} has no kernel, memcpy or memset table, so it cannot give cuda_gpu_trace: capture with --trace=cuda"
         raise UnsupportedReportError(msg)
-    k = trace.kernels.select(
+    k = trace.table("kernels", _KERNEL_COLUMNS).select(
         "start_ns", "duration_ns", "correlation_id",
         "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "registers_per_thread",
         pl.col("static_shared_memory_bytes").cast(pl.Float64).alias("smem_static"),
@@ -41,7 +50,7 @@ def cuda_gpu_trace(trace: NsysTrace, *, convention: str = "2025") -> Report:
         "device_id", "context_id", "green_context_id", "stream_id", "name",
     )
     null_i = pl.lit(None, pl.Int64)
-    m = trace.memcpys.select(
+    m = trace.table("memcpys", _COPY_COLUMNS).select(
         "start_ns", "duration_ns", "correlation_id",
         *(null_i.alias(c) for c in ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "registers_per_thread")),
         pl.lit(None, pl.Float64).alias("smem_static"), pl.lit(None, pl.Float64).alias("smem_dynamic"),
@@ -49,7 +58,7 @@ def cuda_gpu_trace(trace: NsysTrace, *, convention: str = "2025") -> Report:
         "device_id", "context_id", "green_context_id", "stream_id",
         pl.format("[CUDA memcpy {}]", pl.col("copy_kind_label")).alias("name"),
     )
-    s = trace.memsets.select(
+    s = trace.table("memsets", _SET_COLUMNS).select(
         "start_ns", "duration_ns", "correlation_id",
         *(null_i.alias(c) for c in ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "registers_per_thread")),
         pl.lit(None, pl.Float64).alias("smem_static"), pl.lit(None, pl.Float64).alias("smem_dynamic"),

@@ -53,7 +53,10 @@ def cuda_gpu_kern_sum(trace: NsysTrace, *, name: str = "demangled", convention: 
     Ordered by total time descending, then instance count ascending, then name.
     """
     _require(trace, "cuda_gpu_kern_sum", "CUPTI_ACTIVITY_KIND_KERNEL")
-    k = trace.kernels.select(kernel_name_expr(name).alias("Name"), "duration_ns")
+    names = {"demangled": ["name"], "base": ["short_name", "name"], "mangled": ["mangled_name", "name"]}.get(name)
+    if names is None:
+        kernel_name_expr(name)  # raises the error naming the valid modes
+    k = trace.table("kernels", [*names, "duration_ns"]).select(kernel_name_expr(name).alias("Name"), "duration_ns")
     s = summary_frame(k, group=["Name"], value="duration_ns")
     s = s.sort(["_total", "_count", "Name"], descending=[True, False, False])
     frame = s.select(*time_summary_columns("Instances"), pl.col("Name"))
@@ -74,7 +77,7 @@ def api_display_name(name: pl.Expr) -> pl.Expr:
 def cuda_api_sum(trace: NsysTrace, *, convention: str = "2025") -> Report:
     """Time per CUDA runtime/driver API function (``cuda_api_sum``), all calls counted."""
     _require(trace, "cuda_api_sum", "CUPTI_ACTIVITY_KIND_RUNTIME")
-    api = trace.cuda_api.select("name", "duration_ns")
+    api = trace.table("cuda_api", ["name", "duration_ns"])
     s = summary_frame(api, group=["name"], value="duration_ns")
     s = s.sort(["_total", "_count", "name"], descending=[True, False, False])
     frame = s.select(*time_summary_columns("Num Calls"), api_display_name(pl.col("name")).alias("Name"))
@@ -86,13 +89,13 @@ def memory_operations(trace: NsysTrace) -> pl.DataFrame:
 
     Columns: ``Operation``, ``start_ns``, ``duration_ns``, ``bytes``.
     """
-    copies = trace.memcpys.select(
+    copies = trace.table("memcpys", ["copy_kind_label", "start_ns", "duration_ns", "bytes"]).select(
         pl.format("[CUDA memcpy {}]", pl.col("copy_kind_label")).alias("Operation"),
         "start_ns",
         "duration_ns",
         "bytes",
     )
-    sets = trace.memsets.select(pl.lit("[CUDA memset]").alias("Operation"), "start_ns", "duration_ns", "bytes")
+    sets = trace.table("memsets", ["start_ns", "duration_ns", "bytes"]).select(pl.lit("[CUDA memset]").alias("Operation"), "start_ns", "duration_ns", "bytes")
     return pl.concat([copies, sets])
 
 
@@ -152,7 +155,7 @@ def nvtx_sum(trace: NsysTrace, *, convention: str = "2025") -> Report:
     Open ranges end at the largest timestamp of the NVTX table, as in nsys.
     """
     _require(trace, "nvtx_sum", "NVTX_EVENTS")
-    events = trace.nvtx
+    events = trace.table("nvtx", ["start_ns", "end_ns", "event_type_id", "name", "domain"])
     last = events.select(pl.max_horizontal(pl.col("start_ns").max(), pl.col("end_ns").max())).item()
     ranges = events.filter(pl.col("event_type_id").is_in(list(NVTX_RANGE_TYPES))).select(
         nvtx_range_name(convention).alias("Range"),
