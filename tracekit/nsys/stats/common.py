@@ -71,8 +71,43 @@ class Report:
     def columns(self) -> list[str]:
         return self.frame.columns
 
+    def text_frame(self) -> pl.DataFrame:
+        """The report as text columns, each cell exactly as nsys prints it (null = empty).
+
+        Formatting is vectorised in polars (reports reach millions of rows); the few cells
+        whose rounding is a near-tie are formatted by the exact Python rule
+        (:func:`round1` or ``format(x, ".3f")``), so the text equals cell-by-cell formatting.
+        """
+        columns = []
+        for name in self.frame.columns:
+            series = self.frame.get_column(name)
+            kind = self.kinds.get(name, "str")
+            if kind in ("float1", "pct"):
+                text = decimal_text(series, 1, lambda v: _repr_or_empty(round1(v, self.convention)))
+            elif kind == "mb3":
+                text = decimal_text(series, 3, lambda v: format(v / 1e6, ".3f"), divisor=1e6)
+            elif kind == "int":
+                text = series.cast(pl.Int64).cast(pl.Utf8)
+            else:
+                text = series.cast(pl.Utf8)
+            # empty text and nulls are both written as an empty, unquoted field (like csv.writer)
+            columns.append(text.set(text == "", None).alias(name))
+        return pl.DataFrame(columns, schema={c: pl.Utf8 for c in self.frame.columns})
+
     def formatted_rows(self) -> list[list[str]]:
         """Rows as the strings nsys prints in CSV."""
+        return [list(row) for row in self.text_frame().fill_null("").iter_rows()]
+
+    def to_csv(self) -> str:
+        """The report as nsys's ``--format csv`` output (header line, then rows)."""
+        text = self.text_frame()
+        if text.width == 1:  # csv.writer quotes a lone empty field; keep its output there
+            return _csv_rows([text.columns, *self.formatted_rows()])
+        return text.write_csv(quote_style="necessary", line_terminator="\n", null_value="")
+
+    def reference_rows(self) -> list[list[str]]:
+        """:meth:`formatted_rows` computed cell by cell in Python (slow; the specification
+        the vectorised formatter is tested against)."""
         formatters: list[Callable[[object], str]] = [
             _formatter(self.kinds.get(c, "str"), self.convention) for c in self.frame.columns
         ]
@@ -81,13 +116,11 @@ class Report:
             for row in self.frame.iter_rows()
         ]
 
-    def to_csv(self) -> str:
-        """The report as nsys's ``--format csv`` output (header line, then rows)."""
-        buf = io.StringIO()
-        writer = csv.writer(buf, lineterminator="\n")
-        writer.writerow(self.frame.columns)
-        writer.writerows(self.formatted_rows())
-        return buf.getvalue()
+
+def _csv_rows(rows: Sequence[Sequence[str]]) -> str:
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerows(rows)
+    return buf.getvalue()
 
 
 def _fmt_int(value: object) -> str:
@@ -113,6 +146,59 @@ def _formatter(kind: str, convention: str) -> Callable[[object], str]:
 
         return fmt_mb
     return lambda value: "" if value is None else str(value)
+
+
+def _repr_or_empty(value: float | None) -> str:
+    return "" if value is None else repr(value)
+
+
+#: Magnitudes from which a float is formatted in Python (repr switches to exponents at 1e16).
+_LARGE = 1e15
+
+
+def decimal_text(
+    values: pl.Series, digits: int, exact: Callable[[float], str], *, divisor: float = 1.0
+) -> pl.Series:
+    """``values / divisor`` rounded to ``digits`` decimals and printed as ``"<int>.<digits>"``.
+
+    Cells away from a rounding tie are rounded in polars (either rule gives the same
+    digits there). Cells within a relative 1e-12 of a tie, negative, non-finite or
+    ≥ 1e15 are formatted by ``exact`` (the Python rule that defines the output: nsys's
+    half-up rounding of one or other decimal form, or ``format``'s half-even). Nulls stay
+    null; ``exact`` gets the original value (as a float) and may return ``""`` for NaN.
+    The band is wide enough for polars' own arithmetic, which may differ from Python's by an
+    ulp or two (it divides by multiplying with the reciprocal).
+    """
+    scale = 10**digits
+    raw = values.cast(pl.Float64)
+    x = raw / divisor if divisor != 1.0 else raw
+    frame = pl.DataFrame({"x": x}).with_columns((pl.col("x") * scale).alias("y"))
+    frame = frame.with_columns(pl.col("y").floor().alias("k"))
+    frac = pl.col("y") - pl.col("k")
+    band = pl.max_horizontal(pl.col("y").abs() * 1e-12, pl.lit(1e-9))
+    ambiguous = (
+        ((frac - 0.5).abs() <= band)
+        | (pl.col("x") < 0)
+        | (pl.col("x") >= _LARGE)
+        | pl.col("x").is_nan()
+        | pl.col("x").is_infinite()
+    )
+    whole = (pl.col("k") + (frac > 0.5).cast(pl.Float64)).cast(pl.Int64, strict=False)
+    out = frame.select(
+        pl.when(ambiguous.fill_null(False))
+        .then(None)
+        .otherwise(
+            pl.format("{}.{}", whole // scale, (whole % scale).cast(pl.Utf8).str.zfill(digits))
+        )
+        .alias("text"),
+        ambiguous.fill_null(False).alias("ambiguous"),
+    )
+    text = out.get_column("text")
+    idx = out.get_column("ambiguous").arg_true()
+    if len(idx):
+        fixed = [exact(v) for v in raw.gather(idx).to_list()]
+        text = text.scatter(idx, pl.Series(fixed, dtype=pl.Utf8))
+    return text.alias(values.name)
 
 
 def summary_frame(

@@ -18,7 +18,6 @@ from tracekit.errors import UnsupportedReportError
 from tracekit.nsys.stats.common import Report
 from tracekit.nsys.stats.nvtx_projection import (
     KERNEL_TABLE,
-    TraceReport,
     api_rows,
     names_are_ids,
     op_rows,
@@ -110,7 +109,7 @@ def cuda_kern_exec_trace(trace: NsysTrace, *, convention: str = "2025") -> Repor
         pl.col("name").alias("Kernel Name"),
     )
     kinds = {c: "int" for c in frame.columns[:10]}
-    return TraceReport("cuda_kern_exec_trace", frame, kinds, convention)
+    return Report("cuda_kern_exec_trace", frame, kinds, convention)
 
 
 def _stats(value: str, prefix: str) -> list[pl.Expr]:

@@ -45,9 +45,8 @@ _OP_COLUMNS = {
 
 
 def _loaded(trace: NsysTrace, table: str) -> pl.DataFrame | None:
-    """The trace's ``table`` if it was already built (a cached property), else None."""
-    value = trace.__dict__.get(table)
-    return value if isinstance(value, pl.DataFrame) else None
+    """The trace's ``table`` if it was already built, else None."""
+    return trace.table(table) if trace.is_loaded(table) else None
 
 
 def op_rows(trace: NsysTrace, table: str, columns: list[str], *, names: bool = False) -> pl.DataFrame:
@@ -105,27 +104,6 @@ def names_are_ids(frame: pl.DataFrame, column: str, trace: NsysTrace) -> bool:
     """Whether ``column`` holds string ids that can be grouped on instead of the text (each
     text has one id)."""
     return frame.schema[column] == pl.Int64 and not trace.strings["value"].is_duplicated().any()
-
-
-class TraceReport(Report):
-    """A :class:`Report` of integer and text columns (the ``*_trace`` reports, up to
-    millions of rows) formatted by polars instead of cell by cell in Python; the CSV is
-    byte-identical."""
-
-    def _text(self) -> pl.DataFrame:
-        kinds = {c: self.kinds.get(c, "str") for c in self.frame.columns}
-        if any(k not in ("int", "str") for k in kinds.values()):
-            msg = "TraceReport formats only int and str columns"
-            raise ValueError(msg)
-        # empty text and nulls are both written as an empty, unquoted field (like csv.writer)
-        text = {c: pl.col(c).cast(pl.Utf8) for c in self.frame.columns}
-        return self.frame.select(pl.when(t == "").then(None).otherwise(t).alias(c) for c, t in text.items())
-
-    def formatted_rows(self) -> list[list[str]]:
-        return [list(r) for r in self._text().select(pl.all().fill_null("")).iter_rows()]
-
-    def to_csv(self) -> str:
-        return self._text().write_csv(quote_style="necessary", line_terminator="\n", null_value="")
 
 
 @dataclass
@@ -285,7 +263,7 @@ def nvtx_gpu_proj_trace(trace: NsysTrace, *, convention: str = "2025") -> Report
     """
     _require_nvtx(trace, "nvtx_gpu_proj_trace")
     frame = _trace_frame(projection(trace), convention)
-    return TraceReport("nvtx_gpu_proj_trace", frame, dict(_TRACE_KINDS), convention)
+    return Report("nvtx_gpu_proj_trace", frame, dict(_TRACE_KINDS), convention)
 
 
 def nvtx_gpu_proj_sum(trace: NsysTrace, *, convention: str = "2025") -> Report:
