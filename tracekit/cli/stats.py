@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import typer
@@ -52,10 +53,13 @@ def stats(
             continue
         if output:
             path = Path(f"{output}_{result.name}.csv")
-            path.write_text(result.to_csv())
+            with path.open("wb") as fh:
+                result.write_csv(fh)
             typer.echo(f"wrote {path}", err=True)
         elif fmt == "csv":
-            typer.echo(result.to_csv(), nl=False)
+            sys.stdout.flush()
+            result.write_csv(sys.stdout.buffer)
+            sys.stdout.buffer.flush()
         else:
             _print_table(result)
 

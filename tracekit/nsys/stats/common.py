@@ -22,11 +22,14 @@ import io
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import BinaryIO
 from decimal import ROUND_HALF_UP, Decimal
 
 import polars as pl
 
 CONVENTIONS = ("2025", "2023")
+#: Rows formatted at a time when a report is written as CSV.
+CSV_CHUNK_ROWS = 200_000
 
 
 def round1(value: float | None, convention: str = "2025", digits: int = 1) -> float | None:
@@ -100,10 +103,21 @@ class Report:
 
     def to_csv(self) -> str:
         """The report as nsys's ``--format csv`` output (header line, then rows)."""
-        text = self.text_frame()
-        if text.width == 1:  # csv.writer quotes a lone empty field; keep its output there
-            return _csv_rows([text.columns, *self.formatted_rows()])
-        return text.write_csv(quote_style="necessary", line_terminator="\n", null_value="")
+        buf = io.BytesIO()
+        self.write_csv(buf)
+        return buf.getvalue().decode("utf-8")
+
+    def write_csv(self, sink: BinaryIO, *, chunk_rows: int = CSV_CHUNK_ROWS) -> None:
+        """Write :meth:`to_csv`'s text to a binary file, formatting ``chunk_rows`` rows at a
+        time (a million-row trace report never exists as one string)."""
+        if self.frame.width == 1:  # csv.writer quotes a lone empty field; keep its output there
+            sink.write(_csv_rows([self.columns, *self.formatted_rows()]).encode("utf-8"))
+            return
+        for offset in range(0, max(self.frame.height, 1), chunk_rows):
+            part = Report(self.name, self.frame.slice(offset, chunk_rows), self.kinds, self.convention)
+            part.text_frame().write_csv(
+                sink, include_header=offset == 0, quote_style="necessary", line_terminator="\n", null_value=""
+            )
 
     def reference_rows(self) -> list[list[str]]:
         """:meth:`formatted_rows` computed cell by cell in Python (slow; the specification
