@@ -1,7 +1,7 @@
 """``.nsys-rep`` / ``.qdrep`` → ``.sqlite`` with an nsys found on this machine, cached.
 
 The export lands beside the report (``report.nsys-rep`` → ``report.sqlite``) or, when that
-folder is not writable, in ``$TRACEKIT_CACHE`` (default ``~/.cache/tracekit``). A cached
+folder is not writable, in :func:`tracekit.cache.cache_dir` (``$TRACEKIT_CACHE``, default ``~/.cache/tracekit``). A cached
 export is reused while it is newer than the report and its recorded input path, size and
 modification time still match (``report.sqlite.tracekit.json``).
 """
@@ -15,14 +15,11 @@ import os
 import subprocess
 from pathlib import Path
 
+from tracekit.cache import cache_dir
 from tracekit.errors import ExportError, ToolNotFoundError
 from tracekit.tools import find_tool
 
 log = logging.getLogger(__name__)
-
-
-def _cache_dir() -> Path:
-    return Path(os.environ.get("TRACEKIT_CACHE", Path.home() / ".cache" / "tracekit"))
 
 
 def _stamp(report: Path) -> dict[str, object]:
@@ -36,7 +33,7 @@ def export_path_for(report: Path) -> Path:
     if os.access(report.parent, os.W_OK):
         return beside
     digest = hashlib.sha1(str(report.resolve()).encode()).hexdigest()[:12]
-    return _cache_dir() / f"{report.stem}-{digest}.sqlite"
+    return cache_dir() / f"{report.stem}-{digest}.sqlite"
 
 
 def _is_fresh(sqlite: Path, report: Path) -> bool:

@@ -15,9 +15,9 @@ from __future__ import annotations
 import copy
 import hashlib
 import os
-from pathlib import Path
 from typing import Any
 
+from tracekit.cache import cache_dir
 from tracekit.viz._deps import has_anywidget, import_altair, import_vl_convert
 from tracekit.viz.theme import SCREEN_THEME, use
 
@@ -25,10 +25,6 @@ WIDGET_RENDERER = "tracekit"
 HTML_RENDERER = "tracekit_html"
 
 _offline_ready = False
-
-
-def _cache_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tracekit"
 
 
 def enable_offline_widgets() -> None:
@@ -42,7 +38,7 @@ def enable_offline_widgets() -> None:
     key = hashlib.sha256(
         f"{alt.__version__}|{getattr(vlc, '__version__', '?')}".encode()
     ).hexdigest()[:16]
-    cache = _cache_dir() / f"jupyterchart-esm-{key}.js"
+    cache = cache_dir() / f"jupyterchart-esm-{key}.js"
     esm: str | None = None
     try:
         if cache.is_file():
