@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -11,6 +14,14 @@ SAMPLES = ROOT / "sample_traces"
 CORPUS = ROOT.parent / "shared" / "corpus"
 NSYS_CORPUS = CORPUS / "nsys"
 NSYS_REFERENCE = NSYS_CORPUS / "reference"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Keep tracekit's caches (column cache, exports of reports) out of the user's home."""
+    if "TRACEKIT_CACHE" not in os.environ:
+        folder = tempfile.mkdtemp(prefix="tracekit-test-cache-")
+        os.environ["TRACEKIT_CACHE"] = folder
+        config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
 
 
 def corpus_files() -> list[Path]:

@@ -73,7 +73,8 @@ def open(path: str | Path, **options: Any) -> NsysTrace | NcuReport:  # noqa: A0
 
     ``.nsys-rep``/``.qdrep`` files are exported to SQLite with an nsys found on this machine
     (see :func:`tracekit.nsys.export.export_report`). Options go to the trace class
-    (``engine="sqlite3"`` forces the standard-library reader).
+    (``engine="sqlite3"`` forces the standard-library reader; ``column_cache=False`` keeps
+    large tables out of the on-disk column cache).
     """
     path = Path(path)
     kind = sniff(path)

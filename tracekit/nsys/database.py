@@ -23,7 +23,7 @@ import sqlite3
 import threading
 import urllib.parse
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
 from pathlib import Path
@@ -32,6 +32,8 @@ from typing import Any
 import polars as pl
 
 from tracekit.errors import TraceFormatError
+from tracekit.nsys.column_cache import ColumnCache
+from tracekit.nsys.column_cache import enabled_by_default as column_cache_enabled_by_default
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +41,8 @@ log = logging.getLogger(__name__)
 ADBC_BATCH_ROWS = 65536
 #: Tables with at least this many rows are read in parallel rowid slices.
 PARALLEL_MIN_ROWS = 200_000
+#: Full reads of tables with at least this many rows go through the column cache.
+CACHE_MIN_ROWS = 200_000
 #: Upper bound on reader threads (SQLite scans scale to a few cores; more only costs memory).
 MAX_READ_THREADS = 4
 
@@ -80,9 +84,12 @@ class ExportDatabase:
         The ``.sqlite`` file.
     engine
         ``"auto"`` (ADBC when installed, else sqlite3), ``"adbc"`` or ``"sqlite3"``.
+    column_cache
+        Keep full-table column reads of large tables as Arrow files for later runs
+        (:mod:`tracekit.nsys.column_cache`); default on unless ``TRACEKIT_COLUMN_CACHE=0``.
     """
 
-    def __init__(self, path: str | Path, *, engine: str = "auto") -> None:
+    def __init__(self, path: str | Path, *, engine: str = "auto", column_cache: bool | None = None) -> None:
         self.path = Path(path)
         if engine not in ("auto", "adbc", "sqlite3"):
             msg = f"unknown engine {engine!r}; use 'auto', 'adbc' or 'sqlite3'"
@@ -98,6 +105,8 @@ class ExportDatabase:
         self._adbc_conns: list[Any] = []  # idle low-level connections, reused by threads
         self._adbc_lock = threading.Lock()
         self._check_readable()
+        use_cache = column_cache_enabled_by_default() if column_cache is None else column_cache
+        self.column_cache: ColumnCache | None = ColumnCache(self.path) if use_cache else None
 
     # -- connections -------------------------------------------------------------
     def _stdlib(self) -> sqlite3.Connection:
@@ -211,16 +220,77 @@ class ExportDatabase:
     def query_table(
         self,
         table: str,
-        select_list: str,
+        exprs: Sequence[str],
         schema: Mapping[str, pl.DataType | type[pl.DataType]],
         where: str = "",
     ) -> pl.DataFrame:
-        """``SELECT select_list FROM table [WHERE where]`` cast to ``schema``, in rowid order.
+        """``SELECT exprs FROM table [WHERE where]`` cast to ``schema`` (one name per
+        expression), in rowid order.
 
-        With ADBC and a large table the scan is split into rowid slices read on
-        :func:`read_threads` threads; the result equals :meth:`query` of the same SQL.
+        Full reads of large tables come from the column cache when it holds them and go
+        into it otherwise. With ADBC and a large table the scan is split into rowid slices
+        read on :func:`read_threads` threads; either way the result equals :meth:`query`
+        of the same SQL.
         """
-        base = f'SELECT {select_list} FROM "{table}"'
+        cache = self.column_cache if not where and self._row_span(table) >= CACHE_MIN_ROWS else None
+        if cache is None:
+            return self._read_table(table, exprs, schema, where)
+        names = list(schema)
+        columns: dict[str, pl.Series] = {}
+        for name, expr in zip(names, exprs, strict=True):
+            hit = cache.get(table, expr) if expr != "NULL" else None
+            if hit is not None:
+                columns[name] = hit
+        missing = [(n, e) for n, e in zip(names, exprs, strict=True) if e != "NULL" and n not in columns]
+        if missing:
+            fresh = self._read_table(table, [e for _, e in missing], {n: schema[n] for n, _ in missing})
+            for name, expr in missing:
+                cache.put(table, expr, fresh.get_column(name))
+                columns[name] = fresh.get_column(name)
+        heights = {len(c) for c in columns.values()}
+        if len(heights) > 1:  # cannot happen for one unchanged export: distrust the cache
+            log.warning("column cache of %s is inconsistent; clearing it", self.path)
+            cache.clear()
+            return self._read_table(table, exprs, schema, where)
+        height = heights.pop() if heights else self.row_count(table)
+        frame = pl.DataFrame(
+            [
+                columns[n].alias(n) if n in columns else pl.repeat(None, height, dtype=schema[n], eager=True).alias(n)
+                for n in names
+            ]
+        )
+        return _cast(frame, schema)
+
+    def _row_bounds(self, table: str) -> tuple[int, int]:
+        """``(min(rowid), max(rowid))`` of an ordinary table; ``(0, -1)`` for views, absent
+        or empty tables. Cheap: two b-tree lookups."""
+        bounds: dict[str, tuple[int, int]] = self.__dict__.setdefault("_row_bounds_cache", {})
+        if table not in bounds:
+            lo_hi = (0, -1)
+            if table in self.tables and self.is_rowid_table(table):
+                # two queries: SQLite answers each from the b-tree's ends, but min and max
+                # together in one SELECT make it scan the whole table
+                lo = self.scalar(f'SELECT min(rowid) FROM "{table}"')
+                hi = self.scalar(f'SELECT max(rowid) FROM "{table}"')
+                if lo is not None and hi is not None:
+                    lo_hi = (int(lo), int(hi))
+            bounds[table] = lo_hi
+        return bounds[table]
+
+    def _row_span(self, table: str) -> int:
+        """``max(rowid) - min(rowid) + 1`` (the row count when no row was deleted, as in
+        nsys exports); 0 for views and absent or empty tables."""
+        lo, hi = self._row_bounds(table)
+        return hi - lo + 1
+
+    def _read_table(
+        self,
+        table: str,
+        exprs: Sequence[str],
+        schema: Mapping[str, pl.DataType | type[pl.DataType]],
+        where: str = "",
+    ) -> pl.DataFrame:
+        base = f'SELECT {", ".join(exprs)} FROM "{table}"'
         cond = f"({where})" if where else ""
         slices = self._rowid_slices(table)
         if len(slices) < 2:
@@ -240,16 +310,11 @@ class ExportDatabase:
     def _rowid_slices(self, table: str) -> list[tuple[int, int]]:
         """``(lo, hi]`` rowid bounds splitting ``table`` for parallel reading ([] = don't)."""
         threads = read_threads()
-        if self.engine != "adbc" or threads < 2 or not self.is_rowid_table(table):
+        span = self._row_span(table)
+        if self.engine != "adbc" or threads < 2 or span < PARALLEL_MIN_ROWS:
             return []
-        # two queries: SQLite answers each from the b-tree's ends, but min and max
-        # together in one SELECT make it scan the whole table
-        lo = self.scalar(f'SELECT min(rowid) FROM "{table}"')
-        hi = self.scalar(f'SELECT max(rowid) FROM "{table}"')
-        if lo is None or hi is None or hi - lo + 1 < PARALLEL_MIN_ROWS:
-            return []
-        lo -= 1
-        bounds = [lo + (hi - lo) * i // threads for i in range(threads + 1)]
+        lo = self._row_bounds(table)[0] - 1
+        bounds = [lo + span * i // threads for i in range(threads + 1)]
         return list(zip(bounds[:-1], bounds[1:], strict=True))
 
     def is_rowid_table(self, table: str) -> bool:

@@ -48,7 +48,7 @@ def select(db: ExportDatabase, table: str, cols: Sequence[Col], where: str = "")
     schema = {c.target: c.dtype for c in cols}
     if not present:
         return pl.DataFrame(schema=schema)
-    return db.query_table(table, ", ".join(parts), schema, where)
+    return db.query_table(table, parts, schema, where)
 
 
 def wanted_columns(table: str, columns: Collection[str] | None) -> list[str]:

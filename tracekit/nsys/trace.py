@@ -39,6 +39,10 @@ class NsysTrace:
         ``"auto"`` (ADBC when installed), ``"adbc"`` or ``"sqlite3"``.
     source
         The report the export was made from, when tracekit exported it.
+    column_cache
+        Keep the columns of large tables as Arrow files so that later opens of the same,
+        unchanged export skip SQLite (default on unless ``TRACEKIT_COLUMN_CACHE=0``; see
+        :mod:`tracekit.nsys.column_cache`).
 
     Examples
     --------
@@ -47,10 +51,17 @@ class NsysTrace:
     >>> trace.kernels.select("name", "duration_ns").head()  # doctest: +SKIP
     """
 
-    def __init__(self, path: str | Path, *, engine: str = "auto", source: Path | None = None) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        engine: str = "auto",
+        source: Path | None = None,
+        column_cache: bool | None = None,
+    ) -> None:
         self.path = Path(path)
         self.source = source
-        self.db = ExportDatabase(self.path, engine=engine)
+        self.db = ExportDatabase(self.path, engine=engine, column_cache=column_cache)
         if not self.db.tables & {"StringIds", "ThreadNames", "TARGET_INFO_SESSION_START_TIME"}:
             self.db.close()
             msg = (

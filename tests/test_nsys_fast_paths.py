@@ -1,0 +1,145 @@
+"""The speed paths of the loader give exactly the frames of the plain path.
+
+Parallel rowid slices, column projection and the on-disk column cache only switch on for
+large tables (≥ 200,000 rows), which the bundled traces do not have; these tests lower the
+thresholds so that every real export goes through them, and compare with the
+single-threaded standard-library reader.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import warnings
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from tracekit.nsys import database
+from tracekit.nsys.schema import TABLES
+from tracekit.nsys.trace import IncompleteTraceWarning, NsysTrace
+
+from .conftest import NSYS_CORPUS, SAMPLES, corpus_files, sample_exports
+
+LARGE_TABLES = ("kernels", "memcpys", "memsets", "syncs", "cuda_api", "nvtx")
+EXPORTS = sample_exports() + [p for p in corpus_files() if "incomplete" not in p.name][:6]
+
+
+def _trace(path: Path, **options: object) -> NsysTrace:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", IncompleteTraceWarning)
+        return NsysTrace(path, **options)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def small_thresholds(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(database, "PARALLEL_MIN_ROWS", 2)
+    monkeypatch.setattr(database, "CACHE_MIN_ROWS", 2)
+    monkeypatch.setenv("TRACEKIT_READ_THREADS", "3")
+
+
+@pytest.mark.parametrize("path", EXPORTS, ids=lambda p: p.name)
+def test_parallel_slices_give_the_single_threaded_tables(path: Path, small_thresholds: None) -> None:
+    fast = _trace(path, column_cache=False)
+    slow = _trace(path, engine="sqlite3", column_cache=False)
+    assert fast.db.engine == "adbc"
+    kernel_rows = fast.db.row_count("CUPTI_ACTIVITY_KIND_KERNEL")
+    if kernel_rows >= 3:
+        assert len(fast.db._rowid_slices("CUPTI_ACTIVITY_KIND_KERNEL")) == 3
+    for table in LARGE_TABLES:
+        a, b = fast.table(table), slow.table(table)
+        assert a.equals(b, null_equal=True), table
+
+
+@pytest.mark.parametrize("path", EXPORTS, ids=lambda p: p.name)
+def test_projected_reads_equal_the_full_tables(path: Path) -> None:
+    full = _trace(path, column_cache=False)
+    for table in LARGE_TABLES:
+        whole = full.table(table)
+        columns = list(TABLES[table])
+        for pick in (columns[::4], columns[1::3], ["name"] if "name" in columns else columns[:1], columns[-2:]):
+            narrow = _trace(path, column_cache=False).table(table, pick)
+            assert narrow.columns == [c for c in columns if c in pick]
+            assert narrow.equals(whole.select(narrow.columns), null_equal=True), (table, pick)
+
+
+def test_projection_rejects_unknown_columns() -> None:
+    trace = _trace(SAMPLES / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite", column_cache=False)
+    with pytest.raises(KeyError, match="kernels has no column 'gridx'"):
+        trace.table("kernels", ["gridx", "name"])
+
+
+def test_projection_reuses_a_loaded_table() -> None:
+    trace = _trace(SAMPLES / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite", column_cache=False)
+    assert not trace.is_loaded("kernels")
+    trace.table("kernels", ["name"])
+    assert not trace.is_loaded("kernels")  # narrow reads are not kept
+    kernels = trace.kernels
+    assert trace.is_loaded("kernels")
+    assert trace.table("kernels", ["name", "start_ns"]).equals(kernels.select("start_ns", "name"))
+
+
+def _cache_files(root: Path) -> dict[Path, int]:
+    return {p: p.stat().st_mtime_ns for p in root.rglob("*.arrow")}
+
+
+def test_column_cache_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small_thresholds: None) -> None:
+    monkeypatch.setenv("TRACEKIT_CACHE", str(tmp_path / "cache"))
+    path = SAMPLES / "llm_tp2_nccl" / "llm_tp2_nccl.sqlite"
+    reference = _trace(path, engine="sqlite3", column_cache=False)
+    first = _trace(path)
+    tables = {t: first.table(t) for t in LARGE_TABLES}
+    files = _cache_files(tmp_path / "cache")
+    assert len(files) > 40  # every raw column of six tables
+    assert all(p.parent.name == first.db.column_cache.key for p in files)  # type: ignore[union-attr]
+    second = _trace(path)
+    for table, frame in tables.items():
+        again = second.table(table)
+        assert again.equals(frame, null_equal=True), table
+        assert again.equals(reference.table(table), null_equal=True), table
+    assert _cache_files(tmp_path / "cache") == files  # read, not rewritten
+
+
+def test_column_cache_key_follows_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small_thresholds: None) -> None:
+    monkeypatch.setenv("TRACEKIT_CACHE", str(tmp_path / "cache"))
+    copy = tmp_path / "trace.sqlite"
+    shutil.copyfile(SAMPLES / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite", copy)
+    key_before = _trace(copy).db.column_cache.key  # type: ignore[union-attr]
+    assert _trace(copy).kernels.height > 0
+    st = copy.stat()
+    os.utime(copy, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    after = _trace(copy)
+    assert after.db.column_cache.key != key_before  # type: ignore[union-attr]
+    assert after.kernels.equals(_trace(copy, engine="sqlite3", column_cache=False).kernels, null_equal=True)
+
+
+def test_damaged_cache_file_is_rebuilt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small_thresholds: None) -> None:
+    monkeypatch.setenv("TRACEKIT_CACHE", str(tmp_path / "cache"))
+    path = SAMPLES / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite"
+    expected = _trace(path).kernels
+    for file in (tmp_path / "cache").rglob("*.arrow"):
+        file.write_bytes(b"not arrow at all")
+    assert _trace(path).kernels.equals(expected, null_equal=True)
+    rebuilt = list((tmp_path / "cache").rglob("CUPTI_ACTIVITY_KIND_KERNEL.*.arrow"))
+    assert len(rebuilt) > 10
+    assert all(pl.read_ipc(f).height == expected.height for f in rebuilt)
+
+
+def test_column_cache_can_be_turned_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small_thresholds: None) -> None:
+    monkeypatch.setenv("TRACEKIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("TRACEKIT_COLUMN_CACHE", "0")
+    trace = _trace(SAMPLES / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite")
+    assert trace.kernels.height > 0
+    assert trace.db.column_cache is None
+    assert not (tmp_path / "cache").exists()
+
+
+def test_unwritable_cache_only_skips_caching(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small_thresholds: None) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where the cache folder would go")
+    monkeypatch.setenv("TRACEKIT_CACHE", str(blocker))
+    path = NSYS_CORPUS / "nsys2026.2_nsysai_mfu_2xh100_nccl_slice.sqlite"
+    if not path.is_file():
+        path = SAMPLES / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite"
+    assert _trace(path).kernels.equals(_trace(path, column_cache=False).kernels, null_equal=True)
