@@ -77,12 +77,11 @@ def test_truncated_sqlite(tmp_path: Path) -> None:
     source = NSYS_CORPUS / "nsys2024.5_pipit_cloverleaf_4xa100.sqlite"
     cut = tmp_path / "cut.sqlite"
     cut.write_bytes(source.read_bytes()[: source.stat().st_size // 3])
-    with pytest.raises(TraceFormatError, match="truncated or corrupt"):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            trace = tracekit.open(cut)
-            for table in ("kernels", "memcpys", "cuda_api", "nvtx", "gpus", "syncs"):
-                trace.table(table)
+    with pytest.raises(TraceFormatError, match="truncated or corrupt"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trace = tracekit.open(cut)
+        for table in ("kernels", "memcpys", "cuda_api", "nvtx", "gpus", "syncs"):
+            trace.table(table)
     _assert_one_line_error(_cli("stats", "-r", "cuda_gpu_trace", str(cut)), "truncated or corrupt")
 
 

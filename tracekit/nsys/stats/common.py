@@ -22,8 +22,8 @@ import io
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import BinaryIO
 from decimal import ROUND_HALF_UP, Decimal
+from typing import BinaryIO
 
 import polars as pl
 
