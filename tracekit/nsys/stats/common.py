@@ -74,8 +74,11 @@ class Report:
     def columns(self) -> list[str]:
         return self.frame.columns
 
-    def text_frame(self) -> pl.DataFrame:
+    def text_frame(self, *, keep_ints: bool = False) -> pl.DataFrame:
         """The report as text columns, each cell exactly as nsys prints it (null = empty).
+
+        With ``keep_ints``, ``int`` columns stay Int64 (polars writes them to CSV as the
+        same digits, faster than casting a million rows to text first).
 
         Formatting is vectorised in polars (reports reach millions of rows); the few cells
         whose rounding is a near-tie are formatted by the exact Python rule
@@ -90,12 +93,16 @@ class Report:
             elif kind == "mb3":
                 text = decimal_text(series, 3, lambda v: format(v / 1e6, ".3f"), divisor=1e6)
             elif kind == "int":
-                text = series.cast(pl.Int64).cast(pl.Utf8)
+                as_int = series.cast(pl.Int64)
+                if keep_ints:
+                    columns.append(as_int.alias(name))
+                    continue
+                text = as_int.cast(pl.Utf8)
             else:
                 text = series.cast(pl.Utf8)
             # empty text and nulls are both written as an empty, unquoted field (like csv.writer)
             columns.append(text.set(text == "", None).alias(name))
-        return pl.DataFrame(columns, schema={c: pl.Utf8 for c in self.frame.columns})
+        return pl.DataFrame(columns)
 
     def formatted_rows(self) -> list[list[str]]:
         """Rows as the strings nsys prints in CSV."""
@@ -115,7 +122,7 @@ class Report:
             return
         for offset in range(0, max(self.frame.height, 1), chunk_rows):
             part = Report(self.name, self.frame.slice(offset, chunk_rows), self.kinds, self.convention)
-            part.text_frame().write_csv(
+            part.text_frame(keep_ints=True).write_csv(
                 sink, include_header=offset == 0, quote_style="necessary", line_terminator="\n", null_value=""
             )
 
