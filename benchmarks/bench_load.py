@@ -4,7 +4,10 @@ Each variant runs in a fresh subprocess, rounds interleaved (A B C D, A B C D, �
 background load hits every variant alike; the table reports the median of the rounds, and
 the ratios are computed from those medians in the same run.
 
-* ``tracekit`` — ``tracekit.open(path)`` then ``.kernels``, ``.cuda_api``, ``.nvtx`` (ADBC);
+* ``tracekit`` — ``tracekit.open(path, column_cache=False)`` then ``.kernels``, ``.cuda_api``,
+  ``.nvtx`` (ADBC; large tables read in rowid slices on parallel threads);
+* ``tracekit-cached`` — the same with the column cache on and already filled (by one load
+  before the rounds): what every later process that opens the same export pays;
 * ``tracekit-sqlite3`` — the same with ``engine="sqlite3"`` (stdlib path; for information);
 * ``arrow`` — ADBC ``cursor.execute`` + ``fetch_arrow_table`` of the very SELECTs tracekit
   runs for those tables (recorded from tracekit itself), nothing else;
@@ -49,9 +52,11 @@ from common import (  # noqa: E402
 )
 
 TABLES = ("kernels", "cuda_api", "nvtx")
-VARIANTS = ("tracekit", "arrow", "pandas", "tracekit-sqlite3")
+VARIANTS = ("tracekit", "arrow", "pandas", "tracekit-sqlite3", "tracekit-cached")
+CACHE = OUT / "bench_load_cache"
 LABELS = {
     "tracekit": "tracekit (ADBC)",
+    "tracekit-cached": "tracekit, column cache filled",
     "tracekit-sqlite3": "tracekit engine=sqlite3",
     "arrow": "raw Arrow (ADBC fetch_arrow_table)",
     "pandas": "pandas.read_sql (sqlite3)",
@@ -76,10 +81,11 @@ def warmup_file(path: Path) -> Path | None:
 
 
 def record_queries(path: Path) -> list[str]:
-    """The SELECTs tracekit sends through ``ExportDatabase.query`` for kernels, cuda_api, nvtx.
+    """The SELECTs tracekit runs for kernels, cuda_api, nvtx (whole-table reads, which
+    tracekit may split into rowid slices, and any other query).
 
-    Recorded by running tracekit with ``query`` stubbed to return empty frames, so the list
-    follows the loader as it changes.
+    Recorded by running tracekit with ``query_table`` and ``query`` stubbed to return empty
+    frames, so the list follows the loader as it changes.
     """
     import polars as pl
 
@@ -87,20 +93,25 @@ def record_queries(path: Path) -> list[str]:
     from tracekit.nsys.database import ExportDatabase
 
     recorded: list[str] = []
-    original = ExportDatabase.query
+    original, original_table = ExportDatabase.query, ExportDatabase.query_table
 
     def stub(self: ExportDatabase, sql: str, schema: Any) -> pl.DataFrame:
         recorded.append(sql)
         return pl.DataFrame(schema=dict(schema))
 
+    def stub_table(self: ExportDatabase, table: str, exprs: Any, schema: Any, where: str = "") -> pl.DataFrame:
+        recorded.append(f'SELECT {", ".join(exprs)} FROM "{table}"' + (f" WHERE {where}" if where else ""))
+        return pl.DataFrame(schema=dict(schema))
+
     ExportDatabase.query = stub  # type: ignore[method-assign]
+    ExportDatabase.query_table = stub_table  # type: ignore[method-assign]
     try:
-        trace = tracekit.open(path)
+        trace = tracekit.open(path, column_cache=False)
         for name in TABLES:
             getattr(trace, name)
         trace.close()
     finally:
-        ExportDatabase.query = original  # type: ignore[method-assign]
+        ExportDatabase.query, ExportDatabase.query_table = original, original_table  # type: ignore[method-assign]
     return recorded
 
 
@@ -111,7 +122,7 @@ def _load(variant: str, path: Path, queries: list[str]) -> tuple[dict[str, int],
         import tracekit
 
         engine = "sqlite3" if variant == "tracekit-sqlite3" else "auto"
-        trace: Any = tracekit.open(path, engine=engine)
+        trace: Any = tracekit.open(path, engine=engine, column_cache=variant == "tracekit-cached")
         rows = {name: getattr(trace, name).height for name in TABLES}
         return rows, trace.db.engine
     if variant == "arrow":
@@ -211,6 +222,13 @@ def main(argv: list[str] | None = None) -> int:
     warmup = warmup_file(path)
     print(f"warm-up file (imports, first connect): {warmup}")
     warm_page_cache(path)
+    os.environ["TRACEKIT_CACHE"] = str(CACHE)  # children inherit it
+    if "tracekit-cached" in variants:
+        import shutil
+
+        shutil.rmtree(CACHE, ignore_errors=True)
+        fill = run_measured([sys.executable, __file__, "--child", "tracekit-cached", "--file", str(path)])
+        print(f"column cache filled in {fill.wall_s:.2f} s (one tracekit process: read + write)")
 
     runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
     print(
