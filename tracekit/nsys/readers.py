@@ -74,13 +74,27 @@ def read_projected(
     derived: Mapping[str, pl.Expr],
     wanted: Sequence[str],
     where: str = "",
+    direct: Mapping[str, Col] | None = None,
 ) -> pl.DataFrame:
     """Read the ``raw`` columns of ``source`` that ``wanted`` needs, add the ``derived``
     columns among ``wanted`` (each an expression over raw columns), and return ``wanted``
-    with the documented dtypes of ``table``."""
+    with the documented dtypes of ``table``.
+
+    ``direct`` gives SQL for derived columns that SQLite can compute (``duration_ns`` as
+    ``"end" - "start"``); it is used when nothing else needs that column's inputs, so one
+    column is read instead of two.
+    """
     exprs = {name: expr for name, expr in derived.items() if name in wanted}
+    shortcuts = []
+    for name, col in (direct or {}).items():
+        if name not in exprs:
+            continue
+        others = (set(wanted) - {name}) | {r for n, e in exprs.items() if n != name for r in e.meta.root_names()}
+        if not set(exprs[name].meta.root_names()) & others:
+            del exprs[name]
+            shortcuts.append(col)
     needed = set(wanted) | {root for expr in exprs.values() for root in expr.meta.root_names()}
-    frame = select(db, source, [c for c in raw if c.target in needed], where)
+    frame = select(db, source, [c for c in raw if c.target in needed] + shortcuts, where)
     return S.conform(frame.with_columns(**exprs), table, wanted)
 
 
@@ -124,6 +138,8 @@ _OP_IDS = {
     "pid": pid_from_global(pl.col("global_pid")),
     "duration_ns": pl.col("end_ns") - pl.col("start_ns"),
 }
+#: ``duration_ns`` computed by SQLite when ``start_ns``/``end_ns`` are not wanted
+_DURATION = {"duration_ns": Col("duration_ns", "end", sql='{col} - "start"')}
 
 
 def kernels(db: ExportDatabase, strings: pl.DataFrame, columns: Collection[str] | None = None) -> pl.DataFrame:
@@ -164,7 +180,7 @@ def kernels(db: ExportDatabase, strings: pl.DataFrame, columns: Collection[str] 
         "mangled_name": lookup_strings(pl.col("mangled_id"), strings),
         "launch_type": enums.map_codes(pl.col("launch_type_id"), launch),
     }
-    return read_projected(db, table, "kernels", raw, derived, wanted)
+    return read_projected(db, table, "kernels", raw, derived, wanted, direct=_DURATION)
 
 
 def memcpys(db: ExportDatabase, columns: Collection[str] | None = None) -> pl.DataFrame:
@@ -194,7 +210,7 @@ def memcpys(db: ExportDatabase, columns: Collection[str] | None = None) -> pl.Da
         "src_kind": enums.map_codes(pl.col("src_kind_id"), kinds),
         "dst_kind": enums.map_codes(pl.col("dst_kind_id"), kinds),
     }
-    return read_projected(db, table, "memcpys", raw, derived, wanted)
+    return read_projected(db, table, "memcpys", raw, derived, wanted, direct=_DURATION)
 
 
 def memsets(db: ExportDatabase, columns: Collection[str] | None = None) -> pl.DataFrame:
@@ -213,7 +229,7 @@ def memsets(db: ExportDatabase, columns: Collection[str] | None = None) -> pl.Da
     ]
     kinds = enums.enum_map(db, "ENUM_CUDA_MEM_KIND", enums.MEM_KIND)
     derived = {**_OP_IDS, "mem_kind": enums.map_codes(pl.col("mem_kind_id"), kinds)}
-    return read_projected(db, table, "memsets", raw, derived, wanted)
+    return read_projected(db, table, "memsets", raw, derived, wanted, direct=_DURATION)
 
 
 def syncs(db: ExportDatabase, columns: Collection[str] | None = None) -> pl.DataFrame:
@@ -229,7 +245,7 @@ def syncs(db: ExportDatabase, columns: Collection[str] | None = None) -> pl.Data
         "sync_type": enums.map_codes(pl.col("sync_type_id"), types),
         "event_id": pl.when(pl.col("event_id") == 4294967295).then(None).otherwise(pl.col("event_id")),
     }
-    return read_projected(db, table, "syncs", raw, derived, wanted)
+    return read_projected(db, table, "syncs", raw, derived, wanted, direct=_DURATION)
 
 
 # -- CPU side --------------------------------------------------------------------------
@@ -258,7 +274,7 @@ def cuda_api(db: ExportDatabase, strings: pl.DataFrame, columns: Collection[str]
         "name": lookup_strings(pl.col("name_id"), strings),
         "api": enums.map_codes(pl.col("event_class"), api_labels),
     }
-    return read_projected(db, table, "cuda_api", raw, derived, wanted)
+    return read_projected(db, table, "cuda_api", raw, derived, wanted, direct=_DURATION)
 
 
 def processes(db: ExportDatabase) -> pl.DataFrame:

@@ -129,6 +129,10 @@ def _require_nvtx(trace: NsysTrace, report: str) -> None:
         raise UnsupportedReportError(msg)
 
 
+#: The ``nvtx`` columns the range tree needs (``range_id`` numbers every row, so all rows stay).
+_TREE_COLUMNS = ["pid", "tid", "global_tid", "event_type_id", "start_ns", "end_ns", "name", "domain", "end_global_tid"]
+
+
 def projection(trace: NsysTrace, *, kernels_only: bool = False) -> Projection:
     """Attribute every GPU operation of ``trace`` to all ranges enclosing its launch.
 
@@ -147,7 +151,7 @@ def projection(trace: NsysTrace, *, kernels_only: bool = False) -> Projection:
     tables = (KERNEL_TABLE,) if kernels_only else (KERNEL_TABLE, "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
     api = api_rows(trace, tables)
     ops = _launch_join(ops.with_row_index("_gpu"), api, dedupe=False, with_name=False).with_row_index("_op")
-    tree = _nvtx_tree(trace.nvtx, [])
+    tree = _nvtx_tree(trace.table("nvtx", _TREE_COLUMNS), [])
     threads = tree.select("global_tid", "_thr").unique(subset=["global_tid"], keep="first")
     calls = (
         ops.filter(pl.col("api_start_ns").is_not_null())
