@@ -33,6 +33,7 @@ Example
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -132,6 +133,14 @@ def _nsys_report(nsys: Path, trace: Path, report: str, out: Path) -> Measured:
     return run_measured(argv)
 
 
+def _median_run(ms: list[Measured]) -> Measured:
+    """The run with the median wall time (its RSS and printout go in the table), with the
+    largest peak RSS of all runs."""
+    ordered = sorted(ms, key=lambda m: m.wall_s)
+    mid = ordered[(len(ordered) - 1) // 2]
+    return dataclasses.replace(mid, peak_rss_mb=max(m.peak_rss_mb for m in ms))
+
+
 def _same_csv(a: Path, b: Path) -> bool | None:
     """Whether two CSVs hold the same rows (as multisets); None when one is missing."""
     if not (a.is_file() and b.is_file()):
@@ -154,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         "--reports", default=",".join(REPORTS), help="reports to time (comma-separated)"
     )
     parser.add_argument("--skip-nsys", action="store_true", help="time tracekit only")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per variant; tables give the median (default 3)")
     args = parser.parse_args(argv)
     if not args.trace.is_file():
         print(
@@ -167,28 +177,42 @@ def main(argv: list[str] | None = None) -> int:
     warm_page_cache(args.trace)
     results: dict[str, dict[str, object]] = {}
 
-    for variant in VARIANTS:
-        m = _tracekit(_ATTRIBUTION, str(args.trace), variant=variant)
-        results[f"attribution ({variant})"] = {"tracekit": m, "note": m.stdout.strip() or m.stderr[-500:]}
-    for report in [r for r in args.reports.split(",") if r]:
-        theirs = _nsys_report(nsys, args.trace, report, work) if nsys is not None else None
+    runs: dict[str, dict[str, list[Measured]]] = {}
+
+    def record(name: str, who: str, m: Measured) -> None:
+        runs.setdefault(name, {}).setdefault(who, []).append(m)
+
+    for rnd in range(args.rounds):
         for variant in VARIANTS:
-            ours_csv = work / f"tracekit_{variant}_{report}.csv"
-            ours_csv.unlink(missing_ok=True)
-            ours = _tracekit(_REPORT, str(args.trace), report, str(ours_csv), variant=variant)
-            entry: dict[str, object] = {
-                "tracekit": ours,
-                "note": ours.stdout.strip() or ours.stderr[-500:],
-            }
-            if theirs is not None:
-                entry["nsys"] = theirs
-                entry["same_rows"] = _same_csv(ours_csv, work / f"nsys_{report}_{report}.csv")
-            results[f"{report} ({variant})"] = entry
-    if args.metrics_trace.is_file():
-        warm_page_cache(args.metrics_trace)
-        for variant in VARIANTS:
-            mm = _tracekit(_METRICS, str(args.metrics_trace), variant=variant)
-            results[f"gpu_metrics ({variant})"] = {"tracekit": mm, "note": mm.stdout.strip() or mm.stderr[-500:]}
+            m = _tracekit(_ATTRIBUTION, str(args.trace), variant=variant)
+            record(f"attribution ({variant})", "tracekit", m)
+        for report in [r for r in args.reports.split(",") if r]:
+            theirs = _nsys_report(nsys, args.trace, report, work) if nsys is not None else None
+            for variant in VARIANTS:
+                ours_csv = work / f"tracekit_{variant}_{report}.csv"
+                ours_csv.unlink(missing_ok=True)
+                ours = _tracekit(_REPORT, str(args.trace), report, str(ours_csv), variant=variant)
+                name = f"{report} ({variant})"
+                record(name, "tracekit", ours)
+                if theirs is not None:
+                    record(name, "nsys", theirs)
+                    same = _same_csv(ours_csv, work / f"nsys_{report}_{report}.csv")
+                    previous = results.get(name, {}).get("same_rows", True)
+                    results.setdefault(name, {})["same_rows"] = same if previous is True else previous
+        if args.metrics_trace.is_file():
+            warm_page_cache(args.metrics_trace)
+            for variant in VARIANTS:
+                mm = _tracekit(_METRICS, str(args.metrics_trace), variant=variant)
+                record(f"gpu_metrics ({variant})", "tracekit", mm)
+        print(f"round {rnd + 1}/{args.rounds} done", flush=True)
+    for name, by_who in runs.items():
+        entry = results.setdefault(name, {})
+        for who, ms in by_who.items():
+            entry[who] = _median_run(ms)
+            entry[f"{who}_runs_s"] = [m.wall_s for m in ms]
+        ours_m = entry["tracekit"]
+        assert isinstance(ours_m, Measured)
+        entry["note"] = ours_m.stdout.strip() or ours_m.stderr[-500:]
 
     header = [
         "variant",
