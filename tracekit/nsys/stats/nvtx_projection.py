@@ -63,38 +63,33 @@ def op_rows(trace: NsysTrace, table: str, columns: list[str], *, names: bool = F
     return frame.with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("duration_ns")).select(*columns, "duration_ns", *extra)
 
 
-def api_rows(trace: NsysTrace, launching: tuple[str, ...] = ()) -> pl.DataFrame:
+def api_rows(trace: NsysTrace, launching: tuple[str, ...] = (), *, names: bool = True) -> pl.DataFrame:
     """CUDA API calls for the launch join: ``global_tid``, ``tid``, ``correlation_id``,
-    ``start_ns``, ``end_ns``, ``api`` (runtime/driver/other) and ``name`` (string id, or text
-    when reused from ``trace.cuda_api``). With ``launching`` (activity tables), only calls
-    whose correlation id appears in them are kept.
+    ``start_ns``, ``end_ns`` and, with ``names``, ``name`` (string id, or text when reused
+    from ``trace.cuda_api``). With ``launching`` (activity tables), only calls whose
+    correlation id appears in them are kept.
 
     The whole table is read (and so can come from the column cache) and filtered here: on
     a 1M-kernel export that costs about the same as SQLite's ``IN (SELECT …)`` filter,
-    which every reader thread would otherwise evaluate again."""
-    cols = ["global_tid", "tid", "correlation_id", "start_ns", "end_ns", "api", "name"]
+    which every reader thread would otherwise evaluate again. The reports join with
+    ``dedupe=False``, so the runtime/driver preference (the ``api`` column) is not needed."""
+    cols = ["global_tid", "tid", "correlation_id", "start_ns", "end_ns", *(["name"] if names else [])]
     cached = _loaded(trace, "cuda_api")
     if cached is not None:
-        frame = cached.select(cols)
-    else:
-        raw = readers.select(
-            trace.db,
-            "CUPTI_ACTIVITY_KIND_RUNTIME",
-            [Col("global_tid", "globalTid"), Col("correlation_id", "correlationId"), Col("start_ns", "start"),
-             Col("end_ns", "end"), Col("event_class", "eventClass"), Col("name", "nameId")],
-        )
-        api = pl.col("event_class")
-        frame = raw.with_columns(
-            readers.tid_from_global(pl.col("global_tid")).alias("tid"),
-            pl.when(api == 0).then(pl.lit("runtime")).when(api == 1).then(pl.lit("driver")).otherwise(api.cast(pl.Utf8)).alias("api"),
-        ).select(cols)
+        return cached.select(cols)
+    frame = readers.select(
+        trace.db,
+        "CUPTI_ACTIVITY_KIND_RUNTIME",
+        [Col("global_tid", "globalTid"), Col("correlation_id", "correlationId"), Col("start_ns", "start"),
+         Col("end_ns", "end"), *([Col("name", "nameId")] if names else [])],
+    )
     present = [t for t in launching if trace.db.has_table(t) and trace.db.has_column(t, "correlationId")]
-    if not present or cached is not None:
-        return frame
-    ids = pl.concat(
-        [readers.select(trace.db, t, [Col("correlation_id", "correlationId")]) for t in present]
-    ).get_column("correlation_id")
-    return frame.filter(pl.col("correlation_id").is_in(ids.unique().implode()))
+    if present:
+        ids = pl.concat(
+            [readers.select(trace.db, t, [Col("correlation_id", "correlationId")]) for t in present]
+        ).get_column("correlation_id")
+        frame = frame.filter(pl.col("correlation_id").is_in(ids.unique().implode()))
+    return frame.with_columns(readers.tid_from_global(pl.col("global_tid")).alias("tid")).select(cols)
 
 
 def resolve_names(frame: pl.DataFrame, trace: NsysTrace, *columns: str) -> pl.DataFrame:
@@ -149,7 +144,7 @@ def projection(trace: NsysTrace, *, kernels_only: bool = False) -> Projection:
             parts.append(op_rows(trace, table, cols).with_columns(none))
     ops = pl.concat(parts, how="vertical_relaxed")
     tables = (KERNEL_TABLE,) if kernels_only else (KERNEL_TABLE, "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
-    api = api_rows(trace, tables)
+    api = api_rows(trace, tables, names=False)
     ops = _launch_join(ops.with_row_index("_gpu"), api, dedupe=False, with_name=False).with_row_index("_op")
     tree = _nvtx_tree(trace.table("nvtx", _TREE_COLUMNS), [])
     threads = tree.select("global_tid", "_thr").unique(subset=["global_tid"], keep="first")
