@@ -29,7 +29,8 @@ app = typer.Typer(
 
 
 def register(parent: typer.Typer) -> None:
-    """Nothing to add: ``tracekit.cli.main`` mounts :data:`app` as ``tracekit capture``."""
+    """Mount :data:`app` on ``parent`` as ``tracekit capture``."""
+    parent.add_typer(app, name="capture")
 
 
 def _kv(items: list[str] | None) -> dict[str, str]:

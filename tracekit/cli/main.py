@@ -7,9 +7,10 @@ commands cost about 0.1 s of each ``tracekit stats`` run.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import typer
 
@@ -26,35 +27,12 @@ def _root(
     )
 
 
-def _register_summary(app: typer.Typer) -> None:
-    from tracekit.cli import summary
-
-    summary.register(app)
-
-
-def _register_stats(app: typer.Typer) -> None:
-    from tracekit.cli import stats
-
-    stats.register(app)
-
-
-def _register_report(app: typer.Typer) -> None:
-    from tracekit.cli import report
-
-    report.register(app)
-
-
-def _register_capture(app: typer.Typer) -> None:
-    from tracekit.cli import capture
-
-    app.add_typer(capture.app, name="capture")
-
-
-COMMANDS: dict[str, Callable[[typer.Typer], None]] = {
-    "summary": _register_summary,
-    "stats": _register_stats,
-    "report": _register_report,
-    "capture": _register_capture,
+#: Command name → the module whose ``register(app)`` adds it (imported only when needed).
+COMMANDS: dict[str, str] = {
+    "summary": "tracekit.cli.summary",
+    "stats": "tracekit.cli.stats",
+    "report": "tracekit.cli.report",
+    "capture": "tracekit.cli.capture",
 }
 
 
@@ -70,9 +48,9 @@ def build_app(argv: Sequence[str] | None = None) -> typer.Typer:
     app.callback()(_root)
     args = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in args if not a.startswith("-")), None)
-    for name, register in COMMANDS.items():
+    for name, module in COMMANDS.items():
         if command not in COMMANDS or command == name:
-            register(app)
+            importlib.import_module(module).register(app)
     return app
 
 
