@@ -103,6 +103,7 @@ class ExportDatabase:
         self._sqlite: sqlite3.Connection | None = None
         self._adbc_db: Any = None
         self._adbc_conns: list[Any] = []  # idle low-level connections, reused by threads
+        self._adbc_closer: weakref.finalize | None = None
         self._adbc_lock = threading.Lock()
         self._check_readable()
         use_cache = column_cache_enabled_by_default() if column_cache is None else column_cache
@@ -126,7 +127,9 @@ class ExportDatabase:
                 import adbc_driver_sqlite
 
                 self._adbc_db = adbc_driver_sqlite.connect(_uri(self.path))
-                weakref.finalize(self, _close_adbc, self._adbc_db, self._adbc_conns)
+                self._adbc_conns = []
+                # traces opened in notebooks are rarely closed: close with the object
+                self._adbc_closer = weakref.finalize(self, _close_adbc, self._adbc_db, self._adbc_conns)
             db = self._adbc_db
         import adbc_driver_manager
 
@@ -142,9 +145,10 @@ class ExportDatabase:
             self._sqlite.close()
             self._sqlite = None
         with self._adbc_lock:
-            if self._adbc_db is not None:
-                _close_adbc(self._adbc_db, self._adbc_conns)
-                self._adbc_db = None
+            if self._adbc_closer is not None:
+                self._adbc_closer()  # runs _close_adbc once and disarms the finalizer
+                self._adbc_closer = None
+            self._adbc_db = None
 
     def __enter__(self) -> ExportDatabase:
         return self
@@ -237,11 +241,15 @@ class ExportDatabase:
             return self._read_table(table, exprs, schema, where)
         names = list(schema)
         columns: dict[str, pl.Series] = {}
+        missing: list[tuple[str, str]] = []
         for name, expr in zip(names, exprs, strict=True):
-            hit = cache.get(table, expr) if expr != "NULL" else None
-            if hit is not None:
+            if expr == "NULL":  # an absent source column: built below as nulls
+                continue
+            hit = cache.get(table, expr)
+            if hit is None:
+                missing.append((name, expr))
+            else:
                 columns[name] = hit
-        missing = [(n, e) for n, e in zip(names, exprs, strict=True) if e != "NULL" and n not in columns]
         if missing:
             fresh = self._read_table(table, [e for _, e in missing], {n: schema[n] for n, _ in missing})
             for name, expr in missing:
@@ -291,20 +299,18 @@ class ExportDatabase:
         where: str = "",
     ) -> pl.DataFrame:
         base = f'SELECT {", ".join(exprs)} FROM "{table}"'
-        cond = f"({where})" if where else ""
+        cond = f" AND ({where})" if where else ""
+        whole = base + (f" WHERE {where}" if where else "")
         slices = self._rowid_slices(table)
         if len(slices) < 2:
-            return self.query(base + (f" WHERE {cond}" if cond else ""), schema)
-        sqls = [
-            base + f" WHERE rowid > {lo} AND rowid <= {hi}" + (f" AND {cond}" if cond else "")
-            for lo, hi in slices
-        ]
+            return self.query(whole, schema)
+        sqls = [f"{base} WHERE rowid > {lo} AND rowid <= {hi}{cond}" for lo, hi in slices]
         try:
             with ThreadPoolExecutor(len(sqls), thread_name_prefix="tracekit-read") as pool:
                 parts = list(pool.map(lambda sql: self._query_adbc(sql, schema, rechunk=False), sqls))
         except Exception as exc:  # ADBC mis-typing in a slice: the exact single-threaded path
             log.debug("parallel ADBC read failed (%s); reading in one query", exc)
-            return self.query(base + (f" WHERE {cond}" if cond else ""), schema)
+            return self.query(whole, schema)
         return pl.concat(parts, rechunk=True)
 
     def _rowid_slices(self, table: str) -> list[tuple[int, int]]:
