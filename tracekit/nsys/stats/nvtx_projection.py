@@ -59,7 +59,7 @@ def op_rows(trace: NsysTrace, table: str, columns: list[str], *, names: bool = F
     if cached is not None:
         return cached.select(*columns, "duration_ns", *extra)
     cols = [Col(c, _OP_COLUMNS[c]) for c in columns] + ([Col("name", "demangledName")] if names else [])
-    frame = readers.select(trace.db, table, cols) if trace.db.has_table(table) else pl.DataFrame(schema={c.target: c.dtype for c in cols})
+    frame = readers.select(trace.db, table, cols)  # an absent table gives an empty frame of these columns
     return frame.with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("duration_ns")).select(*columns, "duration_ns", *extra)
 
 

@@ -53,10 +53,9 @@ def cuda_gpu_kern_sum(trace: NsysTrace, *, name: str = "demangled", convention: 
     Ordered by total time descending, then instance count ascending, then name.
     """
     _require(trace, "cuda_gpu_kern_sum", "CUPTI_ACTIVITY_KIND_KERNEL")
-    names = {"demangled": ["name"], "base": ["short_name", "name"], "mangled": ["mangled_name", "name"]}.get(name)
-    if names is None:
-        kernel_name_expr(name)  # raises the error naming the valid modes
-    k = trace.table("kernels", [*names, "duration_ns"]).select(kernel_name_expr(name).alias("Name"), "duration_ns")
+    kernel_name = kernel_name_expr(name)  # raises the error naming the valid modes
+    columns = [*kernel_name.meta.root_names(), "duration_ns"]  # read only what the name needs
+    k = trace.table("kernels", columns).select(kernel_name.alias("Name"), "duration_ns")
     s = summary_frame(k, group=["Name"], value="duration_ns")
     s = s.sort(["_total", "_count", "Name"], descending=[True, False, False])
     frame = s.select(*time_summary_columns("Instances"), pl.col("Name"))
