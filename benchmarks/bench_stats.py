@@ -41,7 +41,6 @@ from common import (  # noqa: E402
     find_nsys,
     fmt_ratio,
     fmt_s,
-    machine,
     markdown_table,
     nsys_version,
     print_table,
@@ -49,7 +48,6 @@ from common import (  # noqa: E402
     sha256,
     source_state,
     table_info,
-    versions,
     wait_for_idle,
     warm_page_cache,
     write_results,
@@ -334,10 +332,6 @@ def main(argv: list[str] | None = None) -> int:
         "summary": summary,
         "startup_floor_s": floor_s,
         "startup_floor_runs_s": [m.wall_s for m in floors],
-        "tracekit_source": source_state(),
-        "machine": machine(),
-        "versions": versions(),
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "bench_s": bench_s,
     }
     jpath, mpath = write_results(

@@ -269,10 +269,18 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def write_results(name: str, payload: dict[str, Any], markdown: str) -> tuple[Path, Path]:
-    """Write ``out/<name>.json`` and ``out/<name>.md``."""
+    """Write ``out/<name>.json`` (``payload`` plus where it was measured: tracekit source,
+    machine, versions, command line) and ``out/<name>.md``."""
     OUT.mkdir(parents=True, exist_ok=True)
     jpath, mpath = OUT / f"{name}.json", OUT / f"{name}.md"
-    jpath.write_text(json.dumps(payload, indent=2, default=_jsonable) + "\n")
+    record = {
+        "tracekit_source": source_state(),
+        "machine": machine(),
+        "versions": versions(),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        **payload,
+    }
+    jpath.write_text(json.dumps(record, indent=2, default=_jsonable) + "\n")
     mpath.write_text(markdown)
     return jpath, mpath
 
