@@ -17,12 +17,11 @@ from tracekit.nsys.stats import run_report
 from .conftest import NSYS_CORPUS, SAMPLES
 from .nsys_reference import read_reference
 from .test_stats_nvtx_projection import (
-    _nsys,
     _open,
     _sample_cases,
     assert_identical,
+    nsys_2023_or_skip,
     nsys_stats,
-    nsys_version,
 )
 
 REPORTS = ("cuda_kern_exec_trace", "cuda_kern_exec_sum")
@@ -76,12 +75,7 @@ LIVE_FILES = (
 @pytest.mark.nsys
 @pytest.mark.parametrize("export", LIVE_FILES, ids=lambda p: p.stem)
 def test_fresh_nsys_2023_run(export: Path, tmp_path: Path) -> None:
-    nsys = _nsys()
-    if nsys is None:
-        pytest.skip("no nsys CLI on this machine (set NSYS)")
-    version = nsys_version(nsys)
-    if "2023.4" not in version:
-        pytest.skip(f"convention '2023' is checked against nsys 2023.4; found {version.strip()}")
+    nsys = nsys_2023_or_skip()
     for report, csv_path in nsys_stats(nsys, export, REPORTS, tmp_path).items():
         assert_identical(run_report(_open(export), report, convention="2023"), read_reference(csv_path))
 

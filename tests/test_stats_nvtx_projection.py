@@ -171,6 +171,17 @@ def nsys_version(nsys: Path) -> str:
     return subprocess.run([str(nsys), "--version"], capture_output=True, text=True, timeout=60).stdout
 
 
+def nsys_2023_or_skip() -> Path:
+    """The nsys 2023.4 CLI that convention "2023" is checked against; skips the test without it."""
+    nsys = _nsys()
+    if nsys is None:
+        pytest.skip("no nsys CLI on this machine (set NSYS)")
+    version = nsys_version(nsys)
+    if "2023.4" not in version:
+        pytest.skip(f"convention '2023' is checked against nsys 2023.4; found {version.strip()}")
+    return nsys
+
+
 LIVE_FILES = (
     NSYS_CORPUS / "nsys2022.2_pipit_saxpy_mpi_cuda.sqlite",  # wrapper API rows, ops outside ranges
     NSYS_CORPUS / "nsys2026.2_nsysai_mfu_2xh100_nccl_slice.sqlite",  # ties in proj_sum order
@@ -183,12 +194,7 @@ LIVE_FILES = (
 @pytest.mark.nsys
 @pytest.mark.parametrize("export", LIVE_FILES, ids=lambda p: p.stem)
 def test_fresh_nsys_2023_run(export: Path, tmp_path: Path) -> None:
-    nsys = _nsys()
-    if nsys is None:
-        pytest.skip("no nsys CLI on this machine (set NSYS)")
-    version = nsys_version(nsys)
-    if "2023.4" not in version:
-        pytest.skip(f"convention '2023' is checked against nsys 2023.4; found {version.strip()}")
+    nsys = nsys_2023_or_skip()
     csvs = nsys_stats(nsys, export, REPORTS, tmp_path)
     for report, csv_path in csvs.items():
         _check(export, csv_path, report, "2023")
