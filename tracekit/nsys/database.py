@@ -240,16 +240,10 @@ class ExportDatabase:
         if cache is None:
             return self._read_table(table, exprs, schema, where)
         names = list(schema)
-        columns: dict[str, pl.Series] = {}
-        missing: list[tuple[str, str]] = []
-        for name, expr in zip(names, exprs, strict=True):
-            if expr == "NULL":  # an absent source column: built below as nulls
-                continue
-            hit = cache.get(table, expr)
-            if hit is None:
-                missing.append((name, expr))
-            else:
-                columns[name] = hit
+        wanted = [(n, e) for n, e in zip(names, exprs, strict=True) if e != "NULL"]  # NULL: built below
+        hits = self._cached_columns(cache, table, [e for _, e in wanted])
+        columns = {n: hit for (n, _), hit in zip(wanted, hits, strict=True) if hit is not None}
+        missing = [(n, e) for (n, e), hit in zip(wanted, hits, strict=True) if hit is None]
         if missing:
             fresh = self._read_table(table, [e for _, e in missing], {n: schema[n] for n, _ in missing})
             for name, expr in missing:
@@ -268,6 +262,17 @@ class ExportDatabase:
             ]
         )
         return _cast(frame, schema)
+
+    @staticmethod
+    def _cached_columns(cache: ColumnCache, table: str, exprs: list[str]) -> list[pl.Series | None]:
+        """``cache.get`` of each expression, on up to :func:`read_threads` threads (polars
+        releases the GIL while it reads: 11 columns of a 1 M-kernel export take 0.13 s on two
+        threads against 0.19–0.26 s on one)."""
+        threads = min(read_threads(), len(exprs))
+        if threads <= 1:
+            return [cache.get(table, e) for e in exprs]
+        with ThreadPoolExecutor(threads, thread_name_prefix="tracekit-cache") as pool:
+            return list(pool.map(lambda e: cache.get(table, e), exprs))
 
     def _row_bounds(self, table: str) -> tuple[int, int]:
         """``(min(rowid), max(rowid))`` of an ordinary table; ``(0, -1)`` for views, absent
