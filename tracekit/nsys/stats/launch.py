@@ -15,6 +15,7 @@ import polars as pl
 
 from tracekit.analysis.attribution import _launch_join
 from tracekit.errors import UnsupportedReportError
+from tracekit.nsys import readers
 from tracekit.nsys.stats.common import Report
 from tracekit.nsys.stats.nvtx_projection import (
     KERNEL_TABLE,
@@ -49,32 +50,56 @@ def kernel_launches(trace: NsysTrace, *, resolve: bool = True, geometry: bool = 
     ``total_duration_ns``, ``pid``, ``tid``, ``device_id``, ``api_name`` (nsys's display
     name), grid and block sizes and ``name``.
     """
-    # every matching API row, as nsys's join does: a kernel whose launch another tracer also
-    # recorded (eventClass 67 wrappers in some 2022 exports) appears once per row
-    grid = ["grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"]
-    kernels = op_rows(
-        trace, KERNEL_TABLE, ["global_pid", "correlation_id", "start_ns", "end_ns", "device_id", *(grid if geometry else [])], names=True
-    )
-    k = _launch_join(kernels, api_rows(trace, (KERNEL_TABLE,)), dedupe=False).filter(pl.col("api_start_ns").is_not_null())
+    k = _launched(trace, GRID if geometry else [])
     if resolve:
         k = resolve_names(k, trace, "name", "api_name").with_columns(api_display_name(pl.col("api_name")).alias("api_name"))
-    queue = pl.col("start_ns") - pl.col("api_end_ns")
     return k.select(
         "api_start_ns",
-        (pl.col("api_end_ns") - pl.col("api_start_ns")).alias("api_duration_ns"),
-        pl.when(queue >= 0).then(pl.col("api_end_ns")).alias("queue_start_ns"),
-        pl.when(queue >= 0).then(queue).alias("queue_duration_ns"),
+        _API_DURATION.alias("api_duration_ns"),
+        pl.when(_QUEUE >= 0).then(pl.col("api_end_ns")).alias("queue_start_ns"),
+        _QUEUE_DURATION.alias("queue_duration_ns"),
         "start_ns",
         "duration_ns",
-        (pl.max_horizontal("end_ns", "api_end_ns") - pl.col("api_start_ns")).alias("total_duration_ns"),
-        (pl.col("global_tid") // (1 << 24) % (1 << 24)).alias("pid"),
+        _TOTAL_DURATION.alias("total_duration_ns"),
+        _PID.alias("pid"),
         "tid",
         "device_id",
         "api_name",
-        *(grid if geometry else []),
+        *(GRID if geometry else []),
         "name",
         "correlation_id",
     )
+
+
+GRID = ["grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"]
+_QUEUE = pl.col("start_ns") - pl.col("api_end_ns")
+_QUEUE_DURATION = pl.when(_QUEUE >= 0).then(_QUEUE)
+_API_DURATION = pl.col("api_end_ns") - pl.col("api_start_ns")
+_TOTAL_DURATION = pl.max_horizontal("end_ns", "api_end_ns") - pl.col("api_start_ns")
+_PID = pl.col("global_tid") // (1 << 24) % (1 << 24)
+
+
+def _launched(trace: NsysTrace, extra: list[str]) -> pl.DataFrame:
+    """Kernels (times, device, name id, correlation id and ``extra`` columns) joined to every
+    matching API row, as nsys's join does: a kernel whose launch another tracer also recorded
+    (eventClass 67 wrappers in some 2022 exports) appears once per row; kernels without a
+    traced launch are left out."""
+    kernels = op_rows(trace, KERNEL_TABLE, ["global_pid", "correlation_id", "start_ns", "end_ns", "device_id", *extra], names=True)
+    return _launch_join(kernels, api_rows(trace), dedupe=False, how="inner")
+
+
+def _display_name_ids(names: pl.Series, trace: NsysTrace) -> pl.Series:
+    """API name column (string ids, or text when reused from ``trace.cuda_api``) with every
+    id replaced by the smallest id of the same display text (:func:`api_display_name`), so
+    that grouping on it groups by the text without resolving a million strings."""
+    if names.dtype == pl.Utf8:
+        return names.to_frame("n").select(api_display_name(pl.col("n"))).to_series()
+    ids = names.unique().drop_nulls().to_frame("id")
+    texts = ids.with_columns(api_display_name(readers.lookup_strings(pl.col("id"), trace.strings)).alias("text"))
+    canon = texts.with_columns(pl.col("id").min().over("text").alias("canon")).filter(pl.col("canon") != pl.col("id"))
+    if canon.height == 0:  # one id per display text (the usual case): nothing to replace
+        return names
+    return names.replace(canon["id"], canon["canon"])
 
 
 def _xyz(x: str, y: str, z: str) -> pl.Expr:
@@ -133,14 +158,21 @@ def cuda_kern_exec_sum(trace: NsysTrace, *, convention: str = "2025") -> Report:
     average total time, descending.
     """
     _require(trace, "cuda_kern_exec_sum")
-    k = kernel_launches(trace, resolve=False, geometry=False)
-    # API names group by their display text: cudaLaunchKernel and cudaLaunchKernel_v7000 are
-    # one row; kernel names group by id while each text has one id
-    k = resolve_names(k, trace, "api_name").with_columns(api_display_name(pl.col("api_name")).alias("api_name"))
+    k = _launched(trace, [])
+    # API names group by their display text (cudaLaunchKernel and cudaLaunchKernel_v7000 are
+    # one row), kernel names by id while each text has one id
+    k = k.with_columns(_display_name_ids(k["api_name"], trace).alias("api_name"))
     if not names_are_ids(k, "name", trace):
         k = resolve_names(k, trace, "name")
-    keys = ["pid", "tid", "device_id", "api_name", "name"]
-    s = k.group_by(keys).agg(
+    # (pid, tid) is the low 48 bits of global_tid: one key column instead of two
+    keys = ["_pid_tid", "device_id", "api_name", "name"]
+    values = k.select(
+        (pl.col("global_tid") % (1 << 48)).alias("_pid_tid"), "device_id", "api_name", "name",
+        _TOTAL_DURATION.alias("total_duration_ns"), _API_DURATION.alias("api_duration_ns"),
+        _QUEUE_DURATION.alias("queue_duration_ns"), "duration_ns",
+    )
+    del k  # eager, not lazy: the lazy plan held both frames through the group-by (+0.1 GB)
+    s = values.group_by(keys).agg(
         pl.len().alias("Count"),
         pl.col("queue_duration_ns").count().alias("QCount"),
         *_stats("total_duration_ns", "T"),
@@ -148,11 +180,11 @@ def cuda_kern_exec_sum(trace: NsysTrace, *, convention: str = "2025") -> Report:
         *_stats("queue_duration_ns", "Q"),
         *_stats("duration_ns", "K"),
     )
-    s = resolve_names(s, trace, "name")
+    s = resolve_names(s, trace, "name", "api_name").with_columns(api_display_name(pl.col("api_name")).alias("api_name"))
     s = s.sort(["TAvg (ns)", "Count", "name"], descending=[True, False, False])
     frame = s.select(
-        pl.col("pid").alias("PID"),
-        pl.col("tid").alias("TID"),
+        (pl.col("_pid_tid") // (1 << 24)).alias("PID"),
+        (pl.col("_pid_tid") % (1 << 24)).alias("TID"),
         pl.col("device_id").alias("DevId"),
         pl.col("Count").cast(pl.Int64),
         pl.col("QCount").cast(pl.Int64),
