@@ -14,6 +14,7 @@ import subprocess
 import warnings
 from pathlib import Path
 
+import polars as pl
 import pytest
 
 import tracekit
@@ -134,6 +135,79 @@ def test_projection_hand_computed_from_sqlite() -> None:
     assert row["Projected Duration (ns)"] == max(r[1] for r in rows) - min(r[0] for r in rows)
     assert row["NumGPUOps"] == len({r[2] for r in rows})
     assert row["Orig Start (ns)"] == start and row["Orig Duration (ns)"] == end - start
+
+
+def _sql_projection(path: Path) -> dict[int, tuple[int, int, int]]:
+    """RangeId → (first op start, last op end, distinct correlation ids) straight from the
+    export: every closed range on its thread, every kernel/memcpy/memset whose launching call
+    (same correlation id and process) ran on that thread inside the range."""
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    ops = " UNION ALL ".join(
+        f"SELECT start, end, correlationId, globalPid FROM {t}"
+        for t in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
+        if t in tables
+    )
+    rows = con.execute(
+        f"WITH ops AS ({ops}), launched AS ("
+        "  SELECT o.start, o.end, o.correlationId AS corr, r.globalTid, r.start AS rs, r.end AS re FROM ops o"
+        "  JOIN CUPTI_ACTIVITY_KIND_RUNTIME r ON r.correlationId = o.correlationId"
+        "  AND o.globalPid = (r.globalTid / 16777216) * 16777216)"
+        " SELECT n.rowid, min(l.start), max(l.end), count(DISTINCT l.corr) FROM NVTX_EVENTS n"
+        " JOIN launched l ON l.globalTid = n.globalTid AND l.rs >= n.start AND l.re <= n.end"
+        " WHERE n.eventType IN (59, 60, 70, 71) AND n.endGlobalTid IS NULL AND n.end IS NOT NULL GROUP BY n.rowid"
+    ).fetchall()
+    con.close()
+    return {rid: (s, e, n) for rid, s, e, n in rows}
+
+
+def _crossing_copy(tmp_path: Path) -> Path:
+    """The decode sample plus a start/end range that crosses layer boundaries (start/end ranges
+    need not nest), which sends the projection down its exact path."""
+    copy = tmp_path / "crossing.sqlite"
+    copy.write_bytes((SAMPLES / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite").read_bytes())
+    con = sqlite3.connect(copy)
+    s2, g = con.execute("SELECT start, globalTid FROM NVTX_EVENTS WHERE rowid = 3").fetchone()
+    e5 = con.execute("SELECT end FROM NVTX_EVENTS WHERE rowid = 6").fetchone()[0]
+    con.execute(
+        "INSERT INTO NVTX_EVENTS (start, end, eventType, globalTid, text, domainId) VALUES (?, ?, 60, ?, 'window', 0)",
+        (s2 + 1, e5 - 1, g),
+    )
+    con.commit()
+    con.close()
+    return copy
+
+
+PROJECTED = [
+    *(p for p in sorted(SAMPLES.rglob("*.sqlite")) if "per_rank" not in p.name),
+    NSYS_CORPUS / "nsys2022.2_pipit_saxpy_mpi_cuda.sqlite",
+    NSYS_CORPUS / "nsys2023.1_memfusion_tensorrt.sqlite",
+    NSYS_CORPUS / "nsys2026.2_nsysai_mfu_2xh100_nccl_slice.sqlite",
+]
+
+
+@pytest.mark.parametrize("path", [*PROJECTED, "crossing"], ids=lambda p: p if isinstance(p, str) else p.stem)
+def test_every_range_projection_equals_sql(path: Path | str, tmp_path: Path) -> None:
+    """Each range's projected start, duration and NumGPUOps, for every range of the trace:
+    the tree fold (nested ranges), the pair expansion (crossing ranges) and the duplicate
+    correlation ids of several processes (tp2, allreduce, mfu) all agree with plain SQL."""
+    export = _crossing_copy(tmp_path) if path == "crossing" else Path(path)
+    expected = _sql_projection(export)
+    frame = run_report(tracekit.open(export), "nvtx_gpu_proj_trace").frame.filter(pl.col("RangeId").is_not_null())
+    ours = {
+        r["RangeId"]: (r["Projected Start (ns)"], r["Projected Start (ns)"] + r["Projected Duration (ns)"], r["NumGPUOps"])
+        for r in frame.iter_rows(named=True)
+    }
+    closed = {rid: v for rid, v in ours.items() if rid in expected or rid not in _open_ranges(export)}
+    assert expected, "the trace should have ranges with GPU work"
+    assert closed == expected
+
+
+def _open_ranges(path: Path) -> set[int]:
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    rows = {r[0] for r in con.execute("SELECT rowid FROM NVTX_EVENTS WHERE end IS NULL")}
+    con.close()
+    return rows
 
 
 def test_no_nvtx_table_is_explained() -> None:

@@ -63,17 +63,16 @@ def op_rows(trace: NsysTrace, table: str, columns: list[str], *, names: bool = F
     return frame.with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("duration_ns")).select(*columns, "duration_ns", *extra)
 
 
-def api_rows(trace: NsysTrace, launching: tuple[str, ...] = (), *, names: bool = True) -> pl.DataFrame:
-    """CUDA API calls for the launch join: ``global_tid``, ``tid``, ``correlation_id``,
-    ``start_ns``, ``end_ns`` and, with ``names``, ``name`` (string id, or text when reused
-    from ``trace.cuda_api``). With ``launching`` (activity tables), only calls whose
-    correlation id appears in them are kept.
+def api_rows(trace: NsysTrace, *, names: bool = True) -> pl.DataFrame:
+    """CUDA API calls for the launch join: ``global_tid``, ``correlation_id``, ``start_ns``,
+    ``end_ns`` and, with ``names``, ``name`` (string id, or text when reused from
+    ``trace.cuda_api``). The join derives ``tid`` from ``global_tid`` for the rows it keeps.
 
-    The whole table is read (and so can come from the column cache) and filtered here: on
-    a 1M-kernel export that costs about the same as SQLite's ``IN (SELECT …)`` filter,
-    which every reader thread would otherwise evaluate again. The reports join with
-    ``dedupe=False``, so the runtime/driver preference (the ``api`` column) is not needed."""
-    cols = ["global_tid", "tid", "correlation_id", "start_ns", "end_ns", *(["name"] if names else [])]
+    The whole table is read (so it can come from the column cache) and not filtered: the
+    launch join (:func:`~tracekit.analysis.attribution.launch_pairs`) only gathers the rows
+    it matches. The reports join with ``dedupe=False``, so the runtime/driver preference (the
+    ``api`` column) is not needed."""
+    cols = ["global_tid", "correlation_id", "start_ns", "end_ns", *(["name"] if names else [])]
     cached = _loaded(trace, "cuda_api")
     if cached is not None:
         return cached.select(cols)
@@ -83,13 +82,7 @@ def api_rows(trace: NsysTrace, launching: tuple[str, ...] = (), *, names: bool =
         [Col("global_tid", "globalTid"), Col("correlation_id", "correlationId"), Col("start_ns", "start"),
          Col("end_ns", "end"), *([Col("name", "nameId")] if names else [])],
     )
-    present = [t for t in launching if trace.db.has_table(t) and trace.db.has_column(t, "correlationId")]
-    if present:
-        ids = pl.concat(
-            [readers.select(trace.db, t, [Col("correlation_id", "correlationId")]) for t in present]
-        ).get_column("correlation_id")
-        frame = frame.filter(pl.col("correlation_id").is_in(ids.unique().implode()))
-    return frame.with_columns(readers.tid_from_global(pl.col("global_tid")).alias("tid")).select(cols)
+    return frame.select(cols)
 
 
 def resolve_names(frame: pl.DataFrame, trace: NsysTrace, *columns: str) -> pl.DataFrame:
@@ -109,13 +102,25 @@ def names_are_ids(frame: pl.DataFrame, column: str, trace: NsysTrace) -> bool:
 @dataclass
 class Projection:
     """Inputs shared by the three reports: the range tree, the GPU ops with their launching
-    call (row ``i`` has ``_op == i``), the (op, enclosing range) pairs, and whether each op
-    has an enclosing range (``inside``, aligned with ``ops``)."""
+    call (row ``i`` has ``_op == i``), the calls searched (``_op``, ``_thr``, ``_s``, ``_e``),
+    each call's innermost range (``inner``: ``_op``, ``_idx``) and whether each op has an
+    enclosing range (``inside``, aligned with ``ops``)."""
 
     tree: pl.DataFrame
     ops: pl.DataFrame
-    pairs: pl.DataFrame
+    calls: pl.DataFrame
+    inner: pl.DataFrame
     inside: pl.Series
+
+    def pairs(self) -> pl.DataFrame:
+        """Every (op, enclosing range): ``_op`` (Int64) and ``_idx``; an op inside
+        ``step/layer/attn`` gives three rows."""
+        return _enclosing(self.calls, self.tree, self.inner).with_columns(pl.col("_op").cast(pl.Int64))
+
+    def range_totals(self) -> pl.DataFrame:
+        """Per range with GPU work: ``_idx``, ``_ps`` (first op start), ``_pe`` (last op
+        end) and ``_n`` (distinct correlation ids of its ops and its descendants' ops)."""
+        return _range_totals(self)
 
 
 def _require_nvtx(trace: NsysTrace, report: str) -> None:
@@ -143,23 +148,91 @@ def projection(trace: NsysTrace, *, kernels_only: bool = False) -> Projection:
         for table in ("CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET"):
             parts.append(op_rows(trace, table, cols).with_columns(none))
     ops = pl.concat(parts, how="vertical_relaxed")
-    tables = (KERNEL_TABLE,) if kernels_only else (KERNEL_TABLE, "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
-    api = api_rows(trace, tables, names=False)
+    api = api_rows(trace, names=False)
     ops = _launch_join(ops.with_row_index("_gpu"), api, dedupe=False, with_name=False).with_row_index("_op")
     tree = _nvtx_tree(trace.table("nvtx", _TREE_COLUMNS), [])
     threads = tree.select("global_tid", "_thr").unique(subset=["global_tid"], keep="first")
     calls = (
-        ops.filter(pl.col("api_start_ns").is_not_null())
+        ops.select("_op", "global_tid", pl.col("api_start_ns").alias("_s"), pl.col("api_end_ns").alias("_e"))
+        .filter(pl.col("_s").is_not_null())
         .join(threads, on="global_tid", how="inner")
-        .select("_op", "_thr", pl.col("api_start_ns").alias("_s"), pl.col("api_end_ns").alias("_e"))
+        .select("_op", "_thr", "_s", "_e")
     )
     inner = _innermost(calls, tree)
-    pairs = _enclosing(calls, tree, inner)
     found = inner.filter(pl.col("_idx").is_not_null())["_op"].cast(pl.Int64)
     inside = pl.repeat(False, ops.height, dtype=pl.Boolean, eager=True)
     if found.len():
         inside = inside.scatter(found, True)
-    return Projection(tree, ops, pairs.with_columns(pl.col("_op").cast(pl.Int64)), inside)
+    return Projection(tree, ops, calls, inner, inside)
+
+
+def _range_totals(p: Projection) -> pl.DataFrame:
+    """:meth:`Projection.range_totals`.
+
+    A range's ops are its own (the calls whose innermost range it is) and its children's, so
+    the totals are gathered once per op and folded up the tree level by level, instead of
+    expanding every op into one row per enclosing range (2.9 M rows for 1 M ops). This
+    needs nested ranges and each correlation id under one innermost range (true unless a
+    GPU op matched two API rows on different threads); otherwise the pairs are expanded.
+    """
+    tree, ops = p.tree, p.ops
+    if tree["_crossing"].any():
+        return _range_totals_from_pairs(p)
+    inner = p.inner.filter(pl.col("_idx").is_not_null())
+    own = inner.select(
+        "_idx",
+        ops["start_ns"].gather(inner["_op"]).alias("_ps"),
+        ops["end_ns"].gather(inner["_op"]).alias("_pe"),
+        ops["correlation_id"].gather(inner["_op"]).alias("_corr"),
+        ops["global_pid"].gather(inner["_op"]).alias("_proc"),
+    )
+    per = own.group_by("_idx").agg(pl.col("_ps").min(), pl.col("_pe").max(), pl.len().cast(pl.Int64).alias("_n"))
+    if own["_corr"].n_unique() != own.height:  # processes reuse ids; CUDA graphs launch many kernels with one
+        distinct = own.select(pl.struct("_proc", "_corr").n_unique()).item()
+        once = own.unique(["_proc", "_corr", "_idx"])
+        if once.height != distinct:
+            return _range_totals_from_pairs(p)
+        counts = once.group_by("_idx").agg(pl.len().cast(pl.Int64).alias("_n"))
+        per = per.drop("_n").join(counts, on="_idx")
+    # dense per-range columns, children folded into parents from the deepest level up
+    n = tree.height
+    ps = pl.repeat(None, n, dtype=pl.Int64, eager=True).scatter(per["_idx"], per["_ps"])
+    pe = pl.repeat(None, n, dtype=pl.Int64, eager=True).scatter(per["_idx"], per["_pe"])
+    count = pl.repeat(0, n, dtype=pl.Int64, eager=True).scatter(per["_idx"], per["_n"])
+    parent, level = tree["_parent_idx"], tree["level"]
+    for depth in range(max_int(level), 0, -1):
+        rows = pl.DataFrame({"_parent": parent, "_ps": ps, "_pe": pe, "_n": count}).filter((level == depth) & ps.is_not_null())
+        up = rows.group_by("_parent").agg(pl.col("_ps").min(), pl.col("_pe").max(), pl.col("_n").sum())
+        at = up["_parent"]
+        merged = up.select(
+            pl.min_horizontal(ps.gather(at), "_ps").alias("_ps"),
+            pl.max_horizontal(pe.gather(at), "_pe").alias("_pe"),
+            (count.gather(at) + pl.col("_n")).alias("_n"),
+        )
+        ps.scatter(at, merged["_ps"])
+        pe.scatter(at, merged["_pe"])
+        count.scatter(at, merged["_n"])
+    totals = pl.DataFrame({"_idx": tree["_idx"], "_ps": ps, "_pe": pe, "_n": count})
+    return totals.filter(pl.col("_ps").is_not_null())
+
+
+def _range_totals_from_pairs(p: Projection) -> pl.DataFrame:
+    """:func:`_range_totals` by expanding every (op, enclosing range) pair."""
+    pairs = p.pairs()
+    idx = pairs["_op"]
+    return (
+        pairs.with_columns(
+            _take(p.ops["start_ns"], idx).alias("start_ns"),
+            _take(p.ops["end_ns"], idx).alias("end_ns"),
+            _take(p.ops["correlation_id"], idx).alias("correlation_id"),
+        )
+        .group_by("_idx")
+        .agg(
+            pl.col("start_ns").min().alias("_ps"),
+            pl.col("end_ns").max().alias("_pe"),
+            pl.col("correlation_id").n_unique().cast(pl.Int64).alias("_n"),
+        )
+    )
 
 
 def _take(series: pl.Series, index: pl.Series) -> pl.Series:
@@ -188,20 +261,7 @@ _TRACE_KINDS = {
 
 
 def _trace_frame(p: Projection, convention: str) -> pl.DataFrame:
-    idx = p.pairs["_op"]
-    per_range = (
-        p.pairs.with_columns(
-            _take(p.ops["start_ns"], idx).alias("start_ns"),
-            _take(p.ops["end_ns"], idx).alias("end_ns"),
-            _take(p.ops["correlation_id"], idx).alias("correlation_id"),
-        )
-        .group_by("_idx")
-        .agg(
-            pl.col("start_ns").min().alias("_ps"),
-            pl.col("end_ns").max().alias("_pe"),
-            pl.col("correlation_id").n_unique().alias("_n"),
-        )
-    )
+    per_range = p.range_totals()
     tree = p.tree.with_columns(_stacks(p.tree).alias("_stack"))
     ranges = tree.join(per_range, on="_idx", how="inner")
     children = ranges.group_by("_parent_idx").len("_nchild")
@@ -328,7 +388,8 @@ def nvtx_kern_sum(trace: NsysTrace, *, convention: str = "2025") -> Report:
         "_op", "_gpu", "duration_ns", "name",
         (pl.col("global_tid") // (1 << 24) % (1 << 24)).alias("_pid"), "tid",
     )
-    idx, ridx = p.pairs["_op"], p.pairs["_idx"]
+    pairs = p.pairs()
+    idx, ridx = pairs["_op"], pairs["_idx"]
     tree = p.tree
     inside = pl.DataFrame({
         "_gpu": _take(ops["_gpu"], idx),
