@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 import polars as pl
 
@@ -11,7 +12,17 @@ import polars as pl
 PID_UNIT = 1 << 24
 
 
-def rank_keys(*frames: pl.DataFrame) -> list[str]:
+class ColumnSource(Protocol):
+    """Anything with ``columns`` and ``source[name] -> Series``: a frame, or
+    :class:`tracekit.nsys.readers.TableColumns`, which reads each column when asked."""
+
+    @property
+    def columns(self) -> list[str]: ...
+
+    def __getitem__(self, name: str) -> pl.Series: ...
+
+
+def rank_keys(*frames: pl.DataFrame | ColumnSource) -> list[str]:
     """``["rank"]`` when every frame has a ``rank`` column (a multi-rank table set), else ``[]``."""
     return ["rank"] if frames and all("rank" in f.columns for f in frames) else []
 

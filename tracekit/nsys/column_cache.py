@@ -60,6 +60,11 @@ class ColumnCache:
         safe = "".join(ch if ch.isalnum() or ch in "_-" else "_" for ch in table)
         return self.folder / f"{safe}.{digest}.arrow"
 
+    def has(self, table: str, expr: str) -> bool:
+        """Whether column ``expr`` of ``table`` is cached (a later :meth:`get` may still miss
+        if the file turns out damaged)."""
+        return self._path(table, expr).is_file()
+
     def get(self, table: str, expr: str) -> pl.Series | None:
         """The cached column ``expr`` of ``table``, or None."""
         path = self._path(table, expr)

@@ -263,6 +263,12 @@ class ExportDatabase:
         )
         return _cast(frame, schema)
 
+    def all_cached(self, table: str, exprs: Sequence[str]) -> bool:
+        """Whether :meth:`query_table` of these expressions (no ``WHERE``) would be answered
+        from the column cache alone."""
+        cache = self.column_cache if self._row_span(table) >= CACHE_MIN_ROWS else None
+        return cache is not None and all(e == "NULL" or cache.has(table, e) for e in exprs)
+
     @staticmethod
     def _cached_columns(cache: ColumnCache, table: str, exprs: list[str]) -> list[pl.Series | None]:
         """``cache.get`` of each expression, on up to :func:`read_threads` threads (polars

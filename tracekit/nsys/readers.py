@@ -38,6 +38,13 @@ class Col:
 def select(db: ExportDatabase, table: str, cols: Sequence[Col], where: str = "") -> pl.DataFrame:
     """``SELECT`` the present ``cols`` of ``table``; absent ones come back as NULL."""
     present = set(db.columns(table))
+    schema = {c.target: c.dtype for c in cols}
+    if not present:
+        return pl.DataFrame(schema=schema)
+    return db.query_table(table, _sql_exprs(cols, present), schema, where)
+
+
+def _sql_exprs(cols: Sequence[Col], present: Collection[str]) -> list[str]:
     parts = []
     for col in cols:
         if col.source is not None and col.source in present:
@@ -45,10 +52,39 @@ def select(db: ExportDatabase, table: str, cols: Sequence[Col], where: str = "")
             parts.append(col.sql.format(col=quoted) if col.sql else quoted)
         else:
             parts.append("NULL")
-    schema = {c.target: c.dtype for c in cols}
-    if not present:
-        return pl.DataFrame(schema=schema)
-    return db.query_table(table, parts, schema, where)
+    return parts
+
+
+class TableColumns:
+    """Some columns of one export table, read one at a time when asked for: a stand-in for a
+    frame (``columns``, ``frame[name]``) where a pipeline needs a few rows of several huge
+    columns, e.g. the API calls that launched each kernel. A column comes from the column
+    cache and is not kept (the last one read is), so only one is in memory at a time. When
+    any of them is not cached, the first access reads them all in one scan (which fills the
+    cache) and keeps that frame: one scan costs less than one per column.
+    """
+
+    def __init__(self, db: ExportDatabase, table: str, cols: Sequence[Col]) -> None:
+        self._db, self._table, self._cols = db, table, {c.target: c for c in cols}
+        self._frame: pl.DataFrame | None = None
+        self._last: tuple[str, pl.Series] | None = None
+
+    @property
+    def columns(self) -> list[str]:
+        return list(self._cols)
+
+    def __getitem__(self, name: str) -> pl.Series:
+        if self._frame is not None:
+            return self._frame[name]
+        if self._last is not None and self._last[0] == name:
+            return self._last[1]
+        present = set(self._db.columns(self._table))
+        if not self._db.all_cached(self._table, _sql_exprs(list(self._cols.values()), present)):
+            self._frame = select(self._db, self._table, list(self._cols.values()))
+            return self._frame[name]
+        column = select(self._db, self._table, [self._cols[name]]).to_series()
+        self._last = (name, column)
+        return column
 
 
 def wanted_columns(table: str, columns: Collection[str] | None) -> list[str]:
