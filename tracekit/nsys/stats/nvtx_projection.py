@@ -49,40 +49,42 @@ def _loaded(trace: NsysTrace, table: str) -> pl.DataFrame | None:
     return trace.table(table) if trace.is_loaded(table) else None
 
 
-def op_rows(trace: NsysTrace, table: str, columns: list[str], *, names: bool = False) -> pl.DataFrame:
+def op_rows(trace: NsysTrace, table: str, columns: list[str], *, names: bool = False, duration: bool = True) -> pl.DataFrame:
     """``columns`` (loader names, from :data:`_OP_COLUMNS`) of a GPU activity table, plus
-    ``duration_ns`` and, with ``names``, ``name``: the kernel's demangled name, as its
-    ``StringIds`` id (Int64) when read here or as text when reused from ``trace.kernels``."""
+    ``duration_ns`` (unless ``duration=False``) and, with ``names``, ``name``: the kernel's
+    demangled name, as its ``StringIds`` id (Int64) when read here or as text when reused
+    from ``trace.kernels``."""
     loader = {KERNEL_TABLE: "kernels", "CUPTI_ACTIVITY_KIND_MEMCPY": "memcpys", "CUPTI_ACTIVITY_KIND_MEMSET": "memsets"}[table]
-    extra = ["name"] if names else []
+    extra = [*(["duration_ns"] if duration else []), *(["name"] if names else [])]
     cached = _loaded(trace, loader)
     if cached is not None:
-        return cached.select(*columns, "duration_ns", *extra)
+        return cached.select(*columns, *extra)
     cols = [Col(c, _OP_COLUMNS[c]) for c in columns] + ([Col("name", "demangledName")] if names else [])
     frame = readers.select(trace.db, table, cols)  # an absent table gives an empty frame of these columns
-    return frame.with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("duration_ns")).select(*columns, "duration_ns", *extra)
+    return frame.with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("duration_ns")).select(*columns, *extra)
 
 
-def api_rows(trace: NsysTrace, *, names: bool = True) -> pl.DataFrame:
+def api_rows(trace: NsysTrace, *, names: bool = True) -> pl.DataFrame | readers.TableColumns:
     """CUDA API calls for the launch join: ``global_tid``, ``correlation_id``, ``start_ns``,
     ``end_ns`` and, with ``names``, ``name`` (string id, or text when reused from
     ``trace.cuda_api``). The join derives ``tid`` from ``global_tid`` for the rows it keeps.
 
-    The whole table is read (so it can come from the column cache) and not filtered: the
-    launch join (:func:`~tracekit.analysis.attribution.launch_pairs`) only gathers the rows
-    it matches. The reports join with ``dedupe=False``, so the runtime/driver preference (the
-    ``api`` column) is not needed."""
+    Whole columns, unfiltered: the launch join
+    (:func:`~tracekit.analysis.attribution.launch_pairs`) reads the correlation ids, then
+    gathers the rows it matched from one column at a time (a
+    :class:`~tracekit.nsys.readers.TableColumns`; on a 1M-kernel export the 2.5 M calls'
+    columns are never all in memory at once). The reports join with ``dedupe=False``, so the
+    runtime/driver preference (the ``api`` column) is not needed."""
     cols = ["global_tid", "correlation_id", "start_ns", "end_ns", *(["name"] if names else [])]
     cached = _loaded(trace, "cuda_api")
     if cached is not None:
         return cached.select(cols)
-    frame = readers.select(
+    return readers.TableColumns(
         trace.db,
         "CUPTI_ACTIVITY_KIND_RUNTIME",
         [Col("global_tid", "globalTid"), Col("correlation_id", "correlationId"), Col("start_ns", "start"),
          Col("end_ns", "end"), *([Col("name", "nameId")] if names else [])],
     )
-    return frame.select(cols)
 
 
 def resolve_names(frame: pl.DataFrame, trace: NsysTrace, *columns: str) -> pl.DataFrame:
@@ -141,15 +143,14 @@ def projection(trace: NsysTrace, *, kernels_only: bool = False) -> Projection:
     match twice; nsys counts such kernels twice in ``nvtx_kern_sum``'s times.
     """
     cols = ["global_pid", "correlation_id", "start_ns", "end_ns"]
-    kernels = op_rows(trace, KERNEL_TABLE, cols, names=True)
-    parts = [kernels]
-    if not kernels_only:
-        none = pl.lit(None, kernels.schema["name"]).alias("name")
-        for table in ("CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET"):
-            parts.append(op_rows(trace, table, cols).with_columns(none))
-    ops = pl.concat(parts, how="vertical_relaxed")
-    api = api_rows(trace, names=False)
-    ops = _launch_join(ops.with_row_index("_gpu"), api, dedupe=False, with_name=False).with_row_index("_op")
+    if kernels_only:  # nvtx_kern_sum: kernel names and durations
+        ops = op_rows(trace, KERNEL_TABLE, cols, names=True)
+    else:  # the projections: times and ids of every kind of op
+        tables = (KERNEL_TABLE, "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
+        ops = pl.concat([op_rows(trace, t, cols, duration=False) for t in tables], how="vertical_relaxed")
+    launch = ["tid", "global_tid", "api_start_ns", "api_end_ns"]
+    ops = _launch_join(ops.with_row_index("_gpu"), api_rows(trace, names=False), dedupe=False, columns=launch)
+    ops = ops.with_row_index("_op")
     tree = _nvtx_tree(trace.table("nvtx", _TREE_COLUMNS), [])
     threads = tree.select("global_tid", "_thr").unique(subset=["global_tid"], keep="first")
     calls = (
