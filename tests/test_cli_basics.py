@@ -57,3 +57,20 @@ def test_summary_runs_on_every_sample() -> None:
         assert proc.returncode == 0, proc.stderr
         assert "top kernels" in proc.stdout and "nsys version" in proc.stdout
     assert NSYS_REFERENCE.is_dir()
+
+
+def test_console_entry_keeps_exit_codes_and_output() -> None:
+    """`run()` ends the process with os._exit after main(): the exit code, stdout and the
+    one-line error must come through as main() left them."""
+    export = SAMPLES / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite"
+    ok = subprocess.run(
+        [sys.executable, "-m", "tracekit.cli.main", "stats", "-r", "cuda_kern_exec_sum", "-f", "csv", str(export)],
+        capture_output=True, text=True, check=False,
+    )
+    assert ok.returncode == 0 and ok.stdout.startswith("PID,TID,DevId,Count,QCount,") and len(ok.stdout.splitlines()) > 2
+    bad = subprocess.run(
+        [sys.executable, "-m", "tracekit.cli.main", "stats", "-r", "no_such_report", str(export)],
+        capture_output=True, text=True, check=False,
+    )
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.startswith("tracekit: error:") and len(bad.stderr.strip().splitlines()) == 1

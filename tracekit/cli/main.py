@@ -7,10 +7,13 @@ commands cost about 0.1 s of each ``tracekit stats`` run.
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 import typer
 
@@ -88,5 +91,24 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def run() -> NoReturn:
+    """The ``tracekit`` console script: :func:`main`, then end the process without tearing the
+    interpreter down.
+
+    Exit handlers run (``atexit``: logging, thread pools, finalizers) and output is flushed;
+    only the interpreter's final garbage collection and module teardown are skipped, which
+    after a report over a million kernels frees a few hundred MB of frames object by object:
+    0.05–0.1 s that a one-shot command has no use for (measured on the 1 M-kernel export).
+    """
+    code = main()
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader went away (``tracekit stats ... | head``)
+        code = code or 1
+    sys.stderr.flush()
+    atexit._run_exitfuncs()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()
