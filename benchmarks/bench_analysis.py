@@ -53,10 +53,12 @@ from common import (  # noqa: E402
     machine,
     markdown_table,
     nsys_version,
+    precompile_tracekit,
     print_table,
     python,
     run_measured,
     table_info,
+    tracekit_command,
     versions,
     warm_page_cache,
     write_results,
@@ -86,20 +88,6 @@ t2 = time.perf_counter()
 print(f"ops={a.height} coverage={cov['coverage'][0]:.4f} load_s={t1 - t0:.2f} compute_s={t2 - t1:.2f}")
 """
 
-_REPORT = """
-import sys, time, tracekit
-from tracekit.nsys.stats import run_report
-t0 = time.perf_counter()
-trace = tracekit.open(sys.argv[1])
-t1 = time.perf_counter()
-report = run_report(trace, sys.argv[2], convention="2023")  # reads the columns it needs
-t2 = time.perf_counter()
-with open(sys.argv[3], "wb") as fh:
-    report.write_csv(fh)
-t3 = time.perf_counter()
-print(f"rows={report.frame.height} open_s={t1 - t0:.2f} report_s={t2 - t1:.2f} csv_s={t3 - t2:.2f}")
-"""
-
 _METRICS = """
 import sys, time, tracekit
 from tracekit.analysis.metrics import kernel_metrics, metrics_by
@@ -120,10 +108,20 @@ VARIANTS = ("cold", "warm")
 
 def _tracekit(code: str, *args: str, variant: str = "cold") -> Measured:
     """Run ``code`` in a fresh Python; ``cold`` empties the column cache first."""
+    return _run([python(), "-W", "ignore", "-c", code, *args], variant)
+
+
+def _tracekit_stats(prefix: list[str], trace: Path, report: str, csv: Path, variant: str) -> Measured:
+    """``tracekit stats -f csv --convention 2023 -r REPORT TRACE > CSV``: the command users
+    run, compared with ``nsys stats`` whole process against whole process."""
+    return _run([*prefix, report, str(trace)], variant, stdout_path=csv)
+
+
+def _run(argv: list[str], variant: str, stdout_path: Path | None = None) -> Measured:
     if variant == "cold":
         shutil.rmtree(CACHE, ignore_errors=True)
     env = {**os.environ, "TRACEKIT_CACHE": str(CACHE)}
-    return run_measured([python(), "-W", "ignore", "-c", code, *args], cwd=REPO, env=env)
+    return run_measured(argv, cwd=REPO, env=env, stdout_path=stdout_path)
 
 
 def _nsys_report(nsys: Path, trace: Path, report: str, out: Path) -> Measured:
@@ -190,6 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(exist_ok=True)
     nsys = None if args.skip_nsys else find_nsys()
     warm_page_cache(args.trace)
+    precompile_tracekit()
+    tk_prefix, tk_how = tracekit_command(python())
+    print(f"tracekit reports run as: {tk_how}")
     results: dict[str, dict[str, object]] = {}
 
     runs: dict[str, dict[str, list[Measured]]] = {}
@@ -206,12 +207,14 @@ def main(argv: list[str] | None = None) -> int:
             for variant in VARIANTS:
                 ours_csv = work / f"tracekit_{variant}_{report}.csv"
                 ours_csv.unlink(missing_ok=True)
-                ours = _tracekit(_REPORT, str(args.trace), report, str(ours_csv), variant=variant)
+                ours = _tracekit_stats(tk_prefix, args.trace, report, ours_csv, variant)
                 name = f"{report} ({variant})"
                 record(name, "tracekit", ours)
                 if theirs is not None:
                     record(name, "nsys", theirs)
                     same = _same_csv(ours_csv, work / f"nsys_{report}_{report}.csv")
+                    if ours_csv.is_file():
+                        results.setdefault(name, {})["rows"] = _multiset_digest(ours_csv)[0] - 1  # minus the header
                     previous = results.get(name, {}).get("same_rows", True)
                     results.setdefault(name, {})["same_rows"] = same if previous is True else previous
         if args.metrics_trace.is_file():
@@ -227,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             entry[f"{who}_runs_s"] = [m.wall_s for m in ms]
         ours_m = entry["tracekit"]
         assert isinstance(ours_m, Measured)
-        entry["note"] = ours_m.stdout.strip() or ours_m.stderr[-500:]
+        entry["note"] = ours_m.stdout.strip() or ours_m.stderr[-500:] or (f"rows={entry['rows']}" if "rows" in entry else "")
 
     header = [
         "variant",

@@ -27,7 +27,6 @@ import argparse
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -43,11 +42,13 @@ from common import (  # noqa: E402
     fmt_s,
     markdown_table,
     nsys_version,
+    precompile_tracekit,
     print_table,
     run_measured,
     sha256,
     source_state,
     table_info,
+    tracekit_command,
     wait_for_idle,
     warm_page_cache,
     write_results,
@@ -67,26 +68,6 @@ VARIANTS = ("cold", "warm")
 DEFAULT_TARGET = 3.0
 #: reports whose row order nsys leaves open for ties (compare as multisets)
 UNORDERED = {"cuda_api_sum"}
-
-_FALLBACK = (
-    "import sys; import tracekit; from tracekit.nsys.stats import run_report; "
-    "t = tracekit.open(sys.argv[2]); sys.stdout.write(run_report(t, sys.argv[1], convention='2023').to_csv())"
-)
-
-
-def tracekit_command(python: str) -> tuple[list[str], str]:
-    """argv prefix for `tracekit stats` (the CLI when it works, else an equivalent python -c)."""
-    exe = Path(python).with_name("tracekit")
-    try:
-        help_text = subprocess.run(
-            [str(exe), "stats", "--help"], capture_output=True, text=True, timeout=120
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        help_text = ""
-    if "--report" in help_text and "--convention" in help_text:
-        return [str(exe), "stats", "-f", "csv", "--convention", "2023", "-r"], "tracekit stats CLI"
-    return [python, "-c", _FALLBACK], "python -c run_report(...).to_csv() (CLI unavailable)"
-
 
 def _lines(path: Path) -> list[str]:
     text = path.read_text(errors="replace")
@@ -140,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     reports = [r.strip() for r in args.reports.split(",") if r.strip()]
     nsys = None if args.no_nsys else find_nsys()
     nsys_ver = nsys_version(nsys) if nsys else "absent"
+    precompile_tracekit()
     tk_prefix, tk_how = tracekit_command(sys.executable)
     outdir = OUT / ("stats" if path == DEFAULT_BIG.resolve() else f"stats_{path.stem}")
     outdir.mkdir(parents=True, exist_ok=True)
