@@ -107,7 +107,8 @@ def _launch_join(
         base = base.select(pl.all().gather(pairs["_lrow"]))
     sources = {"global_tid": "global_tid", "api_name": "name", "api_start_ns": "start_ns", "api_end_ns": "end_ns"}
     arow = pairs["_arow"]
-    out = base.with_columns(cuda_api[sources[c]].gather(arow).alias(c) for c in _LAUNCH_COLUMNS if c in columns and c != "tid")
+    wanted = [c for c in _LAUNCH_COLUMNS if c in columns and c != "tid"]
+    out = base.with_columns(s.alias(c) for c, s in zip(wanted, _gathered(cuda_api, [sources[c] for c in wanted], arow), strict=True))
     if "tid" in columns:  # gathered when the API frame has one, else the low bits of global_tid
         if "tid" in cuda_api.columns:
             tid = cuda_api["tid"].gather(arow)
@@ -115,6 +116,15 @@ def _launch_join(
             tid = (out["global_tid"] if "global_tid" in columns else cuda_api["global_tid"].gather(arow)) % PID_UNIT
         out = out.with_columns(tid.alias("tid"))
     return out.select(*base.columns, *(c for c in _LAUNCH_COLUMNS if c in columns))
+
+
+def _gathered(source: pl.DataFrame | ColumnSource, names: list[str], rows: pl.Series) -> list[pl.Series]:
+    """``source[name].gather(rows)`` for each name; a source that reads its columns on
+    demand (``gather_columns``) reads them in parallel and keeps none."""
+    gather = getattr(source, "gather_columns", None)
+    if gather is not None:
+        return list(gather(names, rows))
+    return [source[n].gather(rows) for n in names]
 
 
 def _is_identity(rows: pl.Series, height: int) -> bool:

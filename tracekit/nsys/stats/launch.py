@@ -15,7 +15,6 @@ import polars as pl
 
 from tracekit.analysis.attribution import _launch_join
 from tracekit.errors import UnsupportedReportError
-from tracekit.nsys import readers
 from tracekit.nsys.stats.common import Report
 from tracekit.nsys.stats.nvtx_projection import (
     KERNEL_TABLE,
@@ -94,8 +93,8 @@ def _display_name_ids(names: pl.Series, trace: NsysTrace) -> pl.Series:
     that grouping on it groups by the text without resolving a million strings."""
     if names.dtype == pl.Utf8:
         return names.to_frame("n").select(api_display_name(pl.col("n"))).to_series()
-    ids = names.unique().drop_nulls().to_frame("id")
-    texts = ids.with_columns(api_display_name(readers.lookup_strings(pl.col("id"), trace.strings)).alias("text"))
+    # over the whole StringIds table (thousands of rows), not the million-row column
+    texts = trace.strings.select("id", api_display_name(pl.col("value")).alias("text"))
     canon = texts.with_columns(pl.col("id").min().over("text").alias("canon")).filter(pl.col("canon") != pl.col("id"))
     if canon.height == 0:  # one id per display text (the usual case): nothing to replace
         return names
