@@ -110,3 +110,21 @@ def test_trace_reports_print_the_same_csv_as_the_cell_by_cell_formatter(conventi
             csv.writer(buf, lineterminator="\n").writerows([rep.columns, *rep.reference_rows()])
             assert rep.formatted_rows() == rep.reference_rows()
             assert rep.to_csv() == buf.getvalue()
+
+
+def test_launch_shapes_are_formatted_once_per_shape_and_equal_per_row_formatting() -> None:
+    """GridXYZ/BlockXYZ come from one string per distinct shape, keyed by packing (x, y, z)
+    into one integer; shapes that cannot be packed (y or z ≥ 65536, negative, null) are
+    formatted row by row. Both give nsys's three 4-wide fields."""
+    import polars as pl
+
+    from tracekit.nsys.stats.launch import _xyz, _xyz_text
+
+    trace = _open(SAMPLES / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite")
+    real = trace.kernels.select("grid_x", "grid_y", "grid_z")
+    odd = pl.DataFrame({"grid_x": [70000, 1, 5, None], "grid_y": [1, 70000, -1, 2], "grid_z": [1, 1, 1, 3]})
+    for frame in (real, pl.concat([real, odd])):
+        expected = frame.select(_xyz_text(pl.col("grid_x"), pl.col("grid_y"), pl.col("grid_z"))).to_series()
+        assert _xyz(frame, "grid_x", "grid_y", "grid_z").to_list() == expected.to_list()
+    assert _xyz(real, "grid_x", "grid_y", "grid_z").n_unique() < real.height
+    assert _xyz(odd, "grid_x", "grid_y", "grid_z").to_list()[:2] == ["70000    1    1", "   1 70000    1"]

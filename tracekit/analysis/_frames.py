@@ -33,6 +33,14 @@ def max_int(series: pl.Series) -> int:
     return int(value) if isinstance(value, int | float) else 0
 
 
+def is_identity(rows: pl.Series, height: int) -> bool:
+    """Whether ``rows`` is ``0, 1, …, height - 1``: gathering a frame by it would copy the
+    frame unchanged (sorted, no repeats, none missing)."""
+    if rows.len() != height:
+        return False
+    return height == 0 or (rows.is_sorted() and rows[0] == 0 and rows[-1] == height - 1 and rows.n_unique() == height)
+
+
 def process_key(global_tid: str | pl.Expr = "global_tid") -> pl.Expr:
     """The ``globalPid`` of a ``globalTid`` (thread bits cleared)."""
     e = pl.col(global_tid) if isinstance(global_tid, str) else global_tid

@@ -29,7 +29,14 @@ from collections.abc import Sequence
 
 import polars as pl
 
-from tracekit.analysis._frames import PID_UNIT, ColumnSource, max_int, process_key, rank_keys
+from tracekit.analysis._frames import (
+    PID_UNIT,
+    ColumnSource,
+    is_identity,
+    max_int,
+    process_key,
+    rank_keys,
+)
 from tracekit.nsys.nvtx import qualified_name
 
 #: ``NVTX_EVENTS.eventType`` codes of ranges: push/pop (59, NVTXT 70), start/end (60, 71).
@@ -103,7 +110,7 @@ def _launch_join(
             .select("_lrow", "_arow")
         )
     base = ops.drop([c for c in _LAUNCH_COLUMNS if c in ops.columns])
-    if not _is_identity(pairs["_lrow"], base.height):
+    if not is_identity(pairs["_lrow"], base.height):
         base = base.select(pl.all().gather(pairs["_lrow"]))
     sources = {"global_tid": "global_tid", "api_name": "name", "api_start_ns": "start_ns", "api_end_ns": "end_ns"}
     arow = pairs["_arow"]
@@ -125,11 +132,6 @@ def _gathered(source: pl.DataFrame | ColumnSource, names: list[str], rows: pl.Se
     if gather is not None:
         return list(gather(names, rows))
     return [source[n].gather(rows) for n in names]
-
-
-def _is_identity(rows: pl.Series, height: int) -> bool:
-    """Whether ``rows`` is ``0, 1, …, height - 1`` (sorted, no repeats, all there)."""
-    return rows.len() == height and (height == 0 or (rows.is_sorted() and rows[0] == 0 and rows[-1] == height - 1 and rows.n_unique() == height))
 
 
 def launch_pairs(ops: pl.DataFrame, cuda_api: pl.DataFrame | ColumnSource, *, how: str = "left") -> pl.DataFrame:

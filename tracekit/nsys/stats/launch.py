@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
+from tracekit.analysis._frames import is_identity, max_int
 from tracekit.analysis.attribution import _launch_join
 from tracekit.errors import UnsupportedReportError
 from tracekit.nsys.stats.common import Report
@@ -36,41 +37,8 @@ def _require(trace: NsysTrace, report: str) -> None:
         raise UnsupportedReportError(msg)
 
 
-def kernel_launches(trace: NsysTrace, *, resolve: bool = True, geometry: bool = True) -> pl.DataFrame:
-    """Kernels with their launch: one row per (kernel, matching API call).
-
-    With ``resolve=False``, ``name`` and ``api_name`` may stay ``StringIds`` ids (Int64) for
-    cheap grouping; :func:`~tracekit.nsys.stats.nvtx_projection.resolve_names` turns them
-    into text (``api_name`` then still needs nsys's display clean-up). ``geometry=False``
-    leaves out the grid and block sizes.
-
-    Columns: ``api_start_ns``, ``api_duration_ns``, ``queue_start_ns``, ``queue_duration_ns``
-    (null when the kernel started before the call ended; 0 when exactly at its end), ``start_ns``, ``duration_ns``,
-    ``total_duration_ns``, ``pid``, ``tid``, ``device_id``, ``api_name`` (nsys's display
-    name), grid and block sizes and ``name``.
-    """
-    k = _launched(trace, GRID if geometry else [])
-    if resolve:
-        k = resolve_names(k, trace, "name", "api_name").with_columns(api_display_name(pl.col("api_name")).alias("api_name"))
-    return k.select(
-        "api_start_ns",
-        _API_DURATION.alias("api_duration_ns"),
-        pl.when(_QUEUE >= 0).then(pl.col("api_end_ns")).alias("queue_start_ns"),
-        _QUEUE_DURATION.alias("queue_duration_ns"),
-        "start_ns",
-        "duration_ns",
-        _TOTAL_DURATION.alias("total_duration_ns"),
-        _PID.alias("pid"),
-        "tid",
-        "device_id",
-        "api_name",
-        *(GRID if geometry else []),
-        "name",
-        "correlation_id",
-    )
-
-
 GRID = ["grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"]
+# over the columns of _launched (all ns): queue wait, API and total durations, process id
 _QUEUE = pl.col("start_ns") - pl.col("api_end_ns")
 _QUEUE_DURATION = pl.when(_QUEUE >= 0).then(_QUEUE)
 _API_DURATION = pl.col("api_end_ns") - pl.col("api_start_ns")
@@ -101,11 +69,28 @@ def _display_name_ids(names: pl.Series, trace: NsysTrace) -> pl.Series:
     return names.replace(canon["id"], canon["canon"])
 
 
-def _xyz(x: str, y: str, z: str) -> pl.Expr:
-    return pl.format(
-        "{} {} {}",
-        *(pl.col(c).cast(pl.Utf8).str.pad_start(4) for c in (x, y, z)),
+def _xyz_text(x: pl.Expr, y: pl.Expr, z: pl.Expr) -> pl.Expr:
+    """``"   x    y    z"``: three right-aligned 4-wide fields, as nsys prints grid and block sizes."""
+    return pl.format("{} {} {}", *(c.cast(pl.Utf8).str.pad_start(4) for c in (x, y, z)))
+
+
+def _xyz(frame: pl.DataFrame, x: str, y: str, z: str) -> pl.Series:
+    """:func:`_xyz_text` of each row, formatted once per distinct (x, y, z): a million
+    kernels have a handful of launch shapes, and building a million strings costs ~0.1 s."""
+    dims = frame.select(x, y, z)
+    packable = (
+        not dims.null_count().sum_horizontal().item()
+        and dims.height > 0
+        and dims.select(pl.min_horizontal(pl.all().min())).item() >= 0
+        and max_int(dims[x]) < 1 << 31
+        and max(max_int(dims[y]), max_int(dims[z])) < 1 << 16
     )
+    if not packable:
+        return dims.select(_xyz_text(pl.col(x), pl.col(y), pl.col(z))).to_series()
+    key = dims.select((pl.col(x) * (1 << 32) + pl.col(y) * (1 << 16) + pl.col(z)).alias("k")).to_series()
+    shapes = dims.with_columns(key.alias("k")).unique("k")
+    text = shapes.select(_xyz_text(pl.col(x), pl.col(y), pl.col(z))).to_series()
+    return key.replace_strict(shapes["k"], text, return_dtype=pl.Utf8)
 
 
 def cuda_kern_exec_trace(trace: NsysTrace, *, convention: str = "2025") -> Report:
@@ -115,23 +100,31 @@ def cuda_kern_exec_trace(trace: NsysTrace, *, convention: str = "2025") -> Repor
     Ordered by API start.
     """
     _require(trace, "cuda_kern_exec_trace")
-    k = kernel_launches(trace).sort(["api_start_ns", "start_ns", "correlation_id"], maintain_order=True)
+    k = _launched(trace, GRID)
+    # the launch shapes as text, then the six integer columns go (a million rows each)
+    k = k.with_columns(_xyz(k, "grid_x", "grid_y", "grid_z").alias("_grid"), _xyz(k, "block_x", "block_y", "block_z").alias("_block"))
+    k = k.drop(GRID)
+    k = resolve_names(k, trace, "name", "api_name")
+    order = k.select(pl.arg_sort_by(["api_start_ns", "start_ns", "correlation_id"], maintain_order=True)).to_series()
     frame = k.select(
         pl.col("api_start_ns").alias("API Start (ns)"),
-        pl.col("api_duration_ns").alias("API Dur (ns)"),
-        pl.col("queue_start_ns").alias("Queue Start (ns)"),
-        pl.col("queue_duration_ns").alias("Queue Dur (ns)"),
+        _API_DURATION.alias("API Dur (ns)"),
+        pl.when(_QUEUE >= 0).then(pl.col("api_end_ns")).alias("Queue Start (ns)"),
+        _QUEUE_DURATION.alias("Queue Dur (ns)"),
         pl.col("start_ns").alias("Kernel Start (ns)"),
         pl.col("duration_ns").alias("Kernel Dur (ns)"),
-        pl.col("total_duration_ns").alias("Total Dur (ns)"),
-        pl.col("pid").alias("PID"),
+        _TOTAL_DURATION.alias("Total Dur (ns)"),
+        _PID.alias("PID"),
         pl.col("tid").alias("TID"),
         pl.col("device_id").alias("DevId"),
-        pl.col("api_name").alias("API Function"),
-        _xyz("grid_x", "grid_y", "grid_z").alias("GridXYZ"),
-        _xyz("block_x", "block_y", "block_z").alias("BlockXYZ"),
+        api_display_name(pl.col("api_name")).alias("API Function"),
+        pl.col("_grid").alias("GridXYZ"),
+        pl.col("_block").alias("BlockXYZ"),
         pl.col("name").alias("Kernel Name"),
     )
+    del k
+    if not is_identity(order, frame.height):  # usually already in order: no copy of a million rows
+        frame = frame.select(pl.all().gather(order))
     kinds = {c: "int" for c in frame.columns[:10]}
     return Report("cuda_kern_exec_trace", frame, kinds, convention)
 
