@@ -143,3 +143,34 @@ def test_unwritable_cache_only_skips_caching(tmp_path: Path, monkeypatch: pytest
     if not path.is_file():
         path = SAMPLES / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite"
     assert _trace(path).kernels.equals(_trace(path, column_cache=False).kernels, null_equal=True)
+
+
+ATTRIBUTED = [
+    SAMPLES / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite",
+    SAMPLES / "llm_tp2pp2_nccl" / "llm_tp2pp2_nccl.sqlite",
+    SAMPLES / "custom_allreduce_2gpu" / "custom_allreduce_2gpu.sqlite",
+    NSYS_CORPUS / "nsys2022.2_pipit_saxpy_mpi_cuda.sqlite",  # wrapper API rows: the dedupe path
+]
+
+
+@pytest.mark.parametrize("cache", ["off", "filled by the first open", "read by the second"])
+@pytest.mark.parametrize("path", ATTRIBUTED, ids=lambda p: p.stem)
+def test_attribute_trace_equals_the_full_table_pipeline(
+    path: Path, cache: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small_thresholds: None
+) -> None:
+    """attribute_trace reads a few columns, the API calls one at a time from the column cache
+    (or all at once without it); the result equals the pipeline over the full tables."""
+    from tracekit.analysis.attribution import attribute_nvtx, attribute_trace, launch_info
+    from tracekit.analysis.gpu_time import gpu_ops
+
+    monkeypatch.setenv("TRACEKIT_CACHE", str(tmp_path / "cache"))
+    full = _trace(path, column_cache=False)
+    expected = attribute_nvtx(launch_info(gpu_ops(full.kernels, full.memcpys, full.memsets), full.cuda_api), full.nvtx)
+    if cache == "read by the second":
+        attribute_trace(_trace(path))  # fills the cache
+    trace = _trace(path, column_cache=cache != "off")
+    ours = attribute_trace(trace)
+    assert ours.equals(expected)
+    assert not trace.is_loaded("cuda_api")
+    cached = list((tmp_path / "cache").rglob("CUPTI_ACTIVITY_KIND_RUNTIME.*.arrow"))
+    assert bool(cached) == (cache != "off")

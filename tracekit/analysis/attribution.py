@@ -26,18 +26,23 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import polars as pl
 
 from tracekit.analysis._frames import (
     PID_UNIT,
     ColumnSource,
+    gpu_ops,
     is_identity,
     max_int,
     process_key,
     rank_keys,
 )
 from tracekit.nsys.nvtx import qualified_name
+
+if TYPE_CHECKING:
+    from tracekit.nsys.trace import NsysTrace
 
 #: ``NVTX_EVENTS.eventType`` codes of ranges: push/pop (59, NVTXT 70), start/end (60, 71).
 RANGE_TYPES: tuple[int, ...] = (59, 60, 70, 71)
@@ -52,7 +57,7 @@ _NVTX_COLUMNS = ("nvtx_range", "nvtx_path", "nvtx_depth", "nvtx_range_id", "attr
 
 
 # -- GPU op → API call -----------------------------------------------------------------------
-def launch_info(ops: pl.DataFrame, cuda_api: pl.DataFrame) -> pl.DataFrame:
+def launch_info(ops: pl.DataFrame, cuda_api: pl.DataFrame | ColumnSource) -> pl.DataFrame:
     """Add the launching CUDA API call to each GPU operation.
 
     Parameters
@@ -566,6 +571,35 @@ def attribute_nvtx(ops_with_launch: pl.DataFrame, nvtx: pl.DataFrame, *, fallbac
     )
 
 
+#: The ``nvtx`` columns :func:`attribute_nvtx` reads (all rows are needed: ``range_id`` is
+#: the row number).
+NVTX_COLUMNS: tuple[str, ...] = (
+    "pid", "tid", "global_tid", "event_type_id", "start_ns", "end_ns", "name", "domain", "end_global_tid",
+)
+_OP_COLUMNS = ("pid", "global_pid", "device_id", "context_id", "stream_id", "correlation_id", "start_ns", "end_ns", "duration_ns")
+_API_COLUMNS = ("correlation_id", "global_tid", "tid", "name", "start_ns", "end_ns", "api")
+
+
+def attribute_trace(trace: NsysTrace, *, fallback: str = "process") -> pl.DataFrame:
+    """Every kernel, memcpy and memset of ``trace`` with its launching call and NVTX ranges.
+
+    The same frame as ``attribute_nvtx(launch_info(gpu_ops(trace.kernels, trace.memcpys,
+    trace.memsets), trace.cuda_api), trace.nvtx, fallback=fallback)``, built from only the
+    columns those functions read; the API calls come one column at a time
+    (:meth:`~tracekit.nsys.trace.NsysTrace.columns_on_demand`), so the 2.5 M calls of a
+    1 M-kernel trace are never all in memory (tables the trace already built are used as
+    they are). Columns: those of :func:`~tracekit.analysis._frames.gpu_ops`, then
+    :func:`launch_info`'s and :func:`attribute_nvtx`'s.
+    """
+    ops = gpu_ops(
+        trace.table("kernels", [*_OP_COLUMNS, "name"]),
+        trace.table("memcpys", [*_OP_COLUMNS, "bytes", "copy_kind", "copy_kind_label"]),
+        trace.table("memsets", [*_OP_COLUMNS, "bytes"]),
+    )
+    launched = launch_info(ops, trace.columns_on_demand("cuda_api", _API_COLUMNS))
+    return attribute_nvtx(launched, trace.table("nvtx", NVTX_COLUMNS), fallback=fallback)
+
+
 def enclosing_ranges(ops_with_launch: pl.DataFrame, nvtx: pl.DataFrame) -> pl.DataFrame:
     """Every NVTX range enclosing each operation's launching call (nsys's thread rule).
 
@@ -623,9 +657,12 @@ __all__ = [
     "FALLBACKS",
     "PID_UNIT",
     "RANGE_TYPES",
+    "NVTX_COLUMNS",
     "attribute_nvtx",
+    "attribute_trace",
     "enclosing_ranges",
     "launch_info",
+    "launch_pairs",
     "nvtx_coverage",
     "nvtx_ranges",
     "path_label",

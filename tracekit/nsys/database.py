@@ -263,6 +263,23 @@ class ExportDatabase:
         )
         return _cast(frame, schema)
 
+    def cache_integer_columns(self, table: str) -> bool:
+        """Put every INTEGER column of ``table`` into the column cache (one scan for those it
+        lacks); True when they are all there afterwards. False, reading nothing, when the
+        cache is off or the table is too small to be cached. Integer columns are the ones
+        the readers cache as Int64 under their plain quoted names."""
+        cache = self.column_cache if self._row_span(table) >= CACHE_MIN_ROWS else None
+        if cache is None:
+            return False
+        declared = self.rows(f'PRAGMA table_info("{table}")')
+        exprs = [f'"{r[1]}"' for r in declared if str(r[2]).upper() == "INTEGER"]
+        missing = [e for e in exprs if not cache.has(table, e)]
+        if missing:
+            fresh = self._read_table(table, missing, {e: pl.Int64 for e in missing})
+            for expr in missing:
+                cache.put(table, expr, fresh.get_column(expr))
+        return all(cache.has(table, e) for e in exprs)
+
     def all_cached(self, table: str, exprs: Sequence[str]) -> bool:
         """Whether :meth:`query_table` of these expressions (no ``WHERE``) would be answered
         from the column cache alone."""

@@ -299,10 +299,20 @@ def syncs(db: ExportDatabase, columns: Collection[str] | None = None) -> pl.Data
 def cuda_api(db: ExportDatabase, strings: pl.DataFrame, columns: Collection[str] | None = None) -> pl.DataFrame:
     """``CUPTI_ACTIVITY_KIND_RUNTIME`` (runtime and driver calls) → ``cuda_api``; only
     ``columns`` when given."""
-    table = "CUPTI_ACTIVITY_KIND_RUNTIME"
     wanted = wanted_columns("cuda_api", columns)
-    if not db.has_table(table):
+    if not db.has_table(CUDA_API_SOURCE):
         return S.empty("cuda_api").select(wanted)
+    raw, derived = cuda_api_spec(strings)
+    return read_projected(db, CUDA_API_SOURCE, "cuda_api", raw, derived, wanted, direct=_DURATION)
+
+
+CUDA_API_SOURCE = "CUPTI_ACTIVITY_KIND_RUNTIME"
+
+
+def cuda_api_spec(strings: pl.DataFrame) -> tuple[list[Col], dict[str, pl.Expr]]:
+    """The raw columns of ``CUPTI_ACTIVITY_KIND_RUNTIME`` and the expressions that derive the
+    other ``cuda_api`` columns from them (for :func:`cuda_api` and for gathering a few rows
+    of raw columns before deriving, :func:`gather_derived`)."""
     raw = [
         Col("start_ns", "start"),
         Col("end_ns", "end"),
@@ -321,7 +331,19 @@ def cuda_api(db: ExportDatabase, strings: pl.DataFrame, columns: Collection[str]
         "name": lookup_strings(pl.col("name_id"), strings),
         "api": enums.map_codes(pl.col("event_class"), api_labels),
     }
-    return read_projected(db, table, "cuda_api", raw, derived, wanted, direct=_DURATION)
+    return raw, derived
+
+
+def gather_derived(
+    db: ExportDatabase, source: str, table: str, raw: Sequence[Col], derived: Mapping[str, pl.Expr], column: str, rows: pl.Series
+) -> pl.Series:
+    """Column ``column`` of ``table`` at ``rows`` only: its raw inputs are read, gathered at
+    ``rows``, and only then derived (a string lookup over 1 M gathered rows instead of
+    2.5 M read ones)."""
+    expr = derived.get(column, pl.col(column))
+    roots = set(expr.meta.root_names())
+    inputs = select(db, source, [c for c in raw if c.target in roots])
+    return S.conform(inputs.select(pl.all().gather(rows)).select(expr.alias(column)), table, [column]).to_series()
 
 
 def processes(db: ExportDatabase) -> pl.DataFrame:

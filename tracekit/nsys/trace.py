@@ -181,6 +181,69 @@ class NsysTrace:
         """Whether table ``name`` was already built (and is held in memory)."""
         return isinstance(self.__dict__.get(name), pl.DataFrame)
 
+    def columns_on_demand(self, name: str, columns: Collection[str]) -> ColumnsOnDemand:
+        """``columns`` of table ``name`` (one of ``kernels``, ``memcpys``, ``memsets``,
+        ``syncs``, ``cuda_api``, ``nvtx``), each read when asked for and not kept: for a
+        pipeline that needs a few rows of several columns of a huge table, such as the API
+        call of each of a million kernels among 2.5 M calls (see :class:`ColumnsOnDemand`)."""
+        if name not in _SOURCE_TABLES:
+            msg = f"columns_on_demand reads {', '.join(_SOURCE_TABLES)}, not {name!r}"
+            raise KeyError(msg)
+        return ColumnsOnDemand(self, name, readers.wanted_columns(name, columns))
+
+
+class ColumnsOnDemand:
+    """Some columns of a trace table, read one at a time (``source[name]``, ``columns``),
+    as :meth:`NsysTrace.columns_on_demand` gives them.
+
+    A table the trace already built is served from memory. Otherwise the export's integer
+    columns are first put in the column cache (one scan, only for those it lacks), and each
+    column is then built from the cache when asked; only the last one read is kept. With
+    the cache off (or a table too small for it) the columns are read together once and kept.
+    """
+
+    def __init__(self, trace: NsysTrace, name: str, columns: list[str]) -> None:
+        self._trace, self._name, self.columns = trace, name, columns
+        self._frame: pl.DataFrame | None = None
+        self._cached: bool | None = None
+        self._last: tuple[str, pl.Series] | None = None
+
+    def __getitem__(self, column: str) -> pl.Series:
+        if column not in self.columns:
+            raise KeyError(column)
+        if self._trace.is_loaded(self._name):
+            return self._trace.table(self._name)[column]
+        if self._cached is None:
+            self._cached = self._trace.db.cache_integer_columns(_SOURCE_TABLES[self._name])
+        if not self._cached:
+            if self._frame is None:
+                self._frame = self._trace.table(self._name, self.columns)
+            return self._frame[column]
+        if self._last is None or self._last[0] != column:
+            self._last = (column, self._trace.table(self._name, [column])[column])
+        return self._last[1]
+
+    def gather_columns(self, columns: list[str], rows: pl.Series) -> list[pl.Series]:
+        """``self[c].gather(rows)`` for each column. From the cache, ``cuda_api`` columns are
+        derived after the gather (names looked up for the rows asked only)."""
+        if self._cached is None and columns:
+            self[columns[0]]  # decides between the cache and one frame
+        if self._name != "cuda_api" or not self._cached or self._trace.is_loaded(self._name):
+            return [self[c].gather(rows) for c in columns]
+        raw, derived = readers.cuda_api_spec(self._trace.strings)
+        db = self._trace.db
+        return [readers.gather_derived(db, readers.CUDA_API_SOURCE, "cuda_api", raw, derived, c, rows) for c in columns]
+
+
+_SOURCE_TABLES = {
+    "kernels": "CUPTI_ACTIVITY_KIND_KERNEL",
+    "memcpys": "CUPTI_ACTIVITY_KIND_MEMCPY",
+    "memsets": "CUPTI_ACTIVITY_KIND_MEMSET",
+    "syncs": "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION",
+    "cuda_api": "CUPTI_ACTIVITY_KIND_RUNTIME",
+    "nvtx": "NVTX_EVENTS",
+}
+
 
 _PROJECTED_READERS: dict[str, Callable[[NsysTrace, Collection[str]], pl.DataFrame]] = {
     "kernels": lambda t, cols: readers.kernels(t.db, t.strings, cols),

@@ -20,7 +20,13 @@ from typing import TYPE_CHECKING
 import polars as pl
 
 from tracekit.analysis._frames import max_int
-from tracekit.analysis.attribution import _enclosing, _innermost, _launch_join, _nvtx_tree
+from tracekit.analysis.attribution import (
+    NVTX_COLUMNS,
+    _enclosing,
+    _innermost,
+    _launch_join,
+    _nvtx_tree,
+)
 from tracekit.errors import UnsupportedReportError
 from tracekit.nsys import readers
 from tracekit.nsys.nvtx import qualified_name
@@ -132,7 +138,7 @@ def _require_nvtx(trace: NsysTrace, report: str) -> None:
 
 
 #: The ``nvtx`` columns the range tree needs (``range_id`` numbers every row, so all rows stay).
-_TREE_COLUMNS = ["pid", "tid", "global_tid", "event_type_id", "start_ns", "end_ns", "name", "domain", "end_global_tid"]
+_TREE_COLUMNS = list(NVTX_COLUMNS)
 
 
 def projection(trace: NsysTrace, *, kernels_only: bool = False) -> Projection:
