@@ -68,9 +68,10 @@ def test_console_entry_keeps_exit_codes_and_output() -> None:
         capture_output=True, text=True, check=False,
     )
     assert ok.returncode == 0 and ok.stdout.startswith("PID,TID,DevId,Count,QCount,") and len(ok.stdout.splitlines()) > 2
-    bad = subprocess.run(
-        [sys.executable, "-m", "tracekit.cli.main", "stats", "-r", "no_such_report", str(export)],
-        capture_output=True, text=True, check=False,
-    )
-    assert bad.returncode == 2 and bad.stdout == ""
-    assert bad.stderr.startswith("tracekit: error:") and len(bad.stderr.strip().splitlines()) == 1
+    for report in ("no_such_report", "cuda_gpu_kern_sum:nope", "cuda_api_sum:base"):
+        bad = subprocess.run(
+            [sys.executable, "-m", "tracekit.cli.main", "stats", "-r", report, str(export)],
+            capture_output=True, text=True, check=False,
+        )
+        assert bad.returncode == 2 and bad.stdout == "", report
+        assert bad.stderr.startswith("tracekit: error:") and len(bad.stderr.strip().splitlines()) == 1, bad.stderr

@@ -33,6 +33,10 @@ ALIASES = {"gpukernsum": "cuda_gpu_kern_sum", "cudaapisum": "cuda_api_sum", "gpu
            "gpumemtimesum": "cuda_gpu_mem_time_sum", "gpumemsizesum": "cuda_gpu_mem_size_sum", "nvtxsum": "nvtx_sum"}
 
 
+#: ``report:variant`` names nsys accepts: the kernel-name column of ``cuda_gpu_kern_sum``.
+VARIANTS: dict[str, tuple[str, ...]] = {"cuda_gpu_kern_sum": ("demangled", "base", "mangled")}
+
+
 def available_reports() -> list[str]:
     """Names of the reports whose implementation is importable."""
     names = []
@@ -58,7 +62,12 @@ def run_report(trace: NsysTrace, name: str, *, convention: str = "2025", **optio
     if convention not in CONVENTIONS:
         msg = f"unknown rounding convention {convention!r}; use one of {', '.join(CONVENTIONS)}"
         raise UnsupportedReportError(msg)
-    if variant and base == "cuda_gpu_kern_sum":
+    if variant:
+        allowed = VARIANTS.get(base, ())
+        if variant not in allowed:
+            takes = f"use {' or '.join(f'{base}:{v}' for v in allowed)}" if allowed else "it takes none"
+            msg = f"report {base} has no variant {variant!r}; {takes}"
+            raise UnsupportedReportError(msg)
         options.setdefault("name", variant)
     module, func = REPORTS[base].split(":")
     try:
