@@ -174,3 +174,45 @@ def test_attribute_trace_equals_the_full_table_pipeline(
     assert not trace.is_loaded("cuda_api")
     cached = list((tmp_path / "cache").rglob("CUPTI_ACTIVITY_KIND_RUNTIME.*.arrow"))
     assert bool(cached) == (cache != "off")
+
+
+def _folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
+
+
+def test_column_cache_keeps_under_its_size_limit_dropping_the_least_recently_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small_thresholds: None
+) -> None:
+    """Three exports cached one after the other under a limit that holds two of them: the
+    one least recently read goes, a read refreshes an export, the one being written stays."""
+    monkeypatch.setenv("TRACEKIT_CACHE", str(tmp_path / "cache"))
+    a, b, c = (SAMPLES / n / f"{n}.sqlite" for n in ("llm_decode_1gpu", "llm_tp2_nccl", "llm_tp2pp2_nccl"))
+    folders = {}
+    for path in (a, b):
+        trace = _trace(path)
+        trace.kernels  # noqa: B018 - fills the cache
+        folders[path] = trace.db.column_cache.folder  # type: ignore[union-attr]
+    sizes = {p: _folder_bytes(f) for p, f in folders.items()}
+    os.utime(folders[a], (1, 1))  # a was used long ago and b recently ...
+    os.utime(folders[b], (2, 2))
+    assert _trace(a).kernels.height > 0  # ... until a is read again (from the cache)
+    limit_gb = (sizes[a] + sizes[b] + 1) / 1e9  # room for two of the three
+    monkeypatch.setenv("TRACEKIT_COLUMN_CACHE_MAX_GB", f"{limit_gb:.12f}")
+    fresh = _trace(c)
+    fresh.kernels  # noqa: B018
+    kept = {p.name for p in (tmp_path / "cache" / "columns").iterdir()}
+    assert folders[a].name in kept and fresh.db.column_cache.folder.name in kept  # type: ignore[union-attr]
+    assert folders[b].name not in kept
+    assert _trace(b).kernels.equals(_trace(b, column_cache=False).kernels, null_equal=True)  # rebuilt when needed
+
+
+def test_column_cache_limit_of_zero_keeps_only_the_export_being_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small_thresholds: None
+) -> None:
+    monkeypatch.setenv("TRACEKIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("TRACEKIT_COLUMN_CACHE_MAX_GB", "0")
+    first, second = _trace(SAMPLES / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite"), _trace(SAMPLES / "llm_tp2_nccl" / "llm_tp2_nccl.sqlite")
+    first.kernels  # noqa: B018
+    second.kernels  # noqa: B018
+    kept = [p.name for p in (tmp_path / "cache" / "columns").iterdir()]
+    assert kept == [second.db.column_cache.key]  # type: ignore[union-attr]

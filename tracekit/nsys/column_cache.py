@@ -15,6 +15,11 @@ Location: ``<cache_dir>/columns/<key>/`` (:func:`tracekit.cache.cache_dir`, i.e.
 ``$TRACEKIT_CACHE`` or ``~/.cache/tracekit``). ``TRACEKIT_COLUMN_CACHE=0`` (or
 ``tracekit.open(path, column_cache=False)``) turns it off; deleting the folder is always
 safe. The export itself is never written to.
+
+Size: after each write, when all exports' columns together exceed
+``TRACEKIT_COLUMN_CACHE_MAX_GB`` (default :data:`DEFAULT_MAX_GB`), the folders of the
+exports used least recently (a folder's modification time is refreshed whenever one of its
+columns is read) are deleted until the rest fit; the folder being written is kept.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ log = logging.getLogger(__name__)
 FORMAT = "1"
 #: Tables with fewer rows than this are not cached (SQLite reads them in well under 0.1 s).
 MIN_ROWS = 200_000
+#: Default size limit of all cached columns, in GB (``TRACEKIT_COLUMN_CACHE_MAX_GB``).
+DEFAULT_MAX_GB = 5.0
 
 
 def enabled_by_default() -> bool:
@@ -53,6 +60,7 @@ class ColumnCache:
         self.key = hashlib.sha256(identity.encode()).hexdigest()[:24]
         self.folder = (root or cache_dir() / "columns") / self.key
         self._export = export
+        self._used = False
         self._stamp = {"export": str(export.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
     def _path(self, table: str, expr: str) -> Path:
@@ -70,6 +78,10 @@ class ColumnCache:
         path = self._path(table, expr)
         if not path.is_file():
             return None
+        if not self._used:  # the eviction order: least recently used folders go first
+            self._used = True
+            with contextlib.suppress(OSError):
+                os.utime(self.folder)
         try:
             # polars reads the file in chunks of ~120 k rows; one buffer makes gathers ~2x faster
             return pl.read_ipc(path).to_series().rechunk()
@@ -90,6 +102,7 @@ class ColumnCache:
                 stamp.write_text(json.dumps(self._stamp, indent=1))
             pl.DataFrame([column]).write_ipc(tmp, compression="uncompressed")
             os.replace(tmp, path)
+            evict(self.folder.parent, keep=self.folder, limit_bytes=max_bytes())
         except OSError as exc:
             log.debug("not caching %s.%s (%s)", table, expr, exc)
             with contextlib.suppress(OSError):
@@ -98,3 +111,38 @@ class ColumnCache:
     def clear(self) -> None:
         """Delete this export's cached columns."""
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def max_bytes() -> int:
+    """The size limit of the whole column cache: ``TRACEKIT_COLUMN_CACHE_MAX_GB`` (a number of
+    GB; an unreadable value means the default, :data:`DEFAULT_MAX_GB`)."""
+    raw = os.environ.get("TRACEKIT_COLUMN_CACHE_MAX_GB", "")
+    try:
+        gb = float(raw) if raw.strip() else DEFAULT_MAX_GB
+    except ValueError:
+        log.warning("TRACEKIT_COLUMN_CACHE_MAX_GB=%r is not a number; using %s", raw, DEFAULT_MAX_GB)
+        gb = DEFAULT_MAX_GB
+    return int(max(gb, 0.0) * 1e9)
+
+
+def evict(root: Path, *, keep: Path, limit_bytes: int) -> list[Path]:
+    """Delete the least recently used export folders under ``root`` (never ``keep``) until
+    the folders' files total at most ``limit_bytes``; return the deleted folders."""
+    folders = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(root):
+            if entry.is_dir(follow_symlinks=False):
+                size = sum(f.stat().st_size for f in os.scandir(entry.path) if f.is_file(follow_symlinks=False))
+                folders.append((entry.stat().st_mtime, Path(entry.path), size))
+    total = sum(size for _, _, size in folders)
+    deleted = []
+    for _, folder, size in sorted(folders):
+        if total <= limit_bytes:
+            break
+        if folder == keep:
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        log.info("column cache over %.1f GB: removed %s (%.0f MB)", limit_bytes / 1e9, folder.name, size / 1e6)
+        deleted.append(folder)
+        total -= size
+    return deleted
