@@ -236,7 +236,7 @@ class ExportDatabase:
         read on :func:`read_threads` threads; either way the result equals :meth:`query`
         of the same SQL.
         """
-        cache = self.column_cache if not where and self._row_span(table) >= CACHE_MIN_ROWS else None
+        cache = None if where else self._cache_for(table)
         if cache is None:
             return self._read_table(table, exprs, schema, where)
         names = list(schema)
@@ -263,12 +263,16 @@ class ExportDatabase:
         )
         return _cast(frame, schema)
 
+    def _cache_for(self, table: str) -> ColumnCache | None:
+        """The column cache when it is on and ``table`` is large enough to be cached."""
+        return self.column_cache if self.column_cache is not None and self._row_span(table) >= CACHE_MIN_ROWS else None
+
     def cache_integer_columns(self, table: str) -> bool:
         """Put every INTEGER column of ``table`` into the column cache (one scan for those it
         lacks); True when they are all there afterwards. False, reading nothing, when the
         cache is off or the table is too small to be cached. Integer columns are the ones
         the readers cache as Int64 under their plain quoted names."""
-        cache = self.column_cache if self._row_span(table) >= CACHE_MIN_ROWS else None
+        cache = self._cache_for(table)
         if cache is None:
             return False
         declared = self.rows(f'PRAGMA table_info("{table}")')
@@ -283,7 +287,7 @@ class ExportDatabase:
     def all_cached(self, table: str, exprs: Sequence[str]) -> bool:
         """Whether :meth:`query_table` of these expressions (no ``WHERE``) would be answered
         from the column cache alone."""
-        cache = self.column_cache if self._row_span(table) >= CACHE_MIN_ROWS else None
+        cache = self._cache_for(table)
         return cache is not None and all(e == "NULL" or cache.has(table, e) for e in exprs)
 
     @staticmethod
