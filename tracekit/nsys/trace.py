@@ -213,9 +213,7 @@ class ColumnsOnDemand:
             raise KeyError(column)
         if self._trace.is_loaded(self._name):
             return self._trace.table(self._name)[column]
-        if self._cached is None:
-            self._cached = self._trace.db.cache_integer_columns(_SOURCE_TABLES[self._name])
-        if not self._cached:
+        if not self._from_cache():
             if self._frame is None:
                 self._frame = self._trace.table(self._name, self.columns)
             return self._frame[column]
@@ -223,12 +221,17 @@ class ColumnsOnDemand:
             self._last = (column, self._trace.table(self._name, [column])[column])
         return self._last[1]
 
+    def _from_cache(self) -> bool:
+        """Whether columns come one at a time from the column cache (decided, and the cache
+        filled, on first use) rather than from one frame read once."""
+        if self._cached is None:
+            self._cached = self._trace.db.cache_integer_columns(_SOURCE_TABLES[self._name])
+        return self._cached
+
     def gather_columns(self, columns: list[str], rows: pl.Series) -> list[pl.Series]:
         """``self[c].gather(rows)`` for each column. From the cache, ``cuda_api`` columns are
         derived after the gather (names looked up for the rows asked only)."""
-        if self._cached is None and columns:
-            self[columns[0]]  # decides between the cache and one frame
-        if self._name != "cuda_api" or not self._cached or self._trace.is_loaded(self._name):
+        if self._name != "cuda_api" or self._trace.is_loaded(self._name) or not self._from_cache():
             return [self[c].gather(rows) for c in columns]
         raw, derived = readers.cuda_api_spec(self._trace.strings)
         db = self._trace.db
