@@ -3,7 +3,7 @@
 #
 #   bash sample_traces/workloads/capture.sh OUTDIR TARGET...
 #
-# TARGETs: decode1 train1 tp2 tp2ranks tp2pp2 customar ncu_drill ncu_full ncu_prec reexport
+# TARGETs: decode1 train1 tp2 tp2ranks tp2pp2 customar ncu_drill ncu_full ncu_prec planted planted_metrics planted_ncu reexport
 # NSYS / NCU name the tools (default: nsys/ncu on PATH, else the nsys shipped inside
 # Nsight Compute 2025.3.1). Each nsys target leaves NAME.nsys-rep, NAME.sqlite and the
 # `nsys stats --format csv` output of that same nsys in OUTDIR/NAME/; each ncu target
@@ -28,6 +28,8 @@ if grep -q -- "--include-blobs" <<<"$EXPORT_HELP"; then BLOBS=(--include-blobs=t
 COMMON=(--trace=cuda,nvtx,osrt --cuda-memory-usage=true --capture-range=cudaProfilerApi
         --capture-range-end=stop --force-overwrite=true)
 METRICS=(--gpu-metrics-devices=all --gpu-metrics-frequency=2000)
+# planted-problem captures: small, the whole run (the first step is the warm-up to detect)
+PLANTED=(--trace=cuda,nvtx --sample=none --cpuctxsw=none --cuda-memory-usage=true --force-overwrite=true)
 # 4 GPUs: 250 Hz and 4 steps (at 1000 Hz GPU_METRICS alone took 3.7 MB of a 6.2 MB sqlite)
 METRICS_PP=(--gpu-metrics-devices=all --gpu-metrics-frequency=250)
 
@@ -91,6 +93,33 @@ for target in "$@"; do
       "$NCU" --nvtx --nvtx-include "prec/" "${DRILL_SECTIONS[@]}" --metrics "$TENSOR_METRICS" \
           --import-sass no --clock-control none -f -o "$dir/ncu_precisions" "$PY" ncu_probe.py --mode prec 2>&1 | tail -8
       ncu_csv "$dir" ncu_precisions ;;
+    planted|planted_metrics)  # one capture per planted problem (planted.py); planted_metrics: the two with GPU metrics
+      probs=(clean clean_nonvtx host_bound launch_bound sync_stall pageable_memcpy no_tensor_cores memory_growth)
+      [ "$target" = planted_metrics ] && probs=(clean no_tensor_cores)
+      for prob in "${probs[@]}"; do
+        name=planted_$prob; dir="$OUT/$name"; mkdir -p "$dir/stats"
+        # GPU metrics only inside the loop (10 kHz over the whole run made a 40 MB export)
+        extra=(); args=(); case $prob in clean|no_tensor_cores) extra=(--gpu-metrics-devices=0 --gpu-metrics-frequency=10000
+          --capture-range=cudaProfilerApi --capture-range-end=stop); args=(--profile-range --steps 20) ;; esac
+        cmd=("$NSYS" profile "${PLANTED[@]}" "${extra[@]}" -o "$dir/$name" "$PY" planted.py --problem "$prob" "${args[@]}")
+        echo "== $name: ${cmd[*]}" | tee "$dir/command.txt"
+        "${cmd[@]}" 2>&1 | tail -6
+        if [ ! -f "$dir/$name.nsys-rep" ] && [ ${#extra[@]} -gt 0 ]; then  # GPU metrics refused: retry without
+          cmd=("$NSYS" profile "${PLANTED[@]}" -o "$dir/$name" "$PY" planted.py --problem "$prob")
+          echo "== retry without GPU metrics: ${cmd[*]}" | tee -a "$dir/command.txt"
+          "${cmd[@]}" 2>&1 | tail -6
+        fi
+        export_and_stats "$dir" "$name" >/dev/null
+        "$NSYS" analyze --format csv --output "$dir/stats/$name" --force-overwrite=true "$dir/$name.sqlite" \
+            >"$dir/stats/$name.analyze.txt" 2>&1 || true
+      done ;;
+    planted_ncu)  # ncu drill-down of one steady-state step of two planted workloads
+      for prob in clean no_tensor_cores; do
+        name=ncu_planted_$prob; dir="$OUT/$name"; mkdir -p "$dir"
+        "$NCU" --nvtx --nvtx-include "step.3/" "${DRILL_SECTIONS[@]}" --metrics "$TENSOR_METRICS" --import-sass no \
+            --clock-control none -f -o "$dir/$name" "$PY" planted.py --problem "$prob" --steps 5 2>&1 | tail -8
+        ncu_csv "$dir" "$name"
+      done ;;
     reexport)  # re-run export + stats on every OUTDIR/*/*.nsys-rep already there
       for rep in "$OUT"/*/*.nsys-rep; do
         d=$(dirname "$rep"); n=$(basename "$rep" .nsys-rep); mkdir -p "$d/stats"

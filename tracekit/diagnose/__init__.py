@@ -1,0 +1,122 @@
+"""Diagnosis: findings with evidence, time at stake and the next step, from the analyses.
+
+``tracekit.diagnose(trace)`` finds the steady-state window (:mod:`.window`), runs every rule
+(:mod:`.rules_host`, :mod:`.rules_gpu`, :mod:`.rules_comm`) on it and returns a
+:class:`Diagnosis`. See docs/diagnose.md for each rule's test and time-at-stake estimate.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from tracekit.diagnose.config import DiagnoseConfig
+from tracekit.diagnose.result import CATEGORIES, SEVERITIES, Diagnosis, Finding, Window
+
+__all__ = ["CATEGORIES", "SEVERITIES", "DiagnoseConfig", "Diagnosis", "Finding", "Window", "diagnose"]
+
+
+def _open(obj: Any) -> Any:
+    if isinstance(obj, str | os.PathLike):
+        from tracekit.opening import open as tk_open
+
+        return tk_open(obj)
+    return obj
+
+
+def _trace_name(trace: Any) -> str:
+    path = getattr(trace, "path", None)
+    if path is not None:
+        return os.path.basename(str(path))
+    paths = getattr(trace, "paths", None)
+    if paths:
+        return f"{len(paths)} reports ({os.path.basename(str(paths[0]))} …)"
+    return type(trace).__name__
+
+
+def _missing(ctx: Any) -> list[Finding]:
+    """One ``info`` row per rule that could not look at the trace, saying what is missing."""
+    out: list[Finding] = []
+    if ctx.kernels.height == 0:
+        out.append(Finding("low_gpu_utilization", "info", "Not checked: the trace holds no kernels",
+                           advice="Trace CUDA (nsys --trace=cuda) over the part of the program that runs on the GPU."))
+        return out
+    if ctx.cuda_api.height == 0:
+        out.append(Finding("host_bound", "info",
+                           "host_bound, launch_bound, sync_stall not checked: no CUDA API calls in the trace",
+                           advice="Capture with nsys --trace=cuda (API calls are what tie GPU idle time to the host)."))
+    mu = getattr(ctx.trace, "memory_usage", None)
+    if mu is None or mu.height == 0:
+        out.append(Finding("memory_growth", "info",
+                           "memory_growth not checked: no CUDA memory-usage events in the trace",
+                           next=["tracekit capture nsys --cuda-memory-usage -- PROGRAM ARGS  (nsys --cuda-memory-usage=true)"]))
+    elif ctx.window.steps < 3:
+        out.append(Finding("memory_growth", "info", "memory_growth not checked: fewer than 3 steady iterations"))
+    gm = getattr(ctx.trace, "gpu_metrics", None)
+    if gm is None or gm.height == 0:
+        out.append(Finding("no_tensor_cores", "info",
+                           "no_tensor_cores checked by kernel name only: no GPU metrics (Tensor Active) in the trace",
+                           next=["nsys profile --gpu-metrics-devices=all --gpu-metrics-frequency=10000 … (or pass ncu=)"]))
+    return out
+
+
+def diagnose(
+    trace: Any,
+    *,
+    ncu: Any = None,
+    model: Any = None,
+    window: tuple[int, int] | None = None,
+    config: DiagnoseConfig | None = None,
+) -> Diagnosis:
+    """Findings for a trace: where the time is lost, what it costs, what to try.
+
+    Parameters
+    ----------
+    trace
+        An :class:`~tracekit.nsys.trace.NsysTrace`, a :class:`~tracekit.multi.TraceSet`
+        (per-rank reports) or a path to open.
+    ncu
+        An :class:`~tracekit.ncu.report.NcuReport` (or path) of the same program: adds the
+        memory/compute-bound kernel findings.
+    model
+        A transformer description for :mod:`tracekit.model` (config object, YAML or HF
+        ``config.json`` path): adds findings where a layer is far from its predicted bound.
+    window
+        ``(start_ns, end_ns)`` on the trace's timeline to analyse instead of the detected
+        steady-state window.
+    config
+        Rule thresholds (:class:`DiagnoseConfig`).
+
+    Returns
+    -------
+    Diagnosis
+        ``.findings`` (one row per finding: ``category``, ``severity``, ``time_ns``,
+        ``share``, ``title``, ``evidence``, ``advice``, ``next``), ``.window``,
+        ``.evidence(i)``, ``.to_json()``, ``.to_markdown()``.
+    """
+    from tracekit.diagnose.context import Context
+    from tracekit.diagnose.rules_comm import COMM_RULES
+    from tracekit.diagnose.rules_gpu import GPU_RULES
+    from tracekit.diagnose.rules_host import HOST_RULES, low_gpu_utilization
+    from tracekit.diagnose.window import steady_window
+
+    cfg = config or DiagnoseConfig()
+    tr = _open(trace)
+    ctx = Context(tr, cfg, ncu=_open(ncu) if ncu is not None else None, model=model)
+    if window is not None:
+        ctx.window = Window(int(window[0]), int(window[1]), "given", "window given by the caller")
+    else:
+        ctx.window = steady_window(ctx.ops, ctx.ops_with_launch, ctx.nvtx, cfg)
+    findings: list[Finding] = []
+    for rule in (*HOST_RULES, *GPU_RULES, *COMM_RULES):
+        findings.extend(rule(ctx))
+    explained = sum(
+        f.time_ns or 0 for f in findings if f.category in ("host_bound", "launch_bound", "sync_stall", "pageable_memcpy")
+    )
+    findings.extend(low_gpu_utilization(ctx, explained))
+    if model is not None:
+        from tracekit.diagnose.rules_model import model_findings
+
+        findings.extend(model_findings(ctx))
+    findings.extend(_missing(ctx))
+    return Diagnosis(_trace_name(tr), ctx.window, findings)

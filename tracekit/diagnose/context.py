@@ -1,0 +1,160 @@
+"""The inputs every rule shares, computed once per diagnosis from the existing analyses."""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Any
+
+import polars as pl
+
+from tracekit.analysis._frames import gpu_ops, interval_union, rank_keys
+from tracekit.analysis.attribution import launch_info
+from tracekit.analysis.gpu_time import idle_gaps
+from tracekit.diagnose.config import DiagnoseConfig
+from tracekit.diagnose.result import Window
+
+__all__ = ["Context"]
+
+
+def _table(trace: Any, name: str) -> pl.DataFrame:
+    try:
+        return getattr(trace, name)  # type: ignore[no-any-return]
+    except AttributeError:
+        return pl.DataFrame()
+
+
+class Context:
+    """One trace (or trace set), its steady-state window and the frames rules read.
+
+    Frames named ``*_w`` hold the rows inside the window: GPU operations and API calls that
+    start in ``[window.start_ns, window.end_ns)``, idle gaps clipped to it.
+    """
+
+    def __init__(self, trace: Any, config: DiagnoseConfig, *, ncu: Any = None, model: Any = None) -> None:
+        self.trace = trace
+        self.config = config
+        self.ncu = ncu
+        self.model = model
+        self.window: Window = Window(0, 0, "whole_trace", "")
+
+    # -- whole-trace tables -------------------------------------------------------------
+    @cached_property
+    def kernels(self) -> pl.DataFrame:
+        return _table(self.trace, "kernels")
+
+    @cached_property
+    def memcpys(self) -> pl.DataFrame:
+        return _table(self.trace, "memcpys")
+
+    @cached_property
+    def memsets(self) -> pl.DataFrame:
+        return _table(self.trace, "memsets")
+
+    @cached_property
+    def cuda_api(self) -> pl.DataFrame:
+        return _table(self.trace, "cuda_api")
+
+    @cached_property
+    def nvtx(self) -> pl.DataFrame:
+        return _table(self.trace, "nvtx")
+
+    @cached_property
+    def rk(self) -> list[str]:
+        return rank_keys(self.kernels)
+
+    @cached_property
+    def ops(self) -> pl.DataFrame:
+        """Kernels, memcpys and memsets stacked (``gpu_ops``)."""
+        return gpu_ops(self.kernels, self.memcpys, self.memsets)
+
+    @cached_property
+    def ops_with_launch(self) -> pl.DataFrame:
+        if self.cuda_api.height == 0 or "correlation_id" not in self.ops.columns:
+            return self.ops.with_columns(
+                pl.lit(None, pl.Int64).alias("global_tid"), pl.lit(None, pl.Utf8).alias("api_name"),
+                pl.lit(None, pl.Int64).alias("api_start_ns"),
+            )
+        return launch_info(self.ops, self.cuda_api)
+
+    @cached_property
+    def gaps(self) -> pl.DataFrame:
+        """``idle_gaps`` of the whole trace (each gap with its cause)."""
+        if self.ops.height == 0:
+            return pl.DataFrame()
+        return idle_gaps(self.ops, self.cuda_api, min_gap_ns=self.config.min_gap_ns)
+
+    # -- inside the window ---------------------------------------------------------------
+    def _in_window(self, frame: pl.DataFrame, column: str = "start_ns") -> pl.DataFrame:
+        if frame.height == 0 or column not in frame.columns:
+            return frame
+        w = self.window
+        return frame.filter((pl.col(column) >= w.start_ns) & (pl.col(column) < w.end_ns))
+
+    @cached_property
+    def kernels_w(self) -> pl.DataFrame:
+        return self._in_window(self.kernels)
+
+    @cached_property
+    def memcpys_w(self) -> pl.DataFrame:
+        return self._in_window(self.memcpys)
+
+    @cached_property
+    def ops_w(self) -> pl.DataFrame:
+        return self._in_window(self.ops)
+
+    @cached_property
+    def api_w(self) -> pl.DataFrame:
+        return self._in_window(self.cuda_api)
+
+    @cached_property
+    def gaps_w(self) -> pl.DataFrame:
+        """Idle gaps overlapping the window, clipped to it (``duration_ns`` recomputed)."""
+        g = self.gaps
+        if g.height == 0:
+            return g
+        w = self.window
+        g = g.filter((pl.col("end_ns") > w.start_ns) & (pl.col("start_ns") < w.end_ns))
+        return g.with_columns(
+            pl.max_horizontal("start_ns", pl.lit(w.start_ns)).alias("start_ns"),
+            pl.min_horizontal("end_ns", pl.lit(w.end_ns)).alias("end_ns"),
+        ).with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("duration_ns"))
+
+    @cached_property
+    def busy_w(self) -> pl.DataFrame:
+        """Per (``rank``,) ``device_id``: ``busy_ns`` (union of GPU work clipped to the window),
+        ``idle_ns`` (window − busy) and ``utilization``; devices with no work in it are left out."""
+        keys = [*self.rk, "device_id"]
+        w = self.window
+        ops = self.ops.filter((pl.col("end_ns") > w.start_ns) & (pl.col("start_ns") < w.end_ns)).with_columns(
+            pl.max_horizontal("start_ns", pl.lit(w.start_ns)).alias("start_ns"),
+            pl.min_horizontal("end_ns", pl.lit(w.end_ns)).alias("end_ns"),
+        )
+        if ops.height == 0:
+            return pl.DataFrame(schema={**{k: pl.Int64 for k in keys}, "busy_ns": pl.Int64, "idle_ns": pl.Int64, "utilization": pl.Float64})
+        merged = interval_union(ops, keys)
+        busy = merged.group_by(keys).agg((pl.col("end_ns") - pl.col("start_ns")).sum().alias("busy_ns"))
+        return busy.with_columns(
+            (pl.lit(w.duration_ns) - pl.col("busy_ns")).alias("idle_ns"),
+            (pl.col("busy_ns") / max(w.duration_ns, 1)).alias("utilization"),
+        ).sort(keys)
+
+    def per_step(self, ns: float) -> str:
+        """``"X per step"`` when the window has steps, else ``"X in the window"``."""
+        from tracekit.diagnose.result import fmt_ns
+
+        if self.window.steps:
+            return f"{fmt_ns(ns / self.window.steps)} per step"
+        return f"{fmt_ns(ns)} in the window"
+
+    def share(self, ns: float | None) -> float | None:
+        if ns is None or self.window.duration_ns <= 0:
+            return None
+        return float(ns) / self.window.duration_ns
+
+    @property
+    def trace_path(self) -> str:
+        path = getattr(self.trace, "path", None)
+        if path is None:
+            paths = getattr(self.trace, "paths", None)
+            return str(paths[0]) if paths else "TRACE"
+        return str(path)

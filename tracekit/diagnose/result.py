@@ -1,0 +1,193 @@
+"""Findings and the :class:`Diagnosis` that holds them (frame, evidence, JSON, Markdown, text)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import polars as pl
+
+__all__ = ["CATEGORIES", "SEVERITIES", "Diagnosis", "Finding", "Window"]
+
+#: The categories a finding can have (rules may add more in later versions).
+CATEGORIES = (
+    "host_bound", "launch_bound", "sync_stall", "pageable_memcpy", "no_tensor_cores", "memory_growth",
+    "exposed_communication", "straggler", "load_imbalance", "low_gpu_utilization",
+    "memory_bound_kernel", "compute_bound_kernel", "below_model_bound", "warmup",
+)
+SEVERITIES = ("high", "medium", "low", "info")
+_SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}
+
+FINDING_SCHEMA = {
+    "category": pl.Utf8, "severity": pl.Utf8, "time_ns": pl.Int64, "share": pl.Float64, "title": pl.Utf8,
+    "evidence": pl.Utf8, "advice": pl.Utf8, "next": pl.List(pl.Utf8),
+}
+
+
+@dataclass
+class Finding:
+    """One finding: what is wrong, what it costs, the rows that show it, what to try next.
+
+    ``time_ns`` is the steady-state time the problem costs in the analysed window (null for
+    findings that cost no time, such as memory growth, or that only say a rule could not
+    run); ``share`` is ``time_ns`` over the window's length.
+    """
+
+    category: str
+    severity: str
+    title: str
+    time_ns: int | None = None
+    share: float | None = None
+    evidence: pl.DataFrame = field(default_factory=pl.DataFrame)
+    advice: str = ""
+    next: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Window:
+    """The steady-state window the findings are about.
+
+    ``method`` is ``nvtx`` (iterations from NVTX ranges), ``kernel_period`` (from the
+    repeating kernel sequence), ``given`` (passed by the caller) or ``whole_trace``;
+    ``reason`` says why; ``steps`` counts the steady iterations in it (0 when none);
+    ``warmup_steps`` the leading ones excluded; ``step_ns`` is the median steady iteration.
+    """
+
+    start_ns: int
+    end_ns: int
+    method: str
+    reason: str
+    steps: int = 0
+    warmup_steps: int = 0
+    step_ns: int | None = None
+    iterations: pl.DataFrame = field(default_factory=pl.DataFrame, compare=False)
+
+    @property
+    def duration_ns(self) -> int:
+        return max(self.end_ns - self.start_ns, 0)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "start_ns": self.start_ns, "end_ns": self.end_ns, "duration_ns": self.duration_ns, "method": self.method,
+            "reason": self.reason, "steps": self.steps, "warmup_steps": self.warmup_steps, "step_ns": self.step_ns,
+        }
+
+
+def _evidence_records(frame: pl.DataFrame) -> list[dict[str, Any]]:
+    return frame.to_dicts() if frame.height else []
+
+
+def fmt_ns(ns: float | int | None) -> str:
+    """``1.23 ms`` style text for a duration in ns."""
+    if ns is None:
+        return "–"
+    v = float(ns)
+    for unit, scale in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
+        if abs(v) >= scale:
+            return f"{v / scale:.3g} {unit}"
+    return f"{v:.0f} ns"
+
+
+class Diagnosis:
+    """What :func:`tracekit.diagnose` found.
+
+    ``findings`` is a polars frame, one row per finding, sorted by severity and then by time at
+    stake (largest first): ``category``, ``severity``, ``time_ns``, ``share``, ``title``,
+    ``evidence`` (JSON text of the rows behind it; :meth:`evidence` gives them as a frame),
+    ``advice``, ``next`` (list of commands). ``window`` is the analysed :class:`Window`.
+    """
+
+    def __init__(self, trace_name: str, window: Window, findings: list[Finding]) -> None:
+        self.trace_name = trace_name
+        self.window = window
+        order = sorted(
+            findings,
+            key=lambda f: (_SEVERITY_RANK.get(f.severity, 9), -(f.time_ns if f.time_ns is not None else -1)),
+        )
+        self._findings = order
+
+    def __repr__(self) -> str:
+        return f"Diagnosis({self.trace_name!r}, {len(self._findings)} findings, window={self.window.method})"
+
+    def __len__(self) -> int:
+        return len(self._findings)
+
+    @property
+    def items(self) -> list[Finding]:
+        """The findings as :class:`Finding` objects, in the frame's order."""
+        return list(self._findings)
+
+    @property
+    def findings(self) -> pl.DataFrame:
+        rows = [
+            {
+                "category": f.category, "severity": f.severity, "time_ns": f.time_ns, "share": f.share, "title": f.title,
+                "evidence": json.dumps(_evidence_records(f.evidence), default=str), "advice": f.advice, "next": f.next,
+            }
+            for f in self._findings
+        ]
+        return pl.DataFrame(rows, schema=FINDING_SCHEMA)
+
+    def evidence(self, i: int) -> pl.DataFrame:
+        """The rows behind finding ``i`` (its position in :attr:`findings`)."""
+        return self._findings[i].evidence
+
+    def top(self, n: int = 3, *, min_severity: str = "low") -> list[Finding]:
+        """The first ``n`` findings at or above ``min_severity``."""
+        limit = _SEVERITY_RANK[min_severity]
+        return [f for f in self._findings if _SEVERITY_RANK.get(f.severity, 9) <= limit][:n]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "trace": self.trace_name,
+            "window": self.window.as_dict(),
+            "findings": [
+                {
+                    "category": f.category, "severity": f.severity, "time_ns": f.time_ns, "share": f.share,
+                    "title": f.title, "evidence": _evidence_records(f.evidence), "advice": f.advice, "next": f.next,
+                }
+                for f in self._findings
+            ],
+        }
+
+    def to_json(self, *, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, default=str)
+
+    def window_text(self) -> str:
+        w = self.window
+        steps = f", {w.steps} steps of {fmt_ns(w.step_ns)} (median)" if w.steps else ""
+        warm = f", {w.warmup_steps} warm-up step(s) excluded" if w.warmup_steps else ""
+        return f"window {fmt_ns(w.duration_ns)} ({w.method}{steps}{warm}): {w.reason}"
+
+    def to_markdown(self) -> str:
+        lines = [f"# Diagnosis of `{self.trace_name}`", "", self.window_text(), ""]
+        if not self._findings:
+            lines.append("No findings.")
+        for i, f in enumerate(self._findings, 1):
+            share = f" ({f.share:.1%} of the window)" if f.share is not None else ""
+            lines += [f"## {i}. [{f.severity}] {f.category}: {f.title}", ""]
+            if f.time_ns is not None:
+                lines += [f"Time at stake: {fmt_ns(f.time_ns)}{share}.", ""]
+            if f.advice:
+                lines += [f"**What to try:** {f.advice}", ""]
+            if f.next:
+                lines += ["**Next:**", "", *[f"    {c}" for c in f.next], ""]
+            if f.evidence.height:
+                ev = f.evidence.head(8)
+                lines += ["| " + " | ".join(ev.columns) + " |", "|" + "---|" * len(ev.columns)]
+                lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in ev.iter_rows()]
+                lines.append("")
+        return "\n".join(lines)
+
+    def to_text(self, n: int | None = None) -> str:
+        """Plain text, one block per finding (the first ``n`` when given)."""
+        out = [self.window_text()]
+        for f in self._findings[: n if n is not None else len(self._findings)]:
+            stake = f" — {fmt_ns(f.time_ns)} ({f.share:.1%})" if f.time_ns is not None and f.share is not None else ""
+            out.append(f"[{f.severity}] {f.category}{stake}: {f.title}")
+            if f.advice:
+                out.append(f"    try: {f.advice}")
+            for c in f.next[:2]:
+                out.append(f"    next: {c}")
+        return "\n".join(out)

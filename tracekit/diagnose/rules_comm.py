@@ -1,0 +1,135 @@
+"""Rules about communication between GPUs: exposed_communication, straggler, load_imbalance.
+
+They work on one trace with several GPUs (``nsys profile torchrun …``) and on a set of
+per-rank reports (``tracekit.open_many``). Time at stake per rule is in each docstring.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from tracekit.analysis.comm import activity_segments, categorize_ops, overlap_breakdown
+from tracekit.analysis.ranks import collective_skew, match_collectives
+from tracekit.diagnose.context import Context
+from tracekit.diagnose.result import Finding, fmt_ns
+from tracekit.diagnose.rules_host import _cmd
+
+__all__ = ["COMM_RULES"]
+
+
+def _breakdown(ctx: Context) -> pl.DataFrame:
+    k = ctx.kernels_w
+    if k.height == 0:
+        return pl.DataFrame()
+    ops = categorize_ops(k, ctx.memcpys_w if ctx.memcpys_w.height else None)
+    seg = activity_segments(ops, start_ns=ctx.window.start_ns, end_ns=ctx.window.end_ns)
+    return overlap_breakdown(seg)
+
+
+def exposed_communication(ctx: Context) -> list[Finding]:
+    """``exposed_communication``: communication kernels and peer copies not overlapped by
+    compute on the same GPU (``overlap_breakdown``'s ``communication_only_ns``), in the
+    window. ``time_ns`` = the largest of the GPUs' exposed time (the GPUs of a synchronous
+    job wait for each other, so the worst one sets the pace)."""
+    br = ctx.__dict__.get("_comm_breakdown")
+    if br is None:
+        br = _breakdown(ctx)
+        ctx.__dict__["_comm_breakdown"] = br
+    if br.height == 0 or "communication_only_ns" not in br.columns or int(br["communication_ns"].sum()) == 0:
+        return []
+    top = br.sort("communication_only_ns", descending=True).row(0, named=True)
+    total = int(top["communication_only_ns"])
+    sev = ctx.config.severity(ctx.share(total))
+    if sev is None:
+        return []
+    keys = [c for c in ("rank", "device_id") if c in br.columns]
+    where = ", ".join(f"{k} {top[k]}" for k in keys)
+    ev = br.select(*keys, "span_ns", "compute_only_ns", "communication_only_ns", "overlap_ns", "communication_ns",
+                   "exposed_fraction").sort("communication_only_ns", descending=True)
+    return [Finding(
+        "exposed_communication", sev,
+        f"{fmt_ns(total)} of communication not overlapped with compute ({where}: "
+        f"{top['exposed_fraction']:.0%} of its communication is exposed, {ctx.per_step(total)})",
+        time_ns=total, share=ctx.share(total), evidence=ev,
+        advice="Overlap collectives with independent compute: async tensor parallelism / sequence parallelism "
+        "(torch.distributed._symmetric_memory, TransformerEngine's comm-GEMM overlap), DDP/FSDP bucketing and "
+        "prefetch, vLLM's custom all-reduce for small messages; or cut the bytes (fp8/bf16 communication, fewer TP ranks "
+        "for decode). When the NCCL kernels are mostly waiting, see the straggler/load-imbalance findings.",
+        next=[f"tracekit capture nsys --preset torchrun -- {_cmd(ctx)}"],
+    )]
+
+
+def _skew(ctx: Context) -> pl.DataFrame:
+    nccl = getattr(ctx.trace, "nccl", None)
+    if nccl is None or nccl.height == 0 or "rank" not in nccl.columns or nccl["rank"].n_unique() < 2:
+        return pl.DataFrame()
+    matched = match_collectives(nccl)
+    if matched.height == 0:
+        return pl.DataFrame()
+    sk = collective_skew(matched)
+    w = ctx.window
+    return sk.filter((pl.col("last_start_ns") >= w.start_ns) & (pl.col("first_start_ns") < w.end_ns) & (pl.col("match_ranks") > 1))
+
+
+def straggler(ctx: Context) -> list[Finding]:
+    """``straggler``: one rank starts last in at least ``straggler_share`` of the matched
+    collectives (``collective_skew``) in the window, so the others wait for it. ``time_ns`` =
+    the summed start skew (last start − first start) of the collectives where it was last."""
+    sk = _skew(ctx)
+    if sk.height < 3:
+        return []
+    per = sk.group_by("straggler_rank").agg(pl.len().alias("collectives"), pl.col("skew_ns").sum().alias("skew_ns"),
+                                            pl.col("max_wait_ns").median().alias("median_wait_ns")).sort("skew_ns", descending=True)
+    per = per.with_columns((pl.col("collectives") / sk.height).alias("share_last"))
+    top = per.row(0, named=True)
+    if top["share_last"] < ctx.config.straggler_share:
+        return []
+    total = int(top["skew_ns"])
+    sev = ctx.config.severity(ctx.share(total))
+    if sev is None:
+        return []
+    return [Finding(
+        "straggler", sev,
+        f"Rank {top['straggler_rank']} starts last in {top['share_last']:.0%} of {sk.height} collectives; the others wait "
+        f"{fmt_ns(top['median_wait_ns'])} per collective (median), {fmt_ns(total)} in the window",
+        time_ns=total, share=ctx.share(total), evidence=per,
+        advice="Find what that rank does before the collective (host work, data loading, a slower GPU or a "
+        "throttled clock, extra logging/checkpointing on rank 0) and move it off the step or spread it across ranks.",
+        next=[f"tracekit diagnose {ctx.trace_path} --format markdown  # per rank: open_many on the per-rank reports"],
+    )]
+
+
+def load_imbalance(ctx: Context) -> list[Finding]:
+    """``load_imbalance``: GPUs of one job do different amounts of compute in the window
+    (``overlap_breakdown``: compute_only + overlap), (max − min)/max ≥ ``imbalance_min``.
+    ``time_ns`` = max − mean: what an even split would save on the critical path."""
+    br = ctx.__dict__.get("_comm_breakdown")
+    if br is None:
+        br = _breakdown(ctx)
+        ctx.__dict__["_comm_breakdown"] = br
+    if br.height < 2 or int(br["communication_ns"].sum()) == 0:
+        return []
+    br = br.with_columns((pl.col("compute_only_ns") + pl.col("overlap_ns")).alias("compute_ns"))
+    mx, mn, mean = int(br["compute_ns"].max()), int(br["compute_ns"].min()), float(br["compute_ns"].mean())  # type: ignore[arg-type]
+    if mx <= 0 or (mx - mn) / mx < ctx.config.imbalance_min:
+        return []
+    total = int(mx - mean)
+    sev = ctx.config.severity(ctx.share(total))
+    if sev is None:
+        return []
+    keys = [c for c in ("rank", "device_id") if c in br.columns]
+    heavy = br.sort("compute_ns", descending=True).row(0, named=True)
+    where = ", ".join(f"{k} {heavy[k]}" for k in keys)
+    return [Finding(
+        "load_imbalance", sev,
+        f"Compute per GPU differs by {(mx - mn) / mx:.0%}: {where} computes {fmt_ns(mx)}, the lightest {fmt_ns(mn)}; "
+        f"the others wait in collectives",
+        time_ns=total, share=ctx.share(total), evidence=br.select(*keys, "compute_ns", "communication_ns", "idle_ns").sort("compute_ns", descending=True),
+        advice="Balance the work: equal tokens per rank (pad or bucket sequences by length, balance the batch in "
+        "data-parallel serving), even layer splits across pipeline stages (the embedding/LM head stages are heavier), "
+        "expert load balancing for MoE.",
+        next=[f"tracekit capture nsys --preset torchrun -- {_cmd(ctx)}"],
+    )]
+
+
+COMM_RULES = (exposed_communication, straggler, load_imbalance)

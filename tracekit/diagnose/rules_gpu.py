@@ -1,0 +1,235 @@
+"""Rules about what the GPU runs: no_tensor_cores, memory_growth, and with an Nsight Compute
+report memory_bound_kernel / compute_bound_kernel.
+
+Time at stake per rule is in each docstring and in docs/diagnose.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from tracekit.analysis.families import with_family
+from tracekit.analysis.memory import memory_timeline
+from tracekit.analysis.metrics import kernel_metrics, metric_names
+from tracekit.diagnose.context import Context
+from tracekit.diagnose.result import Finding, fmt_ns
+from tracekit.diagnose.rules_host import _cmd
+
+__all__ = ["GPU_RULES", "SIMT_GEMM_PATTERN"]
+
+#: GEMM kernels that run on the SIMT (FMA) pipes, not on tensor cores: CUTLASS ``simt``
+#: kernels and cuBLAS's ``<arch>_sgemm``/``dgemm`` families (``gemmSN`` small-N kernels too).
+SIMT_GEMM_PATTERN = r"(?i)simt|(?:^|[^a-z])(?:maxwell|volta|turing|ampere|hopper|sm\d+)_[sd]gemm|gemmsn|gemmk1_kernel"
+
+
+def _ncu_arg_regex(names: list[str]) -> str:
+    return "regex:^(?:" + "|".join(n.replace("(", r"\(").replace(")", r"\)") for n in names) + ")"
+
+
+def no_tensor_cores(ctx: Context) -> list[Finding]:
+    """``no_tensor_cores``: GEMM-family kernels (``tracekit.taxonomy``) that ran without
+    tensor cores, by name (:data:`SIMT_GEMM_PATTERN`) or, with GPU metrics, Tensor Active
+    below ``tensor_active_min`` while they ran (kernels longer than one sample period).
+    ``time_ns`` = their time × (1 − 1/``tensor_speedup``): what a tensor-core version at
+    ``tensor_speedup``× would save (the default 2× is conservative: H100's dense TF32 tensor
+    peak is 7× its FP32 SIMT peak)."""
+    k = ctx.kernels_w
+    if k.height == 0:
+        return []
+    fam = with_family(k).filter(pl.col("family") == "gemm")
+    if fam.height == 0:
+        return []
+    by_name = fam.filter(pl.col("name").str.contains(SIMT_GEMM_PATTERN)).with_columns(pl.lit("kernel name (SIMT)").alias("basis"))
+    gm = getattr(ctx.trace, "gpu_metrics", None)
+    by_metric = pl.DataFrame()
+    if gm is not None and gm.height and "tensor_active" in metric_names(gm):
+        km = kernel_metrics(fam, gm, metrics=["tensor_active"])
+        scale = 100.0 if float(km["tensor_active"].max() or 0) > 1.0 else 1.0  # type: ignore[arg-type]
+        by_metric = km.filter(
+            ~pl.col("below_sample_period") & (pl.col("tensor_active") / scale < ctx.config.tensor_active_min)
+        ).with_columns(pl.lit("GPU metrics: Tensor Active").alias("basis"))
+    cols = ["name", "short_name", "duration_ns", "basis"]
+    parts = [f.select([c for c in cols if c in f.columns]) for f in (by_name, by_metric) if f.height]
+    if not parts:
+        return []
+    hit = pl.concat(parts, how="diagonal_relaxed")
+    # one basis per kernel name (name first)
+    names = hit.group_by("name").agg(pl.col("basis").first())
+    inst = fam.join(names, on="name")
+    t = int(inst["duration_ns"].sum())
+    total = int(t * (1 - 1 / ctx.config.tensor_speedup))
+    sev = ctx.config.severity(ctx.share(total))
+    if sev is None:
+        return []
+    ev = inst.group_by("short_name" if "short_name" in inst.columns else "name", "basis").agg(
+        pl.len().alias("launches"), pl.col("duration_ns").sum().alias("time_ns"), pl.col("name").first()
+    ).sort("time_ns", descending=True)
+    gemm_t = int(fam["duration_ns"].sum())
+    short = ev[ev.columns[0]].head(3).to_list()
+    return [Finding(
+        "no_tensor_cores", sev,
+        f"{fmt_ns(t)} of GEMM time ({t / max(gemm_t, 1):.0%} of all GEMM time, {ctx.per_step(t)}) runs without tensor "
+        f"cores ({', '.join(short)})",
+        time_ns=total, share=ctx.share(total), evidence=ev,
+        advice="Run the matmuls in bf16/fp16 (torch.autocast(dtype=torch.bfloat16), model.to(torch.bfloat16)) or at "
+        "least allow TF32 for fp32 (torch.backends.cuda.matmul.allow_tf32 = True, "
+        "torch.set_float32_matmul_precision('high')); keep GEMM dimensions multiples of 8/16.",
+        next=[f"tracekit capture ncu --preset kernel-drilldown -k '{_ncu_arg_regex(short)}' -c 5 -- {_cmd(ctx)}"],
+    )]
+
+
+def _step_ends(ctx: Context) -> pl.Series | None:
+    it = ctx.window.iterations
+    if it.height == 0:
+        return None
+    steady = it.slice(ctx.window.warmup_steps)
+    return steady["w_end"]
+
+
+def memory_growth(ctx: Context) -> list[Finding]:
+    """``memory_growth``: device memory in use (``memory_timeline``) at the end of each
+    steady iteration rises step over step. The growth per step is the least-squares slope
+    over the steady steps; it must exceed ``growth_min_bytes`` and at least
+    ``growth_monotonic`` of the step-to-step changes must be increases. The projected OOM is
+    (GPU memory − in use at the last step) / slope steps. ``time_ns`` is null: the cost is
+    memory, not time."""
+    mu = getattr(ctx.trace, "memory_usage", None)
+    if mu is None or mu.height == 0:
+        return []
+    ends = _step_ends(ctx)
+    if ends is None or ends.len() < 3:
+        return []
+    tl = memory_timeline(mu)
+    if tl.height == 0:
+        return []
+    keys = [c for c in (*ctx.rk, "device_id") if c in tl.columns]
+    out: list[Finding] = []
+    gpus = getattr(ctx.trace, "gpus", pl.DataFrame())
+    for (dev_key, part) in tl.sort([*keys, "start_ns"]).group_by(keys, maintain_order=True):
+        pts = pl.DataFrame({"start_ns": ends.cast(pl.Int64).sort()}).join_asof(
+            part.select("start_ns", "in_use_bytes"), on="start_ns", strategy="backward"
+        ).with_columns(pl.col("in_use_bytes").fill_null(0))
+        y = pts["in_use_bytes"].to_numpy().astype(np.float64)
+        x = np.arange(y.size, dtype=np.float64)
+        slope = float(np.polyfit(x, y, 1)[0])
+        d = np.diff(y)
+        ups = float((d > 0).mean()) if d.size else 0.0
+        if slope < ctx.config.growth_min_bytes or ups < ctx.config.growth_monotonic:
+            continue
+        dev = dict(zip(keys, dev_key if isinstance(dev_key, tuple) else (dev_key,), strict=False))
+        total_mem = None
+        if gpus.height and "total_memory_bytes" in gpus.columns:
+            g = gpus.filter(pl.col("device_id") == dev.get("device_id"))
+            if "rank" in dev and "rank" in gpus.columns:
+                g = g.filter(pl.col("rank") == dev["rank"])
+            if g.height and g["total_memory_bytes"][0] is not None:
+                total_mem = int(g["total_memory_bytes"][0])
+        last = float(y[-1])
+        steps_left = int((total_mem - last) / slope) if total_mem else None
+        step_ns = ctx.window.step_ns or 0
+        oom = (
+            f"; at this rate the {total_mem / 2**30:.0f} GiB GPU is full in ~{steps_left:,} more steps"
+            f" (~{fmt_ns(steps_left * step_ns)})" if steps_left is not None else ""
+        )
+        sev = "high" if steps_left is not None and steps_left <= ctx.config.oom_high_steps else "medium"
+        ev = pts.with_row_index("step").with_columns(pl.col("in_use_bytes").diff().alias("delta_bytes"))
+        dev_txt = ", ".join(f"{k} {v}" for k, v in dev.items())
+        out.append(Finding(
+            "memory_growth", sev,
+            f"Device memory in use grows {slope / 2**20:.1f} MiB per step ({dev_txt}: {y[0] / 2**20:.0f} → "
+            f"{last / 2**20:.0f} MiB over {y.size} steps){oom}",
+            time_ns=None, share=None, evidence=ev,
+            advice="Something keeps tensors alive across steps: lists of outputs or losses kept with their graph "
+            "(append loss.item() or .detach()), caches that never evict, growing KV caches without a cap. "
+            "torch.cuda.memory._record_memory_history() + _dump_snapshot() shows which allocations stay.",
+            next=[f"tracekit capture nsys --cuda-memory-usage -- {_cmd(ctx)}",
+                  "python -c \"import torch; torch.cuda.memory._record_memory_history()\"  # then _dump_snapshot('snap.pickle')"],
+        ))
+    return out
+
+
+def _ncu_rows(ctx: Context) -> pl.DataFrame | None:
+    """ncu's kernels with speed-of-light and roofline numbers, matched to this trace's
+    kernels in the window, with their share of the window's kernel time."""
+    from tracekit.analysis.ncu_views import roofline, speed_of_light
+    from tracekit.analysis.nsys_ncu import join_ncu_to_nsys
+
+    rep: Any = ctx.ncu
+    sol = speed_of_light(rep)
+    roof = roofline(rep)
+    ncu = rep.kernels
+    matched, _ = join_ncu_to_nsys(ctx.kernels, ncu, use_nvtx=False)
+    if matched.height == 0:
+        return None
+    per_id = sol.select("id", "short_name", "compute_throughput_pct", "memory_throughput_pct", "dram_throughput_pct", "bound").join(
+        roof.select("id", "arithmetic_intensity", "pct_of_attainable", pl.col("bound").alias("roofline_bound")), on="id", how="left"
+    )
+    # per kernel name: the profiled launches' mean, weighted by the window's time of that name
+    prof = matched.select("short_name", pl.col("ncu_id").alias("id")).join(per_id.drop("short_name"), on="id")
+    by_name = prof.group_by("short_name").agg(
+        pl.len().alias("profiled"), *[pl.col(c).mean() for c in ("compute_throughput_pct", "memory_throughput_pct",
+                                                                   "dram_throughput_pct", "arithmetic_intensity",
+                                                                   "pct_of_attainable")],
+        pl.col("bound").mode().first(), pl.col("roofline_bound").mode().first(),
+    )
+    k = ctx.kernels_w
+    t = k.group_by("short_name").agg(pl.col("duration_ns").sum().alias("time_ns"), pl.len().alias("launches"))
+    total = int(k["duration_ns"].sum()) if k.height else 0
+    return by_name.join(t, on="short_name").with_columns((pl.col("time_ns") / max(total, 1)).alias("kernel_share")).sort(
+        "time_ns", descending=True
+    )
+
+
+def ncu_kernels(ctx: Context) -> list[Finding]:
+    """``memory_bound_kernel`` / ``compute_bound_kernel`` (with ``ncu=``): the kernels that
+    make up ``ncu_top_share`` of the window's kernel time, matched to the ncu report by name,
+    whose speed-of-light bound (ncu's SOLBottleneck rule, :func:`speed_of_light`) is memory or
+    compute and whose throughput on that side is below ``efficiency_min`` of peak.
+    ``time_ns`` = window time × (1 − throughput %/100): the time at 100 % of the bounding
+    unit's peak would be this much shorter."""
+    if ctx.ncu is None:
+        return []
+    rows = _ncu_rows(ctx)
+    if rows is None or rows.height == 0:
+        return [Finding("memory_bound_kernel", "info", "The ncu report's kernels match none of this trace's kernels",
+                        advice="Profile the same program and the same kernels (tracekit capture both).")]
+    rows = rows.with_columns(pl.col("kernel_share").cum_sum().alias("_cum"))
+    rows = rows.filter((pl.col("_cum") - pl.col("kernel_share")) < ctx.config.ncu_top_share)
+    out: list[Finding] = []
+    for bound, cat, col in (("memory", "memory_bound_kernel", "memory_throughput_pct"),
+                            ("compute", "compute_bound_kernel", "compute_throughput_pct")):
+        sel = rows.filter((pl.col("bound") == bound) & (pl.col(col) < 100 * ctx.config.efficiency_min))
+        if sel.height == 0:
+            continue
+        sel = sel.with_columns((pl.col("time_ns") * (1 - pl.col(col) / 100)).round(0).cast(pl.Int64).alias("time_at_stake_ns"))
+        total = int(sel["time_at_stake_ns"].sum())
+        sev = ctx.config.severity(ctx.share(total))
+        if sev is None:
+            continue
+        top = sel.sort("time_at_stake_ns", descending=True)
+        first = top.row(0, named=True)
+        what = "memory" if bound == "memory" else "compute"
+        out.append(Finding(
+            cat, sev,
+            f"{top.height} {what}-bound kernel(s) far from their roofline: '{first['short_name']}' reaches "
+            f"{first[col]:.0f} % of peak {what} throughput over {fmt_ns(first['time_ns'])} in the window",
+            time_ns=total, share=ctx.share(total),
+            evidence=top.select("short_name", "launches", "profiled", "time_ns", "kernel_share", "bound",
+                                "compute_throughput_pct", "memory_throughput_pct", "dram_throughput_pct",
+                                "arithmetic_intensity", "pct_of_attainable", "time_at_stake_ns"),
+            advice=("Memory-bound: fuse it with its neighbours (fewer round trips to DRAM), use wider/vectorised "
+                    "loads, lower precision for activations/KV cache (fp8), or larger batches to raise intensity."
+                    if bound == "memory" else
+                    "Compute-bound below peak: check the pipe it uses (tensor cores vs FMA), occupancy and tile "
+                    "shapes; pad GEMM dimensions to multiples of 64/128 and try another kernel (torch.compile "
+                    "max-autotune, cuBLASLt heuristics)."),
+            next=[f"tracekit capture ncu --set full -k '{_ncu_arg_regex([first['short_name']])}' -c 3 -- {_cmd(ctx)}"],
+        ))
+    return out
+
+
+GPU_RULES = (no_tensor_cores, memory_growth, ncu_kernels)
+

@@ -1,0 +1,394 @@
+"""Rules about the host feeding the GPU: warm-up, host_bound, launch_bound, sync_stall,
+pageable_memcpy and the catch-all low_gpu_utilization.
+
+How each rule estimates ``time_ns`` (the steady-state time at stake) is in its docstring and
+in docs/diagnose.md; every number comes from an existing analysis (``idle_gaps``,
+``launch_bound_stretches``, ``copies``, ``activity_segments``), restricted to the window.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+import numpy as np
+import polars as pl
+
+from tracekit.analysis.comm import activity_segments, categorize_ops, overlap_breakdown
+from tracekit.analysis.launch import launch_bound_stretches
+from tracekit.analysis.memory import copies
+from tracekit.diagnose.context import Context
+from tracekit.diagnose.result import Finding, fmt_ns
+
+__all__ = ["HOST_RULES"]
+
+#: Calls after which the host has waited for the GPU.
+SYNC_PATTERN = r"(?i)synchronize"
+#: ``idle_gaps`` causes that mean "the host was busy elsewhere": outside CUDA calls
+#: (``untraced``) or inside CUDA calls that neither launch, copy nor synchronise (``cuda_api``:
+#: cudaMalloc, cudaStreamCreate, cudaEventCreate …).
+HOST_CAUSES = ("untraced", "cuda_api")
+
+
+def _cmd(ctx: Context) -> str:
+    """The captured program's command line, for the ``next`` commands (``PROGRAM`` if unknown)."""
+    meta = getattr(ctx.trace, "meta", None)
+    procs = getattr(meta, "processes", None) or []
+    for p in procs:
+        if p.command:
+            return shlex.join(p.command)
+    return "PROGRAM ARGS"
+
+
+def _main_gaps(ctx: Context) -> pl.DataFrame:
+    """The window's idle gaps, each given to at most one rule: ``after_sync`` (the sync
+    call the host sat in when the GPU ran dry: ``sync_stall``), ``in_stretch`` (inside a
+    launch-bound stretch: ``launch_bound``); the rest by ``idle_gaps``' cause."""
+    cached = ctx.__dict__.get("_classified_gaps")
+    if cached is not None:
+        return cached  # type: ignore[no-any-return]
+    gaps = ctx.gaps_w
+    if gaps.height:
+        gaps = _mark_stretch_gaps(gaps, _stretches(ctx), [*ctx.rk, "device_id"])
+        gaps = _mark_sync_gaps(ctx, gaps)
+    ctx.__dict__["_classified_gaps"] = gaps
+    return gaps
+
+
+def _mark_sync_gaps(ctx: Context, gaps: pl.DataFrame) -> pl.DataFrame:
+    """``after_sync``: the synchronising call whose drain left the GPU without queued work
+    when the gap began. After a sync the host has lost its lead; until it launches an
+    operation while the GPU is still busy with an earlier one (a *queued* launch), every idle
+    gap is the sync's cost. A gap starting in ``[sync start, first queued op after the sync)``
+    belongs to that sync."""
+    api = ctx.api_w
+    syncs = api.filter(pl.col("name").str.contains(SYNC_PATTERN)) if api.height else api
+    if syncs.height == 0:
+        return gaps.with_columns(pl.lit(None, pl.Utf8).alias("after_sync"))
+    keys = ctx.rk
+    ops = ctx._in_window(ctx.ops_with_launch).sort([*keys, "start_ns"])
+    prev_end = pl.col("end_ns").cum_max().shift(1)
+    if keys:
+        prev_end = prev_end.over(keys)
+    queued = ops.with_columns(prev_end.alias("_prev")).filter(
+        pl.col("api_end_ns").is_not_null() & (pl.col("api_end_ns") < pl.col("_prev"))
+    ).select(*keys, pl.col("start_ns").alias("_recovered"))
+    s = syncs.select(*keys, pl.col("start_ns").alias("_s0"), pl.col("end_ns").alias("_s1"), pl.col("name").alias("_call")).sort([*keys, "_s1"])
+    s = s.join_asof(queued.sort([*keys, "_recovered"]), left_on="_s1", right_on="_recovered", by=keys or None,
+                    strategy="forward", check_sortedness=False)
+    s = s.with_columns(pl.col("_recovered").fill_null(ctx.window.end_ns)).sort([*keys, "_s0"])
+    g = gaps.with_row_index("_gi").sort([*keys, "start_ns"])
+    j = g.join_asof(s, left_on="start_ns", right_on="_s0", by=keys or None, strategy="backward", check_sortedness=False)
+    j = j.with_columns(
+        pl.when(pl.col("_s0").is_not_null() & (pl.col("start_ns") < pl.max_horizontal("_recovered", "_s1")))
+        .then(pl.col("_call")).alias("after_sync")
+    )
+    return j.sort("_gi").drop("_gi", "_s0", "_s1", "_call", "_recovered")
+
+
+def _after_warmup_cmd(ctx: Context) -> str:
+    w = ctx.window
+    if w.method == "nvtx" and "name" in w.iterations.columns and w.iterations.height > w.warmup_steps:
+        first = w.iterations["name"][w.warmup_steps]
+        return f"tracekit capture nsys --capture-range nvtx --nvtx-capture '{first}' -- {_cmd(ctx)}"
+    return f"tracekit capture nsys --capture-range cudaProfilerApi -- {_cmd(ctx)}  # call torch.cuda.profiler.start() after warm-up"
+
+
+def warmup(ctx: Context) -> list[Finding]:
+    """``warmup`` (info): the leading iterations excluded from the window. ``time_ns`` is what
+    they took beyond as many median steady iterations."""
+    w = ctx.window
+    if not w.warmup_steps or w.iterations.height == 0:
+        return []
+    lead = w.iterations.head(w.warmup_steps)
+    took = int(lead["length_ns"].sum())
+    extra = took - w.warmup_steps * (w.step_ns or 0)
+    ev = lead.select("iteration", *[c for c in ("name",) if c in lead.columns], "w_start", "w_end", "length_ns").rename(
+        {"w_start": "start_ns", "w_end": "end_ns"}
+    )
+    return [Finding(
+        "warmup", "info",
+        f"{w.warmup_steps} warm-up iteration(s) took {fmt_ns(took)} against a steady {fmt_ns(w.step_ns)}: excluded from the window",
+        time_ns=max(extra, 0), share=None, evidence=ev,
+        advice="Warm-up (cuBLAS/cuDNN handles, autotuning, lazy module loading, allocator growth) is paid once; "
+        "profile more steady steps, or start the capture after it (cudaProfilerStart or --capture-range=nvtx).",
+        next=[_after_warmup_cmd(ctx)],
+    )]
+
+
+def _stretches(ctx: Context) -> pl.DataFrame:
+    k = ctx.kernels_w
+    if k.height == 0 or ctx.cuda_api.height == 0:
+        return pl.DataFrame()
+    return launch_bound_stretches(
+        k, ctx.cuda_api, short_kernel_ns=ctx.config.short_kernel_ns, min_kernels=ctx.config.min_stretch_kernels
+    )
+
+
+def _mark_stretch_gaps(gaps: pl.DataFrame, stretches: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
+    if gaps.height == 0:
+        return gaps.with_columns(pl.lit(False).alias("in_stretch"))
+    if stretches.height == 0:
+        return gaps.with_columns(pl.lit(False).alias("in_stretch"))
+    s = stretches.select(*keys, pl.col("start_ns").alias("_s0"), pl.col("end_ns").alias("_s1")).sort([*keys, "_s0"])
+    g = gaps.with_row_index("_gi").sort([*keys, "start_ns"])
+    j = g.join_asof(s, left_on="start_ns", right_on="_s0", by=keys, strategy="backward", check_sortedness=False)
+    j = j.with_columns((pl.col("_s1").is_not_null() & (pl.col("end_ns") <= pl.col("_s1"))).alias("in_stretch"))
+    return j.sort("_gi").drop("_gi", "_s0", "_s1")
+
+
+def _range_during(ctx: Context, gaps: pl.DataFrame) -> pl.DataFrame:
+    """For each gap, the NVTX range (not an iteration range) that covers most of it."""
+    nv = ctx.nvtx
+    if nv.height == 0 or gaps.height == 0 or "end_ns" not in nv.columns:
+        return gaps.with_columns(pl.lit(None, pl.Utf8).alias("host_range"))
+    pat = f"(?i){ctx.config.iteration_pattern}"
+    label = pl.coalesce([c for c in ("text", "name") if c in nv.columns]) if any(c in nv.columns for c in ("text", "name")) else pl.lit(None, pl.Utf8)
+    r = nv.filter(pl.col("end_ns").is_not_null()).select(
+        *ctx.rk, pl.col("start_ns").alias("_r0"), pl.col("end_ns").alias("_r1"), label.alias("_label")
+    ).filter(pl.col("_label").is_not_null() & ~pl.col("_label").str.contains(pat))
+    g = gaps.with_row_index("_gi")
+    pairs = g.select("_gi", *ctx.rk, "start_ns", "end_ns").join(r, on=ctx.rk, how="inner") if ctx.rk else g.select("_gi", "start_ns", "end_ns").join(r, how="cross")
+    pairs = pairs.filter((pl.col("_r0") < pl.col("end_ns")) & (pl.col("_r1") > pl.col("start_ns"))).with_columns(
+        (pl.min_horizontal("_r1", "end_ns") - pl.max_horizontal("_r0", "start_ns")).alias("_ov"),
+        (pl.col("_r1") - pl.col("_r0")).alias("_len"),
+    )
+    best = pairs.sort(["_gi", "_ov", "_len"], descending=[False, True, False]).unique("_gi", keep="first")
+    return g.join(best.select("_gi", pl.col("_label").alias("host_range")), on="_gi", how="left").sort("_gi").drop("_gi")
+
+
+def _calls_during(ctx: Context, gaps: pl.DataFrame) -> pl.DataFrame:
+    """CUDA API calls (any thread of the trace) overlapping ``gaps``: ``name``, ``calls``,
+    ``overlap_ns`` (time inside the gaps), largest first."""
+    api = ctx.api_w
+    if api.height == 0 or gaps.height == 0:
+        return pl.DataFrame()
+    a = api.select("name", "start_ns", "end_ns").sort("start_ns")
+    st = a["start_ns"].to_numpy()
+    longest = int((a["end_ns"] - a["start_ns"]).max() or 0)  # type: ignore[operator]
+    rows: list[tuple[str, int]] = []
+    names = a["name"].to_list()
+    en = a["end_ns"].to_numpy()
+    for g0, g1 in gaps.select("start_ns", "end_ns").iter_rows():
+        lo = int(np.searchsorted(st, g0 - longest, side="left"))
+        hi = int(np.searchsorted(st, g1, side="left"))
+        for i in range(lo, hi):
+            ov = min(int(en[i]), g1) - max(int(st[i]), g0)
+            if ov > 0:
+                rows.append((names[i], ov))
+    if not rows:
+        return pl.DataFrame()
+    return (
+        pl.DataFrame(rows, schema={"name": pl.Utf8, "overlap_ns": pl.Int64}, orient="row")
+        .group_by("name").agg(pl.len().alias("calls"), pl.col("overlap_ns").sum())
+        .sort("overlap_ns", descending=True)
+    )
+
+
+def host_bound(ctx: Context) -> list[Finding]:
+    """``host_bound``: GPU idle while the host thread that launches the next operation is
+    outside CUDA calls (``idle_gaps`` cause ``untraced``), not inside a launch-bound stretch.
+    ``time_ns`` = the sum of those gaps inside the window on the GPU where it is largest; the
+    NVTX range that covers most of each gap names where the host was."""
+    gaps = _main_gaps(ctx)
+    if gaps.height == 0:
+        return []
+    keys = [*ctx.rk, "device_id"]
+    g = gaps.filter(pl.col("cause").is_in(list(HOST_CAUSES)) & ~pl.col("in_stretch") & pl.col("after_sync").is_null())
+    if g.height == 0:
+        return []
+    per_dev = g.group_by(keys).agg(pl.col("duration_ns").sum().alias("idle_ns"), pl.len().alias("gaps")).sort("idle_ns", descending=True)
+    top = per_dev.row(0, named=True)
+    total = int(top["idle_ns"])
+    sev = ctx.config.severity(ctx.share(total))
+    if sev is None:
+        return []
+    dev = g.join(per_dev.head(1).select(keys), on=keys)
+    dev = _range_during(ctx, dev)
+    by_range = (
+        dev.group_by("host_range").agg(pl.col("duration_ns").sum().alias("idle_ns"), pl.len().alias("gaps"))
+        .sort("idle_ns", descending=True)
+    )
+    where = by_range.filter(pl.col("host_range").is_not_null()).head(1)
+    in_range = f" in NVTX range '{where['host_range'][0]}'" if where.height else ""
+    calls = _calls_during(ctx, dev)
+    doing = "outside CUDA calls"
+    if calls.height and int(calls["overlap_ns"][0]) >= 0.3 * total:
+        doing = f"inside {calls['name'][0]} ({fmt_ns(int(calls['overlap_ns'][0]))} of it) and outside CUDA calls"
+    ev = dev.sort("duration_ns", descending=True).head(20).select(
+        *keys, "start_ns", "end_ns", "duration_ns", "host_range", "next_op", "next_api", "other_api_ns"
+    )
+    return [Finding(
+        "host_bound", sev,
+        f"GPU idle {ctx.per_step(total)} ({ctx.share(total):.0%} of the window, {top['gaps']} gaps) while the host is "
+        f"{doing}{in_range}",
+        time_ns=total, share=ctx.share(total), evidence=ev,
+        advice="The GPU waits for Python: move data preparation/tokenisation off the critical path (DataLoader workers, "
+        "pin_memory, prefetch the next batch on another thread), queue more GPU work per host step (larger batch), "
+        "or remove host-side work between steps (logging, .tolist(), Python loops over tensors). In vLLM, check the "
+        "scheduler/sampler time between model steps.",
+        next=[f"nsys profile --trace=cuda,nvtx,osrt --sample=process-tree --python-sampling=true --cudabacktrace=all -- {_cmd(ctx)}"],
+    )]
+
+
+def launch_bound(ctx: Context) -> list[Finding]:
+    """``launch_bound``: runs of short kernels launched one at a time by a host that cannot
+    keep up (``launch_bound_stretches``). ``time_ns`` = the GPU idle time inside those stretches
+    in the window, what CUDA graphs or fusion would remove."""
+    st = _stretches(ctx)
+    if st.height == 0:
+        return []
+    keys = [*ctx.rk, "device_id"]
+    per_dev = st.group_by(keys).agg(
+        pl.col("idle_ns").sum(), pl.col("kernels").sum(), pl.col("busy_ns").sum(),
+        pl.col("median_kernel_ns").median(), pl.col("median_api_ns").median(), pl.col("median_gap_ns").median(),
+    ).sort("idle_ns", descending=True)
+    top = per_dev.row(0, named=True)
+    total = int(top["idle_ns"])
+    sev = ctx.config.severity(ctx.share(total))
+    if sev is None:
+        return []
+    steps = max(ctx.window.steps, 1)
+    per_step_k = ctx.kernels_w.height / steps
+    title = (
+        f"Launch-bound: {per_step_k:.0f} kernels per step, median {fmt_ns(top['median_kernel_ns'])} each but "
+        f"{fmt_ns(top['median_api_ns'])} per launch call; GPU idle {ctx.per_step(total)} between them"
+        if ctx.window.steps else
+        f"Launch-bound: {top['kernels']} short kernels (median {fmt_ns(top['median_kernel_ns'])}) launched one at a time, "
+        f"{fmt_ns(top['median_api_ns'])} per launch call; GPU idle {fmt_ns(total)} between them"
+    )
+    return [Finding(
+        "launch_bound", sev, title, time_ns=total, share=ctx.share(total),
+        evidence=st.sort("idle_ns", descending=True).head(20).select(
+            *keys, "start_ns", "end_ns", "kernels", "busy_ns", "idle_ns", "median_kernel_ns", "median_api_ns", "median_gap_ns"
+        ),
+        advice="Capture the step in a CUDA graph (torch.compile(mode='reduce-overhead') or torch.cuda.graphs; in vLLM "
+        "keep CUDA graphs on — no --enforce-eager — and cover your batch sizes with cudagraph capture sizes), fuse the "
+        "elementwise chains (torch.compile, fused kernels), or give each kernel more work (larger batch).",
+        next=[
+            f"tracekit capture nsys --cuda-graph-trace node -- {_cmd(ctx)}",
+            f"tracekit stats -r cuda_kern_exec_sum {ctx.trace_path}",
+        ],
+    )]
+
+
+def sync_stall(ctx: Context) -> list[Finding]:
+    """``sync_stall``: the host synchronises inside the loop (``*Synchronize`` calls, which
+    ``.item()``/``.cpu()``/``print(tensor)`` and synchronous copies make) and the GPU drains.
+    ``time_ns`` = the idle gaps (window) that *began while the host sat in a synchronising
+    call* of the same process: the GPU ran out of work because the host was waiting for it,
+    and stays idle until the host launches again."""
+    api = ctx.api_w
+    gaps = _main_gaps(ctx)
+    if api.height == 0 or gaps.height == 0:
+        return []
+    syncs = api.filter(pl.col("name").str.contains(SYNC_PATTERN))
+    if syncs.height == 0:
+        return []
+    keys = ctx.rk
+    hit = gaps.filter(pl.col("after_sync").is_not_null()).rename({"after_sync": "sync_call"})
+    if hit.height == 0:
+        return []
+    dk = [*keys, "device_id"]
+    per_dev = hit.group_by(dk).agg(pl.col("duration_ns").sum().alias("idle_ns")).sort("idle_ns", descending=True)
+    total = int(per_dev["idle_ns"][0])
+    sev = ctx.config.severity(ctx.share(total))
+    if sev is None:
+        return []
+    dev_hits = hit.join(per_dev.head(1).select(dk), on=dk)
+    steps = max(ctx.window.steps, 1)
+    by_call = syncs.group_by("name").agg(pl.len().alias("calls"), pl.col("duration_ns").sum().alias("host_wait_ns"))
+    idle_by = dev_hits.group_by(pl.col("sync_call").alias("name")).agg(
+        pl.len().alias("stalls"), pl.col("duration_ns").sum().alias("gpu_idle_after_ns"),
+        pl.col("duration_ns").mean().round(0).cast(pl.Int64).alias("mean_idle_after_ns"),
+    )
+    ev = by_call.join(idle_by, on="name", how="left").with_columns(
+        (pl.col("calls") / steps).alias("calls_per_step"),
+    ).sort("gpu_idle_after_ns", descending=True, nulls_last=True)
+    n = int(syncs.height)
+    mean_after = total / max(n, 1)
+    calls = ", ".join(f"{r['name']} ×{r['calls']}" for r in ev.head(3).iter_rows(named=True))
+    per = f"{n / steps:.0f} per step" if ctx.window.steps else f"{n} in the window"
+    return [Finding(
+        "sync_stall", sev,
+        f"Host synchronisations inside the loop ({per}: {calls}); the GPU idles {fmt_ns(mean_after)} after each, "
+        f"{ctx.per_step(total)}",
+        time_ns=total, share=ctx.share(total), evidence=ev,
+        advice="Remove .item(), .cpu(), .tolist(), print(tensor) and torch.cuda.synchronize() from the step; keep checks "
+        "on the GPU (torch.isfinite(x).all() kept as a tensor, checked every N steps), copy results with "
+        "non_blocking=True into pinned memory and wait on a CUDA event only when the value is needed.",
+        next=[f"nsys profile --trace=cuda,nvtx --cudabacktrace=sync:1 --python-backtrace=cuda -- {_cmd(ctx)}"],
+    )]
+
+
+def pageable_memcpy(ctx: Context) -> list[Finding]:
+    """``pageable_memcpy``: copies from or to pageable host memory, or blocking copy calls,
+    in the window (``copies``: ``pageable``/``synchronous``). ``time_ns`` = their time on the
+    GPU not overlapped by any kernel (``activity_segments`` ``memcpy`` state): a pinned,
+    asynchronous copy could have run under compute."""
+    m = ctx.memcpys_w
+    if m.height == 0:
+        return []
+    cp = copies(m, ctx.cuda_api if ctx.cuda_api.height else None)
+    flag = pl.col("pageable").fill_null(False)
+    if "synchronous" in cp.columns:
+        flag = flag | pl.col("synchronous").fill_null(False)
+    bad = cp.filter(flag & pl.col("copy_kind").is_in(["HtoD", "DtoH"]))
+    if bad.height == 0:
+        return []
+    ops = categorize_ops(ctx.kernels_w, bad.drop([c for c in ("category",) if c in bad.columns]))
+    seg = activity_segments(ops, start_ns=ctx.window.start_ns, end_ns=ctx.window.end_ns)
+    br = overlap_breakdown(seg).sort("memcpy_ns", descending=True)
+    total = int(br["memcpy_ns"][0]) if br.height else 0
+    sev = ctx.config.severity(ctx.share(total))
+    if sev is None:
+        return []
+    ev = bad.group_by("copy_kind", "pageable", *[c for c in ("synchronous", "api_name") if c in bad.columns]).agg(
+        pl.len().alias("copies"), pl.col("bytes").sum(), pl.col("duration_ns").sum().alias("time_ns"),
+    ).with_columns((pl.col("bytes") / pl.col("time_ns")).alias("bandwidth_gbps")).sort("time_ns", descending=True)
+    b = int(ev["bytes"].sum())
+    bw = b / max(int(ev["time_ns"].sum()), 1)
+    steps = max(ctx.window.steps, 1)
+    return [Finding(
+        "pageable_memcpy", sev,
+        f"{bad.height / steps:.0f} pageable/synchronous host copies per step ({b / steps / 2**20:.1f} MiB at "
+        f"{bw:.1f} GB/s), {ctx.per_step(total)} of copy time not overlapped with compute"
+        if ctx.window.steps else
+        f"{bad.height} pageable/synchronous host copies ({b / 2**20:.1f} MiB at {bw:.1f} GB/s), "
+        f"{fmt_ns(total)} not overlapped with compute",
+        time_ns=total, share=ctx.share(total), evidence=ev,
+        advice="Allocate the host side in pinned memory (tensor.pin_memory(), DataLoader(pin_memory=True)) and copy with "
+        "non_blocking=True, ideally on a side stream one step ahead so the copy overlaps compute; avoid torch.from_numpy(...).cuda() "
+        "on fresh numpy arrays inside the loop.",
+        next=[f"tracekit stats -r cuda_gpu_mem_time_sum,cuda_gpu_mem_size_sum {ctx.trace_path}"],
+    )]
+
+
+def low_gpu_utilization(ctx: Context, explained_ns: int) -> list[Finding]:
+    """``low_gpu_utilization``: the GPU is idle for at least ``idle_share`` of the window and
+    the host/launch/sync findings explain less than half of it. ``time_ns`` = idle time
+    (busiest GPU, window) − the explained part."""
+    b = ctx.busy_w
+    if b.height == 0 or ctx.window.duration_ns <= 0:
+        return []
+    top = b.sort("busy_ns", descending=True).row(0, named=True)
+    idle = int(top["idle_ns"])
+    share = ctx.share(idle) or 0.0
+    if share < ctx.config.idle_share or explained_ns >= idle / 2:
+        return []
+    rest = idle - explained_ns
+    causes = ctx.gaps_w.group_by("cause").agg(pl.col("duration_ns").sum().alias("idle_ns"), pl.len().alias("gaps")).sort(
+        "idle_ns", descending=True
+    ) if ctx.gaps_w.height else pl.DataFrame()
+    sev = ctx.config.severity(ctx.share(rest)) or "low"
+    return [Finding(
+        "low_gpu_utilization", sev,
+        f"GPU busy only {top['utilization']:.0%} of the window; {fmt_ns(rest)} of idle time is not explained by the "
+        "host, launch or synchronisation findings",
+        time_ns=rest, share=ctx.share(rest), evidence=causes,
+        advice="Look at what the GPU waits for in the idle gaps (cause 'dependency': other streams, events or devices; "
+        "gaps shorter than the threshold add up too). Trace the OS runtime and CPU sampling to see the host side.",
+        next=[f"nsys profile --trace=cuda,nvtx,osrt --sample=process-tree --cpuctxsw=process-tree -- {_cmd(ctx)}"],
+    )]
+
+
+HOST_RULES = (warmup, host_bound, launch_bound, sync_stall, pageable_memcpy)

@@ -1,0 +1,177 @@
+"""The steady-state window: iterations from NVTX ranges or from the repeating kernel sequence,
+warm-up iterations excluded.
+
+Iterations come from NVTX ranges matching ``step|iter`` (:func:`tracekit.analysis.iterations.
+iterations`). Without such ranges, the kernel names of the busiest GPU are searched for a
+period: the smallest ``p`` such that, over the repeating tail of the sequence, at least
+``period_match`` of the names equal the name ``p`` kernels later, repeated at least
+``min_repeats`` times. The phase is the one whose boundary kernels follow the longest GPU
+idle gaps (an iteration normally starts after the host has prepared it). A leading iteration
+that takes more than ``warmup_factor`` times the median of the iterations after it (CPU range
+or GPU span, whichever is longer) is warm-up; at most half of them are dropped.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from tracekit.analysis.iterations import iterations
+from tracekit.diagnose.config import DiagnoseConfig
+from tracekit.diagnose.result import Window
+
+__all__ = ["find_period", "kernel_period_iterations", "steady_window"]
+
+_TAIL = 50_000
+
+
+def find_period(codes: np.ndarray, *, match: float = 0.95, min_repeats: int = 3) -> tuple[int, int, int] | None:
+    """``(period, first, stop)`` of the repeating part of ``codes`` (ints), or ``None``.
+
+    The repeating part ``codes[first:stop]`` holds at least ``min_repeats`` periods; inside
+    it every element equals the one ``period`` later, except for at most ``1 - match`` of
+    them. It is grown in both directions from an anchor three quarters into the sequence, so
+    a prologue (set-up) and an epilogue (final reductions) are left out.
+    """
+    n = codes.size
+    if n < 2 * min_repeats:
+        return None
+    off = max(n - _TAIL, 0)
+    tail = codes[off:]
+    m = tail.size
+    anchor = (3 * m) // 4
+    max_p = max(m // min_repeats, 1)
+    ps = np.arange(1, min(max_p, anchor) + 1)
+    keep = tail[anchor - ps] == tail[anchor]
+    for k in (1, 2):  # cheap pruning on the next elements too
+        if anchor + k < m:
+            keep &= tail[anchor + k - ps] == tail[anchor + k]
+    for p in ps[keep]:
+        p = int(p)
+        eq = tail[:-p] == tail[p:]  # eq[i]: element i repeats at i + p
+        a = min(anchor - p, eq.size - 1)
+        if a < 0:
+            continue
+        tol = 1 - match
+        right = eq[a:]
+        bad_r = np.cumsum(~right)
+        ok_r = np.nonzero(bad_r <= tol * np.arange(1, right.size + 1))[0]
+        hi = a + (int(ok_r[-1]) + 1 if ok_r.size else 0)
+        left = eq[: a][::-1]
+        bad_l = np.cumsum(~left)
+        ok_l = np.nonzero(bad_l <= tol * np.arange(1, left.size + 1))[0]
+        lo = a - (int(ok_l[-1]) + 1 if ok_l.size else 0)
+        while lo < hi and not eq[lo]:
+            lo += 1  # a tolerated mismatch at the edge belongs to the prologue
+        while hi > lo and not eq[hi - 1]:
+            hi -= 1
+        if hi - lo + p >= min_repeats * p:
+            return p, lo + off, hi + p + off
+    return None
+
+
+def kernel_period_iterations(kernels: pl.DataFrame, config: DiagnoseConfig) -> pl.DataFrame:
+    """Iterations found from the sequence of GPU operations (kernels, copies and memsets of
+    a :func:`~tracekit.analysis.gpu_time.gpu_ops` frame, or kernels alone) of the busiest GPU
+    (see the module doc).
+
+    Returns one row per iteration: ``iteration``, ``start_ns`` (first kernel start),
+    ``end_ns`` (next iteration's first kernel start; last kernel end for the last one),
+    ``duration_ns``, ``gpu_span_ns`` (same), ``kernels``; empty when nothing repeats.
+    """
+    empty = pl.DataFrame(schema={"iteration": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64,
+                                 "duration_ns": pl.Int64, "gpu_span_ns": pl.Int64, "kernels": pl.Int64})
+    if kernels.height == 0:
+        return empty
+    keys = [c for c in ("rank", "device_id") if c in kernels.columns]
+    busiest = kernels.group_by(keys).agg(pl.col("duration_ns").sum()).sort("duration_ns", descending=True).head(1)
+    k = kernels.join(busiest.select(keys), on=keys).sort("start_ns").select("start_ns", "end_ns", "name")
+    codes = k["name"].cast(pl.Categorical).to_physical().to_numpy().astype(np.int64)
+    found = find_period(codes, match=config.period_match, min_repeats=config.min_repeats)
+    if found is None:
+        return empty
+    p, first, stop = found
+    k = k.slice(0, stop)
+    codes = codes[:stop]
+    starts = k["start_ns"].to_numpy()
+    ends = k["end_ns"].to_numpy()
+    prev_end = np.maximum.accumulate(ends)
+    gap = np.empty_like(starts)
+    gap[0] = 0
+    gap[1:] = starts[1:] - prev_end[:-1]
+    # phase: the offset whose boundary kernels follow the longest idle gaps
+    reps = (codes.size - first) // p
+    best = max(range(p), key=lambda o: gap[first + o : first + o + reps * p : p].sum() if first + o < codes.size else -1)
+    bounds = list(range(first + best, codes.size, p))
+    if len(bounds) < config.min_repeats:
+        return empty
+    rows = []
+    for i, b in enumerate(bounds):
+        last = bounds[i + 1] - 1 if i + 1 < len(bounds) else codes.size - 1
+        if i + 1 == len(bounds) and last - b + 1 < p:
+            break  # an incomplete last period
+        start = int(starts[b])
+        end = int(starts[bounds[i + 1]]) if i + 1 < len(bounds) else int(prev_end[last])
+        rows.append((i, start, end, end - start, end - start, last - b + 1))
+    return pl.DataFrame(rows, schema=empty.schema, orient="row")
+
+
+def _warmup_count(lengths: list[int], factor: float) -> int:
+    n = len(lengths)
+    count = 0
+    while count < n // 2:
+        rest = lengths[count + 1 :]
+        if not rest:
+            break
+        if lengths[count] > factor * float(np.median(rest)):
+            count += 1
+        else:
+            break
+    return count
+
+
+def steady_window(
+    kernels: pl.DataFrame,
+    ops_with_launch: pl.DataFrame,
+    nvtx: pl.DataFrame,
+    config: DiagnoseConfig,
+    *,
+    trace_start_ns: int | None = None,
+    trace_end_ns: int | None = None,
+) -> Window:
+    """The analysed window of a trace (see the module doc)."""
+    its = iterations(ops_with_launch, nvtx, pattern=config.iteration_pattern) if nvtx.height else pl.DataFrame()
+    method, why = "nvtx", f"NVTX iteration ranges matching {config.iteration_pattern!r}"
+    if its.height:
+        # per iteration: its CPU range and the GPU work it launched
+        proc = [c for c in ("rank", "pid") if c in its.columns]
+        counts = its.group_by(proc).len()
+        main = counts.sort("len", descending=True).head(1).select(proc)
+        it = its.join(main, on=proc).sort("iteration")
+        it = it.with_columns(
+            pl.min_horizontal("start_ns", "gpu_start_ns").alias("w_start"),
+            pl.max_horizontal("end_ns", "gpu_end_ns").alias("w_end"),
+            pl.max_horizontal("duration_ns", pl.col("gpu_span_ns").fill_null(0)).alias("length_ns"),
+        )
+    else:
+        it = kernel_period_iterations(kernels, config)
+        method, why = "kernel_period", "no NVTX iteration ranges: iterations from the repeating kernel sequence"
+        if it.height:
+            it = it.with_columns(
+                pl.col("start_ns").alias("w_start"), pl.col("end_ns").alias("w_end"), pl.col("duration_ns").alias("length_ns")
+            )
+        if nvtx.height == 0:
+            why = "no NVTX ranges: iterations from the repeating kernel sequence"
+    if it.height == 0:
+        lo = trace_start_ns if trace_start_ns is not None else (int(kernels["start_ns"].min()) if kernels.height else 0)  # type: ignore[arg-type]
+        hi = trace_end_ns if trace_end_ns is not None else (int(kernels["end_ns"].max()) if kernels.height else 0)  # type: ignore[arg-type]
+        return Window(lo, hi, "whole_trace", "no iterations (no NVTX step ranges, no repeating kernel sequence): the whole trace")
+    lengths = it["length_ns"].to_list()
+    warm = _warmup_count(lengths, config.warmup_factor)
+    steady = it.slice(warm)
+    start = int(steady["w_start"].min())  # type: ignore[arg-type]
+    end = int(steady["w_end"].max())  # type: ignore[arg-type]
+    step_ns = int(float(np.median(steady["length_ns"].to_numpy())))
+    if warm:
+        why += f"; the first {warm} iteration(s) took over {config.warmup_factor}× the median of the rest (warm-up)"
+    return Window(start, end, method, why, steps=steady.height, warmup_steps=warm, step_ns=step_ns, iterations=it)
