@@ -179,7 +179,7 @@ def _crossing_copy(tmp_path: Path) -> Path:
 
 
 PROJECTED = [
-    *(p for p in sorted(SAMPLES.rglob("*.sqlite")) if "per_rank" not in p.name),
+    *(p for p in sorted(SAMPLES.rglob("*.sqlite")) if "per_rank" not in p.name and "nonvtx" not in p.name),
     NSYS_CORPUS / "nsys2022.2_pipit_saxpy_mpi_cuda.sqlite",
     NSYS_CORPUS / "nsys2023.1_memfusion_tensorrt.sqlite",
     NSYS_CORPUS / "nsys2026.2_nsysai_mfu_2xh100_nccl_slice.sqlite",
