@@ -34,6 +34,7 @@ def _root(
 COMMANDS: dict[str, str] = {
     "summary": "tracekit.cli.summary",
     "stats": "tracekit.cli.stats",
+    "diagnose": "tracekit.cli.diagnose",
     "report": "tracekit.cli.report",
     "capture": "tracekit.cli.capture",
 }

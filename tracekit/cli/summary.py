@@ -13,6 +13,7 @@ def register(parent: typer.Typer) -> None:
 def summary(
     file: str = typer.Argument(..., help="Nsight Systems export (.sqlite) or report (.nsys-rep)."),
     top: int = typer.Option(10, "--top", "-n", help="Rows in the top-kernel and NVTX tables."),
+    findings: int = typer.Option(3, "--findings", help="Top findings of `tracekit diagnose` shown at the end (0: none)."),
 ) -> None:
     """Capture info, GPUs, time window, top kernels, memcpy totals and top NVTX ranges."""
     import tracekit
@@ -25,6 +26,12 @@ def summary(
         msg = f"{file} is an Nsight Compute report; `tracekit summary` reads Nsight Systems exports"
         raise TraceFormatError(msg)
     _render(trace_summary(trace, top=top))
+    if findings > 0:
+        from tracekit.cli.diagnose import render
+        from tracekit.diagnose import diagnose
+
+        d = diagnose(trace)
+        render(d, findings, title=f"top findings (tracekit diagnose {file})")
 
 
 def _render(s) -> None:  # type: ignore[no-untyped-def]

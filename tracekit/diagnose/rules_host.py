@@ -27,6 +27,31 @@ SYNC_PATTERN = r"(?i)synchronize"
 #: (``untraced``) or inside CUDA calls that neither launch, copy nor synchronise (``cuda_api``:
 #: cudaMalloc, cudaStreamCreate, cudaEventCreate …).
 HOST_CAUSES = ("untraced", "cuda_api")
+#: The ``_v3020``-style suffix of CUDA runtime API names in exports (dropped in titles, as nsys does).
+API_VERSION_SUFFIX = r"_v\d+$"
+
+
+def _sync_costs(ctx: Context) -> pl.DataFrame:
+    """Per (``rank``,) ``device_id`` and synchronising call that left the GPU dry:
+    ``sync_call``, ``blocked_ns`` (the call's duration: host time spent waiting),
+    ``idle_after_ns`` (GPU idle from then until the host queued work ahead again),
+    ``stake_ns`` = min(blocked, idle after): had the host not waited, it could have used the
+    blocked time to queue the next work; the rest of the idle time (``leftover_ns``) is the
+    host's own slowness and goes to ``host_bound``."""
+    gaps = _main_gaps(ctx)
+    dk = [*ctx.rk, "device_id"]
+    if gaps.height == 0 or "after_sync" not in gaps.columns:
+        return pl.DataFrame()
+    hit = gaps.filter(pl.col("after_sync").is_not_null())
+    per = hit.group_by(*dk, "sync_start_ns", "sync_end_ns", "after_sync").agg(
+        pl.col("duration_ns").sum().alias("idle_after_ns"), pl.len().alias("gaps")
+    )
+    return per.with_columns(
+        (pl.col("sync_end_ns") - pl.col("sync_start_ns")).alias("blocked_ns"),
+        pl.col("after_sync").str.replace(API_VERSION_SUFFIX, "").alias("sync_call"),
+    ).with_columns(
+        pl.min_horizontal("blocked_ns", "idle_after_ns").alias("stake_ns"),
+    ).with_columns((pl.col("idle_after_ns") - pl.col("stake_ns")).alias("leftover_ns")).drop("after_sync")
 
 
 def _cmd(ctx: Context) -> str:
@@ -63,7 +88,10 @@ def _mark_sync_gaps(ctx: Context, gaps: pl.DataFrame) -> pl.DataFrame:
     api = ctx.api_w
     syncs = api.filter(pl.col("name").str.contains(SYNC_PATTERN)) if api.height else api
     if syncs.height == 0:
-        return gaps.with_columns(pl.lit(None, pl.Utf8).alias("after_sync"))
+        return gaps.with_columns(
+            pl.lit(None, pl.Utf8).alias("after_sync"), pl.lit(None, pl.Int64).alias("sync_start_ns"),
+            pl.lit(None, pl.Int64).alias("sync_end_ns"),
+        )
     keys = ctx.rk
     ops = ctx._in_window(ctx.ops_with_launch).sort([*keys, "start_ns"])
     prev_end = pl.col("end_ns").cum_max().shift(1)
@@ -81,6 +109,9 @@ def _mark_sync_gaps(ctx: Context, gaps: pl.DataFrame) -> pl.DataFrame:
     j = j.with_columns(
         pl.when(pl.col("_s0").is_not_null() & (pl.col("start_ns") < pl.max_horizontal("_recovered", "_s1")))
         .then(pl.col("_call")).alias("after_sync")
+    ).with_columns(
+        pl.when(pl.col("after_sync").is_not_null()).then(pl.col("_s0")).alias("sync_start_ns"),
+        pl.when(pl.col("after_sync").is_not_null()).then(pl.col("_s1")).alias("sync_end_ns"),
     )
     return j.sort("_gi").drop("_gi", "_s0", "_s1", "_call", "_recovered")
 
@@ -162,7 +193,7 @@ def _calls_during(ctx: Context, gaps: pl.DataFrame) -> pl.DataFrame:
     api = ctx.api_w
     if api.height == 0 or gaps.height == 0:
         return pl.DataFrame()
-    a = api.select("name", "start_ns", "end_ns").sort("start_ns")
+    a = api.select(pl.col("name").str.replace(API_VERSION_SUFFIX, ""), "start_ns", "end_ns").sort("start_ns")
     st = a["start_ns"].to_numpy()
     longest = int((a["end_ns"] - a["start_ns"]).max() or 0)  # type: ignore[operator]
     rows: list[tuple[str, int]] = []
@@ -186,9 +217,12 @@ def _calls_during(ctx: Context, gaps: pl.DataFrame) -> pl.DataFrame:
 
 def host_bound(ctx: Context) -> list[Finding]:
     """``host_bound``: GPU idle while the host thread that launches the next operation is
-    outside CUDA calls (``idle_gaps`` cause ``untraced``), not inside a launch-bound stretch.
-    ``time_ns`` = the sum of those gaps inside the window on the GPU where it is largest; the
-    NVTX range that covers most of each gap names where the host was."""
+    outside CUDA calls or in CUDA calls that neither launch, copy nor synchronise
+    (``idle_gaps`` causes ``untraced``/``cuda_api``), not inside a launch-bound stretch nor
+    left dry by a synchronisation. ``time_ns`` = the sum of those gaps in the window on the GPU
+    where it is largest, plus the idle time after synchronisations beyond their own cost
+    (``leftover_ns`` of :func:`_sync_costs`); the NVTX range that covers most of each gap
+    names where the host was."""
     gaps = _main_gaps(ctx)
     if gaps.height == 0:
         return []
@@ -196,7 +230,15 @@ def host_bound(ctx: Context) -> list[Finding]:
     g = gaps.filter(pl.col("cause").is_in(list(HOST_CAUSES)) & ~pl.col("in_stretch") & pl.col("after_sync").is_null())
     if g.height == 0:
         return []
-    per_dev = g.group_by(keys).agg(pl.col("duration_ns").sum().alias("idle_ns"), pl.len().alias("gaps")).sort("idle_ns", descending=True)
+    per_dev = g.group_by(keys).agg(pl.col("duration_ns").sum().alias("idle_ns"), pl.len().alias("gaps"))
+    costs = _sync_costs(ctx)
+    if costs.height:  # idle after a sync beyond what the sync itself cost: the host was slow too
+        left = costs.group_by(keys).agg(pl.col("leftover_ns").sum().alias("_left"), (pl.col("leftover_ns") > 0).sum().alias("_lg"))
+        per_dev = per_dev.join(left, on=keys, how="full", coalesce=True).with_columns(
+            (pl.col("idle_ns").fill_null(0) + pl.col("_left").fill_null(0)).alias("idle_ns"),
+            (pl.col("gaps").fill_null(0) + pl.col("_lg").fill_null(0)).alias("gaps"),
+        ).drop("_left", "_lg")
+    per_dev = per_dev.sort("idle_ns", descending=True)
     top = per_dev.row(0, named=True)
     total = int(top["idle_ns"])
     sev = ctx.config.severity(ctx.share(total))
@@ -274,9 +316,10 @@ def launch_bound(ctx: Context) -> list[Finding]:
 def sync_stall(ctx: Context) -> list[Finding]:
     """``sync_stall``: the host synchronises inside the loop (``*Synchronize`` calls, which
     ``.item()``/``.cpu()``/``print(tensor)`` and synchronous copies make) and the GPU drains.
-    ``time_ns`` = the idle gaps (window) that *began while the host sat in a synchronising
-    call* of the same process: the GPU ran out of work because the host was waiting for it,
-    and stays idle until the host launches again."""
+    After such a call the GPU idles until the host has queued work ahead again
+    (:func:`_mark_sync_gaps`). ``time_ns`` = Σ over the calls of min(time the host sat in the
+    call, GPU idle after it) (:func:`_sync_costs`): without the sync the host would have used
+    the blocked time to queue the next work."""
     api = ctx.api_w
     gaps = _main_gaps(ctx)
     if api.height == 0 or gaps.height == 0:
@@ -285,33 +328,34 @@ def sync_stall(ctx: Context) -> list[Finding]:
     if syncs.height == 0:
         return []
     keys = ctx.rk
-    hit = gaps.filter(pl.col("after_sync").is_not_null()).rename({"after_sync": "sync_call"})
-    if hit.height == 0:
+    costs = _sync_costs(ctx)
+    if costs.height == 0:
         return []
     dk = [*keys, "device_id"]
-    per_dev = hit.group_by(dk).agg(pl.col("duration_ns").sum().alias("idle_ns")).sort("idle_ns", descending=True)
-    total = int(per_dev["idle_ns"][0])
+    per_dev = costs.group_by(dk).agg(pl.col("stake_ns").sum()).sort("stake_ns", descending=True)
+    total = int(per_dev["stake_ns"][0])
     sev = ctx.config.severity(ctx.share(total))
     if sev is None:
         return []
-    dev_hits = hit.join(per_dev.head(1).select(dk), on=dk)
+    dev_costs = costs.join(per_dev.head(1).select(dk), on=dk)
     steps = max(ctx.window.steps, 1)
-    by_call = syncs.group_by("name").agg(pl.len().alias("calls"), pl.col("duration_ns").sum().alias("host_wait_ns"))
-    idle_by = dev_hits.group_by(pl.col("sync_call").alias("name")).agg(
-        pl.len().alias("stalls"), pl.col("duration_ns").sum().alias("gpu_idle_after_ns"),
-        pl.col("duration_ns").mean().round(0).cast(pl.Int64).alias("mean_idle_after_ns"),
+    syncs = syncs.with_columns(pl.col("name").str.replace(API_VERSION_SUFFIX, ""))
+    by_call = syncs.group_by("name").agg(pl.len().alias("calls"), pl.col("duration_ns").sum().alias("host_blocked_ns"))
+    idle_by = dev_costs.group_by(pl.col("sync_call").alias("name")).agg(
+        pl.len().alias("stalls"), pl.col("idle_after_ns").sum().alias("gpu_idle_after_ns"),
+        pl.col("stake_ns").sum().alias("time_at_stake_ns"),
     )
     ev = by_call.join(idle_by, on="name", how="left").with_columns(
         (pl.col("calls") / steps).alias("calls_per_step"),
-    ).sort("gpu_idle_after_ns", descending=True, nulls_last=True)
+    ).sort("time_at_stake_ns", descending=True, nulls_last=True)
     n = int(syncs.height)
-    mean_after = total / max(n, 1)
+    mean_after = int(dev_costs["idle_after_ns"].sum()) / max(dev_costs.height, 1)
     calls = ", ".join(f"{r['name']} ×{r['calls']}" for r in ev.head(3).iter_rows(named=True))
     per = f"{n / steps:.0f} per step" if ctx.window.steps else f"{n} in the window"
     return [Finding(
         "sync_stall", sev,
-        f"Host synchronisations inside the loop ({per}: {calls}); the GPU idles {fmt_ns(mean_after)} after each, "
-        f"{ctx.per_step(total)}",
+        f"Host synchronisations inside the loop ({per}: {calls}); the GPU idles {fmt_ns(mean_after)} after each; "
+        f"{ctx.per_step(total)} at stake",
         time_ns=total, share=ctx.share(total), evidence=ev,
         advice="Remove .item(), .cpu(), .tolist(), print(tensor) and torch.cuda.synchronize() from the step; keep checks "
         "on the GPU (torch.isfinite(x).all() kept as a tensor, checked every N steps), copy results with "

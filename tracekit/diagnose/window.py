@@ -170,6 +170,12 @@ def steady_window(
     warm = _warmup_count(lengths, config.warmup_factor)
     steady = it.slice(warm)
     start = int(steady["w_start"].min())  # type: ignore[arg-type]
+    if warm:
+        # the window opens when the warm-up's own GPU work is over (the host may run ahead)
+        gpu_end = "gpu_end_ns" if "gpu_end_ns" in it.columns else "end_ns"
+        prev = it.slice(0, warm)[gpu_end].max()
+        if prev is not None:
+            start = max(start, int(prev))  # type: ignore[arg-type]
     end = int(steady["w_end"].max())  # type: ignore[arg-type]
     step_ns = int(float(np.median(steady["length_ns"].to_numpy())))
     if warm:

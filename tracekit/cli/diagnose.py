@@ -1,0 +1,79 @@
+"""``tracekit diagnose``: findings with time at stake, evidence and what to try next."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(parent: typer.Typer) -> None:
+    """Add the ``diagnose`` command to ``parent``."""
+    parent.command("diagnose")(diagnose)
+
+
+def _window(text: str | None) -> tuple[int, int] | None:
+    from tracekit.errors import TracekitError
+
+    if not text:
+        return None
+    try:
+        a, b = text.split(":", 1)
+        return int(a), int(b)
+    except ValueError:
+        msg = f"--window {text!r}: give START_NS:END_NS on the trace's timeline, e.g. --window 1200000:5400000"
+        raise TracekitError(msg) from None
+
+
+def diagnose(
+    files: list[str] = typer.Argument(..., help="Nsight Systems export(s); several files = one per rank."),
+    ncu: str | None = typer.Option(None, "--ncu", help="Nsight Compute report of the same program (.ncu-rep)."),
+    model: str | None = typer.Option(None, "--model", help="Transformer description (YAML or HF config.json)."),
+    fmt: str = typer.Option("table", "--format", "-f", help="table, json or markdown."),
+    window: str | None = typer.Option(None, "--window", help="START_NS:END_NS to analyse instead of the steady state."),
+    settings: list[str] = typer.Option([], "--set", help="Rule threshold NAME=VALUE (repeatable; see docs/diagnose.md)."),
+    top: int = typer.Option(0, "--top", "-n", help="Show only the first N findings (0: all)."),
+) -> None:
+    """Where the time goes and what to try: steady-state window, findings sorted by severity and time."""
+    import tracekit
+    from tracekit.diagnose import DiagnoseConfig
+    from tracekit.diagnose import diagnose as run
+    from tracekit.errors import TracekitError
+
+    if fmt not in ("table", "json", "markdown"):
+        msg = f"--format {fmt!r}: choose table, json or markdown"
+        raise TracekitError(msg)
+    cfg = DiagnoseConfig().with_overrides(list(settings))
+    trace = tracekit.open(files[0]) if len(files) == 1 else tracekit.open_many(files)
+    if type(trace).__name__ == "NcuReport":
+        msg = f"{files[0]} is an Nsight Compute report; pass the Nsight Systems export and give the report with --ncu"
+        raise TracekitError(msg)
+    d = run(trace, ncu=ncu, model=model, window=_window(window), config=cfg)
+    if fmt == "json":
+        print(d.to_json())
+        return
+    if fmt == "markdown":
+        print(d.to_markdown())
+        return
+    render(d, top or None)
+
+
+def render(d, top: int | None = None, *, title: str | None = None) -> None:  # type: ignore[no-untyped-def]
+    """Print a diagnosis as a rich table (used by ``summary`` too)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from tracekit.diagnose.result import fmt_ns
+
+    console = Console()
+    table = Table(title=title or f"tracekit diagnose: {d.trace_name}", caption=d.window_text(), show_lines=True)
+    for col, just in (("#", "right"), ("severity", "left"), ("category", "left"), ("time at stake", "right"),
+                      ("finding", "left"), ("what to try / next", "left")):
+        table.add_column(col, justify=just, overflow="fold")  # type: ignore[arg-type]
+    items = d.items[:top] if top else d.items
+    colors = {"high": "red", "medium": "yellow", "low": "cyan", "info": "dim"}
+    for i, f in enumerate(items):
+        stake = "" if f.time_ns is None else f"{fmt_ns(f.time_ns)}" + (f"\n{f.share:.1%}" if f.share is not None else "")
+        todo = f.advice + ("\n" + "\n".join(f"$ {c}" for c in f.next) if f.next else "")
+        table.add_row(str(i), f"[{colors.get(f.severity, '')}]{f.severity}[/]", f.category, stake, f.title, todo)
+    if not items:
+        table.add_row("", "", "", "", "no findings", "")
+    console.print(table)
