@@ -70,6 +70,11 @@ def test_window_from_nvtx_excludes_warmup_by_hand() -> None:
     steps = con.execute(
         "SELECT n.text, n.start, n.end FROM NVTX_EVENTS n WHERE n.text LIKE 'step.%' ORDER BY n.start"
     ).fetchall()
+    gpu_end_of = lambda r: con.execute(  # noqa: E731
+        "SELECT max(k.end) FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN CUPTI_ACTIVITY_KIND_RUNTIME r "
+        "ON r.correlationId = k.correlationId WHERE r.start >= ? AND r.start <= ?", (r[1], r[2]),
+    ).fetchone()[0]
+    warm_end = gpu_end_of(steps[0])
     last_gpu_end = con.execute(
         "SELECT max(k.end) FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN CUPTI_ACTIVITY_KIND_RUNTIME r "
         "ON r.correlationId = k.correlationId WHERE r.start >= ? AND r.start <= ?",
@@ -78,7 +83,8 @@ def test_window_from_nvtx_excludes_warmup_by_hand() -> None:
     con.close()
     assert d.window.method == "nvtx"
     assert d.window.warmup_steps == 1 and d.window.steps == len(steps) - 1
-    assert d.window.start_ns == steps[1][1]  # step.0's GPU work ended before step.1 began on the host
+    # the window opens at step.1 on the host, or when step.0's GPU work is over if later
+    assert d.window.start_ns == max(steps[1][1], warm_end)
     assert d.window.end_ns == max(last_gpu_end, steps[-1][2])
 
 
