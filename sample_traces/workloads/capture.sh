@@ -3,7 +3,7 @@
 #
 #   bash sample_traces/workloads/capture.sh OUTDIR TARGET...
 #
-# TARGETs: decode1 train1 tp2 tp2ranks tp2pp2 customar ncu_drill ncu_full ncu_prec planted planted_metrics planted_ncu reexport
+# TARGETs: decode1 train1 tp2 tp2ranks tp2pp2 customar ncu_drill ncu_full ncu_prec planted planted_metrics planted_sync planted_ncu reexport
 # NSYS / NCU name the tools (default: nsys/ncu on PATH, else the nsys shipped inside
 # Nsight Compute 2025.3.1). Each nsys target leaves NAME.nsys-rep, NAME.sqlite and the
 # `nsys stats --format csv` output of that same nsys in OUTDIR/NAME/; each ncu target
@@ -93,9 +93,10 @@ for target in "$@"; do
       "$NCU" --nvtx --nvtx-include "prec/" "${DRILL_SECTIONS[@]}" --metrics "$TENSOR_METRICS" \
           --import-sass no --clock-control none -f -o "$dir/ncu_precisions" "$PY" ncu_probe.py --mode prec 2>&1 | tail -8
       ncu_csv "$dir" ncu_precisions ;;
-    planted|planted_metrics)  # one capture per planted problem (planted.py); planted_metrics: the two with GPU metrics
+    planted|planted_metrics|planted_sync)  # one capture per planted problem (planted.py); planted_metrics: the two with GPU metrics
       probs=(clean clean_nonvtx host_bound launch_bound sync_stall pageable_memcpy no_tensor_cores memory_growth)
       [ "$target" = planted_metrics ] && probs=(clean no_tensor_cores)
+      [ "$target" = planted_sync ] && probs=(sync_stall)
       for prob in "${probs[@]}"; do
         name=planted_$prob; dir="$OUT/$name"; mkdir -p "$dir/stats"
         # GPU metrics only inside the loop (10 kHz over the whole run made a 40 MB export)

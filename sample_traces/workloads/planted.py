@@ -21,7 +21,8 @@ Planted problems (the rest of the loop as in ``clean``):
     microseconds per step, launch calls take longer than the kernels.
 ``sync_stall``
     after every layer ``x.abs().max().item()`` (a NaN check): a synchronous device->host
-    copy per layer, the GPU drains and waits for the host to launch again.
+    copy per layer; the host waits for the layer, the GPU drains and waits for the host to
+    launch again.
 ``pageable_memcpy``
     each step uploads a 32 MiB batch from pageable numpy memory (``torch.from_numpy(a).cuda()``):
     a synchronous, staged host->device copy.
@@ -70,8 +71,6 @@ def main() -> None:
     torch.manual_seed(0)
     if prob == "launch_bound":
         tokens, hidden, ffn = 8, 256, 512
-    elif prob == "sync_stall":
-        tokens, hidden, ffn = 1024, 1024, 4096
     else:
         tokens, hidden, ffn = 2048, 2048, 8192
     dtype = torch.float32 if prob == "no_tensor_cores" else torch.bfloat16
