@@ -27,10 +27,11 @@ EXPECTED = [
     "04_multi_gpu_nccl",
     "05_compare",
     "06_paper_figures",
+    "07_diagnose",
 ]
 
 
-def test_the_six_notebooks_exist() -> None:
+def test_the_notebooks_exist() -> None:
     assert [p.stem for p in NOTEBOOKS] == EXPECTED
 
 

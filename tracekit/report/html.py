@@ -102,6 +102,28 @@ def _note(text: str) -> str:
 
 
 # -- nsys sections ------------------------------------------------------------------------------------
+def _findings(trace: Any, ncu: Any) -> str:
+    from tracekit.diagnose import diagnose
+    from tracekit.diagnose.result import fmt_ns
+
+    d = diagnose(trace, ncu=ncu)
+    colors = {"high": "#b3261e", "medium": "#a15c00", "low": "#0b5cad", "info": "#666"}
+    rows = []
+    for f in d.items:
+        stake = "" if f.time_ns is None else fmt_ns(f.time_ns) + (f" ({f.share:.1%})" if f.share is not None else "")
+        nxt = "".join(f"<br><code>{html.escape(c)}</code>" for c in f.next)
+        rows.append(
+            f'<tr><td style="color:{colors.get(f.severity, "#000")};font-weight:600">{html.escape(f.severity)}</td>'
+            f"<td>{html.escape(f.category)}</td><td>{html.escape(stake)}</td><td>{html.escape(f.title)}</td>"
+            f"<td>{html.escape(f.advice)}{nxt}</td></tr>"
+        )
+    table = (
+        "<table><tr><th>severity</th><th>category</th><th>time at stake</th><th>finding</th><th>what to try</th></tr>"
+        + "".join(rows) + "</table>"
+    ) if rows else "<p>No findings.</p>"
+    return _note(d.window_text()) + table
+
+
 def _overview(page: _Page, trace: Any) -> str:
     from tracekit.viz import breakdown_chart, iterations_chart
 
@@ -376,6 +398,7 @@ def build_report(
     page = _Page(title or f"tracekit report: {name}", time.strftime("generated %Y-%m-%d %H:%M"))
     if trace is not None:
         origin = (prep.data_window(trace.kernels, trace.memcpys, trace.memsets) or (None, None))[0]
+        page.section("findings", "Findings", lambda: _findings(trace, ncu))
         page.section("overview", "Overview", lambda: _overview(page, trace))
         page.section("kernels", "Top kernels", lambda: _kernels(page, trace, top_n))
         page.section("nvtx", "NVTX breakdown", lambda: _nvtx(page, trace))
