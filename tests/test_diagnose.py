@@ -16,8 +16,8 @@ import polars as pl
 import pytest
 
 import tracekit
-from tracekit.diagnose import DiagnoseConfig, diagnose
-from tracekit.diagnose.window import find_period
+from tracekit.diagnosis import DiagnoseConfig, diagnose
+from tracekit.diagnosis.window import find_period
 
 from .conftest import SAMPLES
 

@@ -34,13 +34,13 @@ if TYPE_CHECKING:
     )
     from tracekit.ncu.report import NcuReport
     from tracekit.nsys.trace import NsysTrace
-    from tracekit.diagnose import diagnose
+    from tracekit.diagnosis import diagnose
     from tracekit.opening import open, open_many
 
 _LAZY = {
     "open": ("tracekit.opening", "open"),
     "open_many": ("tracekit.opening", "open_many"),
-    "diagnose": ("tracekit.diagnose", "diagnose"),
+    "diagnose": ("tracekit.diagnosis", "diagnose"),
     "NsysTrace": ("tracekit.nsys.trace", "NsysTrace"),
     "NcuReport": ("tracekit.ncu.report", "NcuReport"),
     "TracekitError": ("tracekit.errors", "TracekitError"),

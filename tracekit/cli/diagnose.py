@@ -34,8 +34,8 @@ def diagnose(
 ) -> None:
     """Where the time goes and what to try: steady-state window, findings sorted by severity and time."""
     import tracekit
-    from tracekit.diagnose import DiagnoseConfig
-    from tracekit.diagnose import diagnose as run
+    from tracekit.diagnosis import DiagnoseConfig
+    from tracekit.diagnosis import diagnose as run
     from tracekit.errors import TracekitError
 
     if fmt not in ("table", "json", "markdown"):
@@ -61,7 +61,7 @@ def render(d, top: int | None = None, *, title: str | None = None) -> None:  # t
     from rich.console import Console
     from rich.table import Table
 
-    from tracekit.diagnose.result import fmt_ns
+    from tracekit.diagnosis.result import fmt_ns
 
     console = Console()
     table = Table(title=title or f"tracekit diagnose: {d.trace_name}", caption=d.window_text(), show_lines=True)

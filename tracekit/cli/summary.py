@@ -28,7 +28,7 @@ def summary(
     _render(trace_summary(trace, top=top))
     if findings > 0:
         from tracekit.cli.diagnose import render
-        from tracekit.diagnose import diagnose
+        from tracekit.diagnosis import diagnose
 
         d = diagnose(trace)
         render(d, findings, title=f"top findings (tracekit diagnose {file})")

@@ -103,8 +103,8 @@ def _note(text: str) -> str:
 
 # -- nsys sections ------------------------------------------------------------------------------------
 def _findings(trace: Any, ncu: Any) -> str:
-    from tracekit.diagnose import diagnose
-    from tracekit.diagnose.result import fmt_ns
+    from tracekit.diagnosis import diagnose
+    from tracekit.diagnosis.result import fmt_ns
 
     d = diagnose(trace, ncu=ncu)
     colors = {"high": "#b3261e", "medium": "#a15c00", "low": "#0b5cad", "info": "#666"}

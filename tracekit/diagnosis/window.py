@@ -17,8 +17,8 @@ import numpy as np
 import polars as pl
 
 from tracekit.analysis.iterations import iterations
-from tracekit.diagnose.config import DiagnoseConfig
-from tracekit.diagnose.result import Window
+from tracekit.diagnosis.config import DiagnoseConfig
+from tracekit.diagnosis.result import Window
 
 __all__ = ["find_period", "kernel_period_iterations", "steady_window"]
 

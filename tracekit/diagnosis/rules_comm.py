@@ -10,9 +10,9 @@ import polars as pl
 
 from tracekit.analysis.comm import activity_segments, categorize_ops, overlap_breakdown
 from tracekit.analysis.ranks import collective_skew, match_collectives
-from tracekit.diagnose.context import Context
-from tracekit.diagnose.result import Finding, fmt_ns
-from tracekit.diagnose.rules_host import _cmd
+from tracekit.diagnosis.context import Context
+from tracekit.diagnosis.result import Finding, fmt_ns
+from tracekit.diagnosis.rules_host import _cmd
 
 __all__ = ["COMM_RULES"]
 

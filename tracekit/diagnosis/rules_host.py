@@ -16,8 +16,8 @@ import polars as pl
 from tracekit.analysis.comm import activity_segments, categorize_ops, overlap_breakdown
 from tracekit.analysis.launch import launch_bound_stretches
 from tracekit.analysis.memory import copies
-from tracekit.diagnose.context import Context
-from tracekit.diagnose.result import Finding, fmt_ns
+from tracekit.diagnosis.context import Context
+from tracekit.diagnosis.result import Finding, fmt_ns
 
 __all__ = ["HOST_RULES"]
 

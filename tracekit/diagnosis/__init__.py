@@ -1,6 +1,6 @@
 """Diagnosis: findings with evidence, time at stake and the next step, from the analyses.
 
-``tracekit.diagnose(trace)`` finds the steady-state window (:mod:`.window`), runs every rule
+``tracekit.diagnose(trace)`` (the function; this package is ``tracekit.diagnosis``) finds the steady-state window (:mod:`.window`), runs every rule
 (:mod:`.rules_host`, :mod:`.rules_gpu`, :mod:`.rules_comm`) on it and returns a
 :class:`Diagnosis`. See docs/diagnose.md for each rule's test and time-at-stake estimate.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from tracekit.diagnose.config import DiagnoseConfig
-from tracekit.diagnose.result import CATEGORIES, SEVERITIES, Diagnosis, Finding, Window
+from tracekit.diagnosis.config import DiagnoseConfig
+from tracekit.diagnosis.result import CATEGORIES, SEVERITIES, Diagnosis, Finding, Window
 
 __all__ = ["CATEGORIES", "SEVERITIES", "DiagnoseConfig", "Diagnosis", "Finding", "Window", "diagnose"]
 
@@ -94,11 +94,11 @@ def diagnose(
         ``share``, ``title``, ``evidence``, ``advice``, ``next``), ``.window``,
         ``.evidence(i)``, ``.to_json()``, ``.to_markdown()``.
     """
-    from tracekit.diagnose.context import Context
-    from tracekit.diagnose.rules_comm import COMM_RULES
-    from tracekit.diagnose.rules_gpu import GPU_RULES
-    from tracekit.diagnose.rules_host import HOST_RULES, low_gpu_utilization
-    from tracekit.diagnose.window import steady_window
+    from tracekit.diagnosis.context import Context
+    from tracekit.diagnosis.rules_comm import COMM_RULES
+    from tracekit.diagnosis.rules_gpu import GPU_RULES
+    from tracekit.diagnosis.rules_host import HOST_RULES, low_gpu_utilization
+    from tracekit.diagnosis.window import steady_window
 
     cfg = config or DiagnoseConfig()
     tr = _open(trace)
@@ -115,7 +115,7 @@ def diagnose(
     )
     findings.extend(low_gpu_utilization(ctx, explained))
     if model is not None:
-        from tracekit.diagnose.rules_model import model_findings
+        from tracekit.diagnosis.rules_model import model_findings
 
         findings.extend(model_findings(ctx))
     findings.extend(_missing(ctx))

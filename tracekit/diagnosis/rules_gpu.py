@@ -14,9 +14,9 @@ import polars as pl
 from tracekit.analysis.families import with_family
 from tracekit.analysis.memory import memory_timeline
 from tracekit.analysis.metrics import kernel_metrics, metric_names
-from tracekit.diagnose.context import Context
-from tracekit.diagnose.result import Finding, fmt_ns
-from tracekit.diagnose.rules_host import _cmd
+from tracekit.diagnosis.context import Context
+from tracekit.diagnosis.result import Finding, fmt_ns
+from tracekit.diagnosis.rules_host import _cmd
 
 __all__ = ["GPU_RULES", "SIMT_GEMM_PATTERN"]
 

@@ -10,8 +10,8 @@ import polars as pl
 from tracekit.analysis._frames import gpu_ops, interval_union, rank_keys
 from tracekit.analysis.attribution import launch_info
 from tracekit.analysis.gpu_time import idle_gaps
-from tracekit.diagnose.config import DiagnoseConfig
-from tracekit.diagnose.result import Window
+from tracekit.diagnosis.config import DiagnoseConfig
+from tracekit.diagnosis.result import Window
 
 __all__ = ["Context"]
 
@@ -140,7 +140,7 @@ class Context:
 
     def per_step(self, ns: float) -> str:
         """``"X per step"`` when the window has steps, else ``"X in the window"``."""
-        from tracekit.diagnose.result import fmt_ns
+        from tracekit.diagnosis.result import fmt_ns
 
         if self.window.steps:
             return f"{fmt_ns(ns / self.window.steps)} per step"
