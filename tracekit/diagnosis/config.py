@@ -27,6 +27,8 @@ class DiagnoseConfig:
     period_match: float = 0.95
     #: Period detection: at least this many repetitions of the period.
     min_repeats: int = 3
+    #: Period detection: the repeating part must cover at least this share of the operations.
+    period_coverage: float = 0.5
     #: Severity from the share of the window at stake: high / medium / low at or above these.
     high_share: float = 0.20
     medium_share: float = 0.05

@@ -3,9 +3,9 @@ warm-up iterations excluded.
 
 Iterations come from NVTX ranges matching ``step|iter`` (:func:`tracekit.analysis.iterations.
 iterations`). Without such ranges, the kernel names of the busiest GPU are searched for a
-period: the smallest ``p`` such that, over the repeating tail of the sequence, at least
-``period_match`` of the names equal the name ``p`` kernels later, repeated at least
-``min_repeats`` times. The phase is the one whose boundary kernels follow the longest GPU
+period: the smallest ``p`` such that, over a repeating part of the sequence that covers at
+least ``period_coverage`` of it, at least ``period_match`` of the names equal the name ``p``
+operations later, repeated at least ``min_repeats`` times. The phase is the one whose boundary kernels follow the longest GPU
 idle gaps (an iteration normally starts after the host has prepared it). A leading iteration
 that takes more than ``warmup_factor`` times the median of the iterations after it (CPU range
 or GPU span, whichever is longer) is warm-up; at most half of them are dropped.
@@ -25,7 +25,9 @@ __all__ = ["find_period", "kernel_period_iterations", "steady_window"]
 _TAIL = 50_000
 
 
-def find_period(codes: np.ndarray, *, match: float = 0.95, min_repeats: int = 3) -> tuple[int, int, int] | None:
+def find_period(
+    codes: np.ndarray, *, match: float = 0.95, min_repeats: int = 3, coverage: float = 0.5
+) -> tuple[int, int, int] | None:
     """``(period, first, stop)`` of the repeating part of ``codes`` (ints), or ``None``.
 
     The repeating part ``codes[first:stop]`` holds at least ``min_repeats`` periods; inside
@@ -65,7 +67,7 @@ def find_period(codes: np.ndarray, *, match: float = 0.95, min_repeats: int = 3)
             lo += 1  # a tolerated mismatch at the edge belongs to the prologue
         while hi > lo and not eq[hi - 1]:
             hi -= 1
-        if hi - lo + p >= min_repeats * p:
+        if hi - lo + p >= min_repeats * p and hi - lo + p >= coverage * m:
             return p, lo + off, hi + p + off
     return None
 
@@ -87,7 +89,7 @@ def kernel_period_iterations(kernels: pl.DataFrame, config: DiagnoseConfig) -> p
     busiest = kernels.group_by(keys).agg(pl.col("duration_ns").sum()).sort("duration_ns", descending=True).head(1)
     k = kernels.join(busiest.select(keys), on=keys).sort("start_ns").select("start_ns", "end_ns", "name")
     codes = k["name"].cast(pl.Categorical).to_physical().to_numpy().astype(np.int64)
-    found = find_period(codes, match=config.period_match, min_repeats=config.min_repeats)
+    found = find_period(codes, match=config.period_match, min_repeats=config.min_repeats, coverage=config.period_coverage)
     if found is None:
         return empty
     p, first, stop = found
