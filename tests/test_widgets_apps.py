@@ -54,7 +54,7 @@ def _frontend_selects(view: Any, name: str, value: Any) -> None:
 def test_explorer_builds_every_tab(tp2: Any) -> None:
     ex = TraceExplorer(tp2)
     assert ex.errors == {}
-    assert len(ex.tabs.children) == 7 and ex.tabs.get_title(3) == "Timeline"
+    assert len(ex.tabs.children) == 8 and ex.tabs.get_title(3) == "Timeline" and ex.tabs.get_title(7) == "Findings"
     assert ex.top["name"][0].startswith("ncclDevKernel_AllReduce")
     assert not ex.nvtx_rows.is_empty() and ex.timeline_lanes.height > 0
     assert ex.nccl_calls.height > 0 and ex.nccl_calls["bus_bandwidth_gbps"].drop_nulls().len() > 0
@@ -229,3 +229,19 @@ def test_capture_form_reports_bad_input(tmp_path: Path) -> None:
     form.preset = "quick"
     form.mode_box.value = "none"
     assert form.experiment().mode == "none" and form.experiment().timeout_s == 30
+
+
+def test_explorer_findings_tab_selects_the_evidence() -> None:
+    """The Findings tab lists tracekit.diagnose's findings; picking one sets the window to its
+    evidence's time span (the idle gaps of host_bound) and switches to the timeline."""
+    trace = tracekit.open(SAMPLES / "planted" / "planted_host_bound" / "planted_host_bound.sqlite")
+    ex = TraceExplorer(trace)
+    assert ex.findings_select.options == ()  # built when the tab is first shown
+    ex.tabs.selected_index = ex.FINDINGS_TAB
+    labels = [label for label, _ in ex.findings_select.options]
+    assert labels[0].startswith("[high] host_bound")
+    ex.findings_select.value = 0
+    ev = ex.diagnosis.evidence(0)
+    assert ex.window == (int(ev["start_ns"].min()), int(ev["end_ns"].max()))
+    assert ex.tabs.selected_index == 3 and "prepare_batch" in ex.findings_html.value
+    assert ex.errors == {}

@@ -24,12 +24,12 @@ def _window(text: str | None) -> tuple[int, int] | None:
 
 
 def diagnose(
-    files: list[str] = typer.Argument(..., help="Nsight Systems export(s); several files = one per rank."),
+    files: list[str] = typer.Argument(..., help="Nsight Systems export(s); several files = one per rank."),  # noqa: B008
     ncu: str | None = typer.Option(None, "--ncu", help="Nsight Compute report of the same program (.ncu-rep)."),
     model: str | None = typer.Option(None, "--model", help="Transformer description (YAML or HF config.json)."),
     fmt: str = typer.Option("table", "--format", "-f", help="table, json or markdown."),
     window: str | None = typer.Option(None, "--window", help="START_NS:END_NS to analyse instead of the steady state."),
-    settings: list[str] = typer.Option([], "--set", help="Rule threshold NAME=VALUE (repeatable; see docs/diagnose.md)."),
+    settings: list[str] = typer.Option([], "--set", help="Rule threshold NAME=VALUE (repeatable; see docs/diagnose.md)."),  # noqa: B008
     top: int = typer.Option(0, "--top", "-n", help="Show only the first N findings (0: all)."),
 ) -> None:
     """Where the time goes and what to try: steady-state window, findings sorted by severity and time."""

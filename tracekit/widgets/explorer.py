@@ -1,7 +1,8 @@
 """``TraceExplorer``: one Nsight Systems trace in tabs, with a shared kernel and time selection.
 
 Tabs: overview, top kernels (filter, sort), NVTX tree with GPU time, timeline (window
-selection), communication, GPU metrics, memory. Two traits tie them together:
+selection), communication, GPU metrics, memory, findings (``tracekit.diagnose``: picking one
+shows its evidence's time span on the timeline). Two traits tie them together:
 ``selected_kernel`` (a kernel name) and ``window`` (``(start_ns, end_ns)`` or ``None``).
 Clicking a kernel in a chart, picking it in the list, dragging over the timeline or a metric
 plot, or setting the traits from Python updates every tab.
@@ -63,11 +64,14 @@ class TraceExplorer(widgets.VBox):  # type: ignore[misc,name-defined]
         "Communication",
         "GPU metrics",
         "Memory",
+        "Findings",
     )
     #: Chart views of each tab: a hidden tab's charts are created when the tab is first shown.
     TAB_VIEWS: tuple[tuple[str, ...], ...] = (
-        ("overview", "iterations"), ("top",), (), ("timeline",), ("breakdown", "nccl"), ("metrics",), ("memory",),
+        ("overview", "iterations"), ("top",), (), ("timeline",), ("breakdown", "nccl"), ("metrics",), ("memory",), (),
     )  # fmt: skip
+    #: Index of the Findings tab (built on first show: it runs ``tracekit.diagnose``).
+    FINDINGS_TAB = 7
 
     def __init__(
         self, trace: Any, *, max_marks: int = 2000, top_n: int = 25, **kwargs: Any
@@ -83,6 +87,7 @@ class TraceExplorer(widgets.VBox):  # type: ignore[misc,name-defined]
         self.full_window = prep.data_window(trace.kernels, trace.memcpys, trace.memsets) or (0, 1)
         self.origin_ns = self.full_window[0]
         self._attributed: pl.DataFrame | None = None
+        self._diagnosis: Any = None
         self._syncing = False
         self.errors: dict[str, str] = {}
 
@@ -146,6 +151,9 @@ class TraceExplorer(widgets.VBox):  # type: ignore[misc,name-defined]
         self.show_nvtx.observe(lambda _c: self._refresh_timeline(), names="value")
         self.window_label = w.HTML()
         self.comm_html = w.HTML()
+        self.findings_select = w.Select(options=[], rows=8, layout=w.Layout(width="100%"))
+        self.findings_select.observe(self._on_finding, names="value")
+        self.findings_html = w.HTML()
 
         v = self.views
         tabs = [
@@ -158,6 +166,8 @@ class TraceExplorer(widgets.VBox):  # type: ignore[misc,name-defined]
             w.VBox([v["breakdown"].widget, v["nccl"].widget, self.comm_html]),
             w.VBox([v["metrics"].widget]),
             w.VBox([v["memory"].widget]),
+            w.VBox([w.HTML("<b>Findings</b> (tracekit.diagnose): pick one to show its evidence on the timeline"),
+                    self.findings_select, self.findings_html]),
         ]  # fmt: skip
         self.tabs = w.Tab(children=tabs)
         for i, title in enumerate(self.TAB_TITLES):
@@ -170,6 +180,59 @@ class TraceExplorer(widgets.VBox):  # type: ignore[misc,name-defined]
         if index is not None:
             for name in self.TAB_VIEWS[index]:
                 self.views[name].activate()
+            if index == self.FINDINGS_TAB and not self.findings_select.options:
+                self._guard("findings", None, self._refresh_findings)
+
+    # -- findings ---------------------------------------------------------------------------------------
+    @property
+    def diagnosis(self) -> Any:
+        """``tracekit.diagnose(trace)``, computed once (on first use)."""
+        if self._diagnosis is None:
+            from tracekit.diagnosis import diagnose
+
+            self._diagnosis = diagnose(self.trace)
+        return self._diagnosis
+
+    def _refresh_findings(self) -> None:
+        d = self.diagnosis
+        self.findings_select.options = [
+            (f"[{f.severity}] {f.category}: {f.title}", i) for i, f in enumerate(d.items)
+        ]
+        self.findings_html.value = f"<i>{d.window_text()}</i>"
+
+    def evidence_window(self, i: int) -> tuple[int, int]:
+        """The time span of finding ``i``'s evidence rows (``start_ns``…``end_ns``), or the
+        diagnosis window when its evidence has no times."""
+        d = self.diagnosis
+        ev = d.evidence(i)
+        if ev.height and "start_ns" in ev.columns and "end_ns" in ev.columns:
+            lo, hi = ev["start_ns"].min(), ev["end_ns"].max()
+            if lo is not None and hi is not None and hi > lo:
+                return int(lo), int(hi)  # type: ignore[arg-type]
+        return d.window.start_ns, d.window.end_ns
+
+    def select_finding(self, i: int) -> None:
+        """Show finding ``i``: its details, its evidence's time span as the window, the kernel it
+        names (if any) as the selected kernel, and the Timeline tab."""
+        d = self.diagnosis
+        f = d.items[i]
+        ev = d.evidence(i)
+        self.findings_html.value = (
+            f"<p><b>{html.escape(f.title)}</b></p><p>{html.escape(f.advice)}</p>"
+            + "".join(f"<pre>{html.escape(c)}</pre>" for c in f.next)
+            + (ev.head(20)._repr_html_() if ev.height else "")
+        )
+        for col in ("short_name", "kernel"):
+            if col in ev.columns and ev.height and ev[col][0] is not None:
+                self.selected_kernel = str(ev[col][0])
+                break
+        lo, hi = self.evidence_window(i)
+        self.window = (lo, hi)
+        self.tabs.selected_index = 3
+
+    def _on_finding(self, change: dict[str, Any]) -> None:
+        if change["new"] is not None and not self._syncing:
+            self.select_finding(int(change["new"]))
 
     # -- selection plumbing ---------------------------------------------------------------------------
     def _on_chart_select(self, name: str, value: Any) -> None:
