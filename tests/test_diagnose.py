@@ -237,3 +237,23 @@ def test_cli_formats_and_errors(tmp_path: Path) -> None:
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "unknown diagnosis setting" in bad.stderr
     md = subprocess.run([*exe, str(_export("launch_bound")), "-f", "markdown"], capture_output=True, text=True, timeout=300)
     assert md.returncode == 0 and "launch_bound" in md.stdout
+
+
+def test_no_tensor_cores_from_ncu_tensor_pipe() -> None:
+    """With an ncu report, a GEMM whose tensor pipe is idle is named by the report. The
+    precision probe (H200) profiled an fp32 GEMM with TF32 off (`sm80_xmma_gemm_f32f32_f32f32…`,
+    tensor pipe 0.0003 %) next to tensor-core GEMMs; the rule matches by kernel name, so the
+    probe's report is paired here with the planted fp32 trace of the same kernel family."""
+    from tracekit.analysis.ncu_views import tensor_core_utilization
+
+    rep = tracekit.open(SAMPLES / "ncu" / "ncu_precisions" / "ncu_precisions.ncu-rep")
+    tcu = tensor_core_utilization(rep)
+    fp32 = tcu.filter(pl.col("nvtx_path") == "prec/fp32_simt").row(0, named=True)
+    assert fp32["tensor_pipe_pct"] < 0.01 and "f32f32_f32f32" in fp32["short_name"]
+    from tracekit.diagnosis.rules_gpu import SIMT_GEMM_PATTERN
+
+    names = tcu.with_columns(pl.col("short_name").str.contains(SIMT_GEMM_PATTERN).alias("simt"))
+    # the name rule flags exactly the GEMMs whose tensor pipe idled
+    assert names.filter(pl.col("simt"))["short_name"].to_list() == [fp32["short_name"]]
+    d = diagnose(_export("clean"), ncu=rep)  # bf16 nvjet GEMMs: tensor pipe ~90 % in the report
+    assert d.findings.filter(pl.col("category") == "no_tensor_cores").height == 0

@@ -21,8 +21,12 @@ from tracekit.diagnosis.rules_host import _cmd
 __all__ = ["GPU_RULES", "SIMT_GEMM_PATTERN"]
 
 #: GEMM kernels that run on the SIMT (FMA) pipes, not on tensor cores: CUTLASS ``simt``
-#: kernels and cuBLAS's ``<arch>_sgemm``/``dgemm`` families (``gemmSN`` small-N kernels too).
-SIMT_GEMM_PATTERN = r"(?i)simt|(?:^|[^a-z])(?:maxwell|volta|turing|ampere|hopper|sm\d+)_[sd]gemm|gemmsn|gemmk1_kernel"
+#: kernels, cuBLAS's ``<arch>_sgemm``/``dgemm`` families (``gemmSN`` small-N kernels too) and
+#: the fp32-in/fp32-compute ``xmma_gemm_f32f32_f32f32`` kernels (no ``tf32``: seen for an fp32
+#: GEMM with TF32 off on an H200, tensor pipe 0.0003 % in ncu).
+SIMT_GEMM_PATTERN = (
+    r"(?i)simt|(?:^|[^a-z])(?:maxwell|volta|turing|ampere|hopper|sm\d+)_[sd]gemm|gemmsn|gemmk1_kernel|gemm_f32f32_f32f32"
+)
 
 
 def _ncu_arg_regex(names: list[str]) -> str:
@@ -31,8 +35,9 @@ def _ncu_arg_regex(names: list[str]) -> str:
 
 def no_tensor_cores(ctx: Context) -> list[Finding]:
     """``no_tensor_cores``: GEMM-family kernels (``tracekit.taxonomy``) that ran without
-    tensor cores, by name (:data:`SIMT_GEMM_PATTERN`) or, with GPU metrics, Tensor Active
-    below ``tensor_active_min`` while they ran (kernels longer than one sample period).
+    tensor cores, by name (:data:`SIMT_GEMM_PATTERN`), with GPU metrics by Tensor Active
+    below ``tensor_active_min`` while they ran (kernels longer than one sample period), or with
+    an ncu report by a tensor pipe below ``tensor_active_min`` (as %) for a GEMM of that name.
     ``time_ns`` = their time × (1 − 1/``tensor_speedup``): what a tensor-core version at
     ``tensor_speedup``× would save (the default 2× is conservative: H100's dense TF32 tensor
     peak is 7× its FP32 SIMT peak)."""
@@ -51,8 +56,17 @@ def no_tensor_cores(ctx: Context) -> list[Finding]:
         by_metric = km.filter(
             ~pl.col("below_sample_period") & (pl.col("tensor_active") / scale < ctx.config.tensor_active_min)
         ).with_columns(pl.lit("GPU metrics: Tensor Active").alias("basis"))
+    by_ncu = pl.DataFrame()
+    if ctx.ncu is not None:
+        from tracekit.analysis.ncu_views import tensor_core_utilization
+
+        tcu = tensor_core_utilization(ctx.ncu)
+        idle = tcu.filter((pl.col("family") == "gemm") & (pl.col("tensor_pipe_pct") < 100 * ctx.config.tensor_active_min))
+        by_ncu = fam.join(idle.select("short_name").unique(), on="short_name").with_columns(
+            pl.lit("ncu: tensor pipe").alias("basis")
+        )
     cols = ["name", "short_name", "duration_ns", "basis"]
-    parts = [f.select([c for c in cols if c in f.columns]) for f in (by_name, by_metric) if f.height]
+    parts = [f.select([c for c in cols if c in f.columns]) for f in (by_name, by_metric, by_ncu) if f.height]
     if not parts:
         return []
     hit = pl.concat(parts, how="diagonal_relaxed")

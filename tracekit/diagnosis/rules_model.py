@@ -1,0 +1,60 @@
+"""``below_model_bound``: layers far from what the theoretical model (:mod:`tracekit.model`)
+says the hardware allows. Runs only when ``diagnose(…, model=…)`` is given."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import polars as pl
+
+from tracekit.diagnosis.context import Context
+from tracekit.diagnosis.result import Finding, fmt_ns
+from tracekit.diagnosis.rules_host import _cmd
+
+__all__ = ["model_findings"]
+
+
+def _comparison(ctx: Context) -> pl.DataFrame:
+    import tracekit.model as tm
+
+    model: Any = ctx.model
+    return tm.compare(ctx.trace, model)  # type: ignore[no-any-return]
+
+
+def model_findings(ctx: Context) -> list[Finding]:
+    """Per layer, over the steady steps: measured GPU time against the model's minimum
+    (``tracekit.model.compare``). A layer whose median efficiency is below
+    ``efficiency_min`` is reported; ``time_ns`` = Σ over the window's steps of (measured −
+    predicted minimum) for those layers, what reaching the bound would save."""
+    cmp = _comparison(ctx)
+    need = {"layer", "measured_ns", "predicted_min_ns", "efficiency"}
+    if cmp.height == 0 or not need <= set(cmp.columns):
+        return [Finding("below_model_bound", "info",
+                        "Model not compared: the trace has no NVTX layer ranges the model's layers map to",
+                        advice="Mark layers with NVTX ranges (layer.N / layers.N; torch.cuda.nvtx or emit_nvtx).")]
+    layers = cmp.filter(pl.col("layer").is_not_null())
+    if "step" in layers.columns and ctx.window.warmup_steps:
+        layers = layers.filter(pl.col("step") >= ctx.window.warmup_steps)
+    per = layers.group_by("layer").agg(
+        pl.col("measured_ns").sum(), pl.col("predicted_min_ns").sum(), pl.col("efficiency").median(),
+        *[pl.col(c).median() for c in ("mfu", "mbu") if c in layers.columns],
+        *[pl.col("bound").first()] if "bound" in layers.columns else [],
+    ).sort("layer")
+    slow = per.filter(pl.col("efficiency") < ctx.config.efficiency_min)
+    if slow.height == 0:
+        return []
+    slow = slow.with_columns((pl.col("measured_ns") - pl.col("predicted_min_ns")).clip(lower_bound=0).alias("time_at_stake_ns"))
+    total = int(slow["time_at_stake_ns"].sum())
+    sev = ctx.config.severity(ctx.share(total)) or "low"
+    worst = slow.sort("efficiency").row(0, named=True)
+    return [Finding(
+        "below_model_bound", sev,
+        f"{slow.height} of {per.height} layers reach less than {ctx.config.efficiency_min:.0%} of the model's bound; "
+        f"layer {worst['layer']} reaches {worst['efficiency']:.0%} ({fmt_ns(worst['measured_ns'])} measured vs "
+        f"{fmt_ns(worst['predicted_min_ns'])} at the roofline)",
+        time_ns=total, share=ctx.share(total), evidence=slow,
+        advice="Compare each layer's kernels with its bound: decode layers are bound by weight and KV-cache bytes "
+        "(raise the batch, quantise weights/KV to fp8/int4, fuse norms and activations into GEMMs); prefill layers by "
+        "FLOPs (tensor cores in bf16/fp8, larger GEMM tiles, FlashAttention).",
+        next=[f"tracekit capture both --top-n 5 -- {_cmd(ctx)}"],
+    )]
