@@ -35,6 +35,8 @@ def _trace_name(trace: Any) -> str:
 
 
 def _missing(ctx: Any) -> list[Finding]:
+    import polars as pl
+
     """One ``info`` row per rule that could not look at the trace, saying what is missing."""
     out: list[Finding] = []
     if ctx.kernels.height == 0:
@@ -52,8 +54,9 @@ def _missing(ctx: Any) -> list[Finding]:
                            next=["tracekit capture nsys --cuda-memory-usage -- PROGRAM ARGS  (nsys --cuda-memory-usage=true)"]))
     elif ctx.window.steps < 3:
         out.append(Finding("memory_growth", "info", "memory_growth not checked: fewer than 3 steady iterations"))
-    gm = getattr(ctx.trace, "gpu_metrics", None)
-    if gm is None or gm.height == 0:
+    db = getattr(ctx.trace, "db", None)
+    has_metrics = db.has_table("GPU_METRICS") if db is not None else getattr(ctx.trace, "gpu_metrics", pl.DataFrame()).height > 0
+    if not has_metrics:
         out.append(Finding("no_tensor_cores", "info",
                            "no_tensor_cores checked by kernel name only: no GPU metrics (Tensor Active) in the trace",
                            next=["nsys profile --gpu-metrics-devices=all --gpu-metrics-frequency=10000 … (or pass ncu=)"]))

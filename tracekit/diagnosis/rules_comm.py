@@ -8,7 +8,13 @@ from __future__ import annotations
 
 import polars as pl
 
-from tracekit.analysis.comm import activity_segments, categorize_ops, overlap_breakdown
+from tracekit.analysis.comm import (
+    activity_segments,
+    categorize_ops,
+    comm_kind_expr,
+    overlap_breakdown,
+    peer_copy_expr,
+)
 from tracekit.analysis.ranks import collective_skew, match_collectives
 from tracekit.diagnosis.context import Context
 from tracekit.diagnosis.result import Finding, fmt_ns
@@ -20,6 +26,13 @@ __all__ = ["COMM_RULES"]
 def _breakdown(ctx: Context) -> pl.DataFrame:
     k = ctx.kernels_w
     if k.height == 0:
+        return pl.DataFrame()
+    names = k.select(pl.col("name").unique())
+    has_comm = names.select(comm_kind_expr("name").is_not_null().any()).item()
+    peer = ctx.memcpys_w.height > 0 and "copy_kind" in ctx.memcpys_w.columns and bool(
+        ctx.memcpys_w.select(peer_copy_expr().fill_null(False).any()).item()
+    )
+    if not has_comm and not peer:  # no communication at all: skip the segment table
         return pl.DataFrame()
     ops = categorize_ops(k, ctx.memcpys_w if ctx.memcpys_w.height else None)
     seg = activity_segments(ops, start_ns=ctx.window.start_ns, end_ns=ctx.window.end_ns)

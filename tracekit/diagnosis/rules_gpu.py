@@ -33,10 +33,49 @@ def _ncu_arg_regex(names: list[str]) -> str:
     return "regex:^(?:" + "|".join(n.replace("(", r"\(").replace(")", r"\)") for n in names) + ")"
 
 
+#: Steady iterations whose GPU metrics are read (from the middle of the window): the loop
+#: repeats, so a few steps tell which GEMMs use tensor cores without reading every sample.
+METRIC_STEPS = 20
+
+
+def _metric_span(ctx: Context) -> tuple[int, int]:
+    w = ctx.window
+    it = w.iterations.slice(w.warmup_steps) if w.iterations.height else w.iterations
+    if it.height > METRIC_STEPS:
+        mid = (it.height - METRIC_STEPS) // 2
+        part = it.slice(mid, METRIC_STEPS)
+        return int(part["w_start"].min()), int(part["w_end"].max())  # type: ignore[arg-type]
+    return w.start_ns, w.end_ns
+
+
+def _gemm_tensor_active(ctx: Context, fam: pl.DataFrame) -> pl.DataFrame | None:
+    """``kernel_metrics`` (Tensor Active) of the GEMM kernels in :func:`_metric_span`, from
+    the samples of that span only (``gpu_metric_samples``); ``None`` without GPU metrics."""
+    a, b = _metric_span(ctx)
+    sub = fam.filter((pl.col("start_ns") >= a) & (pl.col("start_ns") < b))
+    if sub.height == 0:
+        return None
+    margin = 10_000_000  # 10 ms: the sample that covers a kernel's end comes after it
+    db = getattr(ctx.trace, "db", None)
+    if db is not None:
+        from tracekit.nsys.gpu_metrics import gpu_metric_samples
+
+        gm = gpu_metric_samples(db, ["tensor_active"], start_ns=a - margin, end_ns=b + margin)
+    else:
+        full = getattr(ctx.trace, "gpu_metrics", None)
+        if full is None or full.height == 0:
+            return None
+        gm = full.filter((pl.col("metric") == "tensor_active") & pl.col("timestamp_ns").is_between(a - margin, b + margin))
+    if gm.height == 0 or "tensor_active" not in metric_names(gm):
+        return None
+    return kernel_metrics(sub, gm, metrics=["tensor_active"])
+
+
 def no_tensor_cores(ctx: Context) -> list[Finding]:
     """``no_tensor_cores``: GEMM-family kernels (``tracekit.taxonomy``) that ran without
     tensor cores, by name (:data:`SIMT_GEMM_PATTERN`), with GPU metrics by Tensor Active
-    below ``tensor_active_min`` while they ran (kernels longer than one sample period), or with
+    below ``tensor_active_min`` while they ran (kernels longer than one sample period, read
+    over :data:`METRIC_STEPS` steady steps from the middle of the window), or with
     an ncu report by a tensor pipe below ``tensor_active_min`` (as %) for a GEMM of that name.
     ``time_ns`` = their time × (1 − 1/``tensor_speedup``): what a tensor-core version at
     ``tensor_speedup``× would save (the default 2× is conservative: H100's dense TF32 tensor
@@ -48,10 +87,9 @@ def no_tensor_cores(ctx: Context) -> list[Finding]:
     if fam.height == 0:
         return []
     by_name = fam.filter(pl.col("name").str.contains(SIMT_GEMM_PATTERN)).with_columns(pl.lit("kernel name (SIMT)").alias("basis"))
-    gm = getattr(ctx.trace, "gpu_metrics", None)
     by_metric = pl.DataFrame()
-    if gm is not None and gm.height and "tensor_active" in metric_names(gm):
-        km = kernel_metrics(fam, gm, metrics=["tensor_active"])
+    km = _gemm_tensor_active(ctx, fam)
+    if km is not None and km.height:
         scale = 100.0 if float(km["tensor_active"].max() or 0) > 1.0 else 1.0  # type: ignore[arg-type]
         by_metric = km.filter(
             ~pl.col("below_sample_period") & (pl.col("tensor_active") / scale < ctx.config.tensor_active_min)

@@ -13,7 +13,6 @@ import shlex
 import numpy as np
 import polars as pl
 
-from tracekit.analysis.comm import activity_segments, categorize_ops, overlap_breakdown
 from tracekit.analysis.launch import launch_bound_stretches
 from tracekit.analysis.memory import copies
 from tracekit.diagnosis.context import Context
@@ -147,12 +146,19 @@ def warmup(ctx: Context) -> list[Finding]:
 
 
 def _stretches(ctx: Context) -> pl.DataFrame:
+    """``launch_bound_stretches`` of the window's kernels (computed once per diagnosis)."""
+    cached = ctx.__dict__.get("_stretches")
+    if cached is not None:
+        return cached  # type: ignore[no-any-return]
     k = ctx.kernels_w
     if k.height == 0 or ctx.cuda_api.height == 0:
-        return pl.DataFrame()
-    return launch_bound_stretches(
-        k, ctx.cuda_api, short_kernel_ns=ctx.config.short_kernel_ns, min_kernels=ctx.config.min_stretch_kernels
-    )
+        out = pl.DataFrame()
+    else:
+        out = launch_bound_stretches(
+            k, ctx.cuda_api, short_kernel_ns=ctx.config.short_kernel_ns, min_kernels=ctx.config.min_stretch_kernels
+        )
+    ctx.__dict__["_stretches"] = out
+    return out
 
 
 def _mark_stretch_gaps(gaps: pl.DataFrame, stretches: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
@@ -167,24 +173,46 @@ def _mark_stretch_gaps(gaps: pl.DataFrame, stretches: pl.DataFrame, keys: list[s
     return j.sort("_gi").drop("_gi", "_s0", "_s1")
 
 
+#: Gaps looked at (largest first) to name the NVTX range and CUDA calls the host was in.
+NAMED_GAPS = 500
+
+
 def _range_during(ctx: Context, gaps: pl.DataFrame) -> pl.DataFrame:
-    """For each gap, the NVTX range (not an iteration range) that covers most of it."""
+    """For each gap, the NVTX range (not an iteration range) that covers most of it:
+    ``host_range`` (null when none). Ranges are searched by start time (sorted arrays), so
+    the cost is O(gaps × ranges overlapping each gap), not a cross join."""
     nv = ctx.nvtx
     if nv.height == 0 or gaps.height == 0 or "end_ns" not in nv.columns:
         return gaps.with_columns(pl.lit(None, pl.Utf8).alias("host_range"))
     pat = f"(?i){ctx.config.iteration_pattern}"
-    label = pl.coalesce([c for c in ("text", "name") if c in nv.columns]) if any(c in nv.columns for c in ("text", "name")) else pl.lit(None, pl.Utf8)
-    r = nv.filter(pl.col("end_ns").is_not_null()).select(
-        *ctx.rk, pl.col("start_ns").alias("_r0"), pl.col("end_ns").alias("_r1"), label.alias("_label")
-    ).filter(pl.col("_label").is_not_null() & ~pl.col("_label").str.contains(pat))
-    g = gaps.with_row_index("_gi")
-    pairs = g.select("_gi", *ctx.rk, "start_ns", "end_ns").join(r, on=ctx.rk, how="inner") if ctx.rk else g.select("_gi", "start_ns", "end_ns").join(r, how="cross")
-    pairs = pairs.filter((pl.col("_r0") < pl.col("end_ns")) & (pl.col("_r1") > pl.col("start_ns"))).with_columns(
-        (pl.min_horizontal("_r1", "end_ns") - pl.max_horizontal("_r0", "start_ns")).alias("_ov"),
-        (pl.col("_r1") - pl.col("_r0")).alias("_len"),
-    )
-    best = pairs.sort(["_gi", "_ov", "_len"], descending=[False, True, False]).unique("_gi", keep="first")
-    return g.join(best.select("_gi", pl.col("_label").alias("host_range")), on="_gi", how="left").sort("_gi").drop("_gi")
+    cols = [c for c in ("text", "name") if c in nv.columns]
+    label = pl.coalesce(cols) if cols else pl.lit(None, pl.Utf8)
+    w = ctx.window
+    r = nv.filter(
+        pl.col("end_ns").is_not_null() & (pl.col("end_ns") > w.start_ns) & (pl.col("start_ns") < w.end_ns)
+    ).select(pl.col("start_ns"), pl.col("end_ns"), label.alias("_label"))
+    r = r.filter(pl.col("_label").is_not_null() & ~pl.col("_label").str.contains(pat)).sort("start_ns")
+    if r.height == 0:
+        return gaps.with_columns(pl.lit(None, pl.Utf8).alias("host_range"))
+    st, en, labels = r["start_ns"].to_numpy(), r["end_ns"].to_numpy(), r["_label"].to_list()
+    longest = int((en - st).max())
+    out: list[str | None] = []
+    for g0, g1 in gaps.select("start_ns", "end_ns").iter_rows():
+        lo = int(np.searchsorted(st, g0 - longest, side="left"))
+        hi = int(np.searchsorted(st, g1, side="left"))
+        best = None
+        if hi > lo:
+            s_, e_ = st[lo:hi], en[lo:hi]
+            ov = np.minimum(e_, g1) - np.maximum(s_, g0)
+            ln = e_ - s_
+            ok = np.nonzero(ov > 0)[0]
+            if ok.size:
+                # most overlap, then the shortest (innermost) range
+                order = np.lexsort((ln[ok], -ov[ok]))
+                k = int(ok[order[0]])
+                best = labels[lo + k]
+        out.append(best)
+    return gaps.with_columns(pl.Series("host_range", out, dtype=pl.Utf8))
 
 
 def _calls_during(ctx: Context, gaps: pl.DataFrame) -> pl.DataFrame:
@@ -244,7 +272,7 @@ def host_bound(ctx: Context) -> list[Finding]:
     sev = ctx.config.severity(ctx.share(total))
     if sev is None:
         return []
-    dev = g.join(per_dev.head(1).select(keys), on=keys)
+    dev = g.join(per_dev.head(1).select(keys), on=keys).sort("duration_ns", descending=True).head(NAMED_GAPS)
     dev = _range_during(ctx, dev)
     by_range = (
         dev.group_by("host_range").agg(pl.col("duration_ns").sum().alias("idle_ns"), pl.len().alias("gaps"))
@@ -364,6 +392,48 @@ def sync_stall(ctx: Context) -> list[Finding]:
     )]
 
 
+def _uncovered_ns(copies_: pl.DataFrame, kernels: pl.DataFrame, lo: int, hi: int) -> int:
+    """Time of the union of ``copies_`` (clipped to ``[lo, hi)``) not covered by any kernel:
+    the ``memcpy`` state of ``activity_segments`` for these copies, computed from sorted
+    interval unions and prefix sums (O(n log n), no segment table)."""
+
+    def union(frame: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+        if frame.height == 0:
+            return np.empty(0, np.int64), np.empty(0, np.int64)
+        f = frame.select(
+            pl.col("start_ns").clip(lo, hi).alias("s"), pl.col("end_ns").clip(lo, hi).alias("e")
+        ).filter(pl.col("e") > pl.col("s")).sort("s")
+        s_, e_ = f["s"].to_numpy(), f["e"].to_numpy()
+        if s_.size == 0:
+            return s_, e_
+        run_end = np.maximum.accumulate(e_)
+        new = np.ones(s_.size, bool)
+        new[1:] = s_[1:] > run_end[:-1]
+        idx = np.nonzero(new)[0]
+        ends = np.append(run_end[idx[1:] - 1], run_end[-1])
+        return s_[idx], ends
+
+    cs, ce = union(copies_)
+    ks, ke = union(kernels)
+    if cs.size == 0:
+        return 0
+    total = int((ce - cs).sum())
+    if ks.size == 0:
+        return total
+    # covered length of [0, x) by the kernel union, for any x
+    cum = np.concatenate(([0], np.cumsum(ke - ks)))
+
+    def covered_before(x: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(ks, x, side="right")  # intervals starting before x
+        full = cum[np.maximum(i - 1, 0)]
+        last_s, last_e = ks[np.maximum(i - 1, 0)], ke[np.maximum(i - 1, 0)]
+        part = np.where(i > 0, np.minimum(x, last_e) - last_s, 0)
+        return np.where(i > 0, full + part, 0)
+
+    covered = covered_before(ce) - covered_before(cs)
+    return total - int(covered.sum())
+
+
 def pageable_memcpy(ctx: Context) -> list[Finding]:
     """``pageable_memcpy``: copies from or to pageable host memory, or blocking copy calls,
     in the window (``copies``: ``pageable``/``synchronous``). ``time_ns`` = their time on the
@@ -379,10 +449,14 @@ def pageable_memcpy(ctx: Context) -> list[Finding]:
     bad = cp.filter(flag & pl.col("copy_kind").is_in(["HtoD", "DtoH"]))
     if bad.height == 0:
         return []
-    ops = categorize_ops(ctx.kernels_w, bad.drop([c for c in ("category",) if c in bad.columns]))
-    seg = activity_segments(ops, start_ns=ctx.window.start_ns, end_ns=ctx.window.end_ns)
-    br = overlap_breakdown(seg).sort("memcpy_ns", descending=True)
-    total = int(br["memcpy_ns"][0]) if br.height else 0
+    keys = [*ctx.rk, "device_id"]
+    per_dev = []
+    for dev_key, part in bad.group_by(keys):
+        kern = ctx.kernels_w
+        for k, v in zip(keys, dev_key if isinstance(dev_key, tuple) else (dev_key,), strict=False):
+            kern = kern.filter(pl.col(k) == v)
+        per_dev.append(_uncovered_ns(part, kern, ctx.window.start_ns, ctx.window.end_ns))
+    total = max(per_dev) if per_dev else 0
     sev = ctx.config.severity(ctx.share(total))
     if sev is None:
         return []

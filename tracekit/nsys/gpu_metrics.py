@@ -10,6 +10,7 @@ original in ``metric_label``. The GPU of a sample is the low byte of ``typeId``
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 import polars as pl
 
@@ -94,3 +95,69 @@ def gpu_metrics(db: ExportDatabase) -> pl.DataFrame:
         pl.coalesce(pl.col("metric"), pl.format("metric_{}", pl.col("metric_id"))).alias("metric"),
     )
     return S.conform(frame, "gpu_metrics")
+
+
+def gpu_metric_samples(
+    db: ExportDatabase,
+    metrics: Sequence[str],
+    *,
+    start_ns: int | None = None,
+    end_ns: int | None = None,
+) -> pl.DataFrame:
+    """Samples of some metrics (stable names) between two times, read with a ``WHERE`` so that
+    a long capture's other samples are never loaded: the columns of :func:`gpu_metrics`.
+
+    ``start_ns``/``end_ns`` bound ``timestamp`` (ns, inclusive; one sample period after
+    ``end_ns`` is included by the caller when it needs the interval that covers the end).
+    With both bounds the rows are first narrowed to a rowid range found by bisection on
+    ``timestamp`` (nsys writes samples in time order; the range is widened by
+    ``_ROWID_MARGIN`` rows on each side for local disorder), so a short window of a long
+    capture reads a few thousand rows through the rowid index, not a scan of the table.
+    """
+    if not db.has_table("GPU_METRICS"):
+        return S.empty("gpu_metrics")
+    info = metric_descriptions(db).filter(pl.col("metric").is_in(list(metrics)))
+    if info.height == 0:
+        return S.empty("gpu_metrics")
+    pairs = " OR ".join(
+        f"(typeId = {int(t)} AND metricId = {int(m)})" for t, m in info.select("type_id", "metric_id").iter_rows()
+    )
+    where = f"({pairs})"
+    if start_ns is not None and end_ns is not None and db.is_rowid_table("GPU_METRICS"):
+        lo, hi = _rowid_range(db, int(start_ns), int(end_ns))
+        where += f" AND rowid BETWEEN {lo} AND {hi}"
+    if start_ns is not None:
+        where += f" AND timestamp >= {int(start_ns)}"
+    if end_ns is not None:
+        where += f" AND timestamp <= {int(end_ns)}"
+    samples = select(
+        db,
+        "GPU_METRICS",
+        [Col("timestamp_ns", "timestamp"), Col("type_id", "typeId"), Col("metric_id", "metricId"), Col("value", "value")],
+        where,
+    )
+    frame = samples.join(info.select("type_id", "metric_id", "device_id", "metric", "metric_label"),
+                         on=["type_id", "metric_id"], how="left", maintain_order="left")
+    return S.conform(frame, "gpu_metrics")
+
+
+#: Rows added on each side of the bisected rowid range (several GPUs' samples interleave).
+_ROWID_MARGIN = 100_000
+
+
+def _rowid_range(db: ExportDatabase, start_ns: int, end_ns: int) -> tuple[int, int]:
+    lo_row = int(db.scalar("SELECT min(rowid) FROM GPU_METRICS") or 0)
+    hi_row = int(db.scalar("SELECT max(rowid) FROM GPU_METRICS") or 0)
+
+    def first_at_or_after(t: int) -> int:
+        a, b = lo_row, hi_row + 1
+        while a < b:
+            mid = (a + b) // 2
+            ts = db.scalar(f"SELECT timestamp FROM GPU_METRICS WHERE rowid >= {mid} ORDER BY rowid LIMIT 1")
+            if ts is None or int(ts) >= t:
+                b = mid
+            else:
+                a = mid + 1
+        return a
+
+    return max(first_at_or_after(start_ns) - _ROWID_MARGIN, lo_row), min(first_at_or_after(end_ns + 1) + _ROWID_MARGIN, hi_row)
