@@ -20,7 +20,7 @@ def _open(obj: Any) -> Any:
     if isinstance(obj, str | os.PathLike):
         from tracekit.opening import open as tk_open
 
-        return tk_open(obj)
+        return tk_open(os.fspath(obj))
     return obj
 
 

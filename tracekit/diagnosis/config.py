@@ -77,8 +77,14 @@ class DiagnoseConfig:
     def with_overrides(self, items: dict[str, Any] | list[str]) -> DiagnoseConfig:
         """A copy with fields replaced, from a mapping or ``["name=value", …]`` (typed like the field)."""
         pairs: dict[str, Any] = {}
-        raw = dict(i.split("=", 1) if "=" in i else (i, "") for i in items) if isinstance(items, list) else items
-        types = {f.name: type(f.default) for f in fields(self)}
+        raw: dict[str, Any] = {}
+        if isinstance(items, list):
+            for item in items:
+                key, _, value = item.partition("=")
+                raw[key.strip()] = value.strip()
+        else:
+            raw = dict(items)
+        types: dict[str, type] = {f.name: type(getattr(self, f.name)) for f in fields(self)}
         for key, value in raw.items():
             if key not in types:
                 msg = f"unknown diagnosis setting {key!r}; valid: {', '.join(sorted(types))}"

@@ -19,7 +19,7 @@ CATEGORIES = (
 SEVERITIES = ("high", "medium", "low", "info")
 _SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}
 
-FINDING_SCHEMA = {
+FINDING_SCHEMA: dict[str, Any] = {
     "category": pl.Utf8, "severity": pl.Utf8, "time_ns": pl.Int64, "share": pl.Float64, "title": pl.Utf8,
     "evidence": pl.Utf8, "advice": pl.Utf8, "next": pl.List(pl.Utf8),
 }

@@ -184,7 +184,7 @@ def memory_growth(ctx: Context) -> list[Finding]:
         step_ns = ctx.window.step_ns or 0
         oom = (
             f"; at this rate the {total_mem / 2**30:.0f} GiB GPU is full in ~{steps_left:,} more steps"
-            f" (~{fmt_ns(steps_left * step_ns)})" if steps_left is not None else ""
+            f" (~{fmt_ns(steps_left * step_ns)})" if steps_left is not None and total_mem else ""
         )
         sev = "high" if steps_left is not None and steps_left <= ctx.config.oom_high_steps else "medium"
         ev = pts.with_row_index("step").with_columns(pl.col("in_use_bytes").diff().alias("delta_bytes"))

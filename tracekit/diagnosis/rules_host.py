@@ -223,7 +223,7 @@ def _calls_during(ctx: Context, gaps: pl.DataFrame) -> pl.DataFrame:
         return pl.DataFrame()
     a = api.select(pl.col("name").str.replace(API_VERSION_SUFFIX, ""), "start_ns", "end_ns").sort("start_ns")
     st = a["start_ns"].to_numpy()
-    longest = int((a["end_ns"] - a["start_ns"]).max() or 0)  # type: ignore[operator]
+    longest = int((a["end_ns"] - a["start_ns"]).max() or 0)  # type: ignore[arg-type]
     rows: list[tuple[str, int]] = []
     names = a["name"].to_list()
     en = a["end_ns"].to_numpy()
