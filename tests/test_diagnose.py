@@ -257,3 +257,22 @@ def test_no_tensor_cores_from_ncu_tensor_pipe() -> None:
     assert names.filter(pl.col("simt"))["short_name"].to_list() == [fp32["short_name"]]
     d = diagnose(_export("clean"), ncu=rep)  # bf16 nvjet GEMMs: tensor pipe ~90 % in the report
     assert d.findings.filter(pl.col("category") == "no_tensor_cores").height == 0
+
+
+def test_sampled_window_estimates_the_whole_window() -> None:
+    """Big traces are analysed on consecutive steady steps from the middle of the window and
+    scaled (steps ÷ sampled steps). Forced on the launch-bound capture (11 steady steps, 4
+    sampled; iterations measured for a subset only): same categories, launch_bound's time
+    within 10 % of the exact run's."""
+    exact = diagnose(_export("launch_bound"))
+    cfg = DiagnoseConfig(max_window_ops=500, sample_steps=4, exact_steps=6)
+    sampled = diagnose(_export("launch_bound"), config=cfg)
+    w = sampled.window
+    assert w.sampled and w.sample_steps == 4 and w.steps == exact.window.steps
+    assert w.scale == pytest.approx(exact.window.steps / 4)
+    assert exact.window.start_ns <= w.sample_start_ns < w.sample_end_ns <= exact.window.end_ns  # type: ignore[operator]
+    t_exact = exact.findings.filter(pl.col("category") == "launch_bound")["time_ns"][0]
+    t_sampled = sampled.findings.filter(pl.col("category") == "launch_bound")["time_ns"][0]
+    assert t_sampled == pytest.approx(t_exact, rel=0.10)
+    assert _categories(sampled) == _categories(exact)
+    assert "from its middle" in sampled.window_text()

@@ -52,7 +52,7 @@ def _missing(ctx: Any) -> list[Finding]:
         out.append(Finding("memory_growth", "info",
                            "memory_growth not checked: no CUDA memory-usage events in the trace",
                            next=["tracekit capture nsys --cuda-memory-usage -- PROGRAM ARGS  (nsys --cuda-memory-usage=true)"]))
-    elif ctx.window.steps < 3:
+    elif ctx.full_window.steps < 3:
         out.append(Finding("memory_growth", "info", "memory_growth not checked: fewer than 3 steady iterations"))
     db = getattr(ctx.trace, "db", None)
     has_metrics = db.has_table("GPU_METRICS") if db is not None else getattr(ctx.trace, "gpu_metrics", pl.DataFrame()).height > 0
@@ -107,9 +107,11 @@ def diagnose(
     tr = _open(trace)
     ctx = Context(tr, cfg, ncu=_open(ncu) if ncu is not None else None, model=model)
     if window is not None:
-        ctx.window = Window(int(window[0]), int(window[1]), "given", "window given by the caller")
+        full = Window(int(window[0]), int(window[1]), "given", "window given by the caller")
     else:
-        ctx.window = steady_window(ctx.ops, ctx.ops_with_launch, ctx.nvtx, cfg)
+        full = steady_window(ctx.ops, ctx.ops_with_launch, ctx.nvtx, cfg)
+    ctx.full_window = full
+    ctx.window = full.analysed()
     findings: list[Finding] = []
     for rule in (*HOST_RULES, *GPU_RULES, *COMM_RULES):
         findings.extend(rule(ctx))
@@ -122,4 +124,8 @@ def diagnose(
 
         findings.extend(model_findings(ctx))
     findings.extend(_missing(ctx))
-    return Diagnosis(_trace_name(tr), ctx.window, findings)
+    if full.sampled:  # the rules saw a sample of the steady state: scale what it costs
+        for f in findings:
+            if f.time_ns is not None and f.category != "warmup":
+                f.time_ns = round(f.time_ns * full.scale)
+    return Diagnosis(_trace_name(tr), full, findings)

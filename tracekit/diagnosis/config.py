@@ -29,6 +29,14 @@ class DiagnoseConfig:
     min_repeats: int = 3
     #: Period detection: the repeating part must cover at least this share of the operations.
     period_coverage: float = 0.5
+    #: Big traces: with more steady iterations than this, iterations are measured for the
+    #: first 50 (warm-up), the last two and the sample only.
+    exact_steps: int = 400
+    #: Big traces: the rules run on this many consecutive steady iterations from the middle of
+    #: the window when the window holds more than ``max_window_ops`` GPU operations.
+    sample_steps: int = 100
+    #: Big traces: above this many GPU operations in the window, the rules run on a sample.
+    max_window_ops: int = 200_000
     #: Severity from the share of the window at stake: high / medium / low at or above these.
     high_share: float = 0.20
     medium_share: float = 0.05

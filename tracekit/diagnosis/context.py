@@ -36,6 +36,9 @@ class Context:
         self.ncu = ncu
         self.model = model
         self.window: Window = Window(0, 0, "whole_trace", "")
+        #: The whole steady-state window; ``window`` is the part the rules analyse (a sample of
+        #: it on big traces, else the same).
+        self.full_window: Window = self.window
 
     # -- whole-trace tables -------------------------------------------------------------
     @cached_property
@@ -77,11 +80,34 @@ class Context:
         return launch_info(self.ops, self.cuda_api)
 
     @cached_property
+    def api_near(self) -> pl.DataFrame:
+        """The CUDA API calls rules join with: all of them, or on a sampled window those that
+        overlap it (with a margin of one step) or launched an operation that runs in it."""
+        api = self.cuda_api
+        if not self.full_window.sampled or api.height == 0:
+            return api
+        lo, hi = self._margin()
+        ops = self.ops.filter((pl.col("end_ns") > lo) & (pl.col("start_ns") < hi))
+        keep = (pl.col("end_ns") > lo) & (pl.col("start_ns") < hi)
+        if "correlation_id" in api.columns and "correlation_id" in ops.columns:
+            keep = keep | pl.col("correlation_id").is_in(ops["correlation_id"].unique().implode())
+        return api.filter(keep)
+
+    def _margin(self) -> tuple[int, int]:
+        step = self.full_window.step_ns or 0
+        return self.window.start_ns - max(step, 1_000_000), self.window.end_ns + max(step, 1_000_000)
+
+    @cached_property
     def gaps(self) -> pl.DataFrame:
-        """``idle_gaps`` of the whole trace (each gap with its cause)."""
-        if self.ops.height == 0:
+        """``idle_gaps`` of the trace (each gap with its cause); on a sampled window, of the
+        operations around the sample only."""
+        ops = self.ops
+        if self.full_window.sampled:
+            lo, hi = self._margin()
+            ops = ops.filter((pl.col("end_ns") > lo) & (pl.col("start_ns") < hi))
+        if ops.height == 0:
             return pl.DataFrame()
-        return idle_gaps(self.ops, self.cuda_api, min_gap_ns=self.config.min_gap_ns)
+        return idle_gaps(ops, self.api_near, min_gap_ns=self.config.min_gap_ns)
 
     # -- inside the window ---------------------------------------------------------------
     def _in_window(self, frame: pl.DataFrame, column: str = "start_ns") -> pl.DataFrame:
@@ -104,7 +130,7 @@ class Context:
 
     @cached_property
     def api_w(self) -> pl.DataFrame:
-        return self._in_window(self.cuda_api)
+        return self._in_window(self.api_near)
 
     @cached_property
     def gaps_w(self) -> pl.DataFrame:

@@ -52,6 +52,10 @@ class Window:
     repeating kernel sequence), ``given`` (passed by the caller) or ``whole_trace``;
     ``reason`` says why; ``steps`` counts the steady iterations in it (0 when none);
     ``warmup_steps`` the leading ones excluded; ``step_ns`` is the median steady iteration.
+
+    On big traces the rules run on a sample: ``sample_steps`` consecutive steady iterations
+    from the middle of the window, ``sample_start_ns``…``sample_end_ns`` (``sample_steps`` = 0
+    when the whole window is analysed); times at stake are then scaled by ``scale``.
     """
 
     start_ns: int
@@ -62,15 +66,46 @@ class Window:
     warmup_steps: int = 0
     step_ns: int | None = None
     iterations: pl.DataFrame = field(default_factory=pl.DataFrame, compare=False)
+    sample_start_ns: int | None = None
+    sample_end_ns: int | None = None
+    sample_steps: int = 0
 
     @property
     def duration_ns(self) -> int:
         return max(self.end_ns - self.start_ns, 0)
 
+    @property
+    def sampled(self) -> bool:
+        return self.sample_start_ns is not None and self.sample_end_ns is not None
+
+    @property
+    def scale(self) -> float:
+        """Window time ÷ analysed time: steady steps ÷ sampled steps, else the length ratio."""
+        if not self.sampled:
+            return 1.0
+        if self.steps and self.sample_steps:
+            return self.steps / self.sample_steps
+        span = (self.sample_end_ns or 0) - (self.sample_start_ns or 0)
+        return self.duration_ns / span if span > 0 else 1.0
+
+    def analysed(self) -> Window:
+        """The window the rules look at: the sample when there is one, else this window."""
+        if not self.sampled:
+            return self
+        its = self.iterations
+        if its.height and "w_start" in its.columns:
+            its = its.filter((pl.col("w_start") >= self.sample_start_ns) & (pl.col("w_end") <= self.sample_end_ns))
+        return Window(
+            int(self.sample_start_ns or 0), int(self.sample_end_ns or 0), self.method, self.reason,
+            steps=self.sample_steps, warmup_steps=0, step_ns=self.step_ns, iterations=its,
+        )
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "start_ns": self.start_ns, "end_ns": self.end_ns, "duration_ns": self.duration_ns, "method": self.method,
             "reason": self.reason, "steps": self.steps, "warmup_steps": self.warmup_steps, "step_ns": self.step_ns,
+            "sample_start_ns": self.sample_start_ns, "sample_end_ns": self.sample_end_ns,
+            "sample_steps": self.sample_steps, "scale": self.scale,
         }
 
 
@@ -158,7 +193,11 @@ class Diagnosis:
         w = self.window
         steps = f", {w.steps} steps of {fmt_ns(w.step_ns)} (median)" if w.steps else ""
         warm = f", {w.warmup_steps} warm-up step(s) excluded" if w.warmup_steps else ""
-        return f"window {fmt_ns(w.duration_ns)} ({w.method}{steps}{warm}): {w.reason}"
+        sample = ""
+        if w.sampled:
+            what = f"{w.sample_steps} steps" if w.sample_steps else fmt_ns((w.sample_end_ns or 0) - (w.sample_start_ns or 0))
+            sample = f"; rules run on {what} from its middle, times at stake scaled ×{w.scale:.3g}"
+        return f"window {fmt_ns(w.duration_ns)} ({w.method}{steps}{warm}): {w.reason}{sample}"
 
     def to_markdown(self) -> str:
         lines = [f"# Diagnosis of `{self.trace_name}`", "", self.window_text(), ""]

@@ -133,12 +133,14 @@ def no_tensor_cores(ctx: Context) -> list[Finding]:
     )]
 
 
-def _step_ends(ctx: Context) -> pl.Series | None:
+def _step_ends(ctx: Context) -> pl.DataFrame | None:
     it = ctx.window.iterations
     if it.height == 0:
         return None
     steady = it.slice(ctx.window.warmup_steps)
-    return steady["w_end"]
+    if "iteration" not in steady.columns:
+        steady = steady.with_row_index("iteration")
+    return steady.select("iteration", "w_end")
 
 
 def memory_growth(ctx: Context) -> list[Finding]:
@@ -152,7 +154,7 @@ def memory_growth(ctx: Context) -> list[Finding]:
     if mu is None or mu.height == 0:
         return []
     ends = _step_ends(ctx)
-    if ends is None or ends.len() < 3:
+    if ends is None or ends.height < 3:
         return []
     tl = memory_timeline(mu)
     if tl.height == 0:
@@ -161,13 +163,13 @@ def memory_growth(ctx: Context) -> list[Finding]:
     out: list[Finding] = []
     gpus = getattr(ctx.trace, "gpus", pl.DataFrame())
     for (dev_key, part) in tl.sort([*keys, "start_ns"]).group_by(keys, maintain_order=True):
-        pts = pl.DataFrame({"start_ns": ends.cast(pl.Int64).sort()}).join_asof(
+        pts = ends.select(pl.col("iteration").cast(pl.Int64), pl.col("w_end").cast(pl.Int64).alias("start_ns")).sort("start_ns").join_asof(
             part.select("start_ns", "in_use_bytes"), on="start_ns", strategy="backward"
         ).with_columns(pl.col("in_use_bytes").fill_null(0))
         y = pts["in_use_bytes"].to_numpy().astype(np.float64)
-        x = np.arange(y.size, dtype=np.float64)
+        x = pts["iteration"].to_numpy().astype(np.float64)
         slope = float(np.polyfit(x, y, 1)[0])
-        d = np.diff(y)
+        d = np.diff(y) / np.maximum(np.diff(x), 1)
         ups = float((d > 0).mean()) if d.size else 0.0
         if slope < ctx.config.growth_min_bytes or ups < ctx.config.growth_monotonic:
             continue
@@ -187,7 +189,7 @@ def memory_growth(ctx: Context) -> list[Finding]:
             f" (~{fmt_ns(steps_left * step_ns)})" if steps_left is not None and total_mem else ""
         )
         sev = "high" if steps_left is not None and steps_left <= ctx.config.oom_high_steps else "medium"
-        ev = pts.with_row_index("step").with_columns(pl.col("in_use_bytes").diff().alias("delta_bytes"))
+        ev = pts.rename({"iteration": "step", "start_ns": "step_end_ns"}).with_columns(pl.col("in_use_bytes").diff().alias("delta_bytes"))
         dev_txt = ", ".join(f"{k} {v}" for k, v in dev.items())
         out.append(Finding(
             "memory_growth", sev,

@@ -116,7 +116,7 @@ def _mark_sync_gaps(ctx: Context, gaps: pl.DataFrame) -> pl.DataFrame:
 
 
 def _after_warmup_cmd(ctx: Context) -> str:
-    w = ctx.window
+    w = ctx.full_window
     if w.method == "nvtx" and "name" in w.iterations.columns and w.iterations.height > w.warmup_steps:
         first = w.iterations["name"][w.warmup_steps]
         return f"tracekit capture nsys --capture-range nvtx --nvtx-capture '{first}' -- {_cmd(ctx)}"
@@ -126,7 +126,7 @@ def _after_warmup_cmd(ctx: Context) -> str:
 def warmup(ctx: Context) -> list[Finding]:
     """``warmup`` (info): the leading iterations excluded from the window. ``time_ns`` is what
     they took beyond as many median steady iterations."""
-    w = ctx.window
+    w = ctx.full_window
     if not w.warmup_steps or w.iterations.height == 0:
         return []
     lead = w.iterations.head(w.warmup_steps)
@@ -155,7 +155,7 @@ def _stretches(ctx: Context) -> pl.DataFrame:
         out = pl.DataFrame()
     else:
         out = launch_bound_stretches(
-            k, ctx.cuda_api, short_kernel_ns=ctx.config.short_kernel_ns, min_kernels=ctx.config.min_stretch_kernels
+            k, ctx.api_near, short_kernel_ns=ctx.config.short_kernel_ns, min_kernels=ctx.config.min_stretch_kernels
         )
     ctx.__dict__["_stretches"] = out
     return out
@@ -442,7 +442,7 @@ def pageable_memcpy(ctx: Context) -> list[Finding]:
     m = ctx.memcpys_w
     if m.height == 0:
         return []
-    cp = copies(m, ctx.cuda_api if ctx.cuda_api.height else None)
+    cp = copies(m, ctx.api_near if ctx.api_near.height else None)
     flag = pl.col("pageable").fill_null(False)
     if "synchronous" in cp.columns:
         flag = flag | pl.col("synchronous").fill_null(False)

@@ -13,10 +13,12 @@ or GPU span, whichever is longer) is warm-up; at most half of them are dropped.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import polars as pl
 
-from tracekit.analysis.iterations import iterations
+from tracekit.analysis.iterations import iteration_ranges, iterations
 from tracekit.diagnosis.config import DiagnoseConfig
 from tracekit.diagnosis.result import Window
 
@@ -132,6 +134,57 @@ def _warmup_count(lengths: list[int], factor: float) -> int:
     return count
 
 
+def _nvtx_iterations(ops_with_launch: pl.DataFrame, nvtx: pl.DataFrame, config: DiagnoseConfig) -> pl.DataFrame:
+    """``iterations`` of the process with the most iteration ranges; with more than
+    ``exact_steps`` of them, measured only for the first 50, a middle stretch of
+    ``sample_steps`` + some and the last two (the others keep their CPU range, null GPU times)."""
+    ranges = iteration_ranges(nvtx, pattern=config.iteration_pattern)
+    if ranges.height == 0:
+        return pl.DataFrame()
+    proc = [c for c in ("rank", "pid") if c in ranges.columns]
+    main = ranges.group_by(proc).len().sort("len", descending=True).head(1).select(proc)
+    ranges = ranges.join(main, on=proc).sort("iteration")
+    n = ranges.height
+    ops = ops_with_launch
+    if n > config.exact_steps:
+        mid = n // 2
+        half = config.sample_steps // 2 + 5
+        keep = sorted({*range(min(50, n // 2)), *range(max(mid - half, 0), min(mid + half, n)), n - 2, n - 1})
+        chosen = ranges.filter(pl.col("iteration").is_in(keep))
+        keys = [c for c in ("rank",) if c in ops.columns and c in chosen.columns]
+        win = chosen.select(*keys, pl.col("start_ns").alias("api_start_ns"), pl.col("end_ns").alias("_iend")).sort([*keys, "api_start_ns"])
+        ops = (
+            ops.filter(pl.col("api_start_ns").is_not_null()).sort([*keys, "api_start_ns"])
+            .join_asof(win, on="api_start_ns", by=keys or None, strategy="backward", check_sortedness=False)
+            .filter(pl.col("_iend").is_not_null() & (pl.col("api_start_ns") <= pl.col("_iend"))).drop("_iend")
+        )
+    its = iterations(ops, nvtx, pattern=config.iteration_pattern)
+    its = its.join(main, on=proc).sort("iteration")
+    if n > config.exact_steps:
+        its = its.filter(pl.col("ops") > 0)
+    return its
+
+
+def _sample(it: pl.DataFrame, warm: int, n_steady: int, config: DiagnoseConfig) -> tuple[int, int, int] | None:
+    """``(start, end, steps)`` of ``sample_steps`` consecutive steady iterations in the middle."""
+    steady = it.slice(warm)
+    if steady.height <= config.sample_steps:
+        return None
+    if "iteration" in steady.columns:
+        idx = steady["iteration"].to_list()
+        mid = len(idx) // 2
+        # the longest run of consecutive iteration numbers around the middle
+        lo = hi = mid
+        while lo > 0 and idx[lo - 1] == idx[lo] - 1 and hi - lo + 1 < config.sample_steps:
+            lo -= 1
+        while hi + 1 < len(idx) and idx[hi + 1] == idx[hi] + 1 and hi - lo + 1 < config.sample_steps:
+            hi += 1
+        part = steady.slice(lo, hi - lo + 1)
+    else:
+        part = steady.slice((steady.height - config.sample_steps) // 2, config.sample_steps)
+    return int(part["w_start"].min()), int(part["w_end"].max()), part.height  # type: ignore[arg-type]
+
+
 def steady_window(
     kernels: pl.DataFrame,
     ops_with_launch: pl.DataFrame,
@@ -141,16 +194,14 @@ def steady_window(
     trace_start_ns: int | None = None,
     trace_end_ns: int | None = None,
 ) -> Window:
-    """The analysed window of a trace (see the module doc)."""
-    its = iterations(ops_with_launch, nvtx, pattern=config.iteration_pattern) if nvtx.height else pl.DataFrame()
+    """The analysed window of a trace (see the module doc). ``kernels`` is the sequence
+    searched for a period: the busiest GPU's operations (``gpu_ops``) or kernels."""
+    its = _nvtx_iterations(ops_with_launch, nvtx, config) if nvtx.height else pl.DataFrame()
     method, why = "nvtx", f"NVTX iteration ranges matching {config.iteration_pattern!r}"
+    n_total = its.height
     if its.height:
-        # per iteration: its CPU range and the GPU work it launched
-        proc = [c for c in ("rank", "pid") if c in its.columns]
-        counts = its.group_by(proc).len()
-        main = counts.sort("len", descending=True).head(1).select(proc)
-        it = its.join(main, on=proc).sort("iteration")
-        it = it.with_columns(
+        n_total = int(its["iteration"].max()) + 1  # type: ignore[arg-type]
+        it = its.with_columns(
             pl.min_horizontal("start_ns", "gpu_start_ns").alias("w_start"),
             pl.max_horizontal("end_ns", "gpu_end_ns").alias("w_end"),
             pl.max_horizontal("duration_ns", pl.col("gpu_span_ns").fill_null(0)).alias("length_ns"),
@@ -158,6 +209,7 @@ def steady_window(
     else:
         it = kernel_period_iterations(kernels, config)
         method, why = "kernel_period", "no NVTX iteration ranges: iterations from the repeating kernel sequence"
+        n_total = it.height
         if it.height:
             it = it.with_columns(
                 pl.col("start_ns").alias("w_start"), pl.col("end_ns").alias("w_end"), pl.col("duration_ns").alias("length_ns")
@@ -167,7 +219,8 @@ def steady_window(
     if it.height == 0:
         lo = trace_start_ns if trace_start_ns is not None else (int(kernels["start_ns"].min()) if kernels.height else 0)  # type: ignore[arg-type]
         hi = trace_end_ns if trace_end_ns is not None else (int(kernels["end_ns"].max()) if kernels.height else 0)  # type: ignore[arg-type]
-        return Window(lo, hi, "whole_trace", "no iterations (no NVTX step ranges, no repeating kernel sequence): the whole trace")
+        window = Window(lo, hi, "whole_trace", "no iterations (no NVTX step ranges, no repeating kernel sequence): the whole trace")
+        return _sample_whole(window, kernels, config)
     lengths = it["length_ns"].to_list()
     warm = _warmup_count(lengths, config.warmup_factor)
     steady = it.slice(warm)
@@ -182,4 +235,21 @@ def steady_window(
     step_ns = int(float(np.median(steady["length_ns"].to_numpy())))
     if warm:
         why += f"; the first {warm} iteration(s) took over {config.warmup_factor}× the median of the rest (warm-up)"
-    return Window(start, end, method, why, steps=steady.height, warmup_steps=warm, step_ns=step_ns, iterations=it)
+    n_steady = n_total - warm
+    window = Window(start, end, method, why, steps=n_steady, warmup_steps=warm, step_ns=step_ns, iterations=it)
+    n_ops = kernels.filter((pl.col("start_ns") >= start) & (pl.col("start_ns") < end)).height
+    if n_ops > config.max_window_ops:
+        sample = _sample(it, warm, n_steady, config)
+        if sample is not None:
+            return replace(window, sample_start_ns=sample[0], sample_end_ns=sample[1], sample_steps=sample[2])
+    return window
+
+
+def _sample_whole(window: Window, ops: pl.DataFrame, config: DiagnoseConfig) -> Window:
+    """A whole-trace window over ``max_window_ops``: the middle span holding that many operations."""
+    inside = ops.filter((pl.col("start_ns") >= window.start_ns) & (pl.col("start_ns") < window.end_ns)).sort("start_ns")
+    if inside.height <= config.max_window_ops:
+        return window
+    first = (inside.height - config.max_window_ops) // 2
+    part = inside.slice(first, config.max_window_ops)
+    return replace(window, sample_start_ns=int(part["start_ns"].min()), sample_end_ns=int(part["end_ns"].max()))  # type: ignore[arg-type]
