@@ -105,6 +105,10 @@ def diagnose(
 
     cfg = config or DiagnoseConfig()
     tr = _open(trace)
+    if hasattr(tr, "kernels_across_ranks"):  # reduced per rank on Dask: no raw rows here
+        from tracekit.diagnosis.reduced import diagnose_reduced
+
+        return diagnose_reduced(tr, cfg, _trace_name(tr))
     ctx = Context(tr, cfg, ncu=_open(ncu) if ncu is not None else None, model=model)
     if window is not None:
         full = Window(int(window[0]), int(window[1]), "given", "window given by the caller")

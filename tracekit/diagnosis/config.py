@@ -61,8 +61,9 @@ class DiagnoseConfig:
     #: low_gpu_utilization: reported when idle is at least this share of the window and the
     #: other idle causes explain less than half of it.
     idle_share: float = 0.20
-    #: straggler: a rank that starts last in at least this share of collectives.
-    straggler_share: float = 0.5
+    #: straggler: a rank that starts last in at least this share of collectives (with two ranks
+    #: chance alone makes one last half of the time).
+    straggler_share: float = 0.6
     #: load_imbalance: (max − min) / max of per-rank compute time at or above this.
     imbalance_min: float = 0.10
     #: ncu: kernels that make up this share of the window's kernel time are checked.

@@ -93,7 +93,9 @@ def straggler(ctx: Context) -> list[Finding]:
         return []
     per = sk.group_by("straggler_rank").agg(pl.len().alias("collectives"), pl.col("skew_ns").sum().alias("skew_ns"),
                                             pl.col("max_wait_ns").median().alias("median_wait_ns")).sort("skew_ns", descending=True)
-    per = per.with_columns((pl.col("collectives") / sk.height).alias("share_last"))
+    per = per.with_columns((pl.col("collectives") / sk.height).alias("share_last")).sort(
+        ["share_last", "skew_ns"], descending=True
+    )
     top = per.row(0, named=True)
     if top["share_last"] < ctx.config.straggler_share:
         return []
