@@ -46,10 +46,11 @@ def reductions_of(trace: object, names: tuple[str, ...] = REDUCTIONS) -> dict[st
     ops = None
     for name in names:
         if name == "kernel_summary":
-            out[name] = kernels.group_by("pid", "device_id", "name", "short_name").agg(
+            rk = ["rank"] if "rank" in kernels.columns else []  # a TraceSet: per rank too
+            out[name] = kernels.group_by(*rk, "pid", "device_id", "name", "short_name").agg(
                 pl.len().cast(pl.Int64).alias("kernels"), pl.col("duration_ns").sum().alias("total_ns"),
                 pl.col("duration_ns").min().alias("min_ns"), pl.col("duration_ns").max().alias("max_ns"),
-            ).sort("pid", "device_id", "total_ns", descending=[False, False, True])
+            ).sort(*rk, "pid", "device_id", "total_ns", descending=[*([False] * len(rk)), False, False, True])
         elif name in ("nccl", "gpus"):
             out[name] = getattr(t, name)
         elif name in ("iterations", "busy", "overlap"):
