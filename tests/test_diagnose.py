@@ -276,3 +276,32 @@ def test_sampled_window_estimates_the_whole_window() -> None:
     assert t_sampled == pytest.approx(t_exact, rel=0.10)
     assert _categories(sampled) == _categories(exact)
     assert "from its middle" in sampled.window_text()
+
+
+def test_ncu_bound_kernels_by_hand() -> None:
+    """With the ncu report of the same program (20 kernels of step 3 of planted_clean,
+    H100): the clean run stays quiet (its GEMMs reach 84–88 % of peak compute), and with the
+    bar raised to 90 % the GEMM is a compute-bound kernel whose time at stake is its window
+    time × (1 − mean sm__throughput / 100), recomputed from ncu's raw CSV and plain SQL."""
+    import csv
+
+    ncu_dir = SAMPLES / "ncu" / "ncu_planted_clean"
+    rep = ncu_dir / "ncu_planted_clean.ncu-rep"
+    quiet = diagnose(_export("clean"), ncu=rep)
+    assert _categories(quiet) == []
+    d = diagnose(_export("clean"), ncu=rep, config=DiagnoseConfig(efficiency_min=0.9))
+    row = d.findings.filter(pl.col("category") == "compute_bound_kernel").row(0, named=True)
+    with (ncu_dir / "ncu_planted_clean.raw.csv").open() as fh:
+        rows = list(csv.reader(fh))
+    head, body = rows[0], rows[2:]  # row 1 holds the units
+    name, sm = head.index("Kernel Name"), head.index("sm__throughput.avg.pct_of_peak_sustained_elapsed")
+    pct = [float(r[sm]) for r in body if r[name].startswith("nvjet")]
+    assert len(pct) == 8
+    con = sqlite3.connect(f"file:{_export('clean')}?mode=ro", uri=True)
+    t = con.execute(
+        "SELECT sum(k.end - k.start) FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = k.shortName "
+        "WHERE s.value LIKE 'nvjet%' AND k.start >= ? AND k.start < ?", (d.window.start_ns, d.window.end_ns),
+    ).fetchone()[0]
+    con.close()
+    # the CSV prints the percentages rounded (6 digits): agreement to 1e-4
+    assert row["time_ns"] == pytest.approx(t * (1 - sum(pct) / len(pct) / 100), rel=1e-4)
