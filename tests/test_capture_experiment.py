@@ -276,7 +276,7 @@ def test_combine_per_rank_summaries() -> None:
     assert set(merged["reports"]) == {"r0", "r1"}
 
 
-@pytest.mark.skipif(not CORPUS.is_dir(), reason="needs shared/corpus beside the repository")
+@pytest.mark.skipif(not CORPUS.is_dir(), reason="the public corpus (tests/data/corpus.tar.xz) is missing")
 def test_summary_of_a_real_export_and_the_sqlite_fallback() -> None:
     path = CORPUS / "nsys2026.2_nsysai_mfu_2xh100_nccl_slice.sqlite"
     direct = _kernels_from_sqlite(path)
@@ -344,7 +344,7 @@ def test_handoff_builtin_filter_from_the_summary() -> None:
         handoff_options(_both(), {"top_kernels": []}, [])
 
 
-@pytest.mark.skipif(not CORPUS.is_dir(), reason="needs shared/corpus beside the repository")
+@pytest.mark.skipif(not CORPUS.is_dir(), reason="the public corpus (tests/data/corpus.tar.xz) is missing")
 def test_handoff_from_a_real_export() -> None:
     from tracekit.capture.experiment import handoff_options
 

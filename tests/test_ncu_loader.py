@@ -20,7 +20,9 @@ from tracekit.ncu.raw_csv import is_ncu_csv, read_details_rules
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_traces" / "ncu"
-CORPUS = ROOT.parent / "shared" / "corpus" / "ncu"
+from .conftest import CORPUS as _CORPUS  # noqa: E402
+
+CORPUS = _CORPUS / "ncu"
 SAMPLE_NAMES = ("ncu_decode_drilldown", "ncu_probe_full", "ncu_precisions")
 HAVE_WHEEL = importlib.util.find_spec("ncu_report") is not None
 needs_wheel = pytest.mark.skipif(

@@ -22,7 +22,9 @@ from tracekit.ncu.specs import GPU_SPECS, find_spec, spec_table, tensor_peak_tfl
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_traces" / "ncu"
-CORPUS = ROOT.parent / "shared" / "corpus" / "ncu"
+from .conftest import CORPUS as _CORPUS  # noqa: E402
+
+CORPUS = _CORPUS / "ncu"
 HAVE_WHEEL = importlib.util.find_spec("ncu_report") is not None
 needs_wheel = pytest.mark.skipif(
     not HAVE_WHEEL, reason="ncu-report not installed (pip install 'tracekit[ncu]')"
