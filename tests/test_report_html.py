@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.notebook]
 
 TP2 = SAMPLES / "llm_tp2_nccl" / "llm_tp2_nccl.sqlite"
 NCU = SAMPLES / "ncu" / "ncu_decode_drilldown" / "ncu_decode_drilldown.ncu-rep"
-SECTIONS = ("overview", "kernels", "nvtx", "timeline", "communication", "metrics", "memory")
+SECTIONS = ("findings", "overview", "kernels", "nvtx", "timeline", "communication", "metrics", "memory")
 
 
 def _need(*paths: Path) -> None:
@@ -74,3 +74,16 @@ def test_report_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert main(["report", str(tmp_path / "missing.sqlite"), "-o", str(tmp_path / "x.html")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("tracekit: error:") and err.count("\n") == 1
+
+
+def test_report_opens_with_the_findings(tmp_path: Path) -> None:
+    """The first section is tracekit.diagnose's findings, with the window it analysed."""
+    path = SAMPLES / "planted" / "planted_host_bound" / "planted_host_bound.sqlite"
+    _need(path)
+    out = tmp_path / "host.html"
+    assert main(["report", str(path), "-o", str(out)]) == 0
+    page = out.read_text()
+    first = re.search(r'<section id="([a-z]+)">', page)
+    assert first is not None and first.group(1) == "findings"
+    findings = page[page.index('<section id="findings">') : page.index('<section id="overview">')]
+    assert "host_bound" in findings and "prepare_batch" in findings and "warm-up" in findings
