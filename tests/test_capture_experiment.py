@@ -26,8 +26,9 @@ from tracekit.capture.summary import (
 )
 from tracekit.errors import CaptureError
 
+from .conftest import NSYS_CORPUS as CORPUS
+
 PY = sys.executable
-CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus" / "nsys"
 STUBBORN = textwrap.dedent(
     """
     import signal, subprocess, sys, time
