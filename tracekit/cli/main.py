@@ -87,7 +87,20 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         if _state["debug"]:
             raise
+        if isinstance(exc, MemoryError):
+            print("tracekit: error: out of memory; read fewer columns (trace.table(name, columns)), a shorter "
+                  "window (--window), or open the reports with engine='dask' (docs/scale.md)", file=sys.stderr)
+            return 2
         print(f"tracekit: internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", file=sys.stderr)
+        return 1
+    except BaseException as exc:
+        # polars' Rust side raises pyo3's PanicException, a BaseException: one line, not a Rust
+        # and Python traceback (KeyboardInterrupt and SystemExit are handled above)
+        if type(exc).__name__ != "PanicException" or _state["debug"]:
+            raise
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        print(f"tracekit: internal error: the table engine panicked ({first}); the export may be damaged "
+              "(rerun with --debug for the traceback)", file=sys.stderr)
         return 1
     return 0
 

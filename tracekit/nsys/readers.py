@@ -12,6 +12,7 @@ instead of twenty-five is several times faster and uses a fraction of the memory
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -24,6 +25,9 @@ from tracekit.nsys.database import ExportDatabase, read_threads
 
 PID_MASK = 0xFFFFFF
 PROCESS_KEY_MASK = -0x1000000  # == 0xFFFFFFFFFF000000 as a signed 64-bit mask
+
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -161,8 +165,23 @@ def lookup_strings(expr: pl.Expr, strings: pl.DataFrame) -> pl.Expr:
 
 
 def string_ids(db: ExportDatabase) -> pl.DataFrame:
-    """The ``StringIds(id, value)`` table."""
-    return select(db, "StringIds", [Col("id", "id"), Col("value", "value", pl.Utf8)])
+    """The ``StringIds(id, value)`` table.
+
+    Values are read as bytes and decoded as UTF-8; a value that is not valid UTF-8 (a damaged
+    export, a name from a non-UTF-8 locale) is decoded with U+FFFD replacing the bad bytes
+    (the exact bytes stay in the export: ``SELECT CAST(value AS BLOB) FROM StringIds WHERE
+    id = …``). Reading them as text would hand invalid UTF-8 to Arrow and crash later.
+    """
+    raw = select(db, "StringIds", [Col("id", "id"), Col("value", "value", pl.Binary, "CAST({col} AS BLOB)")])
+    try:
+        text = raw["value"].cast(pl.Utf8)
+    except pl.exceptions.ComputeError:  # some value is not valid UTF-8: decode each, lossily
+        values = raw["value"].to_list()
+        decoded = [b.decode("utf-8", errors="replace") if b is not None else None for b in values]
+        bad = sum(1 for b, d in zip(values, decoded, strict=True) if b is not None and "\ufffd" in d and b"\xef\xbf\xbd" not in b)
+        log.warning("%s: %d StringIds values are not valid UTF-8; decoded with replacement characters", db.path, bad)
+        text = pl.Series("value", decoded, dtype=pl.Utf8)
+    return raw.with_columns(text.alias("value"))
 
 
 def _first_table(db: ExportDatabase, *names: str) -> str | None:

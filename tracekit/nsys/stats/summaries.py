@@ -159,8 +159,8 @@ def nvtx_sum(trace: NsysTrace, *, convention: str = "2025") -> Report:
     ranges = events.filter(pl.col("event_type_id").is_in(list(NVTX_RANGE_TYPES))).select(
         nvtx_range_name(convention).alias("Range"),
         nvtx_style().alias("Style"),
-        (pl.col("end_ns").fill_null(last) - pl.col("start_ns")).alias("duration_ns"),
-    )
+        ((pl.col("end_ns").fill_null(last) if last is not None else pl.col("end_ns")) - pl.col("start_ns")).alias("duration_ns"),
+    )  # an empty NVTX_EVENTS table (no last timestamp) gives an empty report, as nsys prints nothing
     s = summary_frame(ranges, group=["Range", "Style"], value="duration_ns")
     s = s.sort(["_total", "_count", "Range"], descending=[True, False, False])
     frame = s.select(*time_summary_columns("Instances"), pl.col("Style"), pl.col("Range"))
