@@ -25,6 +25,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from tracekit.diagnosis import diagnose
     from tracekit.errors import (
         CaptureError,
         MissingDependencyError,
@@ -34,7 +35,6 @@ if TYPE_CHECKING:
     )
     from tracekit.ncu.report import NcuReport
     from tracekit.nsys.trace import NsysTrace
-    from tracekit.diagnosis import diagnose
     from tracekit.opening import open, open_many
 
 _LAZY = {
