@@ -159,6 +159,7 @@ def idle_gaps(
     *,
     min_gap_ns: int = 10_000,
     launch_share: float = 0.5,
+    cause_share: float = 0.5,
 ) -> pl.DataFrame:
     """Idle stretches of each device longer than ``min_gap_ns``, with a probable cause.
 
@@ -173,6 +174,10 @@ def idle_gaps(
         Smallest gap reported.
     launch_share
         Share of the gap that launch calls must fill for ``launch_bound``.
+    cause_share
+        Share of the gap that calls of one kind must fill for ``sync_wait``, ``host_copy`` and
+        ``cuda_api`` (a synchronising call that overlaps a gap by a few microseconds does not
+        make it a ``sync_wait`` gap).
 
     Returns
     -------
@@ -188,15 +193,20 @@ def idle_gaps(
         the next operation was launched before the gap began: the GPU waited on something
         else (an event, another stream or device), not on the host;
     ``sync_wait``
-        the host sat in a synchronizing call during the gap, so it had not queued work ahead;
+        synchronizing calls filled at least ``cause_share`` of the gap: the host sat waiting,
+        so it had not queued work ahead;
     ``host_copy``
-        the host was in a memcpy/memset call (pageable staging, synchronous copies);
+        memcpy/memset calls filled at least ``cause_share`` of the gap (pageable staging,
+        synchronous copies);
     ``launch_bound``
         launch calls filled at least ``launch_share`` of the gap: the host was still issuing
         work (many short kernels);
+    ``cuda_api``
+        other CUDA calls (``cudaMalloc``, ``cudaStreamCreate``, ``cudaEventCreate`` …) filled at
+        least ``cause_share`` of the gap;
     ``untraced``
-        the host spent the gap outside traced CUDA calls (Python, data loading, or no
-        activity at all); ``other_api_ns`` shows any other calls made.
+        none of the above: the host spent most of the gap outside traced CUDA calls (Python,
+        data loading, or no activity at all); the ``*_ns`` columns show the calls it did make.
 
     Calls are those of the thread that launched the next operation; a gap whose next
     operation has no traced launch is ``untraced``.
@@ -279,9 +289,10 @@ def idle_gaps(
     cause = (
         pl.when(pl.col("next_launched_ns").is_not_null() & (pl.col("next_launched_ns") <= pl.col("start_ns")))
         .then(pl.lit("dependency"))
-        .when(pl.col("sync_ns") > 0).then(pl.lit("sync_wait"))
-        .when(pl.col("copy_ns") > 0).then(pl.lit("host_copy"))
+        .when(pl.col("sync_ns") >= cause_share * pl.col("duration_ns")).then(pl.lit("sync_wait"))
+        .when(pl.col("copy_ns") >= cause_share * pl.col("duration_ns")).then(pl.lit("host_copy"))
         .when(pl.col("launch_ns") >= launch_share * pl.col("duration_ns")).then(pl.lit("launch_bound"))
+        .when(pl.col("other_api_ns") >= cause_share * pl.col("duration_ns")).then(pl.lit("cuda_api"))
         .otherwise(pl.lit("untraced"))
     )
     return gaps.with_columns(cause.alias("cause")).select(schema_cols).sort([*keys, "start_ns"])
