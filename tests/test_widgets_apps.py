@@ -176,6 +176,9 @@ def test_compare_two_traces(decode: Any, tp2: Any) -> None:
     c.sort_picker.value = "b"
     assert c.sort == "b"
     assert "1 GPU" in c.kernel_html.value and c.kernel_view.chart is not None
+    # the Verdict tab shows tracekit.diff's per-step tables
+    assert set(c.diff.levels) == {"kernel", "family", "range", "step"}
+    assert "verdict" in c.verdict_html.value and "step (per step" in c.verdict_html.value
 
 
 # -- CaptureForm -----------------------------------------------------------------------------------

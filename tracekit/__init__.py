@@ -20,11 +20,13 @@ __all__ = [
     "UnsupportedReportError",
     "__version__",
     "diagnose",
+    "diff",
     "open",
     "open_many",
 ]
 
 if TYPE_CHECKING:
+    from tracekit.comparison import diff
     from tracekit.diagnosis import diagnose
     from tracekit.errors import (
         CaptureError,
@@ -41,6 +43,7 @@ _LAZY = {
     "open": ("tracekit.opening", "open"),
     "open_many": ("tracekit.opening", "open_many"),
     "diagnose": ("tracekit.diagnosis", "diagnose"),
+    "diff": ("tracekit.comparison", "diff"),
     "NsysTrace": ("tracekit.nsys.trace", "NsysTrace"),
     "NcuReport": ("tracekit.ncu.report", "NcuReport"),
     "TracekitError": ("tracekit.errors", "TracekitError"),

@@ -35,6 +35,7 @@ COMMANDS: dict[str, str] = {
     "summary": "tracekit.cli.summary",
     "stats": "tracekit.cli.stats",
     "diagnose": "tracekit.cli.diagnose",
+    "diff": "tracekit.cli.diff",
     "report": "tracekit.cli.report",
     "capture": "tracekit.cli.capture",
 }

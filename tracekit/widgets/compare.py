@@ -7,109 +7,12 @@ from typing import Any
 
 import polars as pl
 
+from tracekit.analysis.compare import compare_kernels, compare_ranges
 from tracekit.viz._deps import import_ipywidgets
 from tracekit.widgets._common import ChartView, fmt_ns, html_table
 
 widgets = import_ipywidgets()
 import traitlets  # noqa: E402
-
-
-def compare_kernels(a: pl.DataFrame, b: pl.DataFrame, *, by: str = "short_name") -> pl.DataFrame:
-    """GPU time per kernel name in two kernel tables, with the difference.
-
-    Returns
-    -------
-    ``name``, ``family``, ``instances_a``, ``instances_b``, ``total_a_ns``, ``total_b_ns``
-    (Int64, 0 when absent), ``delta_ns`` (b − a), ``ratio`` (b / a, null when a is 0), sorted by
-    the larger absolute delta first.
-    """
-    from tracekit.viz.prep import top_kernels
-
-    ta = top_kernels(a, n=max(a.height, 1), by=by).select(
-        "name",
-        "family",
-        pl.col("instances").alias("instances_a"),
-        pl.col("total_ns").alias("total_a_ns"),
-    )
-    tb = top_kernels(b, n=max(b.height, 1), by=by).select(
-        "name",
-        pl.col("family").alias("_fb"),
-        pl.col("instances").alias("instances_b"),
-        pl.col("total_ns").alias("total_b_ns"),
-    )
-    return (
-        ta.join(tb, on="name", how="full", coalesce=True)
-        .with_columns(
-            pl.coalesce("family", "_fb").alias("family"),
-            *[
-                pl.col(c).fill_null(0)
-                for c in ("instances_a", "instances_b", "total_a_ns", "total_b_ns")
-            ],
-        )
-        .with_columns(
-            (pl.col("total_b_ns") - pl.col("total_a_ns")).alias("delta_ns"),
-            pl.when(pl.col("total_a_ns") > 0)
-            .then(pl.col("total_b_ns") / pl.col("total_a_ns"))
-            .alias("ratio"),
-        )
-        .sort(pl.col("delta_ns").abs(), "name", descending=[True, False])
-        .select(
-            "name",
-            "family",
-            "instances_a",
-            "instances_b",
-            "total_a_ns",
-            "total_b_ns",
-            "delta_ns",
-            "ratio",
-        )
-    )
-
-
-def compare_ranges(a: pl.DataFrame, b: pl.DataFrame) -> pl.DataFrame:
-    """Total duration per NVTX range name in two ``nvtx`` tables, with the difference.
-
-    Only closed ranges count (marks and open ranges are left out); NCCL's own ranges keep their
-    ``domain:`` prefix.
-
-    Returns
-    -------
-    ``range``, ``count_a``, ``count_b``, ``total_a_ns``, ``total_b_ns``, ``delta_ns``,
-    ``ratio``, sorted by absolute delta.
-    """
-
-    def totals(nvtx: pl.DataFrame, suffix: str) -> pl.DataFrame:
-        label = (
-            pl.when(pl.col("domain").is_not_null())
-            .then(pl.concat_str(pl.col("domain"), pl.lit(":"), pl.col("name")))
-            .otherwise(pl.col("name"))
-            if "domain" in nvtx.columns
-            else pl.col("name")
-        )
-        closed = nvtx.filter(
-            pl.col("end_ns").is_not_null()
-            & pl.col("name").is_not_null()
-            & (pl.col("end_ns") > pl.col("start_ns"))
-        )
-        return closed.group_by(label.alias("range")).agg(
-            pl.len().cast(pl.Int64).alias(f"count_{suffix}"),
-            (pl.col("end_ns") - pl.col("start_ns")).sum().alias(f"total_{suffix}_ns"),
-        )
-
-    return (
-        totals(a, "a")
-        .join(totals(b, "b"), on="range", how="full", coalesce=True)
-        .with_columns(
-            *[pl.col(c).fill_null(0) for c in ("count_a", "count_b", "total_a_ns", "total_b_ns")]
-        )
-        .with_columns(
-            (pl.col("total_b_ns") - pl.col("total_a_ns")).alias("delta_ns"),
-            pl.when(pl.col("total_a_ns") > 0)
-            .then(pl.col("total_b_ns") / pl.col("total_a_ns"))
-            .alias("ratio"),
-        )
-        .sort(pl.col("delta_ns").abs(), "range", descending=[True, False])
-    )
 
 
 def _delta_chart(frame: pl.DataFrame, key: str, labels: tuple[str, str], title: str) -> Any:
@@ -150,7 +53,9 @@ def _delta_chart(frame: pl.DataFrame, key: str, labels: tuple[str, str], title: 
 
 
 class Compare(widgets.VBox):  # type: ignore[misc,name-defined]
-    """Two traces side by side: top kernels and NVTX ranges, with deltas (b − a).
+    """Two traces side by side: top kernels and NVTX ranges, with deltas (b − a), and the
+    per-step verdicts of :func:`tracekit.diff` (tab "Verdict": slower / faster / no change
+    against the step-to-step noise).
 
     Parameters
     ----------
@@ -172,6 +77,9 @@ class Compare(widgets.VBox):  # type: ignore[misc,name-defined]
         self.a, self.b, self.labels = a, b, labels
         self.kernels = compare_kernels(a.kernels, b.kernels)
         self.ranges = compare_ranges(a.nvtx, b.nvtx)
+        from tracekit.comparison import diff
+
+        self.diff = diff(a, b)
         self.kernels_shown = pl.DataFrame()
         self.ranges_shown = pl.DataFrame()
         w = widgets
@@ -187,14 +95,17 @@ class Compare(widgets.VBox):  # type: ignore[misc,name-defined]
         self.range_view = ChartView()
         self.kernel_html = w.HTML()
         self.range_html = w.HTML()
+        self.verdict_html = w.HTML()
         tabs = w.Tab(
             children=[
                 w.VBox([self.kernel_view.widget, self.kernel_html]),
                 w.VBox([self.range_view.widget, self.range_html]),
+                w.VBox([self.verdict_html]),
             ]
         )
         tabs.set_title(0, "Kernels")
         tabs.set_title(1, "NVTX ranges")
+        tabs.set_title(2, "Verdict")
         self.children = (w.HBox([self.n_slider, self.sort_picker]), self.summary, tabs)
         self._refresh()
 
@@ -230,6 +141,14 @@ class Compare(widgets.VBox):  # type: ignore[misc,name-defined]
         )
         self.range_html.value = html_table(
             self.ranges_shown, formats=fmts, left=("range",), headers=headers
+        )
+        verdict_fmts: dict[str, Callable[[Any], str]] = {c: fmt_ns for c in ("mean_a", "mean_b", "delta", "noise")}
+        verdict_fmts["delta_pct"] = lambda v: "–" if v is None else f"{100 * v:+.1f}%"
+        self.verdict_html.value = "".join(
+            f"<h4>{level} (per step, steps {self.diff.steps['before']} / {self.diff.steps['after']})</h4>"
+            + html_table(frame.head(self.n).select("key", "mean_a", "mean_b", "delta", "delta_pct", "noise", "verdict"),
+                         formats=verdict_fmts, left=("key", "verdict"), headers={"mean_a": la, "mean_b": lb, "delta": "Δ"})
+            for level, frame in self.diff.levels.items()
         )
         for view, frame, key, title in (
             (self.kernel_view, self.kernels_shown, "name", "Top kernels"),

@@ -1,0 +1,61 @@
+"""``tracekit diff BEFORE AFTER``: did the change help? Exit 1 on a regression (for CI)."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(parent: typer.Typer) -> None:
+    """Add the ``diff`` command to ``parent``."""
+    parent.command("diff")(diff)
+
+
+def diff(
+    before: str = typer.Argument(..., help="Nsight Systems export of the run before the change."),
+    after: str = typer.Argument(..., help="Nsight Systems export of the run after the change."),
+    fmt: str = typer.Option("table", "--format", "-f", help="table or json."),
+    threshold: float = typer.Option(5.0, "--threshold", help="Regression (exit 1) when a row is slower by at least this many % per step."),
+    by: str = typer.Option("kernel,family,range,step", "--by", help="Levels: kernel, family, range, step."),
+    top: int = typer.Option(10, "--top", "-n", help="Rows per level in the table."),
+) -> int:
+    """Per kernel, family, NVTX range and step: before, after, delta and a verdict against the step-to-step noise."""
+    import tracekit
+    from tracekit.comparison import diff as run
+    from tracekit.errors import TracekitError
+
+    if fmt not in ("table", "json"):
+        msg = f"--format {fmt!r}: choose table or json"
+        raise TracekitError(msg)
+    levels = tuple(x.strip() for x in by.split(",") if x.strip())
+    d = run(tracekit.open(before), tracekit.open(after), levels=levels)
+    t = threshold / 100
+    if fmt == "json":
+        print(d.to_json(t))
+    else:
+        _render(d, t, top)
+    return 1 if d.regressions(t).height else 0
+
+
+def _render(d, threshold: float, top: int) -> None:  # type: ignore[no-untyped-def]
+    from rich.console import Console
+    from rich.table import Table
+
+    from tracekit.diagnosis.result import fmt_ns
+
+    console = Console()
+    colors = {"slower": "red", "faster": "green", "no change": "dim"}
+    for level, frame in d.levels.items():
+        table = Table(title=f"{level}: {d.before} → {d.after} (per step; steps {d.steps['before']} / {d.steps['after']})")
+        for col in ("key", "before", "after", "delta", "delta %", "noise", "verdict"):
+            table.add_column(col, justify="left" if col in ("key", "verdict") else "right", overflow="fold", max_width=60)
+        for r in frame.head(top).iter_rows(named=True):
+            as_time = level != "step" or r["key"] != "kernels"
+            show = fmt_ns if as_time else (lambda v: f"{v:.1f}")
+            pct = "–" if r["delta_pct"] is None else f"{100 * r['delta_pct']:+.1f}%"
+            noise = "fixed" if r["noise"] is None else show(r["noise"])
+            table.add_row(str(r["key"]), show(r["mean_a"]), show(r["mean_b"]), show(r["delta"]), pct, noise,
+                          f"[{colors.get(r['verdict'], '')}]{r['verdict']}[/]")
+        console.print(table)
+    reg = d.regressions(threshold)
+    console.print(f"{reg.height} regression(s) of at least {100 * threshold:.0f}% per step" if reg.height else
+                  f"no regression of {100 * threshold:.0f}% or more per step")
