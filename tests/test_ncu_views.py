@@ -318,3 +318,37 @@ def test_spec_table_lookup() -> None:
     assert find_spec("NVIDIA GeForce RTX 4090") is None
     assert tensor_peak_tflops(find_spec("NVIDIA B200"), "fp4_fp6_fp8") == 4500
     assert spec_table().height == len(GPU_SPECS)
+
+
+def test_gpu_spec_matching_on_full_name_and_memory() -> None:
+    """GH200 is not an H200; NVL, PCIe and SXM cards and the 40/80 GB A100s are kept apart."""
+    from tracekit.ncu.specs import find_spec
+
+    cases = {
+        ("NVIDIA GH200 480GB", None): ("GH200 96GB HBM3", 4000.0),
+        ("NVIDIA GH200 480GB", 144e9): ("GH200 144GB HBM3e", 4900.0),
+        ("NVIDIA H200", None): ("H200 SXM", 4800.0),
+        ("NVIDIA H200 NVL", None): ("H200 NVL", 4800.0),
+        ("NVIDIA H100 80GB HBM3", None): ("H100 SXM5", 3350.0),
+        ("NVIDIA H100 PCIe", None): ("H100 PCIe", 2000.0),
+        ("NVIDIA H100 NVL", None): ("H100 NVL", 3900.0),
+        ("NVIDIA A100-SXM4-40GB", None): ("A100 SXM4 40GB", 1555.0),
+        ("NVIDIA A100-SXM4-80GB", None): ("A100 SXM4 80GB", 2039.0),
+        ("NVIDIA A100 80GB PCIe", None): ("A100 PCIe 80GB", 1935.0),
+        ("NVIDIA A100-PCIE-40GB", None): ("A100 PCIe 40GB", 1555.0),
+        ("NVIDIA L4", None): ("L4", 300.0),
+        ("NVIDIA L40S", None): ("L40S", 864.0),
+        ("NVIDIA B200", None): ("B200", 8000.0),
+    }
+    for (name, mem), (expected, bw) in cases.items():
+        spec = find_spec(name, mem)
+        assert spec is not None and (spec.name, spec.bandwidth_gbps) == (expected, bw), name
+    # the GPUs of our own captures, by the name and memory their exports record
+    import tracekit
+
+    from .conftest import SAMPLES
+
+    for path, expected in ((SAMPLES / "planted" / "planted_clean" / "planted_clean.sqlite", "H100 SXM5"),
+                           (SAMPLES / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite", "H200 SXM")):
+        g = tracekit.open(path).gpus.row(0, named=True)
+        assert find_spec(g["name"], g["total_memory_bytes"]).name == expected  # type: ignore[union-attr]
