@@ -20,6 +20,7 @@ import polars as pl
 from tracekit.analysis.attribution import attribute_nvtx
 from tracekit.analysis.compare import compare_per_step
 from tracekit.analysis.families import with_family
+from tracekit.diagnosis.window import steady_ops
 
 __all__ = ["LEVELS", "Diff", "diff"]
 
@@ -27,33 +28,6 @@ __all__ = ["LEVELS", "Diff", "diff"]
 #: the work launched inside), and per-step totals (``step_time``: the iteration's length;
 #: ``gpu_time``: summed GPU operation time; ``kernels``: kernel launches).
 LEVELS = ("kernel", "family", "range", "step")
-
-
-def _steps(trace: Any) -> tuple[pl.DataFrame, list[int], str]:
-    """Each steady GPU operation with its ``step`` and key columns; the steady steps; the method."""
-    from tracekit.diagnosis.config import DiagnoseConfig
-    from tracekit.diagnosis.context import Context
-    from tracekit.diagnosis.window import steady_window
-
-    cfg = DiagnoseConfig(exact_steps=10**9, max_window_ops=10**12)  # every step measured, no sampling
-    ctx = Context(trace, cfg)
-    w = steady_window(ctx.ops, ctx.ops_with_launch, ctx.nvtx, cfg)
-    ops = ctx.ops_with_launch
-    it = w.iterations
-    if it.height == 0:
-        return ops.with_columns(pl.lit(0, pl.Int64).alias("step")), [0], w.method
-    steady = it.slice(w.warmup_steps).select(pl.col("iteration").cast(pl.Int64).alias("step"), "start_ns", "end_ns", "w_start", "w_end")
-    if w.method == "nvtx":
-        j = ops.filter(pl.col("api_start_ns").is_not_null()).sort("api_start_ns").join_asof(
-            steady.select("step", pl.col("start_ns").alias("api_start_ns"), pl.col("end_ns").alias("_e")).sort("api_start_ns"),
-            on="api_start_ns", strategy="backward",
-        ).filter(pl.col("step").is_not_null() & (pl.col("api_start_ns") <= pl.col("_e"))).drop("_e")
-    else:
-        j = ops.sort("start_ns").join_asof(
-            steady.select("step", pl.col("w_start").alias("start_ns"), pl.col("w_end").alias("_e")).sort("start_ns"),
-            on="start_ns", strategy="backward",
-        ).filter(pl.col("step").is_not_null() & (pl.col("start_ns") < pl.col("_e"))).drop("_e")
-    return j, steady["step"].to_list(), w.method
 
 
 def _level_values(trace: Any, level: str, ops: pl.DataFrame, steps_frame: pl.DataFrame | None) -> pl.DataFrame:
@@ -145,7 +119,7 @@ def diff(
     sides = {}
     for label, obj in (("before", before), ("after", after)):
         t = tk_open(os.fspath(obj)) if isinstance(obj, str | os.PathLike) else obj
-        ops, steps, method = _steps(t)
+        ops, steps, method = steady_ops(t)
         from tracekit.diagnosis.config import DiagnoseConfig
         from tracekit.diagnosis.context import Context
         from tracekit.diagnosis.window import steady_window

@@ -36,6 +36,7 @@ COMMANDS: dict[str, str] = {
     "stats": "tracekit.cli.stats",
     "diagnose": "tracekit.cli.diagnose",
     "diff": "tracekit.cli.diff",
+    "model": "tracekit.cli.model",
     "report": "tracekit.cli.report",
     "capture": "tracekit.cli.capture",
 }

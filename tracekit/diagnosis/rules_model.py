@@ -37,6 +37,7 @@ def model_findings(ctx: Context) -> list[Finding]:
         layers = layers.filter(pl.col("step") >= ctx.window.warmup_steps)
     per = layers.group_by("layer").agg(
         pl.col("measured_ns").sum(), pl.col("predicted_min_ns").sum(), pl.col("efficiency").median(),
+        pl.col("measured_ns").median().alias("median_step_ns"), pl.col("predicted_min_ns").first().alias("min_step_ns"),
         *[pl.col(c).median() for c in ("mfu", "mbu") if c in layers.columns],
         *[pl.col("bound").first()] if "bound" in layers.columns else [],
     ).sort("layer")
@@ -50,8 +51,8 @@ def model_findings(ctx: Context) -> list[Finding]:
     return [Finding(
         "below_model_bound", sev,
         f"{slow.height} of {per.height} layers reach less than {ctx.config.efficiency_min:.0%} of the model's bound; "
-        f"layer {worst['layer']} reaches {worst['efficiency']:.0%} ({fmt_ns(worst['measured_ns'])} measured vs "
-        f"{fmt_ns(worst['predicted_min_ns'])} at the roofline)",
+        f"layer {worst['layer']} reaches {worst['efficiency']:.0%} ({fmt_ns(worst['median_step_ns'])} per step measured vs "
+        f"{fmt_ns(worst['min_step_ns'])} at the roofline)",
         time_ns=total, share=ctx.share(total), evidence=slow,
         advice="Compare each layer's kernels with its bound: decode layers are bound by weight and KV-cache bytes "
         "(raise the batch, quantise weights/KV to fp8/int4, fuse norms and activations into GEMMs); prefill layers by "

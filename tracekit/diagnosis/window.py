@@ -14,6 +14,7 @@ or GPU span, whichever is longer) is warm-up; at most half of them are dropped.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -22,7 +23,7 @@ from tracekit.analysis.iterations import iteration_ranges, iterations
 from tracekit.diagnosis.config import DiagnoseConfig
 from tracekit.diagnosis.result import Window
 
-__all__ = ["find_period", "kernel_period_iterations", "steady_window"]
+__all__ = ["find_period", "kernel_period_iterations", "steady_ops", "steady_window"]
 
 _TAIL = 50_000
 
@@ -253,3 +254,35 @@ def _sample_whole(window: Window, ops: pl.DataFrame, config: DiagnoseConfig) -> 
     first = (inside.height - config.max_window_ops) // 2
     part = inside.slice(first, config.max_window_ops)
     return replace(window, sample_start_ns=int(part["start_ns"].min()), sample_end_ns=int(part["end_ns"].max()))  # type: ignore[arg-type]
+
+
+def steady_ops(trace: Any) -> tuple[pl.DataFrame, list[int], str]:
+    """Every GPU operation of the steady steps (``gpu_ops`` with the launch columns) with its
+    ``step`` (the iteration number), the steady steps' numbers, and how steps were found.
+
+    An operation belongs to the step whose CPU range holds its launch call (NVTX steps) or
+    whose GPU span holds its start (steps from the kernel sequence); without steps every
+    operation is in step 0. Every step is measured (no sampling)."""
+    from tracekit.diagnosis.config import DiagnoseConfig
+    from tracekit.diagnosis.context import Context
+    from tracekit.diagnosis.window import steady_window
+
+    cfg = DiagnoseConfig(exact_steps=10**9, max_window_ops=10**12)  # every step measured, no sampling
+    ctx = Context(trace, cfg)
+    w = steady_window(ctx.ops, ctx.ops_with_launch, ctx.nvtx, cfg)
+    ops = ctx.ops_with_launch
+    it = w.iterations
+    if it.height == 0:
+        return ops.with_columns(pl.lit(0, pl.Int64).alias("step")), [0], w.method
+    steady = it.slice(w.warmup_steps).select(pl.col("iteration").cast(pl.Int64).alias("step"), "start_ns", "end_ns", "w_start", "w_end")
+    if w.method == "nvtx":
+        j = ops.filter(pl.col("api_start_ns").is_not_null()).sort("api_start_ns").join_asof(
+            steady.select("step", pl.col("start_ns").alias("api_start_ns"), pl.col("end_ns").alias("_e")).sort("api_start_ns"),
+            on="api_start_ns", strategy="backward",
+        ).filter(pl.col("step").is_not_null() & (pl.col("api_start_ns") <= pl.col("_e"))).drop("_e")
+    else:
+        j = ops.sort("start_ns").join_asof(
+            steady.select("step", pl.col("w_start").alias("start_ns"), pl.col("w_end").alias("_e")).sort("start_ns"),
+            on="start_ns", strategy="backward",
+        ).filter(pl.col("step").is_not_null() & (pl.col("start_ns") < pl.col("_e"))).drop("_e")
+    return j, steady["step"].to_list(), w.method

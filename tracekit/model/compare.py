@@ -1,0 +1,97 @@
+"""Predicted against measured: each layer's GPU time per step next to the model's minimum."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import polars as pl
+
+from tracekit.analysis.attribution import attribute_nvtx
+from tracekit.analysis.breakdowns import DEFAULT_LAYER_PATTERN, layer_of
+from tracekit.model.config import TransformerConfig, load_model
+from tracekit.model.costs import model_costs, peaks
+from tracekit.ncu.specs import GpuSpec, find_spec
+
+__all__ = ["compare"]
+
+
+def _gpu_of(trace: Any, gpu: str | GpuSpec | None) -> GpuSpec | None:
+    if isinstance(gpu, GpuSpec):
+        return gpu
+    if isinstance(gpu, str):
+        return find_spec(gpu)
+    g = getattr(trace, "gpus", pl.DataFrame())
+    if g.height == 0:
+        return None
+    row = g.row(0, named=True)
+    return find_spec(row.get("name"), row.get("total_memory_bytes"))
+
+
+def compare(
+    trace: Any,
+    model: Any,
+    *,
+    gpu: str | GpuSpec | None = None,
+    layer_pattern: str = DEFAULT_LAYER_PATTERN,
+) -> pl.DataFrame:
+    """Per steady step and layer: measured GPU time against the model's minimum.
+
+    The trace's layers are the NVTX ranges whose path matches ``layer_pattern``
+    (``layer.3``, ``model.layers.3``; the layer matrix's rule); a GPU operation counts in the
+    layer of its launching call's innermost range and in the step of
+    :func:`tracekit.diagnosis.window.steady_ops`. The model is a :class:`TransformerConfig`
+    (or anything :func:`load_model` takes); its layers are this trace's shard (``tp``) and
+    stage (``pp``); the GPU is ``gpu`` or the trace's first GPU (name and memory).
+
+    Returns
+    -------
+    One row per (``step``, ``layer``) plus one per step with ``layer`` null (the whole step:
+    every operation of the step, the model's whole stage): ``measured_ns`` (summed GPU
+    operation time, ns), ``predicted_min_ns`` (Σ of the layer's blocks' ``min_time_ns``),
+    ``flops``, ``bytes`` (the model's), ``efficiency`` (predicted / measured, 0–1 when the
+    model's bound holds), ``mfu`` (FLOPs / (measured × peak FLOP/s)), ``mbu`` (bytes /
+    (measured × peak bandwidth)), ``bound`` (of the layer's biggest block), ``gpu``.
+    Empty (same columns) when the trace has no layer ranges.
+    """
+    from tracekit.diagnosis.window import steady_ops
+
+    cfg: TransformerConfig = load_model(model)
+    spec = _gpu_of(trace, gpu)
+    costs = model_costs(cfg, gpu=spec)
+    flops_s, bw, name = peaks(spec, cfg.dtype)
+    schema = {"step": pl.Int64, "layer": pl.Int64, "measured_ns": pl.Int64, "predicted_min_ns": pl.Float64,
+              "flops": pl.Float64, "bytes": pl.Float64, "efficiency": pl.Float64, "mfu": pl.Float64,
+              "mbu": pl.Float64, "bound": pl.Utf8, "gpu": pl.Utf8}
+    ops, steps, _ = steady_ops(trace)
+    nvtx = getattr(trace, "nvtx", pl.DataFrame())
+    if ops.height == 0 or nvtx.height == 0:
+        return pl.DataFrame(schema=schema)
+    att = attribute_nvtx(ops, nvtx)
+    layer, _block = layer_of(pl.col("nvtx_path"), layer_pattern)
+    att = att.with_columns(layer.alias("layer"))
+    if att.filter(pl.col("layer").is_not_null()).height == 0:
+        return pl.DataFrame(schema=schema)
+    per_layer = att.filter(pl.col("layer").is_not_null()).group_by("step", "layer").agg(pl.col("duration_ns").sum().alias("measured_ns"))
+    per_step = att.group_by("step").agg(pl.col("duration_ns").sum().alias("measured_ns")).with_columns(pl.lit(None, pl.Int64).alias("layer"))
+    model_layers = costs.filter(pl.col("layer").is_not_null()).group_by("layer").agg(
+        pl.col("min_time_ns").sum().alias("predicted_min_ns"), pl.col("flops").sum(), pl.col("bytes").sum(),
+        pl.col("bound").sort_by("min_time_ns").last().alias("bound"),
+    )
+    # the trace's layer numbers are global (layer.N); on a pipeline stage they start at its first layer
+    whole = costs.select(
+        pl.col("min_time_ns").sum().alias("predicted_min_ns"), pl.col("flops").sum(), pl.col("bytes").sum(),
+        pl.col("bound").sort_by("min_time_ns").last().alias("bound"),
+    )
+    rows = pl.concat([
+        per_layer.join(model_layers, on="layer", how="left"),
+        per_step.join(whole, how="cross"),
+    ], how="diagonal_relaxed")
+    rows = rows.filter(pl.col("step").is_in(steps))
+    m = pl.col("measured_ns").cast(pl.Float64)
+    out = rows.with_columns(
+        pl.when(m > 0).then(pl.col("predicted_min_ns") / m).alias("efficiency"),
+        (pl.col("flops") / (m * 1e-9 * flops_s) if flops_s else pl.lit(None, pl.Float64)).alias("mfu"),
+        (pl.col("bytes") / (m * 1e-9 * bw) if bw else pl.lit(None, pl.Float64)).alias("mbu"),
+        pl.lit(name, pl.Utf8).alias("gpu"),
+    )
+    return out.select([pl.col(c).cast(t) for c, t in schema.items()]).sort("step", "layer", nulls_last=True)
