@@ -97,3 +97,30 @@ def test_cli_on_invalid_utf8_answers(tmp_path: Path) -> None:
         r = subprocess.run([sys.executable, "-m", "tracekit.cli.main", *args, str(copy)], capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr
         assert "Traceback" not in r.stderr and "Panic" not in r.stderr
+
+
+@pytest.mark.parametrize("name", ["nsys2020.5_kmeans_report2", "nsys2021.2_mordred_report1"])
+def test_gpus_of_2020_2021_exports(name: str) -> None:
+    """2020.x exports keep the device properties in TARGET_INFO_CUDA_GPU (id in deviceId, clock
+    in kHz, bandwidth in kB/s; one row per device and process), 2021.x in TARGET_INFO_GPU:
+    tracekit's gpus equal the raw rows by SQL, in bytes and Hz."""
+    from .conftest import NSYS_CORPUS
+
+    path = NSYS_CORPUS / f"{name}.sqlite"
+    g = tracekit.open(path).gpus.sort("device_id")
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    cols = {r[1] for r in con.execute("PRAGMA table_info(TARGET_INFO_GPU)")}
+    if "totalMemory" in cols:
+        rows = con.execute("SELECT id, name, totalMemory, clockRate, memoryBandwidth, smCount FROM TARGET_INFO_GPU ORDER BY id").fetchall()
+    else:
+        rows = con.execute(
+            "SELECT deviceId, name, globalMemorySize, coreClockRate * 1000, globalMemoryBandwidth * 1000, numMultiprocessors "
+            "FROM TARGET_INFO_CUDA_GPU GROUP BY deviceId ORDER BY deviceId"
+        ).fetchall()
+    ids = {r[0] for r in con.execute("SELECT DISTINCT deviceId FROM CUPTI_ACTIVITY_KIND_KERNEL")}
+    con.close()
+    assert g.height == len(rows) and set(ids) <= set(g["device_id"].to_list())
+    for row, ours in zip(rows, g.iter_rows(named=True), strict=True):
+        assert (ours["device_id"], ours["name"], ours["total_memory_bytes"], ours["clock_rate_hz"],
+                ours["memory_bandwidth_bytes_per_s"], ours["sm_count"]) == row
+        assert 1e9 < ours["clock_rate_hz"] < 3e9  # a GPU clock in Hz, not kHz

@@ -395,7 +395,8 @@ def threads(db: ExportDatabase, strings: pl.DataFrame) -> pl.DataFrame:
 
 def gpus(db: ExportDatabase) -> pl.DataFrame:
     """``TARGET_INFO_GPU`` (or 2020.x's ``TARGET_INFO_CUDA_GPU``) → ``gpus``."""
-    if db.has_table("TARGET_INFO_GPU"):
+    full_gpu_table = db.has_table("TARGET_INFO_GPU") and db.has_column("TARGET_INFO_GPU", "totalMemory")
+    if full_gpu_table:
         id_col = "id" if db.has_column("TARGET_INFO_GPU", "id") else "deviceId"
         raw = select(
             db,
@@ -416,11 +417,16 @@ def gpus(db: ExportDatabase) -> pl.DataFrame:
             ],
         )
     elif db.has_table("TARGET_INFO_CUDA_GPU"):
+        # nsys 2020.x: TARGET_INFO_GPU (if any) holds only ids and names; the device properties
+        # are here, one row per device and process, with the id in deviceId (id in older ones),
+        # the clock in kHz and the bandwidth in kB/s
+        id_col = "deviceId" if db.has_column("TARGET_INFO_CUDA_GPU", "deviceId") else "id"
+        khz = "CAST({col} AS INTEGER) * 1000"
         raw = select(
             db,
             "TARGET_INFO_CUDA_GPU",
             [
-                Col("device_id", "id"),
+                Col("device_id", id_col),
                 Col("name", "name", pl.Utf8),
                 Col("bus_location", "pciBusId", pl.Utf8),
                 Col("uuid", "uuid", pl.Utf8),
@@ -428,12 +434,26 @@ def gpus(db: ExportDatabase) -> pl.DataFrame:
                 Col("major", "computeCapabilityMajor"),
                 Col("minor", "computeCapabilityMinor"),
                 Col("sm_count", "numMultiprocessors"),
-                Col("total_memory_bytes", "totalMemory"),
-                Col("memory_bandwidth_bytes_per_s", None),
-                Col("clock_rate_hz", "coreClockRate"),
+                Col("total_memory_bytes", "globalMemorySize" if db.has_column("TARGET_INFO_CUDA_GPU", "globalMemorySize") else "totalMemory"),
+                Col("memory_bandwidth_bytes_per_s", "globalMemoryBandwidth", pl.Int64, khz),
+                Col("clock_rate_hz", "coreClockRate", pl.Int64, khz),
                 Col("l2_cache_bytes", "l2CacheSize"),
             ],
-        )
+        ).unique(subset=["device_id"], keep="first", maintain_order=True)
+        if db.has_table("TARGET_INFO_GPU"):  # the 2020.x id/name table may list devices no process used
+            gid = "id" if db.has_column("TARGET_INFO_GPU", "id") else "deviceId"
+            names = select(db, "TARGET_INFO_GPU", [Col("device_id", gid), Col("name", "name", pl.Utf8),
+                                                   Col("bus_location", "busLocation", pl.Utf8)])
+            extra = names.join(raw.select("device_id"), on="device_id", how="anti")
+            raw = pl.concat([raw, extra], how="diagonal_relaxed").sort("device_id")
+    elif db.has_table("TARGET_INFO_GPU"):
+        gid = "id" if db.has_column("TARGET_INFO_GPU", "id") else "deviceId"
+        raw = select(db, "TARGET_INFO_GPU", [Col("device_id", gid), Col("name", "name", pl.Utf8),
+                                             Col("bus_location", "busLocation", pl.Utf8), Col("uuid", "uuid", pl.Utf8),
+                                             Col("chip_name", None, pl.Utf8), Col("major", None), Col("minor", None),
+                                             Col("sm_count", None), Col("total_memory_bytes", None),
+                                             Col("memory_bandwidth_bytes_per_s", None), Col("clock_rate_hz", None),
+                                             Col("l2_cache_bytes", None)])
     else:
         return S.empty("gpus")
     frame = raw.with_columns(
