@@ -69,8 +69,11 @@ def test_each_process_numbers_its_own_iterations() -> None:
 
 
 def test_no_matching_ranges_gives_an_empty_table() -> None:
+    from tracekit.errors import EmptyResultWarning
+
     t, ops = _ops(NSYS_CORPUS / "nsys2023.1_memfusion_tensorrt.sqlite")
-    it = iterations(ops, t.nvtx)
+    with pytest.warns(EmptyResultWarning, match="no NVTX range name matches"):
+        it = iterations(ops, t.nvtx)
     assert it.height == 0 and "gpu_busy_ns" in it.columns
     custom = iterations(ops, t.nvtx, pattern="ExecutionContext::execute")
     assert custom.height == 1 and custom["kernels"].item() == t.kernels.height  # type: ignore[union-attr]

@@ -124,3 +124,26 @@ def test_gpus_of_2020_2021_exports(name: str) -> None:
         assert (ours["device_id"], ours["name"], ours["total_memory_bytes"], ours["clock_rate_hz"],
                 ours["memory_bandwidth_bytes_per_s"], ours["sm_count"]) == row
         assert 1e9 < ours["clock_rate_hz"] < 3e9  # a GPU clock in Hz, not kHz
+
+
+def test_empty_results_say_why() -> None:
+    """iterations() without step ranges and collective_bandwidth() without payload sizes warn
+    with the reason instead of returning an empty frame silently."""
+    import polars as pl
+
+    from tracekit.analysis.attribution import launch_info
+    from tracekit.analysis.comm_bandwidth import collective_bandwidth
+    from tracekit.analysis.gpu_time import gpu_ops
+    from tracekit.analysis.iterations import iterations
+    from tracekit.errors import EmptyResultWarning
+
+    t = tracekit.open(SAMPLES / "planted" / "planted_clean_nonvtx" / "planted_clean_nonvtx.sqlite")
+    ops = launch_info(gpu_ops(t.kernels, t.memcpys, t.memsets), t.cuda_api)
+    with pytest.warns(EmptyResultWarning, match="no NVTX ranges.*kernel_period_iterations"):
+        assert iterations(ops, t.nvtx).height == 0
+    tp2 = tracekit.open(TP2)
+    with pytest.warns(EmptyResultWarning, match="no NVTX range name matches 'nope'"):
+        assert iterations(launch_info(gpu_ops(tp2.kernels, tp2.memcpys, tp2.memsets), tp2.cuda_api), tp2.nvtx, pattern="nope").height == 0
+    nccl = tp2.nccl.with_columns(pl.lit(None, pl.Int64).alias("bytes"))
+    with pytest.warns(EmptyResultWarning, match=f"{nccl.height} without bytes"):
+        assert collective_bandwidth(nccl).height == 0

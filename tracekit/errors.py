@@ -42,6 +42,10 @@ class CaptureError(TracekitError):
     """Running a profiler on a program failed."""
 
 
+class EmptyResultWarning(UserWarning):
+    """An analysis returned no rows although its input had some; the message says why."""
+
+
 def missing_extra(package: str, extra: str) -> MissingDependencyError:
     """Build the error for a missing optional dependency ``package`` of extra ``extra``."""
     msg = f"{package} is not installed; install it with: pip install 'tracekit[{extra}]'"

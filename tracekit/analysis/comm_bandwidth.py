@@ -151,6 +151,20 @@ def collective_bandwidth(
     calls = nccl.filter(
         pl.col("bytes").is_not_null() & (pl.col("gpu_duration_ns") > 0) & pl.col("op").is_in(list(BUS_FACTORS))
     )
+    if calls.height == 0 and nccl.height > 0:
+        import warnings
+
+        from tracekit.errors import EmptyResultWarning
+
+        no_bytes = nccl.filter(pl.col("bytes").is_null()).height
+        no_kernel = nccl.filter(~(pl.col("gpu_duration_ns") > 0).fill_null(False)).height
+        other = nccl.filter(~pl.col("op").is_in(list(BUS_FACTORS))).height
+        warnings.warn(
+            f"collective_bandwidth: none of the {nccl.height} NCCL calls has a size, a kernel and a collective op "
+            f"({no_bytes} without bytes: capture NCCL's NVTX payloads with nsys ≥ 2023.1 and --include-blobs export; "
+            f"{no_kernel} without a kernel; {other} not a collective)",
+            EmptyResultWarning, stacklevel=2,
+        )
     n = pl.lit(nranks, pl.Int64) if nranks is not None else pl.col("comm_nranks")
     calls = calls.with_columns(n.alias("bw_nranks"))
     n = pl.col("bw_nranks")

@@ -82,6 +82,19 @@ def iterations(
     if not keys and "rank" in its.columns:
         its = its.drop("rank")
     if its.height == 0:
+        import warnings
+
+        from tracekit.errors import EmptyResultWarning
+
+        why = (
+            "the trace has no NVTX ranges" if nvtx.height == 0
+            else f"no NVTX range name matches {pattern!r} (pass pattern=… for your step ranges)"
+        )
+        warnings.warn(
+            f"iterations: none found: {why}; tracekit.diagnose finds iterations from the repeating kernel "
+            "sequence instead (tracekit.diagnosis.window.kernel_period_iterations)",
+            EmptyResultWarning, stacklevel=2,
+        )
         return pl.DataFrame(schema={**({"rank": nvtx.schema["rank"]} if keys else {}), **_SCHEMA})
     its = its.with_columns(process_key("global_tid").alias("_proc"))
     kind = (pl.col("op_kind") == "kernel") if "op_kind" in ops_with_launch.columns else pl.lit(True)
