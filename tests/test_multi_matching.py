@@ -102,7 +102,9 @@ def test_tp_times_pp_matches_groups_and_pairs() -> None:
 def test_rank_sources() -> None:
     assert rank_from_file_name("llm_tp2_nccl_per_rank_rank1.sqlite") == 1
     assert rank_from_file_name("report.r12.nsys-rep") == 12
-    assert rank_from_file_name("node3_gpu5.sqlite") == 5
+    assert rank_from_file_name("node3_gpu5.sqlite") is None  # a bare number is not a rank
+    assert rank_from_file_name("nsys2022.4_pipit_saxpy_mpi_cuda.sqlite") is None
+    assert rank_from_file_name("job_rank_7.nsys-rep") == 7
     assert rank_from_file_name("trace.sqlite") is None
     assert rank_from_environment([{"LOCAL_RANK": "3", "RANK": "11"}]) == (11, "env:RANK")
     assert rank_from_environment([{"OMPI_COMM_WORLD_RANK": "2"}]) == (2, "env:OMPI_COMM_WORLD_RANK")

@@ -147,3 +147,16 @@ def test_empty_results_say_why() -> None:
     nccl = tp2.nccl.with_columns(pl.lit(None, pl.Int64).alias("bytes"))
     with pytest.warns(EmptyResultWarning, match=f"{nccl.height} without bytes"):
         assert collective_bandwidth(nccl).height == 0
+
+
+def test_stats_exits_2_when_every_report_is_skipped() -> None:
+    """An export without NVTX: asking only for NVTX reports gives exit 2 and the reasons."""
+    path = SAMPLES / "planted" / "planted_clean_nonvtx" / "planted_clean_nonvtx.sqlite"
+    r = subprocess.run([sys.executable, "-m", "tracekit.cli.main", "stats", "-r", "nvtx_sum,nvtx_gpu_proj_sum", str(path)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 3 and lines[-1].startswith("tracekit: error: none of the 2 reports")
+    ok = subprocess.run([sys.executable, "-m", "tracekit.cli.main", "stats", "-r", "nvtx_sum,cuda_gpu_kern_sum", "-f", "csv",
+                         str(path)], capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0 and "Time (%)" in ok.stdout

@@ -8,8 +8,8 @@ Its rank comes from, in order:
 2. ``env:<NAME>``: the capture environment (``RANK``, ``OMPI_COMM_WORLD_RANK``, ``PMI_RANK``,
    ``PMIX_RANK``, ``SLURM_PROCID``, then ``LOCAL_RANK``), used when the report holds a single
    rank process (nsys launched the rank itself);
-3. ``file_name``: ``rank3``/``rank_3``/``r3`` in the file name, else its last number (single
-   rank process per report);
+3. ``file_name``: a ``rank3``/``rank_3``/``r3`` token in the file name (single rank process
+   per report; a bare number such as the ``2022.4`` of ``nsys2022.4_x.sqlite`` is not a rank);
 4. ``device_order``: several rank processes in one report (``nsys profile torchrun …``): the
    processes ordered by the lowest CUDA device they ran kernels on, then pid.
 
@@ -58,7 +58,6 @@ RANK_SOURCES: tuple[tuple[str, str], ...] = (
     ("rank_device", "device_order"),
 )
 _FILE_RANK = re.compile(r"(?:^|[^a-z])(?:rank|r)[_\-.]?(\d+)", re.IGNORECASE)
-_LAST_NUMBER = re.compile(r"(\d+)(?!.*\d)")
 
 P2P_OPS: tuple[str, ...] = ("Send", "Recv")
 
@@ -80,17 +79,16 @@ def rank_from_environment(environments: Sequence[Mapping[str, str]]) -> tuple[in
 
 
 def rank_from_file_name(name: str | None) -> int | None:
-    """The rank written in a report's file name (``…_rank3.sqlite`` → 3), else its last number."""
+    """The rank written in a report's file name as an explicit token (``…_rank3.sqlite``,
+    ``rank_3``, ``r3`` → 3), else None: a bare number (``nsys2022.4_x``, ``node3_gpu5``) is not
+    a rank."""
     if not name:
         return None
     stem = name.split("/")[-1]
     for suffix in (".sqlite", ".nsys-rep", ".qdrep"):
         stem = stem.removesuffix(suffix)
     hits = _FILE_RANK.findall(stem)
-    if hits:
-        return int(hits[-1])
-    last = _LAST_NUMBER.search(stem)
-    return int(last.group(1)) if last else None
+    return int(hits[-1]) if hits else None
 
 
 def rank_candidates(

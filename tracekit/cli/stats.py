@@ -43,6 +43,7 @@ def stats(
         msg = f"{file} is an Nsight Compute report; `tracekit stats` reads Nsight Systems exports"
         raise TraceFormatError(msg)
     names = [r.strip() for r in report.split(",") if r.strip()]
+    skipped: list[str] = []
     for name in names:
         try:
             result = run_report(trace, name, convention=convention)
@@ -50,6 +51,7 @@ def stats(
             if len(names) == 1:
                 raise
             typer.echo(f"tracekit: skipping {name}: {exc}", err=True)
+            skipped.append(name)
             continue
         if output:
             path = Path(f"{output}_{result.name}.csv")
@@ -62,6 +64,9 @@ def stats(
             sys.stdout.buffer.flush()
         else:
             _print_table(result)
+    if names and len(skipped) == len(names):
+        msg = f"none of the {len(names)} reports could be made from {file} (each was skipped, reasons above)"
+        raise TracekitError(msg)
 
 
 def _print_table(result) -> None:  # type: ignore[no-untyped-def]
