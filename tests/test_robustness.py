@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import polars as pl
 import pytest
 
 import tracekit
@@ -160,3 +161,30 @@ def test_stats_exits_2_when_every_report_is_skipped() -> None:
     ok = subprocess.run([sys.executable, "-m", "tracekit.cli.main", "stats", "-r", "nvtx_sum,cuda_gpu_kern_sum", "-f", "csv",
                          str(path)], capture_output=True, text=True, timeout=300)
     assert ok.returncode == 0 and "Time (%)" in ok.stdout
+
+
+def test_rank_given_explicitly_on_a_rank_set() -> None:
+    """On an open_many set every table carries rank: naming it again in by/extra gives the same
+    table as leaving it out (it raised polars' DuplicateError)."""
+    from tracekit.analysis.attribution import attribute_nvtx, launch_info
+    from tracekit.analysis.breakdowns import range_breakdown
+    from tracekit.analysis.families import family_breakdown
+    from tracekit.analysis.gpu_time import gpu_ops
+    from tracekit.analysis.launch import launch_cost
+    from tracekit.analysis.memory import copy_summary
+    from tracekit.analysis.metrics import kernel_metrics, metrics_by
+
+    ts = tracekit.open_many(SAMPLES / "llm_tp2_nccl_per_rank", max_workers=1)
+    att = attribute_nvtx(launch_info(gpu_ops(ts.kernels, ts.memcpys, ts.memsets), ts.cuda_api), ts.nvtx)
+    km = kernel_metrics(ts.kernels, ts.gpu_metrics)
+    pairs = [
+        (copy_summary(ts.memcpys, by=("rank", "kind")), copy_summary(ts.memcpys, by=("kind",))),
+        (launch_cost(ts.kernels, ts.cuda_api, by=("rank", "name")), launch_cost(ts.kernels, ts.cuda_api, by=("name",))),
+        (range_breakdown(att, extra=["rank"]), range_breakdown(att)),
+        (family_breakdown(ts.kernels, by=["rank"]), family_breakdown(ts.kernels)),
+        (metrics_by(km, ["rank"]), metrics_by(km, [])),
+    ]
+    for explicit, implicit in pairs:
+        assert explicit.columns.count("rank") == 1 and explicit.height > 0
+        key = [c for c in explicit.columns if explicit.schema[c] in (pl.Utf8, pl.Int64) and c in implicit.columns][:2]
+        assert explicit.sort(key).equals(implicit.select(explicit.columns).sort(key))

@@ -69,7 +69,7 @@ def range_breakdown(attributed: pl.DataFrame, *, by: str = "nvtx_range", extra: 
     if by not in ("nvtx_range", "nvtx_path"):
         msg = f"by must be 'nvtx_range' or 'nvtx_path', got {by!r}"
         raise ValueError(msg)
-    keys = [*rank_keys(attributed), *extra, by]
+    keys = list(dict.fromkeys([*rank_keys(attributed), *extra, by]))  # "rank" may be given too
     frame = attributed.with_columns(pl.col(by).fill_null(_UNATTRIBUTED))
     return _aggregate(frame, keys)
 
@@ -152,7 +152,7 @@ def layer_matrix(
     total = frame.group_by(rk).agg(pl.col("duration_ns").sum().alias("_total")) if rk else None
     inside = frame.filter(pl.col("layer").is_not_null())
     kinds = "op_kind" in frame.columns
-    out = inside.group_by([*rk, *extra, "layer", "block"]).agg(
+    out = inside.group_by(list(dict.fromkeys([*rk, *extra, "layer", "block"]))).agg(
         pl.col("duration_ns").sum().alias("gpu_time_ns"),
         pl.len().cast(pl.Int64).alias("ops"),
         ((pl.col("op_kind") == "kernel").sum() if kinds else pl.len()).cast(pl.Int64).alias("kernels"),

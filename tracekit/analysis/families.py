@@ -42,7 +42,7 @@ def family_breakdown(
     """
     rk = rank_keys(kernels)
     frame = with_family(kernels, name_column=name_column, rules=rules)
-    keys = [*rk, *by]
+    keys = list(dict.fromkeys([*rk, *by]))  # "rank" may be given too
     out = frame.group_by([*keys, "family"]).agg(
         pl.col("duration_ns").sum().alias("gpu_time_ns"),
         pl.len().cast(pl.Int64).alias("kernels"),

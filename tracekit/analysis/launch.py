@@ -51,7 +51,7 @@ def launch_cost(kernels: pl.DataFrame, cuda_api: pl.DataFrame | None = None, *, 
     spends longer launching a kernel than the GPU running it), largest kernel time first.
     """
     k = kernel_launch_times(kernels, cuda_api)
-    keys = [*rank_keys(k), *by]
+    keys = list(dict.fromkeys([*rank_keys(k), *by]))  # "rank" may be given too
     out = k.group_by(keys).agg(
         pl.len().cast(pl.Int64).alias("kernels"),
         pl.col("api_start_ns").count().cast(pl.Int64).alias("traced"),

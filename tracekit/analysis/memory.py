@@ -76,7 +76,7 @@ def copy_summary(
         cols = [x for x in c.columns if x in s.columns]
         parts = [c.select(cols), s.select(cols)]
     frame = pl.concat(parts, how="vertical_relaxed")
-    keys = [*rank_keys(frame), *by]
+    keys = list(dict.fromkeys([*rank_keys(frame), *by]))  # "rank" may be given too
     has_api = cuda_api is not None or "api_name" in memcpys.columns
     out = frame.group_by(keys).agg(
         pl.len().cast(pl.Int64).alias("count"),

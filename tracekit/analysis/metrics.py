@@ -169,7 +169,7 @@ def metrics_by(kernel_metrics_frame: pl.DataFrame, by: Sequence[str], *, metrics
             c for c in kernel_metrics_frame.columns
             if c in DEFAULT_METRICS or c.startswith(("nvlink_", "pcie_"))
         ]
-    keys = [*rank_keys(kernel_metrics_frame), *by]
+    keys = list(dict.fromkeys([*rank_keys(kernel_metrics_frame), *by]))  # "rank" may be given too
     w = pl.col("duration_ns").cast(pl.Float64)
     aggs = [
         pl.len().cast(pl.Int64).alias("kernels"),
