@@ -188,3 +188,26 @@ def test_rank_given_explicitly_on_a_rank_set() -> None:
         assert explicit.columns.count("rank") == 1 and explicit.height > 0
         key = [c for c in explicit.columns if explicit.schema[c] in (pl.Utf8, pl.Int64) and c in implicit.columns][:2]
         assert explicit.sort(key).equals(implicit.select(explicit.columns).sort(key))
+
+
+def test_rows_ending_before_they_start_are_counted_once(tmp_path: Path) -> None:
+    """Three kernels with start and end swapped: nsys 2023.4 prints their negative durations
+    (the Min column of cuda_gpu_kern_sum), so tracekit keeps them too, and says so once."""
+    from tracekit.nsys.trace import DamagedRowsWarning
+
+    copy = tmp_path / "inv.sqlite"
+    shutil.copyfile(SAMPLES / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite", copy)
+    con = sqlite3.connect(copy)
+    con.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = end, end = start WHERE rowid IN (1, 2, 3)")
+    con.commit()
+    con.close()
+    trace = tracekit.open(copy)
+    with pytest.warns(DamagedRowsWarning, match="3 kernels row"):
+        report = run_report(trace, "cuda_gpu_kern_sum")
+    assert report.frame["Min (ns)"].min() < 0
+    r = subprocess.run([sys.executable, "-m", "tracekit.cli.main", "stats", "-r", "cuda_gpu_kern_sum", "-f", "csv", str(copy)],
+                       capture_output=True, text=True, timeout=300, env={**__import__("os").environ, "TRACEKIT_COLUMN_CACHE": "0"})
+    assert r.returncode == 0 and r.stderr.strip().splitlines() == [
+        "tracekit: warning: inv.sqlite: 3 kernels row(s) end before they start (a damaged export?); "
+        "they are kept as nsys keeps them, with negative durations"
+    ]

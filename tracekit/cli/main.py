@@ -62,8 +62,12 @@ def build_app(argv: Sequence[str] | None = None) -> typer.Typer:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; a TracekitError prints one line on stderr and exits with code 2."""
+    import warnings
+
     from tracekit.errors import TracekitError
 
+    # a warning is one line on stderr ("tracekit: warning: …"), not file:line plus source
+    warnings.formatwarning = lambda message, category, *_args, **_kw: f"tracekit: warning: {message}\n"
     try:
         result = build_app(argv)(args=argv, standalone_mode=False)
         if isinstance(result, int):

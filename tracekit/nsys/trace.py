@@ -20,6 +20,10 @@ from tracekit.nsys.nvtx import nvtx
 log = logging.getLogger(__name__)
 
 
+class DamagedRowsWarning(UserWarning):
+    """Rows of an export whose times cannot be right (an end before its start)."""
+
+
 class IncompleteTraceWarning(UserWarning):
     """The export lacks whole kinds of data (no CUDA tables, no NVTX, no GPU list)."""
 
@@ -101,17 +105,17 @@ class NsysTrace:
     @cached_property
     def kernels(self) -> pl.DataFrame:
         """One row per CUDA kernel execution."""
-        return readers.kernels(self.db, self.strings)
+        return self._checked("kernels", readers.kernels(self.db, self.strings))
 
     @cached_property
     def memcpys(self) -> pl.DataFrame:
         """One row per memory copy (``copy_kind`` HtoD, DtoH, DtoD, PtoP …)."""
-        return readers.memcpys(self.db)
+        return self._checked("memcpys", readers.memcpys(self.db))
 
     @cached_property
     def memsets(self) -> pl.DataFrame:
         """One row per memset."""
-        return readers.memsets(self.db)
+        return self._checked("memsets", readers.memsets(self.db))
 
     @cached_property
     def syncs(self) -> pl.DataFrame:
@@ -121,12 +125,12 @@ class NsysTrace:
     @cached_property
     def cuda_api(self) -> pl.DataFrame:
         """CUDA runtime and driver API calls (``api`` says which)."""
-        return readers.cuda_api(self.db, self.strings)
+        return self._checked("cuda_api", readers.cuda_api(self.db, self.strings))
 
     @cached_property
     def nvtx(self) -> pl.DataFrame:
         """Every NVTX event: ranges (null ``end_ns`` when left open), marks, domain rows."""
-        return nvtx(self.db, self.strings)
+        return self._checked("nvtx", nvtx(self.db, self.strings))
 
     @cached_property
     def gpus(self) -> pl.DataFrame:
@@ -175,7 +179,23 @@ class NsysTrace:
         if columns is None or self.is_loaded(name) or name not in _PROJECTED_READERS:
             frame: pl.DataFrame = getattr(self, name)
             return frame if columns is None else frame.select(readers.wanted_columns(name, columns))
-        return _PROJECTED_READERS[name](self, columns)
+        return self._checked(name, _PROJECTED_READERS[name](self, columns))
+
+    def _checked(self, name: str, frame: pl.DataFrame) -> pl.DataFrame:
+        """``frame``, after one warning if some of its rows end before they start (a damaged
+        export): they are kept, as nsys keeps them (nsys-compatible reports print their
+        negative durations), and the count says how many."""
+        cols = set(frame.columns)
+        if frame.height and ({"start_ns", "end_ns"} <= cols or "duration_ns" in cols):
+            inverted = (pl.col("end_ns") < pl.col("start_ns")) if {"start_ns", "end_ns"} <= cols else (pl.col("duration_ns") < 0)
+            bad = frame.select(inverted.sum()).item()
+            if bad:
+                warnings.warn(
+                    f"{self.path.name}: {bad} {name} row(s) end before they start (a damaged export?); "
+                    "they are kept as nsys keeps them, with negative durations",
+                    DamagedRowsWarning, stacklevel=3,
+                )
+        return frame
 
     def is_loaded(self, name: str) -> bool:
         """Whether table ``name`` was already built (and is held in memory)."""
