@@ -21,8 +21,21 @@ _SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}
 
 FINDING_SCHEMA: dict[str, Any] = {
     "category": pl.Utf8, "severity": pl.Utf8, "time_ns": pl.Int64, "share": pl.Float64, "title": pl.Utf8,
-    "evidence": pl.Utf8, "advice": pl.Utf8, "next": pl.List(pl.Utf8),
+    "advice": pl.Utf8, "next": pl.List(pl.Utf8),
 }
+COLUMNS = ("category", "severity", "time_ns", "share", "title", "evidence", "advice", "next")
+
+
+def _evidence_column(findings: list[Finding]) -> pl.Series:
+    """The findings' evidence rows as one ``List(Struct)`` column: the struct holds the union
+    of the rows' fields (null where a finding's rows lack one). Should two findings give one
+    field different types, every value is kept as text instead."""
+    rows = [f.evidence.to_dicts() if f.evidence.height else [] for f in findings]
+    try:
+        return pl.Series("evidence", rows, strict=False)
+    except (pl.exceptions.PolarsError, TypeError, ValueError):
+        text = [[{k: None if v is None else str(v) for k, v in r.items()} for r in rs] for rs in rows]
+        return pl.Series("evidence", text, strict=False)
 
 
 @dataclass
@@ -156,13 +169,14 @@ class Diagnosis:
     @property
     def findings(self) -> pl.DataFrame:
         rows = [
-            {
-                "category": f.category, "severity": f.severity, "time_ns": f.time_ns, "share": f.share, "title": f.title,
-                "evidence": json.dumps(_evidence_records(f.evidence), default=str), "advice": f.advice, "next": f.next,
-            }
+            {"category": f.category, "severity": f.severity, "time_ns": f.time_ns, "share": f.share, "title": f.title,
+             "advice": f.advice, "next": f.next}
             for f in self._findings
         ]
-        return pl.DataFrame(rows, schema=FINDING_SCHEMA)
+        frame = pl.DataFrame(rows, schema=FINDING_SCHEMA)
+        if not self._findings:
+            return frame.with_columns(pl.lit(None, pl.List(pl.Struct({"row": pl.Utf8}))).alias("evidence")).select(COLUMNS)
+        return frame.with_columns(_evidence_column(self._findings)).select(COLUMNS)
 
     def evidence(self, i: int) -> pl.DataFrame:
         """The rows behind finding ``i`` (its position in :attr:`findings`)."""

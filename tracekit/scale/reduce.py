@@ -68,7 +68,9 @@ def reductions_of(trace: object, names: tuple[str, ...] = REDUCTIONS) -> dict[st
             from tracekit.diagnosis import diagnose
 
             d = diagnose(t)
-            out[name] = d.findings.with_columns(
+            # evidence as JSON text: its struct fields differ between ranks' findings
+            evidence = pl.Series("evidence_json", [d.evidence(i).write_json() for i in range(len(d))], dtype=pl.Utf8)
+            out[name] = d.findings.drop("evidence").with_columns(evidence).with_columns(
                 pl.lit(d.window.start_ns, pl.Int64).alias("window_start_ns"), pl.lit(d.window.end_ns, pl.Int64).alias("window_end_ns"),
                 pl.lit(d.window.steps, pl.Int64).alias("window_steps"),
             )
