@@ -137,3 +137,18 @@ def test_cli_model_json() -> None:
     assert r.returncode == 0, r.stderr
     payload = json.loads(r.stdout)
     assert payload["summary"]["gpu"] == "H200 SXM" and len(payload["compare"]) > 0
+
+
+def test_peaks_from_an_ncu_report() -> None:
+    """An Nsight Compute report gives its own peaks (roofline_ceilings: the report's counters,
+    the spec table where it has none): DRAM from dram__bytes.sum.peak_sustained × clock."""
+    from tracekit.analysis.ncu_views import roofline_ceilings
+    from tracekit.model import peaks
+
+    rep = tracekit.open(SAMPLES / "ncu" / "ncu_planted_clean" / "ncu_planted_clean.ncu-rep")
+    flops, bw, name = peaks(rep, "bf16")
+    c = roofline_ceilings(rep)
+    assert bw == pytest.approx(c.filter((pl.col("ceiling") == "dram") & (pl.col("source") == "report"))["value"].median())
+    assert bw != 3350e9 and flops == pytest.approx(989.4e12) and "H100" in name  # type: ignore[operator]
+    cfg = load_model(TINY)
+    assert model_summary(cfg, gpu=rep)["min_step_ns"] > model_summary(cfg, gpu="NVIDIA H100 80GB HBM3")["min_step_ns"]

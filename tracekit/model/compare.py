@@ -15,9 +15,9 @@ from tracekit.ncu.specs import GpuSpec, find_spec
 __all__ = ["compare"]
 
 
-def _gpu_of(trace: Any, gpu: str | GpuSpec | None) -> GpuSpec | None:
-    if isinstance(gpu, GpuSpec):
-        return gpu
+def _gpu_of(trace: Any, gpu: Any) -> Any:
+    if isinstance(gpu, GpuSpec) or (gpu is not None and hasattr(gpu, "metrics")):
+        return gpu  # a spec, or an NcuReport whose measured peaks are used
     if isinstance(gpu, str):
         return find_spec(gpu)
     g = getattr(trace, "gpus", pl.DataFrame())
@@ -31,7 +31,7 @@ def compare(
     trace: Any,
     model: Any,
     *,
-    gpu: str | GpuSpec | None = None,
+    gpu: Any = None,
     layer_pattern: str = DEFAULT_LAYER_PATTERN,
 ) -> pl.DataFrame:
     """Per steady step and layer: measured GPU time against the model's minimum.
@@ -41,7 +41,8 @@ def compare(
     layer of its launching call's innermost range and in the step of
     :func:`tracekit.diagnosis.window.steady_ops`. The model is a :class:`TransformerConfig`
     (or anything :func:`load_model` takes); its layers are this trace's shard (``tp``) and
-    stage (``pp``); the GPU is ``gpu`` or the trace's first GPU (name and memory).
+    stage (``pp``); the GPU is ``gpu`` (a name, a spec, or an Nsight Compute report whose own
+    measured peaks are used) or the trace's first GPU (name and memory).
 
     Returns
     -------

@@ -47,8 +47,30 @@ COST_SCHEMA = {
 }
 
 
-def peaks(gpu: str | GpuSpec | None, dtype: str) -> tuple[float | None, float | None, str | None]:
-    """``(FLOP/s, bytes/s, spec name)`` of a GPU (name or spec) for ``dtype``; Nones when unknown."""
+def _report_peaks(report: Any, dtype: str) -> tuple[float | None, float | None, str | None]:
+    """Peaks measured by an Nsight Compute report (``roofline_ceilings``: the report's own
+    ``peak_sustained`` counters × clock, the spec table where it lacks them), median over its
+    kernels."""
+    import polars as pl
+
+    from tracekit.analysis.ncu_views import roofline_ceilings
+
+    c = roofline_ceilings(report)
+    compute = "simt_fp32" if dtype == "fp32" else f"tensor_{ {'int8': 'fp8', 'int4': 'fp8'}.get(dtype, dtype)}"
+    f = c.filter(pl.col("ceiling") == compute)["value"].median()
+    b = c.filter(pl.col("ceiling") == "dram")["value"].median()
+    name = None
+    devices = getattr(report, "devices", None)
+    if devices is not None and devices.height and "display_name" in devices.columns:
+        name = f"{devices['display_name'][0]} (ncu report peaks)"
+    return (float(f) if f is not None else None), (float(b) if b is not None else None), name  # type: ignore[arg-type]
+
+
+def peaks(gpu: Any, dtype: str) -> tuple[float | None, float | None, str | None]:
+    """``(FLOP/s, bytes/s, name)`` for ``dtype`` on a GPU given by name, spec, or an Nsight
+    Compute report (its own measured peaks); Nones when unknown."""
+    if gpu is not None and hasattr(gpu, "metrics") and hasattr(gpu, "kernels"):  # an NcuReport
+        return _report_peaks(gpu, dtype)
     spec = gpu if isinstance(gpu, GpuSpec) else find_spec(gpu) if gpu else None
     if spec is None:
         return None, None, None
@@ -94,7 +116,7 @@ def _blocks(cfg: TransformerConfig) -> list[dict[str, float | str]]:
     ]
 
 
-def model_costs(cfg: TransformerConfig, *, gpu: str | GpuSpec | None = None, stage: int = 0) -> pl.DataFrame:
+def model_costs(cfg: TransformerConfig, *, gpu: Any = None, stage: int = 0) -> pl.DataFrame:
     """One row per (layer, block) of pipeline stage ``stage`` plus ``embedding`` (first stage)
     and ``logits`` (last stage) rows with null ``layer``, per tensor-parallel shard.
 
@@ -141,7 +163,7 @@ def model_costs(cfg: TransformerConfig, *, gpu: str | GpuSpec | None = None, sta
     ).select(list(COST_SCHEMA))
 
 
-def model_summary(cfg: TransformerConfig, *, gpu: str | GpuSpec | None = None) -> dict[str, Any]:
+def model_summary(cfg: TransformerConfig, *, gpu: Any = None) -> dict[str, Any]:
     """Whole-model numbers: ``params`` (all shards and stages), ``params_non_embedding``,
     ``flops_per_token`` (forward, the step's FLOPs / tokens), ``kv_bytes_per_token``
     (2·layers·kv_heads·head_dim·bytes), and with a GPU ``min_step_ns`` (sum over the stage-0
