@@ -19,7 +19,7 @@ import tracekit
 from tracekit.diagnosis import DiagnoseConfig, diagnose
 from tracekit.diagnosis.window import find_period
 
-from .conftest import SAMPLES
+from .conftest import ROOT, SAMPLES
 
 PLANTED = SAMPLES / "planted"
 
@@ -305,3 +305,56 @@ def test_ncu_bound_kernels_by_hand() -> None:
     con.close()
     # the CSV prints the percentages rounded (6 digits): agreement to 1e-4
     assert row["time_ns"] == pytest.approx(t * (1 - sum(pct) / len(pct) / 100), rel=1e-4)
+
+
+def _all_exports() -> list[Path]:
+    from .conftest import NSYS_CORPUS
+
+    return [*sorted(p for p in SAMPLES.rglob("*.sqlite") if "per_rank" not in p.name), *sorted(NSYS_CORPUS.glob("*.sqlite"))]
+
+
+@pytest.mark.filterwarnings("ignore::tracekit.nsys.trace.IncompleteTraceWarning")  # the cardiac export says it lacks CUDA
+@pytest.mark.parametrize("path", _all_exports(), ids=lambda p: p.stem)
+def test_the_three_commands_on_every_export(path: Path) -> None:
+    """diagnose, diff (a run against itself) and the model comparison answer on every sample and
+    corpus export: a result, or an info row / empty frame that says why."""
+    from tracekit.model import compare
+
+    d = diagnose(path)
+    assert d.findings.height >= 0 and d.window.method in ("nvtx", "kernel_period", "whole_trace")
+    assert all(f.title for f in d.items)
+    diff = tracekit.diff(path, path)
+    assert all(set(frame["verdict"]) <= {"no change"} for frame in diff.levels.values())
+    cmp = compare(tracekit.open(path), ROOT / "configs" / "models" / "tinyllm_decode.yaml")
+    assert cmp.height == 0 or (cmp["measured_ns"] > 0).all()
+
+
+def test_pageable_uncovered_time_equals_activity_segments() -> None:
+    """pageable_memcpy's sorted-union arithmetic gives what activity_segments' memcpy state gives."""
+    from tracekit.analysis.comm import activity_segments, categorize_ops, overlap_breakdown
+    from tracekit.analysis.memory import copies
+    from tracekit.diagnosis.rules_host import _uncovered_ns
+
+    d = diagnose(_export("pageable_memcpy"))
+    t = tracekit.open(_export("pageable_memcpy"))
+    w = d.window
+    k = t.kernels.filter((pl.col("start_ns") >= w.start_ns) & (pl.col("start_ns") < w.end_ns))
+    m = t.memcpys.filter((pl.col("start_ns") >= w.start_ns) & (pl.col("start_ns") < w.end_ns))
+    bad = copies(m, t.cuda_api).filter(pl.col("pageable").fill_null(False) & pl.col("copy_kind").is_in(["HtoD", "DtoH"]))
+    seg = overlap_breakdown(activity_segments(categorize_ops(k, bad), start_ns=w.start_ns, end_ns=w.end_ns))
+    assert _uncovered_ns(bad, k, w.start_ns, w.end_ns) == int(seg["memcpy_ns"].sum())
+
+
+def test_straggler_on_the_tp2_capture() -> None:
+    """One report, two ranks: rank 0 samples and sends the token ids, so it reaches the
+    collectives last — collective_skew's straggler_rank, recounted here."""
+    from tracekit.analysis.ranks import collective_skew, match_collectives
+
+    path = SAMPLES / "llm_tp2_nccl" / "llm_tp2_nccl.sqlite"
+    d = diagnose(path)
+    row = d.findings.filter(pl.col("category") == "straggler").row(0, named=True)
+    sk = collective_skew(match_collectives(tracekit.open(path).nccl))
+    sk = sk.filter((pl.col("last_start_ns") >= d.window.start_ns) & (pl.col("first_start_ns") < d.window.end_ns))
+    last0 = sk.filter(pl.col("straggler_rank") == 0)
+    assert row["title"].startswith(f"Rank 0 starts last in {last0.height / sk.height:.0%}")
+    assert row["time_ns"] == int(last0["skew_ns"].sum())
