@@ -272,3 +272,30 @@ def test_fresh_nsys_2023_run(export: Path, tmp_path: Path) -> None:
     csvs = nsys_stats(nsys, export, REPORTS, tmp_path)
     for report, csv_path in csvs.items():
         _check(export, csv_path, report, "2023")
+
+
+COARSE = Path(__file__).parent / "data" / "coarse_ties"
+
+
+def _coarse_copy(tmp_path: Path) -> Path:
+    """The decode sample with NVTX and CUDA API timestamps floored to 100 µs: calls and ranges
+    then share end points, as in exports with coarse clocks."""
+    copy = tmp_path / "coarse.sqlite"
+    copy.write_bytes((SAMPLES / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite").read_bytes())
+    con = sqlite3.connect(copy)
+    con.execute("UPDATE NVTX_EVENTS SET start = (start / 100000) * 100000, end = (end / 100000) * 100000 WHERE end IS NOT NULL")
+    con.execute("UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET start = (start / 100000) * 100000, end = (end / 100000) * 100000")
+    con.commit()
+    con.close()
+    return copy
+
+
+@pytest.mark.parametrize("report", ["nvtx_gpu_proj_trace", "nvtx_gpu_proj_sum", "nvtx_kern_sum"])
+def test_coarse_timestamps_count_calls_in_every_range_that_holds_them(report: str, tmp_path: Path) -> None:
+    """nsys puts a launch call in every range with start <= call start and call end <= end
+    (closed). With coarse timestamps a call can end exactly where a range ends while a sibling
+    starting at the same tick is its innermost range; tracekit counted it in the sibling only
+    (10 vs nsys's 16 ops in one range). References: nsys 2023.4.4 on this same copy."""
+    copy = _coarse_copy(tmp_path)
+    reference = read_reference(COARSE / f"ref_{report}.csv")
+    assert_identical(run_report(tracekit.open(copy), report, convention="2023"), reference)

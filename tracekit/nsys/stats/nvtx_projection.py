@@ -119,11 +119,19 @@ class Projection:
     calls: pl.DataFrame
     inner: pl.DataFrame
     inside: pl.Series
+    #: (op, range) memberships beyond the innermost range's ancestors: a call that starts
+    #: exactly where a sibling range ends belongs to both (nsys's closed interval).
+    extra: pl.DataFrame | None = None
 
     def pairs(self) -> pl.DataFrame:
         """Every (op, enclosing range): ``_op`` (Int64) and ``_idx``; an op inside
         ``step/layer/attn`` gives three rows."""
-        return _enclosing(self.calls, self.tree, self.inner).with_columns(pl.col("_op").cast(pl.Int64))
+        base = _enclosing(self.calls, self.tree, self.inner).with_columns(pl.col("_op").cast(pl.Int64))
+        if self.extra is None or self.extra.height == 0:
+            return base
+        return pl.concat([base, self.extra.select(pl.col("_op").cast(pl.Int64), pl.col("_idx").cast(base.schema["_idx"]))]).unique(
+            maintain_order=True
+        )
 
     def range_totals(self) -> pl.DataFrame:
         """Per range with GPU work: ``_idx``, ``_ps`` (first op start), ``_pe`` (last op
@@ -170,7 +178,38 @@ def projection(trace: NsysTrace, *, kernels_only: bool = False) -> Projection:
     inside = pl.repeat(False, ops.height, dtype=pl.Boolean, eager=True)
     if found.len():
         inside = inside.scatter(found, True)
-    return Projection(tree, ops, calls, inner, inside)
+    return Projection(tree, ops, calls, inner, inside, _boundary_memberships(calls, tree, inner))
+
+
+def _boundary_memberships(calls: pl.DataFrame, tree: pl.DataFrame, inner: pl.DataFrame) -> pl.DataFrame:
+    """(op, range) pairs nsys counts beyond the innermost range's ancestors: nsys puts a call in
+    every range with ``start <= call start`` and ``call end <= end`` (closed), so a call that
+    ends exactly where a range ends belongs to it even when a later sibling (that starts at the
+    same tick, with coarse timestamps) is its innermost range. Such ranges, with their
+    ancestors; empty in the usual case."""
+    ends = tree.select("_thr", pl.col("end_ns").alias("_e"), pl.col("start_ns").alias("_bs"), pl.col("_idx").alias("_b"))
+    hit = calls.select("_op", "_thr", "_s", "_e").join(ends, on=["_thr", "_e"], how="inner").filter(pl.col("_bs") <= pl.col("_s"))
+    if hit.height == 0:
+        return pl.DataFrame(schema={"_op": pl.Int64, "_idx": tree.schema["_idx"]})
+    parent = tree["_parent_idx"]
+    # the ranges each call already belongs to: its innermost range and the ancestors
+    chain = inner.filter(pl.col("_idx").is_not_null() & pl.col("_op").is_in(hit["_op"].implode()))
+    have = []
+    cur = chain
+    while cur.height:
+        have.append(cur.select("_op", "_idx"))
+        cur = cur.with_columns(parent.gather(cur["_idx"]).alias("_idx")).filter(pl.col("_idx").is_not_null())
+    owned = pl.concat(have) if have else pl.DataFrame(schema={"_op": inner.schema["_op"], "_idx": tree.schema["_idx"]})
+    extra = hit.select("_op", pl.col("_b").alias("_idx"))
+    if extra.height == 0:
+        return pl.DataFrame(schema={"_op": pl.Int64, "_idx": tree.schema["_idx"]})
+    out = []
+    cur = extra
+    while cur.height:
+        out.append(cur)
+        cur = cur.with_columns(parent.gather(cur["_idx"]).alias("_idx")).filter(pl.col("_idx").is_not_null())
+    extra = pl.concat(out).unique()
+    return extra.join(owned.select(pl.col("_op").cast(extra.schema["_op"]), "_idx"), on=["_op", "_idx"], how="anti")
 
 
 def _range_totals(p: Projection) -> pl.DataFrame:
@@ -183,7 +222,7 @@ def _range_totals(p: Projection) -> pl.DataFrame:
     GPU op matched two API rows on different threads); otherwise the pairs are expanded.
     """
     tree, ops = p.tree, p.ops
-    if tree["_crossing"].any():
+    if tree["_crossing"].any() or (p.extra is not None and p.extra.height):
         return _range_totals_from_pairs(p)
     inner = p.inner.filter(pl.col("_idx").is_not_null())
     own = inner.select(
