@@ -202,3 +202,28 @@ def test_trace_without_nccl_gives_an_empty_table() -> None:
     trace = NsysTrace(_need(SAMPLES / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite"))
     nccl = trace.nccl
     assert nccl.height == 0 and dict(nccl.schema) == NCCL_COLUMNS
+
+
+def test_grouped_p2p_calls_share_their_kernels() -> None:
+    """The nsys-ai 2×H100 slice runs 4 Send/Recv calls per ncclGroupEnd as one kernel: every
+    call carries that kernel, so gpu_duration_ns.sum() counts it 4 times; weighted by
+    kernel_share the calls' time equals the NCCL kernels' time by SQL."""
+    import sqlite3
+
+    import polars as pl
+
+    import tracekit
+
+    from .conftest import NSYS_CORPUS
+
+    path = NSYS_CORPUS / "nsys2026.2_nsysai_mfu_2xh100_nccl_slice.sqlite"
+    n = tracekit.open(path).nccl
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    kernel_ns = con.execute(
+        "SELECT sum(k.end - k.start) FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = k.demangledName "
+        "WHERE s.value LIKE '%nccl%'"
+    ).fetchone()[0]
+    con.close()
+    assert n.filter(pl.col("kernel_share") == 0.25).height > 0
+    assert n["gpu_duration_ns"].sum() > 3 * kernel_ns
+    assert (n["gpu_duration_ns"] * n["kernel_share"].fill_null(1.0)).sum() == pytest.approx(kernel_ns)

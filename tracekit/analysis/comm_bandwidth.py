@@ -194,7 +194,8 @@ def collective_bandwidth(
 def bandwidth_summary(bw: pl.DataFrame, *, by: Sequence[str] = ("op",)) -> pl.DataFrame:
     """Bandwidth per group of :func:`collective_bandwidth` rows.
 
-    Returns ``by`` columns plus ``calls``, ``total_bytes``, ``total_gpu_ns``,
+    Returns ``by`` columns plus ``calls``, ``total_bytes``, ``total_gpu_ns`` (kernels shared by
+    grouped calls counted once: ``kernel_share``),
     ``median_algbw_gbps``, ``median_busbw_gbps``, ``max_busbw_gbps``, ``busbw_gbps``
     (time-weighted: Σ bytes × multiplier × factor / Σ time), ``link_peak_gbps`` (max) and
     ``peak_fraction`` (max busbw / peak), sorted by total time.
@@ -204,7 +205,8 @@ def bandwidth_summary(bw: pl.DataFrame, *, by: Sequence[str] = ("op",)) -> pl.Da
     out = bw.group_by(by).agg(
         pl.len().alias("calls"),
         pl.col("bytes").sum().alias("total_bytes"),
-        pl.col("gpu_duration_ns").sum().alias("total_gpu_ns"),
+        (pl.col("gpu_duration_ns") * pl.col("kernel_share").fill_null(1.0)).sum().round(0).cast(pl.Int64).alias("total_gpu_ns")
+        if "kernel_share" in bw.columns else pl.col("gpu_duration_ns").sum().alias("total_gpu_ns"),
         pl.col("algbw_gbps").median().alias("median_algbw_gbps"),
         pl.col("busbw_gbps").median().alias("median_busbw_gbps"),
         pl.col("busbw_gbps").max().alias("max_busbw_gbps"),

@@ -126,6 +126,7 @@ NCCL_COLUMNS: dict[str, pl.DataType | type[pl.DataType]] = {
     "context_id": pl.Int64,
     "correlation_id": pl.Int64,
     "correlation_ids": pl.List(pl.Int64),
+    "kernel_share": pl.Float64,
 }
 
 # -- kernel names -------------------------------------------------------------------------------
@@ -617,6 +618,15 @@ def _finish(rows: pl.DataFrame) -> pl.DataFrame:
     order = pl.coalesce(pl.col("host_start_ns"), pl.col("gpu_start_ns"))
     rows = rows.with_columns(order.alias("_t")).sort(["rank", "pid", "_t", "gpu_start_ns"], nulls_last=True)
     rows = rows.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).over("pid").alias("call_index"))
+    if "correlation_ids" in rows.columns:
+        # grouped point-to-point calls (several ncclSend/ncclRecv in one ncclGroupEnd) share their
+        # kernels: each call gets 1/n of them, so that Σ gpu_duration_ns × kernel_share is the
+        # kernel time, counted once
+        key = pl.col("correlation_ids").list.sort().cast(pl.List(pl.Utf8)).list.join(",")
+        has = pl.col("correlation_ids").list.len() > 0
+        rows = rows.with_columns(
+            pl.when(has).then(1.0 / pl.len().over("pid", key)).alias("kernel_share")
+        )
     exprs = []
     for name, dtype in NCCL_COLUMNS.items():
         if name in rows.columns:

@@ -274,7 +274,8 @@ def _communication(page: _Page, trace: Any) -> str:
         .agg(
             pl.len().alias("calls"),
             pl.col("bytes").sum().alias("bytes"),
-            pl.col("gpu_duration_ns").sum().alias("gpu_time_ns"),
+            ((pl.col("gpu_duration_ns") * pl.col("kernel_share").fill_null(1.0)).sum() if "kernel_share" in calls.columns
+             else pl.col("gpu_duration_ns").sum()).alias("gpu_time_ns"),
             pl.col("bus_bandwidth_gbps").median().alias("median_busbw_gbps"),
         )
         .sort("gpu_time_ns", descending=True, nulls_last=True)
