@@ -211,3 +211,55 @@ def test_rows_ending_before_they_start_are_counted_once(tmp_path: Path) -> None:
         "tracekit: warning: inv.sqlite: 3 kernels row(s) end before they start (a damaged export?); "
         "they are kept as nsys keeps them, with negative durations"
     ]
+
+
+def _debian_nsys() -> Path:
+    from .test_stats_nvtx_projection import nsys_2023_or_skip
+
+    return nsys_2023_or_skip()
+
+
+def test_export_by_an_older_nsys_fails_cleanly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """nsys 2023.4 cannot read a 2025.3 report: one line naming both versions, and no partial
+    .sqlite left for a later open to read silently (it used to show '0 launches')."""
+    nsys = _debian_nsys()
+    monkeypatch.setenv("NSYS", str(nsys))
+    rep = tmp_path / "r.nsys-rep"
+    shutil.copyfile(SAMPLES / "planted" / "planted_host_bound" / "planted_host_bound.nsys-rep", rep)
+    with pytest.raises(TracekitError, match=r"written by nsys 2025\.3\.1, newer than the nsys found \(2023\.4") as err:
+        tracekit.open(rep)
+    assert "\n" not in str(err.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.nsys-rep"]
+
+
+def test_a_users_own_export_is_never_replaced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An r.sqlite beside r.nsys-rep that tracekit did not write, older than the report, is
+    left alone: tracekit's own export goes to its cache folder."""
+    import os as _os
+
+    from tracekit.nsys.export import export_path_for
+
+    nsys = _debian_nsys()
+    monkeypatch.setenv("NSYS", str(nsys))
+    rep = tmp_path / "r.nsys-rep"
+    mine = tmp_path / "r.sqlite"
+    shutil.copyfile(SAMPLES / "planted" / "planted_host_bound" / "planted_host_bound.sqlite", mine)
+    shutil.copyfile(SAMPLES / "planted" / "planted_host_bound" / "planted_host_bound.nsys-rep", rep)
+    _os.utime(mine, ns=(rep.stat().st_mtime_ns - 10**9, rep.stat().st_mtime_ns - 10**9))  # older than the report
+    before = hashlib.sha256(mine.read_bytes()).hexdigest()
+    assert export_path_for(rep) != mine
+    with pytest.raises(TracekitError):  # this nsys cannot export the 2025 report
+        tracekit.open(rep)
+    assert hashlib.sha256(mine.read_bytes()).hexdigest() == before
+
+
+def test_debian_nsys_layout_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tracekit.tools import find_tool
+
+    nsys = _debian_nsys()
+    if not str(nsys).startswith("/opt/"):
+        pytest.skip("the Debian nsys is not unpacked under /opt")
+    monkeypatch.delenv("NSYS", raising=False)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    tool = find_tool("nsys")
+    assert tool is not None and "nsight-systems/target-linux-x64/nsys" in str(tool.path)

@@ -43,7 +43,11 @@ def _candidates(tool: str) -> list[Path]:
         found.append(Path(on_path))
     patterns = {
         "nsys": [
+            "nvidia/nsight-systems/*/bin/nsys",  # /opt/nvidia/nsight-systems/2025.3.1/bin/nsys
+            "nsight-systems/*/bin/nsys",
             "nvidia/nsight-systems*/bin/nsys",
+            "x86_64-linux-gnu/nsight-systems/target-linux-x64/nsys",  # Debian's nsight-systems-target
+            "*/usr/lib/x86_64-linux-gnu/nsight-systems/target-linux-x64/nsys",  # that .deb unpacked under /opt
             "nsight-systems*/bin/nsys",
             "cuda*/bin/nsys",
             "cuda*/nsight-systems*/bin/nsys",

@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -27,10 +28,16 @@ def _stamp(report: Path) -> dict[str, object]:
     return {"report": str(report.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
+def _ours(sqlite: Path) -> bool:
+    """Whether tracekit wrote this export (its stamp file is beside it)."""
+    return sqlite.with_name(sqlite.name + ".tracekit.json").is_file()
+
+
 def export_path_for(report: Path) -> Path:
-    """Where the export of ``report`` goes: beside it if writable, else in the cache folder."""
+    """Where the export of ``report`` goes: beside it if writable and no file of someone else's
+    is there (an ``r.sqlite`` tracekit did not write is never replaced), else in the cache folder."""
     beside = report.with_suffix(".sqlite")
-    if os.access(report.parent, os.W_OK):
+    if os.access(report.parent, os.W_OK) and (not beside.exists() or _ours(beside)):
         return beside
     digest = hashlib.sha1(str(report.resolve()).encode()).hexdigest()[:12]
     return cache_dir() / f"{report.stem}-{digest}.sqlite"
@@ -60,6 +67,10 @@ def export_report(report: str | Path, *, include_blobs: bool = True, force: bool
         nsys ran but produced no export.
     """
     report = Path(report)
+    beside = report.with_suffix(".sqlite")
+    if not force and beside.is_file() and not _ours(beside) and _is_fresh(beside, report):
+        log.debug("using the export beside the report %s", beside)
+        return beside  # made by hand, newer than the report: read it (never replaced)
     target = export_path_for(report)
     if not force and _is_fresh(target, report):
         log.debug("reusing export %s", target)
@@ -75,18 +86,51 @@ def export_report(report: str | Path, *, include_blobs: bool = True, force: bool
         raise ToolNotFoundError(msg) from None
     assert tool is not None
     target.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [str(tool.path), "export", "--type=sqlite", "--force-overwrite=true", "-o", str(target)]
+    # export under a temporary name, renamed only when nsys succeeded: a failed export (a
+    # report newer than this nsys) leaves a partial file that a later open must never read
+    tmp = target.with_name(f".{target.stem}.{os.getpid()}.tracekit-export.sqlite")
+    cmd = [str(tool.path), "export", "--type=sqlite", "--force-overwrite=true", "-o", str(tmp)]
     if include_blobs and _supports_blobs(tool.path):
         cmd.append("--include-blobs=true")
     cmd.append(str(report))
     log.info("exporting %s with %s", report, tool.path)
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if proc.returncode != 0 or not target.is_file():
-        last = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-        msg = f"nsys export of {report.name} failed (exit {proc.returncode}): {last[0]}"
-        raise ExportError(msg)
-    target.with_name(target.name + ".tracekit.json").write_text(json.dumps(_stamp(report)))
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0 or not tmp.is_file():
+            raise ExportError(_failure_message(report, tool, proc))
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    stamp = target.with_name(target.name + ".tracekit.json")
+    stamp_tmp = stamp.with_name(f".{stamp.name}.{os.getpid()}.tmp")
+    stamp_tmp.write_text(json.dumps(_stamp(report)))
+    os.replace(stamp_tmp, stamp)
     return target
+
+
+def _report_version(report: Path) -> str | None:
+    """The Nsight Systems version a report names, when it names one (the install path of the
+    nsys that wrote it); None otherwise."""
+    try:
+        with report.open("rb") as fh:
+            head = fh.read(1 << 20)
+    except OSError:
+        return None
+    m = re.search(rb"nsight-(?:systems|compute)[/-](20\d\d\.\d+(?:\.\d+)?)", head)
+    return m.group(1).decode() if m else None
+
+
+def _failure_message(report: Path, tool: object, proc: subprocess.CompletedProcess[str]) -> str:
+    text = (proc.stderr or "") + (proc.stdout or "")
+    version = getattr(tool, "version", None) or "unknown"
+    if "ProtobufParseException" in text or "Can't parse message" in text:
+        wrote = _report_version(report)
+        by = f"by nsys {wrote}" if wrote else "by an nsys"
+        return (f"{report.name} was written {by}, newer than the nsys found ({version}, {getattr(tool, 'path', '?')}), "
+                f"which cannot read it: install Nsight Systems {wrote + ' or later' if wrote else 'of that version or later'} "
+                "(or set NSYS=), or export the report where it was captured")
+    last = [ln for ln in text.strip().splitlines() if ln.strip()][-1:] or ["no output"]
+    return f"nsys export of {report.name} failed (exit {proc.returncode}): {last[0]}"
 
 
 def _supports_blobs(nsys: Path) -> bool:
