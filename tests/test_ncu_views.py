@@ -179,7 +179,7 @@ def test_bound_agrees_with_ncu_bottleneck_rule() -> None:
 
 def test_speed_of_light_columns() -> None:
     sol = by_range(speed_of_light(report("ncu_probe_full")))
-    assert sol["gemm"]["bound"] == "compute"
+    assert sol["gemm"]["bound"] == "high_throughput"  # 90 % compute: ncu's "High Throughput"
     assert sol["attn"]["bound"] == "latency"
     assert sol["gemm"]["compute_throughput_pct"] == pytest.approx(90.29, abs=0.01)
     assert sol["elementwise"]["achieved_occupancy_pct"] > 80
@@ -352,3 +352,28 @@ def test_gpu_spec_matching_on_full_name_and_memory() -> None:
                            (SAMPLES / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite", "H200 SXM")):
         g = tracekit.open(path).gpus.row(0, named=True)
         assert find_spec(g["name"], g["total_memory_bytes"]).name == expected  # type: ignore[union-attr]
+
+
+def test_bound_reproduces_ncus_solbottleneck_titles() -> None:
+    """On every kernel of every sample and corpus ncu report, ``bound`` names the case ncu's
+    SOLBottleneck rule printed (its title): "High Throughput" above 80 % included."""
+    import glob
+
+    import tracekit
+
+    from .conftest import CORPUS, SAMPLES
+
+    title_to_bound = {"High Throughput": "high_throughput", "High Compute Throughput": "compute",
+                      "High Memory Throughput": "memory", "Balanced Throughput": "balanced",
+                      "Latency Issue": "latency", "Small Grid": "latency"}
+    checked = 0
+    for path in [*glob.glob(str(SAMPLES / "ncu" / "*" / "*.ncu-rep")), *glob.glob(str(CORPUS / "ncu" / "*.ncu-rep"))]:
+        rep = tracekit.open(path)
+        sol = speed_of_light(rep).select("id", "bound")
+        titles = rep.rules.filter((pl.col("rule_id") == "SOLBottleneck") & pl.col("title").is_not_null()).group_by("id").agg(
+            pl.col("title").first()
+        )
+        for row in sol.join(titles, on="id").iter_rows(named=True):
+            assert row["bound"] == title_to_bound[row["title"]], (path, row)
+            checked += 1
+    assert checked >= 90

@@ -336,6 +336,8 @@ def dram_bandwidth(report_or_metrics: Any, kernels: pl.DataFrame | None = None) 
 LATENCY_THRESHOLD_PCT = 60.0
 #: ... and a unit must lead the other by this many points to be called the bottleneck.
 BALANCE_MARGIN_PCT = 10.0
+#: ... and above this (%) for either, ncu says "High Throughput" whatever the other does.
+HIGH_THROUGHPUT_PCT = 80.0
 
 
 def speed_of_light(
@@ -344,13 +346,15 @@ def speed_of_light(
     *,
     latency_threshold_pct: float = LATENCY_THRESHOLD_PCT,
     balance_margin_pct: float = BALANCE_MARGIN_PCT,
+    high_throughput_pct: float = HIGH_THROUGHPUT_PCT,
 ) -> pl.DataFrame:
     """Compute vs memory throughput (% of peak), occupancy and a bound classification.
 
-    ``bound`` follows ncu's own SOLBottleneck rule: ``"latency"`` when both compute and
-    memory throughput are below ``latency_threshold_pct`` (60%); otherwise ``"compute"`` or
-    ``"memory"`` when one leads the other by at least ``balance_margin_pct`` (10 points);
-    otherwise ``"balanced"``. Null when the throughputs were not captured.
+    ``bound`` follows ncu's own SOLBottleneck rule: ``"high_throughput"`` when compute or
+    memory throughput is above ``high_throughput_pct`` (80%); ``"latency"`` when both are below
+    ``latency_threshold_pct`` (60%); otherwise ``"compute"`` or ``"memory"`` when one leads the
+    other by at least ``balance_margin_pct`` (10 points); otherwise ``"balanced"``. Null when
+    the throughputs were not captured.
 
     Parameters
     ----------
@@ -385,6 +389,8 @@ def speed_of_light(
     bound = (
         pl.when(compute.is_null() | memory.is_null())
         .then(pl.lit(None, pl.Utf8))
+        .when(pl.max_horizontal(compute, memory) > high_throughput_pct)
+        .then(pl.lit("high_throughput"))
         .when(pl.max_horizontal(compute, memory) < latency_threshold_pct)
         .then(pl.lit("latency"))
         .when(compute - memory >= balance_margin_pct)

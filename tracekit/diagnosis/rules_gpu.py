@@ -253,9 +253,16 @@ def ncu_kernels(ctx: Context) -> list[Finding]:
     rows = rows.with_columns(pl.col("kernel_share").cum_sum().alias("_cum"))
     rows = rows.filter((pl.col("_cum") - pl.col("kernel_share")) < ctx.config.ncu_top_share)
     out: list[Finding] = []
+    # the bounding side: ncu's verdict, or for "high_throughput"/"balanced" the busier unit
+    side = (
+        pl.when(pl.col("bound").is_in(["compute", "memory"])).then(pl.col("bound"))
+        .when(pl.col("bound").is_in(["high_throughput", "balanced"]))
+        .then(pl.when(pl.col("compute_throughput_pct") >= pl.col("memory_throughput_pct")).then(pl.lit("compute")).otherwise(pl.lit("memory")))
+    )
+    rows = rows.with_columns(side.alias("_side"))
     for bound, cat, col in (("memory", "memory_bound_kernel", "memory_throughput_pct"),
                             ("compute", "compute_bound_kernel", "compute_throughput_pct")):
-        sel = rows.filter((pl.col("bound") == bound) & (pl.col(col) < 100 * ctx.config.efficiency_min))
+        sel = rows.filter((pl.col("_side") == bound) & (pl.col(col) < 100 * ctx.config.efficiency_min))
         if sel.height == 0:
             continue
         sel = sel.with_columns((pl.col("time_ns") * (1 - pl.col(col) / 100)).round(0).cast(pl.Int64).alias("time_at_stake_ns"))
