@@ -377,3 +377,21 @@ def test_bound_reproduces_ncus_solbottleneck_titles() -> None:
             assert row["bound"] == title_to_bound[row["title"]], (path, row)
             checked += 1
     assert checked >= 90
+
+
+def test_no_nan_in_the_views() -> None:
+    """An unmodified report (the decode drill-down has no tensor counters: its GEMMs count 0
+    FLOPs) gave NaN pct_of_attainable (0/0); every float of every view is a number or null."""
+    import glob
+
+    import tracekit
+
+    from .conftest import CORPUS, SAMPLES
+
+    for path in [*glob.glob(str(SAMPLES / "ncu" / "*" / "*.ncu-rep")), *glob.glob(str(CORPUS / "ncu" / "*.ncu-rep"))]:
+        rep = tracekit.open(path)
+        for view in (roofline, speed_of_light, tensor_core_utilization, dram_bandwidth):
+            frame = view(rep)
+            floats = [c for c, t in frame.schema.items() if t in (pl.Float32, pl.Float64)]
+            nans = frame.select(pl.sum_horizontal(pl.col(c).is_nan().fill_null(False).cast(pl.Int64) for c in floats).sum()).item() if floats else 0
+            assert nans == 0, (path, view.__name__)

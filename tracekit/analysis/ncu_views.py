@@ -557,7 +557,8 @@ def roofline(report_or_metrics: Any, kernels: pl.DataFrame | None = None) -> pl.
           ``dominant`` and of DRAM (see :func:`roofline_ceilings`); ``peak_source``
         * ``ridge_point`` (FLOP/byte): ``peak_flops_per_s`` / peak bandwidth
         * ``attainable_flops_per_s`` (FLOP/s): min(peak, intensity × peak bandwidth)
-        * ``pct_of_attainable`` (%), ``bound`` (``"memory"`` left of the ridge, else
+        * ``pct_of_attainable`` (%; null when the attainable rate is 0: no FLOPs counted),
+          ``bound`` (``"memory"`` left of the ridge, else
           ``"compute"``)
     """
     metrics, kernels = _inputs(report_or_metrics, kernels)
@@ -618,7 +619,9 @@ def roofline(report_or_metrics: Any, kernels: pl.DataFrame | None = None) -> pl.
         ridge.alias("ridge_point"),
         attainable.alias("attainable_flops_per_s"),
     ).with_columns(
-        (100.0 * pl.col("flops_per_s") / pl.col("attainable_flops_per_s")).alias("pct_of_attainable"),
+        # null, not NaN (0/0), when no FLOPs were counted (no tensor counters, a copy kernel)
+        pl.when(pl.col("attainable_flops_per_s") > 0)
+        .then(100.0 * pl.col("flops_per_s") / pl.col("attainable_flops_per_s")).alias("pct_of_attainable"),
         pl.when(pl.col("arithmetic_intensity").is_null() | pl.col("ridge_point").is_null()).then(None)
         .when(pl.col("arithmetic_intensity") < pl.col("ridge_point")).then(pl.lit("memory"))
         .otherwise(pl.lit("compute")).alias("bound"),
