@@ -5,11 +5,17 @@ per thread here); a column once read is kept as one uncompressed Arrow IPC file,
 later opens memory-mapped in milliseconds. Only full-table reads of tables with at least
 :data:`MIN_ROWS` rows are cached (filtered queries and small tables are read directly).
 
-Key: a hash of the export's resolved path, size, modification time (ns), inode and
-:data:`FORMAT`; a changed or replaced export gets a new key, so a stale column is never
-read. Each column is one file named after its table and the hash of the SQL expression
-that produced it. Files are written to a temporary name and renamed, so a crash leaves no
-half-written column; an unreadable one is ignored and replaced.
+Key: a hash of the export's resolved path, size, modification time (ns), inode,
+:data:`FORMAT` and a content fingerprint (the SQLite header — whose file change counter moves
+with every committed write — and the first and last pages), so an export rewritten in place
+with its size and mtime kept (``cp -p``, ``rsync -t --inplace``) gets a new key too. Each
+column is one file named after its table and the hash of the SQL expression that produced it,
+with a BLAKE2b checksum beside it (``.b2``) that every read verifies: a damaged file (a flipped
+byte, a broken footer) is dropped with one warning and the column is read from the export
+again. Files are written through ``tempfile.mkstemp`` (a fresh name, no symlink followed) and
+renamed; folders are created ``0700``, and a cache folder owned by another user is not used
+(one warning; the export is read directly). Cached files are read into memory, never
+memory-mapped, so a file changing underneath cannot crash the process.
 
 Location: ``<cache_dir>/columns/<key>/`` (:func:`tracekit.cache.cache_dir`, i.e.
 ``$TRACEKIT_CACHE`` or ``~/.cache/tracekit``). ``TRACEKIT_COLUMN_CACHE=0`` (or
@@ -26,20 +32,25 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import logging
+import math
 import os
 import shutil
+import tempfile
+import warnings
 from pathlib import Path
 
 import polars as pl
 
 from tracekit.cache import cache_dir
+from tracekit.errors import TracekitError
 
 log = logging.getLogger(__name__)
 
 #: Bumped when the stored layout or the way columns are read changes.
-FORMAT = "1"
+FORMAT = "2"
 #: Tables with fewer rows than this are not cached (SQLite reads them in well under 0.1 s).
 MIN_ROWS = 200_000
 #: Default size limit of all cached columns, in GB (``TRACEKIT_COLUMN_CACHE_MAX_GB``).
@@ -51,17 +62,61 @@ def enabled_by_default() -> bool:
     return os.environ.get("TRACEKIT_COLUMN_CACHE", "1").strip().lower() not in ("0", "off", "false", "no")
 
 
+class CacheIntegrityWarning(UserWarning):
+    """A cached column failed its checksum or could not be read; it was read from the export."""
+
+
+def fingerprint(export: Path) -> str:
+    """A cheap content fingerprint of a SQLite file: its 100-byte header (file change counter,
+    page count), first page and last page (at most 128 KiB read)."""
+    h = hashlib.blake2b(digest_size=16)
+    with export.open("rb") as fh:
+        head = fh.read(65536)
+        h.update(head)
+        size = os.fstat(fh.fileno()).st_size
+        if size > 65536:
+            fh.seek(max(size - 65536, 65536))
+            h.update(fh.read(65536))
+    return h.hexdigest()
+
+
+def _folder_state(root: Path) -> str:
+    """``"ok"``, ``"unwritable"`` (cannot be created: caching is skipped quietly) or
+    ``"foreign"`` (owned by another user: a shared or planted folder is never used)."""
+    try:
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        st = root.stat()
+    except OSError:
+        return "unwritable"
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        return "foreign"
+    return "ok"
+
+
 class ColumnCache:
     """Cached columns of one export (see the module docstring)."""
 
     def __init__(self, export: Path, root: Path | None = None) -> None:
         st = export.stat()
-        identity = f"{export.resolve()}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}|{FORMAT}"
+        max_bytes()  # a nonsense size limit is one clear error now, not a failure later
+        identity = f"{export.resolve()}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}|{FORMAT}|{fingerprint(export)}"
         self.key = hashlib.sha256(identity.encode()).hexdigest()[:24]
-        self.folder = (root or cache_dir() / "columns") / self.key
+        self.root = root or cache_dir() / "columns"
+        self.folder = self.root / self.key
         self._export = export
         self._used = False
+        self._warned = False
         self._stamp = {"export": str(export.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+        state = _folder_state(self.root)
+        self.usable = state == "ok"
+        if state == "foreign":
+            warnings.warn(
+                f"column cache folder {self.root} belongs to another user: not using it; "
+                "set TRACEKIT_CACHE to a folder of your own",
+                CacheIntegrityWarning, stacklevel=3,
+            )
+        elif state == "unwritable":
+            log.debug("column cache folder %s cannot be created: not caching", self.root)
 
     def _path(self, table: str, expr: str) -> Path:
         digest = hashlib.sha256(expr.encode()).hexdigest()[:16]
@@ -71,58 +126,110 @@ class ColumnCache:
     def has(self, table: str, expr: str) -> bool:
         """Whether column ``expr`` of ``table`` is cached (a later :meth:`get` may still miss
         if the file turns out damaged)."""
-        return self._path(table, expr).is_file()
+        path = self._path(table, expr)
+        return self.usable and path.is_file() and _sum_path(path).is_file()
+
+    def _drop(self, path: Path, why: str) -> None:
+        if not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"cached column {path.name} of {self._export.name} {why}; dropped it and read the export instead",
+                CacheIntegrityWarning, stacklevel=4,
+            )
+        for p in (path, _sum_path(path)):
+            with contextlib.suppress(OSError):
+                p.unlink()
 
     def get(self, table: str, expr: str) -> pl.Series | None:
-        """The cached column ``expr`` of ``table``, or None."""
+        """The cached column ``expr`` of ``table``, or None (also when its checksum fails)."""
         path = self._path(table, expr)
-        if not path.is_file():
+        if not self.has(table, expr):
             return None
         if not self._used:  # the eviction order: least recently used folders go first
             self._used = True
             with contextlib.suppress(OSError):
                 os.utime(self.folder)
         try:
+            data = path.read_bytes()  # into memory: a file changing underneath cannot fault
+            expected = _sum_path(path).read_text().strip()
+        except OSError as exc:
+            log.debug("cached column %s unreadable (%s)", path, exc)
+            return None
+        if hashlib.blake2b(data, digest_size=16).hexdigest() != expected:
+            self._drop(path, "failed its checksum")
+            return None
+        try:
             # polars reads the file in chunks of ~120 k rows; one buffer makes gathers ~2x faster
-            return pl.read_ipc(path).to_series().rechunk()
-        except (OSError, pl.exceptions.PolarsError) as exc:  # damaged: rebuilt from the export
-            log.debug("ignoring unreadable cached column %s (%s)", path, exc)
-            with contextlib.suppress(OSError):
-                path.unlink()
+            return pl.read_ipc(io.BytesIO(data)).to_series().rechunk()
+        except BaseException as exc:  # polars' Rust panics are BaseExceptions
+            if isinstance(exc, KeyboardInterrupt | SystemExit | MemoryError):
+                raise
+            self._drop(path, f"could not be read ({type(exc).__name__})")
             return None
 
     def put(self, table: str, expr: str, column: pl.Series) -> None:
-        """Store ``column`` (best effort: a full disk or read-only cache only logs)."""
+        """Store ``column`` with its checksum (best effort: a full disk or read-only cache only logs)."""
+        if not self.usable:
+            return
         path = self._path(table, expr)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp_names: list[str] = []
         try:
-            self.folder.mkdir(parents=True, exist_ok=True)
+            self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
             stamp = self.folder / "export.json"
             if not stamp.exists():
-                stamp.write_text(json.dumps(self._stamp, indent=1))
-            pl.DataFrame([column]).write_ipc(tmp, compression="uncompressed")
-            os.replace(tmp, path)
-            evict(self.folder.parent, keep=self.folder, limit_bytes=max_bytes())
+                _write_atomic(stamp, json.dumps(self._stamp, indent=1).encode(), tmp_names)
+            buf = io.BytesIO()
+            pl.DataFrame([column]).write_ipc(buf, compression="uncompressed")
+            data = buf.getvalue()
+            _write_atomic(_sum_path(path), hashlib.blake2b(data, digest_size=16).hexdigest().encode(), tmp_names)
+            _write_atomic(path, data, tmp_names)
+            evict(self.root, keep=self.folder, limit_bytes=max_bytes())
         except OSError as exc:
             log.debug("not caching %s.%s (%s)", table, expr, exc)
-            with contextlib.suppress(OSError):
-                tmp.unlink()
+            for name in tmp_names:
+                with contextlib.suppress(OSError):
+                    os.unlink(name)
 
     def clear(self) -> None:
         """Delete this export's cached columns."""
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
+def _sum_path(path: Path) -> Path:
+    return path.with_name(path.name + ".b2")
+
+
+def _write_atomic(path: Path, data: bytes, tmp_names: list[str]) -> None:
+    """``data`` to ``path`` through a fresh ``mkstemp`` name in its folder (O_EXCL: a name
+    planted there, symlink or not, is never opened), then a rename."""
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp_names.append(name)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    os.replace(name, path)
+    tmp_names.remove(name)
+
+
 def max_bytes() -> int:
-    """The size limit of the whole column cache: ``TRACEKIT_COLUMN_CACHE_MAX_GB`` (a number of
-    GB; an unreadable value means the default, :data:`DEFAULT_MAX_GB`)."""
-    raw = os.environ.get("TRACEKIT_COLUMN_CACHE_MAX_GB", "")
+    """The size limit of the whole column cache: ``TRACEKIT_COLUMN_CACHE_MAX_GB`` in GB
+    (default :data:`DEFAULT_MAX_GB`; ``inf``, ``none`` or ``unlimited`` for no limit). Anything
+    else that is not a number ≥ 0 is a one-line error naming the variable."""
+    raw = os.environ.get("TRACEKIT_COLUMN_CACHE_MAX_GB", "").strip()
+    if not raw:
+        return int(DEFAULT_MAX_GB * 1e9)
+    if raw.lower() in ("inf", "infinity", "none", "unlimited", "no", "off"):
+        return 2**63 - 1
     try:
-        gb = float(raw) if raw.strip() else DEFAULT_MAX_GB
+        gb = float(raw)
     except ValueError:
-        log.warning("TRACEKIT_COLUMN_CACHE_MAX_GB=%r is not a number; using %s", raw, DEFAULT_MAX_GB)
-        gb = DEFAULT_MAX_GB
-    return int(max(gb, 0.0) * 1e9)
+        gb = math.nan
+    if math.isinf(gb) and gb > 0:
+        return 2**63 - 1
+    if math.isnan(gb) or gb < 0 or gb * 1e9 >= 2**63:
+        msg = (f"TRACEKIT_COLUMN_CACHE_MAX_GB={raw!r} is not a size: give a number of GB (e.g. 5), "
+               "or inf/none for no limit")
+        raise TracekitError(msg)
+    return int(gb * 1e9)
 
 
 def evict(root: Path, *, keep: Path, limit_bytes: int) -> list[Path]:
@@ -131,9 +238,16 @@ def evict(root: Path, *, keep: Path, limit_bytes: int) -> list[Path]:
     folders = []
     with contextlib.suppress(OSError):
         for entry in os.scandir(root):
-            if entry.is_dir(follow_symlinks=False):
-                size = sum(f.stat().st_size for f in os.scandir(entry.path) if f.is_file(follow_symlinks=False))
-                folders.append((entry.stat().st_mtime, Path(entry.path), size))
+            try:  # another process may be deleting or writing folders at the same time
+                if entry.is_dir(follow_symlinks=False):
+                    size = 0
+                    for f in os.scandir(entry.path):
+                        with contextlib.suppress(OSError):
+                            if f.is_file(follow_symlinks=False):
+                                size += f.stat().st_size
+                    folders.append((entry.stat().st_mtime, Path(entry.path), size))
+            except OSError:
+                continue
     total = sum(size for _, _, size in folders)
     deleted = []
     for _, folder, size in sorted(folders):
