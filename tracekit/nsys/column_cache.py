@@ -10,7 +10,7 @@ Key: a hash of the export's resolved path, size, modification time (ns), inode,
 with every committed write — and the first and last pages), so an export rewritten in place
 with its size and mtime kept (``cp -p``, ``rsync -t --inplace``) gets a new key too. Each
 column is one file named after its table and the hash of the SQL expression that produced it,
-with a BLAKE2b checksum beside it (``.b2``) that every read verifies: a damaged file (a flipped
+with an XXH3-128 checksum beside it (``.b2`` file; BLAKE2b where xxhash is missing) that every read verifies: a damaged file (a flipped
 byte, a broken footer) is dropped with one warning and the column is read from the export
 again. Files are written through ``tempfile.mkstemp`` (a fresh name, no symlink followed) and
 renamed; folders are created ``0700``, and a cache folder owned by another user is not used
@@ -50,7 +50,7 @@ from tracekit.errors import TracekitError
 log = logging.getLogger(__name__)
 
 #: Bumped when the stored layout or the way columns are read changes.
-FORMAT = "2"
+FORMAT = "3"
 #: Tables with fewer rows than this are not cached (SQLite reads them in well under 0.1 s).
 MIN_ROWS = 200_000
 #: Default size limit of all cached columns, in GB (``TRACEKIT_COLUMN_CACHE_MAX_GB``).
@@ -155,7 +155,7 @@ class ColumnCache:
         except OSError as exc:
             log.debug("cached column %s unreadable (%s)", path, exc)
             return None
-        if hashlib.blake2b(data, digest_size=16).hexdigest() != expected:
+        if not _verify(data, expected):
             self._drop(path, "failed its checksum")
             return None
         try:
@@ -181,7 +181,7 @@ class ColumnCache:
             buf = io.BytesIO()
             pl.DataFrame([column]).write_ipc(buf, compression="uncompressed")
             data = buf.getvalue()
-            _write_atomic(_sum_path(path), hashlib.blake2b(data, digest_size=16).hexdigest().encode(), tmp_names)
+            _write_atomic(_sum_path(path), _checksum(data).encode(), tmp_names)
             _write_atomic(path, data, tmp_names)
             evict(self.root, keep=self.folder, limit_bytes=max_bytes())
         except OSError as exc:
@@ -197,6 +197,28 @@ class ColumnCache:
 
 def _sum_path(path: Path) -> Path:
     return path.with_name(path.name + ".b2")
+
+
+def _checksum(data: bytes) -> str:
+    """``xxh3:<hex>`` (XXH3-128) or, without the xxhash package, ``b2:<hex>`` (BLAKE2b-128)."""
+    try:
+        import xxhash
+    except ImportError:
+        return "b2:" + hashlib.blake2b(data, digest_size=16).hexdigest()
+    return "xxh3:" + xxhash.xxh3_128_hexdigest(data)
+
+
+def _verify(data: bytes, expected: str) -> bool:
+    algo, _, digest = expected.partition(":")
+    if algo == "xxh3":
+        try:
+            import xxhash
+        except ImportError:
+            return False
+        return bool(xxhash.xxh3_128_hexdigest(data) == digest)
+    if algo == "b2":
+        return hashlib.blake2b(data, digest_size=16).hexdigest() == digest
+    return False
 
 
 def _write_atomic(path: Path, data: bytes, tmp_names: list[str]) -> None:
