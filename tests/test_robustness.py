@@ -263,3 +263,26 @@ def test_debian_nsys_layout_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
     tool = find_tool("nsys")
     assert tool is not None and "nsight-systems/target-linux-x64/nsys" in str(tool.path)
+
+
+def test_text_in_integer_columns_is_never_reinterpreted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SQLite lets an INTEGER column hold text. A number written as text ('123') is read as that
+    number; anything else ('abc') as null, with one warning and the count — never as another
+    value (it once made kernel durations equal absolute timestamps)."""
+    from tracekit.nsys.trace import DamagedRowsWarning
+
+    monkeypatch.setenv("TRACEKIT_COLUMN_CACHE", "0")
+    copy = tmp_path / "txt.sqlite"
+    shutil.copyfile(SAMPLES / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite", copy)
+    con = sqlite3.connect(copy)
+    con.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET end = 'abc' WHERE rowid % 3 = 0")
+    con.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = CAST(start AS TEXT) WHERE rowid % 3 = 1")
+    con.commit()
+    starts = [int(r[0]) for r in con.execute("SELECT start FROM CUPTI_ACTIVITY_KIND_KERNEL ORDER BY rowid")]
+    n_abc = con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE typeof(end) = 'text'").fetchone()[0]
+    con.close()
+    trace = tracekit.open(copy)
+    with pytest.warns(DamagedRowsWarning, match=f"{n_abc} kernels row"):
+        k = trace.kernels
+    assert k["start_ns"].to_list() == starts  # text '123…' read as the number it spells
+    assert k["end_ns"].null_count() == n_abc and k["duration_ns"].drop_nulls().max() < 10_000_000

@@ -217,6 +217,8 @@ def steady_window(
             )
         if nvtx.height == 0:
             why = "no NVTX ranges: iterations from the repeating kernel sequence"
+    if it.height:  # iterations without a time (a damaged NVTX table) cannot bound a window
+        it = it.filter(pl.col("w_start").is_not_null() & pl.col("w_end").is_not_null() & pl.col("length_ns").is_not_null())
     if it.height == 0:
         lo = trace_start_ns if trace_start_ns is not None else (int(kernels["start_ns"].min()) if kernels.height else 0)  # type: ignore[arg-type]
         hi = trace_end_ns if trace_end_ns is not None else (int(kernels["end_ns"].max()) if kernels.height else 0)  # type: ignore[arg-type]

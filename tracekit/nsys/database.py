@@ -424,11 +424,60 @@ def _close_adbc(db: Any, conns: list[Any]) -> None:
     db.close()
 
 
+class TypeMismatchWarning(UserWarning):
+    """Cells of an export whose type does not match their column (SQLite allows it)."""
+
+
+def _exact(values: list[Any], dtype: Any) -> tuple[pl.Series, int]:
+    """Values of mixed SQLite types (a damaged or edited export: text in an INTEGER column)
+    converted exactly to ``dtype`` — ``'123'`` → 123, 5.0 → 5 — or null when they cannot be
+    (never reinterpreted); returns the series and how many became null."""
+    out: list[Any] = []
+    bad = 0
+    numeric = dtype in (pl.Int64, pl.Int32, pl.UInt32, pl.UInt64, pl.Int16, pl.Int8)
+    for v in values:
+        if v is None:
+            out.append(None)
+            continue
+        try:
+            if numeric:
+                if isinstance(v, bytes | str):
+                    v = v.decode() if isinstance(v, bytes) else v
+                    iv = int(v.strip())
+                elif isinstance(v, float):
+                    if not v.is_integer():
+                        raise ValueError
+                    iv = int(v)
+                else:
+                    iv = int(v)
+                out.append(iv)
+            elif dtype == pl.Float64:
+                out.append(float(v.decode() if isinstance(v, bytes) else v))
+            elif dtype == pl.Utf8:
+                out.append(v.decode("utf-8", errors="replace") if isinstance(v, bytes) else str(v))
+            else:
+                out.append(v)
+        except (TypeError, ValueError):
+            out.append(None)
+            bad += 1
+    return pl.Series(out, dtype=dtype, strict=False), bad
+
+
 def _cast(frame: pl.DataFrame, schema: Mapping[str, Any]) -> pl.DataFrame:
     exprs = []
     for name, dtype in schema.items():
         col = frame.get_column(name)
-        if col.dtype == dtype:
+        if col.dtype == pl.Object:
+            fixed, bad = _exact(col.to_list(), dtype)
+            if bad:
+                import warnings
+
+                warnings.warn(
+                    f"{bad} value(s) of column {name} are not {dtype} (text in a number column?): "
+                    "read as null, not reinterpreted", TypeMismatchWarning, stacklevel=4,
+                )
+            exprs.append(pl.lit(fixed).alias(name))
+        elif col.dtype == dtype:
             exprs.append(pl.col(name))
         elif col.dtype == pl.Null:
             exprs.append(pl.lit(None, dtype=dtype).alias(name))

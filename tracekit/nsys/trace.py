@@ -186,6 +186,18 @@ class NsysTrace:
         export): they are kept, as nsys keeps them (nsys-compatible reports print their
         negative durations), and the count says how many."""
         cols = set(frame.columns)
+        # a GPU activity or API row always has both times and an NVTX event a start: a null there
+        # is a cell of another type (text in an INTEGER column) that could not be read exactly
+        must = ["start_ns"] if name == "nvtx" else ["start_ns", "end_ns"]
+        present = [c for c in must if c in cols]
+        if frame.height and present:
+            missing = frame.select(pl.any_horizontal(pl.col(c).is_null() for c in present).sum()).item()
+            if missing:
+                warnings.warn(
+                    f"{self.path.name}: {missing} {name} row(s) have a start or end that is not a number "
+                    "(text in an INTEGER column?); they are read with null times, never reinterpreted",
+                    DamagedRowsWarning, stacklevel=3,
+                )
         if frame.height and ({"start_ns", "end_ns"} <= cols or "duration_ns" in cols):
             inverted = (pl.col("end_ns") < pl.col("start_ns")) if {"start_ns", "end_ns"} <= cols else (pl.col("duration_ns") < 0)
             bad = frame.select(inverted.sum()).item()

@@ -1,0 +1,104 @@
+"""Seeded mutations of real exports through the CLI: every outcome is a result (exit 0) or
+one error line (exit 2, "tracekit: error: …") — never a traceback, an "internal error" or a
+hang — and the input file is never modified.
+
+Mutations: byte flips, truncation, a dropped or emptied table, a dropped column, NULLs and
+text in key columns, start and end swapped. ``TRACEKIT_FUZZ_CASES`` sets how many (default
+60; the campaign behind the issue ran a few thousand).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import os
+import random
+import shutil
+import sqlite3
+import warnings
+from pathlib import Path
+
+import pytest
+
+from tracekit.cli.main import main
+
+from .conftest import SAMPLES
+
+SEEDS = [SAMPLES / "planted" / "planted_sync_stall" / "planted_sync_stall.sqlite",
+         SAMPLES / "llm_tp2_nccl_per_rank" / "llm_tp2_nccl_per_rank_rank0.sqlite"]
+TABLES = ["CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_MEMCPY", "NVTX_EVENTS", "StringIds",
+          "TARGET_INFO_GPU", "CUDA_GPU_MEMORY_USAGE_EVENTS", "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION"]
+KEYS = ["start", "end", "correlationId", "globalPid", "globalTid", "deviceId", "shortName", "demangledName", "nameId", "textId", "text"]
+N = int(os.environ.get("TRACEKIT_FUZZ_CASES", "60"))
+
+
+def _columns(con: sqlite3.Connection, table: str) -> list[str]:
+    return [r[1] for r in con.execute(f'PRAGMA table_info("{table}")')]
+
+
+def mutate(seed: Path, out: Path, rng: random.Random) -> str:
+    """One mutation of ``seed`` written to ``out``; returns what was done."""
+    shutil.copyfile(seed, out)
+    kind = rng.choice(["flip", "truncate", "drop_table", "empty_table", "drop_column", "nulls", "text", "swap"])
+    if kind in ("flip", "truncate"):
+        data = bytearray(out.read_bytes())
+        if kind == "flip":
+            for _ in range(rng.randint(1, 8)):
+                data[rng.randrange(100, len(data))] ^= 1 << rng.randrange(8)
+        else:
+            data = data[: rng.randrange(100, len(data))]
+        out.write_bytes(bytes(data))
+        return kind
+    con = sqlite3.connect(out)
+    tables = [t for t in TABLES if con.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (t,)).fetchone()]
+    table = rng.choice(tables)
+    cols = _columns(con, table)
+    keys = [c for c in cols if c in KEYS] or cols
+    col = rng.choice(keys)
+    try:
+        if kind == "drop_table":
+            con.execute(f'DROP TABLE "{table}"')
+        elif kind == "empty_table":
+            con.execute(f'DELETE FROM "{table}"')
+        elif kind == "drop_column":
+            con.execute(f'ALTER TABLE "{table}" DROP COLUMN "{col}"')
+        elif kind == "nulls":
+            con.execute(f'UPDATE "{table}" SET "{col}" = NULL WHERE rowid % ? = 0', (rng.randint(1, 5),))
+        elif kind == "text":
+            con.execute(f'UPDATE "{table}" SET "{col}" = ? WHERE rowid % ? = 0', (rng.choice(["abc", "12x", "", "1e3"]), rng.randint(1, 5)))
+        elif kind == "swap" and "start" in cols and "end" in cols:
+            con.execute(f'UPDATE "{table}" SET start = end, end = start WHERE rowid % ? = 0', (rng.randint(1, 5),))
+        con.commit()
+    except sqlite3.Error:
+        pass  # e.g. a column SQLite will not drop: the copy stays as it was
+    con.close()
+    return f"{kind} {table}.{col}"
+
+
+def _run(args: list[str]) -> tuple[int, str]:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.TextIOWrapper(io.BytesIO())), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # warnings are part of an answer; only errors are judged here
+        code = main(args)
+    return code, err.getvalue()
+
+
+@pytest.mark.parametrize("case", range(N))
+def test_mutated_export_answers_or_says_why(case: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRACEKIT_CACHE", str(tmp_path / "cache"))
+    rng = random.Random(case)
+    seed = SEEDS[case % len(SEEDS)]
+    path = tmp_path / f"m{case}.sqlite"
+    what = mutate(seed, path, rng)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    for args in (["summary", "--findings", "2", str(path)],
+                 ["stats", "-r", "cuda_gpu_kern_sum,cuda_api_sum,nvtx_sum,nvtx_gpu_proj_sum,cuda_kern_exec_sum", "-f", "csv", str(path)],
+                 ["diagnose", "-f", "json", str(path)]):
+        code, err = _run(args)
+        errors = [ln for ln in err.splitlines() if ln.startswith("tracekit: error") or "internal error" in ln or "Traceback" in ln]
+        assert "internal error" not in err and "Traceback" not in err, f"{what}: {args[0]}: {err[-400:]}"
+        assert code in (0, 2), f"{what}: {args[0]} exit {code}: {err[-300:]}"
+        if code == 2:
+            assert len(errors) == 1, f"{what}: {args[0]}: {err[-300:]}"
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == digest, f"{what}: the input was modified"
