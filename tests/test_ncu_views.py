@@ -395,3 +395,24 @@ def test_no_nan_in_the_views() -> None:
             floats = [c for c, t in frame.schema.items() if t in (pl.Float32, pl.Float64)]
             nans = frame.select(pl.sum_horizontal(pl.col(c).is_nan().fill_null(False).cast(pl.Int64) for c in floats).sum()).item() if floats else 0
             assert nans == 0, (path, view.__name__)
+
+
+def test_int8_tensor_gemm_counts_integer_operations() -> None:
+    """An INT8 GEMM (torch._int_mm, 4096³, H100, ncu --set full): 2·4096³ integer tensor
+    operations (sm__ops_path_tensor_src_int8.sum), none of them FLOPs; the roofline counts them
+    as operations against the report's own INT8 peak (it gave 0 FLOPs, 0 intensity and NaN %)."""
+    import tracekit
+
+    from .conftest import SAMPLES
+
+    rep = tracekit.open(SAMPLES / "ncu" / "ncu_int8" / "ncu_int8.raw.csv")
+    tcu = tensor_core_utilization(rep)
+    imma = tcu.filter(pl.col("tensor_precision") == "int8").row(0, named=True)
+    assert imma["tensor_int_ops"] == 2 * 4096**3 and imma["tensor_flop"] == 0
+    assert imma["imma_pipe_pct"] == pytest.approx(imma["tensor_pipe_pct"])  # one denominator on Hopper
+    roof = roofline(rep).filter(pl.col("tensor_precision") == "int8").row(0, named=True)
+    assert roof["flop"] == 2 * 4096**3 and roof["dominant"] == "tensor_int8"
+    assert roof["arithmetic_intensity"] > 100 and 0 < roof["pct_of_attainable"] < 100
+    ceil = roofline_ceilings(rep).filter(pl.col("ceiling") == "tensor_int8").row(0, named=True)
+    assert ceil["source"] == "report" and ceil["unit"] == "op/s"
+    assert roof["pct_of_attainable"] == pytest.approx(100 * roof["flops_per_s"] / ceil["value"])

@@ -3,7 +3,7 @@
 #
 #   bash sample_traces/workloads/capture.sh OUTDIR TARGET...
 #
-# TARGETs: decode1 train1 tp2 tp2ranks tp2pp2 customar ncu_drill ncu_full ncu_prec planted planted_metrics planted_sync planted_ncu reexport
+# TARGETs: decode1 train1 tp2 tp2ranks tp2pp2 customar ncu_drill ncu_full ncu_prec planted planted_metrics planted_sync planted_ncu ncu_int8 reexport
 # NSYS / NCU name the tools (default: nsys/ncu on PATH, else the nsys shipped inside
 # Nsight Compute 2025.3.1). Each nsys target leaves NAME.nsys-rep, NAME.sqlite and the
 # `nsys stats --format csv` output of that same nsys in OUTDIR/NAME/; each ncu target
@@ -121,6 +121,11 @@ for target in "$@"; do
             --clock-control none -f -o "$dir/$name" "$PY" planted.py --problem "$prob" --steps 5 2>&1 | tail -8
         ncu_csv "$dir" "$name"
       done ;;
+    ncu_int8)  # an INT8 tensor-core GEMM with every section (integer tensor ops in the roofline)
+      dir="$OUT/ncu_int8"; mkdir -p "$dir"
+      "$NCU" --nvtx --nvtx-include "int8/" --set full --import-sass no --clock-control none \
+          -f -o "$dir/ncu_int8" "$PY" ncu_probe.py --mode int8 2>&1 | tail -8
+      ncu_csv "$dir" ncu_int8 ;;
     reexport)  # re-run export + stats on every OUTDIR/*/*.nsys-rep already there
       for rep in "$OUT"/*/*.nsys-rep; do
         d=$(dirname "$rep"); n=$(basename "$rep" .nsys-rep); mkdir -p "$d/stats"

@@ -2,6 +2,7 @@
 
 --mode full: one GEMM, one attention and one elementwise kernel, in NVTX ranges
              ``full/gemm``, ``full/attn``, ``full/elementwise``.
+--mode int8: an INT8 GEMM (``torch._int_mm``) and a bf16 one, in ranges ``int8/<name>``.
 --mode prec: GEMMs in bf16, fp16, tf32, fp8 (e4m3, ``torch._scaled_mm``), fp64 and a plain
              fp32 (SIMT, TF32 off) GEMM, in ranges ``prec/<precision>``.
 Each is run once first, outside any range, so that ncu sees the steady-state kernel
@@ -30,7 +31,7 @@ def rng(outer: str, name: str, fn) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--mode", choices=["full", "prec"], required=True)
+    p.add_argument("--mode", choices=["full", "prec", "int8"], required=True)
     p.add_argument("--n", type=int, default=4096)
     args = p.parse_args()
     torch.manual_seed(0)
@@ -46,6 +47,13 @@ def main() -> None:
         rng("full", "gemm", lambda: a @ b)
         rng("full", "attn", lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
         rng("full", "elementwise", lambda: F.silu(x))
+    elif args.mode == "int8":
+        # an INT8 tensor-core GEMM (cuBLASLt IGEMM, int32 accumulate) next to a bf16 one
+        a8 = torch.randint(-8, 8, (n, n), device=dev, dtype=torch.int8)
+        b8 = torch.randint(-8, 8, (n, n), device=dev, dtype=torch.int8)
+        rng("int8", "imma", lambda: torch._int_mm(a8, b8))
+        a = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
+        rng("int8", "bf16", lambda: a @ a)
     else:
         for name, dtype in [("bf16", torch.bfloat16), ("fp16", torch.float16)]:
             a = torch.randn(n, n, device=dev, dtype=dtype)

@@ -139,15 +139,22 @@ def _tensor_table(metrics: pl.DataFrame) -> pl.DataFrame:
     for (kernel_id,), part in tensor.group_by("id", maintain_order=True):
         values = dict(zip(part["metric"].to_list(), part["value"].to_list(), strict=True))
         terms = mn.tensor_flop_terms(list(values))
-        if not terms:
+        int_terms = mn.tensor_flop_terms(list(values), integer=True)
+        if not terms and not int_terms:
             continue
         by_precision: dict[str, float] = {}
         for term in terms:
             by_precision[term.precision] = by_precision.get(term.precision, 0.0) + (
                 values[term.metric] or 0.0
             )
+        int_by_precision: dict[str, float] = {}
+        for term in int_terms:
+            int_by_precision[term.precision] = int_by_precision.get(term.precision, 0.0) + (values[term.metric] or 0.0)
         total = sum(by_precision.values())
-        precision = max(by_precision, key=lambda p: by_precision[p]) if total > 0 else None
+        int_total = sum(int_by_precision.values())
+        both = {**by_precision, **int_by_precision}
+        # the precision doing most tensor work: FLOPs and integer operations alike
+        precision = max(both, key=lambda p: both[p]) if total + int_total > 0 else None
         peak_value = peak_metric = None
         if precision is not None:
             peaks = [
@@ -160,7 +167,8 @@ def _tensor_table(metrics: pl.DataFrame) -> pl.DataFrame:
         rows.append(
             {
                 "id": kernel_id,
-                "tensor_flop": total,
+                "tensor_flop": total if terms else None,
+                "tensor_int_ops": int_total if int_terms else None,
                 "tensor_precision": precision,
                 "peak_tensor_ops_per_cycle": peak_value,
                 "tensor_peak_metric": peak_metric,
@@ -172,6 +180,7 @@ def _tensor_table(metrics: pl.DataFrame) -> pl.DataFrame:
     schema: dict[str, pl.DataType | type[pl.DataType]] = {
         "id": pl.Int64,
         "tensor_flop": pl.Float64,
+        "tensor_int_ops": pl.Float64,
         "tensor_precision": pl.Utf8,
         "peak_tensor_ops_per_cycle": pl.Float64,
         "tensor_peak_metric": pl.Utf8,
@@ -208,7 +217,9 @@ def tensor_core_utilization(
           per MAC, integer types excluded, no double counting); null when the report has no
           tensor counters
         * ``tensor_precision``: the source type with the most FLOPs (``bf16``, ``fp8``…)
-        * ``tensor_flops_per_s`` (FLOP/s): ``tensor_flop`` / duration
+        * ``tensor_int_ops`` (operations): integer tensor operations (``sm__ops_path_tensor_src_int*``,
+          2 per MAC like FLOPs, INT8 IMMA/IGMMA GEMMs); null without integer counters
+        * ``tensor_flops_per_s`` (operations/s): (``tensor_flop`` + ``tensor_int_ops``) / duration
         * ``peak_tensor_flops_per_s`` (FLOP/s): dense peak of ``tensor_precision``;
           ``peak_source`` ``"report"`` (``…_sparsity_off.sum.peak_sustained`` × SM clock) or
           ``"spec"`` (datasheet)
@@ -240,9 +251,12 @@ def tensor_core_utilization(
     )
     seconds = pl.col("duration_ns") * 1e-9
     report_peak = pl.col("peak_tensor_ops_per_cycle") * pl.col("_clock")
+    ops = pl.when(pl.col("tensor_flop").is_not_null() | pl.col("tensor_int_ops").is_not_null()).then(
+        pl.col("tensor_flop").fill_null(0) + pl.col("tensor_int_ops").fill_null(0)
+    )
     return out.with_columns(
         pl.max_horizontal("tensor_pipe_pct", "tc_pipe_pct").alias("tensor_pipe_pct"),
-        (pl.col("tensor_flop") / seconds).alias("tensor_flops_per_s"),
+        (ops / seconds).alias("tensor_flops_per_s"),
         pl.coalesce(report_peak, pl.col("_spec")).alias("peak_tensor_flops_per_s"),
         _source(report_peak, pl.col("_spec")),
     ).with_columns(
@@ -250,7 +264,7 @@ def tensor_core_utilization(
     ).select(
         "id", *_KERNEL_COLUMNS, "duration_ns",
         "tensor_pipe_pct", "tensor_pipe_metric", "hmma_pipe_pct", "imma_pipe_pct", "dmma_pipe_pct", "tc_pipe_pct",
-        "tensor_flop", "tensor_precision", "tensor_flops_per_s", "peak_tensor_flops_per_s", "peak_source",
+        "tensor_flop", "tensor_int_ops", "tensor_precision", "tensor_flops_per_s", "peak_tensor_flops_per_s", "peak_source",
         "tensor_pct_of_peak", "tensor_peak_metric",
     )  # fmt: skip
 
@@ -485,16 +499,15 @@ def roofline_ceilings(report_or_metrics: Any, kernels: pl.DataFrame | None = Non
                     (f"simt_{precision}", row[name] * weight * sm_clock, "flop/s", "report", name)
                 )
         names = tensor_by_id.get(kernel_id, {})
-        precisions = {c.src for c in map(mn.parse_tensor_counter, names) if c and c.is_float}
+        precisions = {c.src for c in map(mn.parse_tensor_counter, names) if c}
         for precision in sorted(precisions):
             dense = mn.dense_peak_counters(list(names), precision)
             best = max(
                 ((names[c.metric], c.metric) for c in dense if names.get(c.metric)), default=None
             )
             if best and sm_clock:
-                found.append(
-                    (f"tensor_{precision}", best[0] * sm_clock, "flop/s", "report", best[1])
-                )
+                unit = "flop/s" if precision not in mn.INTEGER_SOURCES else "op/s"
+                found.append((f"tensor_{precision}", best[0] * sm_clock, unit, "report", best[1]))
         if dram:
             found.append(("dram", dram, "byte/s", "report", mn.DRAM_PEAK_PER_CYCLE[0]))
         spec = find_spec(display)
@@ -545,8 +558,10 @@ def roofline(report_or_metrics: Any, kernels: pl.DataFrame | None = None) -> pl.
         * ``id``, ``short_name``, ``family``, ``nvtx_path``, ``duration_ns`` (ns)
         * ``simt_fp16_flop``, ``simt_fp32_flop``, ``simt_fp64_flop`` (FLOP): SASS
           add/mul/fma thread instructions × 1/1/2 (half: 2/2/4, as ncu's half roofline)
-        * ``tensor_flop`` (FLOP), ``tensor_precision``: as in :func:`tensor_core_utilization`
-        * ``flop`` (FLOP): sum of the above that were captured; ``flop_sources`` lists them
+        * ``tensor_flop`` (FLOP), ``tensor_int_ops`` (integer tensor operations),
+          ``tensor_precision``: as in :func:`tensor_core_utilization`
+        * ``flop`` (operations: FLOPs, plus integer tensor operations for INT8 GEMMs): sum of the
+          above that were captured; ``flop_sources`` lists them
           (``"simt"``, ``"tensor"``, ``"simt+tensor"``) — without tensor counters a GEMM's
           FLOPs are undercounted, so check it
         * ``dram_bytes`` (bytes), as in :func:`dram_bandwidth`
@@ -567,7 +582,11 @@ def roofline(report_or_metrics: Any, kernels: pl.DataFrame | None = None) -> pl.
     simt = wide.select(
         "id", *[_simt_flop(wide, p).alias(f"simt_{p}_flop") for p in ("fp16", "fp32", "fp64")]
     )
-    tensor = _tensor_table(metrics).select("id", "tensor_flop", "tensor_precision")
+    tensor = _tensor_table(metrics).select("id", "tensor_flop", "tensor_int_ops", "tensor_precision").with_columns(
+        # tensor work in operations: FLOPs and integer ops (an INT8 GEMM counts 0 FLOPs otherwise)
+        pl.when(pl.col("tensor_flop").is_not_null() | pl.col("tensor_int_ops").is_not_null())
+        .then(pl.col("tensor_flop").fill_null(0) + pl.col("tensor_int_ops").fill_null(0)).alias("_tensor_ops")
+    )
     dram = dram_bandwidth(metrics, kernels).select("id", "dram_bytes")
     out = (
         base.join(simt, on="id", how="left")
@@ -576,10 +595,10 @@ def roofline(report_or_metrics: Any, kernels: pl.DataFrame | None = None) -> pl.
     )
     simt_cols = ["simt_fp16_flop", "simt_fp32_flop", "simt_fp64_flop"]
     has_simt = pl.any_horizontal([pl.col(c).is_not_null() for c in simt_cols])
-    has_tensor = pl.col("tensor_flop").is_not_null()
+    has_tensor = pl.col("_tensor_ops").is_not_null()
     paths = {**{c: c.removesuffix("_flop") for c in simt_cols}}
     dominant: pl.Expr = pl.lit(None, pl.Utf8)
-    best = pl.max_horizontal([pl.col(c).fill_null(0) for c in [*simt_cols, "tensor_flop"]])
+    best = pl.max_horizontal([pl.col(c).fill_null(0) for c in [*simt_cols, "_tensor_ops"]])
     for column, label in paths.items():
         dominant = (
             pl.when((pl.col(column).fill_null(0) == best) & (best > 0))
@@ -587,12 +606,12 @@ def roofline(report_or_metrics: Any, kernels: pl.DataFrame | None = None) -> pl.
             .otherwise(dominant)
         )
     dominant = (
-        pl.when(has_tensor & (pl.col("tensor_flop") == best) & (best > 0))
+        pl.when(has_tensor & (pl.col("_tensor_ops") == best) & (best > 0))
         .then(pl.lit("tensor_") + pl.col("tensor_precision"))
         .otherwise(dominant)
     )
     out = out.with_columns(
-        pl.sum_horizontal([*simt_cols, "tensor_flop"]).alias("flop"),
+        pl.sum_horizontal([*simt_cols, "_tensor_ops"]).alias("flop"),
         pl.when(has_simt & has_tensor).then(pl.lit("simt+tensor"))
         .when(has_simt).then(pl.lit("simt"))
         .when(has_tensor).then(pl.lit("tensor")).alias("flop_sources"),
@@ -626,7 +645,7 @@ def roofline(report_or_metrics: Any, kernels: pl.DataFrame | None = None) -> pl.
         .when(pl.col("arithmetic_intensity") < pl.col("ridge_point")).then(pl.lit("memory"))
         .otherwise(pl.lit("compute")).alias("bound"),
     ).select(
-        "id", *_KERNEL_COLUMNS, "duration_ns", *simt_cols, "tensor_flop", "tensor_precision", "flop", "flop_sources",
+        "id", *_KERNEL_COLUMNS, "duration_ns", *simt_cols, "tensor_flop", "tensor_int_ops", "tensor_precision", "flop", "flop_sources",
         "dram_bytes", "arithmetic_intensity", "flops_per_s", "dominant", "peak_flops_per_s", "peak_bandwidth_gbps",
         "peak_source", "ridge_point", "attainable_flops_per_s", "pct_of_attainable", "bound",
     )  # fmt: skip

@@ -138,7 +138,7 @@ def parse_tensor_counter(name: str) -> TensorCounter | None:
     )
 
 
-def tensor_flop_terms(names: list[str]) -> list[TensorCounter]:
+def tensor_flop_terms(names: list[str], *, integer: bool = False) -> list[TensorCounter]:
     """The ``.sum`` counters whose values add up to a kernel's tensor FLOPs, without double
     counting.
 
@@ -147,10 +147,11 @@ def tensor_flop_terms(names: list[str]) -> list[TensorCounter]:
     * Per ``(op, src, dst)``: the plain counter if present, else ``_sparsity_on`` +
       ``_sparsity_off`` (the plain one is their sum).
     * Drop a ``src_X_dst_Y`` counter when ``src_X`` (all destinations) is present.
-    * Integer sources count operations, not FLOPs: left out.
+    * Integer sources count operations, not FLOPs: left out, unless ``integer`` (then only
+      they are chosen: the integer tensor operations, 2 per MAC like FLOPs).
     """
     parsed = [
-        c for c in (parse_tensor_counter(n) for n in names) if c and not c.peak and c.is_float
+        c for c in (parse_tensor_counter(n) for n in names) if c and not c.peak and c.is_float != integer
     ]
     aggregates = [c for c in parsed if c.op is None]
     chosen = aggregates if aggregates else [c for c in parsed if c.op is not None]
