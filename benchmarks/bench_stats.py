@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     floor_cmd = [
         sys.executable,
         "-c",
-        "import polars, tracekit, tracekit.nsys.trace, tracekit.nsys.stats.summaries",
+        "import polars, tracekit, tracekit.nsys.trace, tracekit.stats.summaries",
     ]
     floors: list[Measured] = []
 

@@ -306,7 +306,7 @@ def python() -> str:
 
 
 _FALLBACK = (
-    "import sys; import tracekit; from tracekit.nsys.stats import run_report; "
+    "import sys; import tracekit; from tracekit.stats import run_report; "
     "t = tracekit.open(sys.argv[2]); sys.stdout.write(run_report(t, sys.argv[1], convention='2023').to_csv())"
 )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from tracekit.nsys.stats import Report
+from tracekit.stats import Report
 
 
 def read_reference(path: Path) -> list[list[str]]:

@@ -8,7 +8,7 @@ import polars as pl
 
 import tracekit
 from tracekit.analysis.launch import kernel_launch_times, launch_bound_stretches, launch_cost
-from tracekit.nsys.stats.summaries import api_display_name
+from tracekit.stats.summaries import api_display_name
 
 from .conftest import SAMPLES
 from .nsys_reference import read_reference

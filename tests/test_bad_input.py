@@ -24,7 +24,7 @@ from tracekit.errors import (
     TraceNotFoundError,
     UnsupportedReportError,
 )
-from tracekit.nsys.stats import REPORTS, run_report
+from tracekit.stats import REPORTS, run_report
 
 from .conftest import NSYS_CORPUS, SAMPLES, corpus_files, sample_exports
 

@@ -16,8 +16,8 @@ import pytest
 
 import tracekit
 from tracekit.errors import TracekitError
-from tracekit.nsys.stats import REPORTS, run_report
 from tracekit.nsys.summary import trace_summary
+from tracekit.stats import REPORTS, run_report
 
 from .conftest import SAMPLES
 

@@ -14,7 +14,7 @@ import random
 import polars as pl
 import pytest
 
-from tracekit.nsys.stats.common import Report, round1
+from tracekit.stats.common import Report, round1
 
 
 def _values() -> list[float | None]:

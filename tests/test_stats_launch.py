@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tracekit.errors import UnsupportedReportError
-from tracekit.nsys.stats import run_report
+from tracekit.stats import run_report
 
 from .conftest import NSYS_CORPUS, SAMPLES
 from .nsys_reference import read_reference
@@ -118,7 +118,7 @@ def test_launch_shapes_are_formatted_once_per_shape_and_equal_per_row_formatting
     formatted row by row. Both give nsys's three 4-wide fields."""
     import polars as pl
 
-    from tracekit.nsys.stats.launch import _xyz, _xyz_text
+    from tracekit.stats.launch import _xyz, _xyz_text
 
     trace = _open(SAMPLES / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite")
     real = trace.kernels.select("grid_x", "grid_y", "grid_z")

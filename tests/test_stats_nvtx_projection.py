@@ -19,7 +19,7 @@ import pytest
 
 import tracekit
 from tracekit.errors import UnsupportedReportError
-from tracekit.nsys.stats import run_report
+from tracekit.stats import run_report
 
 from .conftest import NSYS_CORPUS, NSYS_REFERENCE, SAMPLES
 from .nsys_reference import read_reference

@@ -13,7 +13,7 @@ import pytest
 
 import tracekit
 from tracekit.errors import UnsupportedReportError
-from tracekit.nsys.stats import run_report
+from tracekit.stats import run_report
 
 from .conftest import NSYS_CORPUS, NSYS_REFERENCE, SAMPLES
 from .nsys_reference import assert_same_as_nsys, read_reference
@@ -74,7 +74,7 @@ def test_sample_reports_equal_capture_nsys(export: Path, ref: Path) -> None:
 
 def test_rounding_conventions_differ_where_nsys_versions_differ() -> None:
     # 92799 ns / 20 = 4639.95: SQLite (2023.x) printed 4640.0, binary rounding gives 4639.9
-    from tracekit.nsys.stats.common import round1
+    from tracekit.stats.common import round1
 
     assert round1(92799 / 20, "2023") == 4640.0
     assert round1(92799 / 20, "2025") == 4639.9
@@ -85,7 +85,7 @@ def test_rounding_conventions_differ_where_nsys_versions_differ() -> None:
 def test_api_name_cleanup_quirk() -> None:
     import polars as pl
 
-    from tracekit.nsys.stats.summaries import api_display_name
+    from tracekit.stats.summaries import api_display_name
 
     names = pl.DataFrame({"n": ["cudaLaunchKernel_v7000", "cuGetProcAddress_v2", "cudaStreamIsCapturing_v10000", "cudaFree"]})
     out = names.select(api_display_name(pl.col("n")))["n"].to_list()

@@ -37,11 +37,12 @@ if TYPE_CHECKING:
     )
     from tracekit.ncu.report import NcuReport
     from tracekit.nsys.trace import NsysTrace
-    from tracekit.opening import open, open_many
+    from tracekit.opening import open
+    from tracekit.scale.reduced import open_many
 
 _LAZY = {
     "open": ("tracekit.opening", "open"),
-    "open_many": ("tracekit.opening", "open_many"),
+    "open_many": ("tracekit.scale.reduced", "open_many"),
     "diagnose": ("tracekit.diagnosis", "diagnose"),
     "diff": ("tracekit.comparison", "diff"),
     "NsysTrace": ("tracekit.nsys.trace", "NsysTrace"),

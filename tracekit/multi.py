@@ -502,7 +502,6 @@ def open_many(
     max_workers: int | None = None,
     engine: str = "auto",
     mp_context: str | None = None,
-    client: Any = None,
 ) -> TraceSet:
     """Open one Nsight Systems report per rank (or node) as a :class:`TraceSet`.
 
@@ -523,11 +522,10 @@ def open_many(
         Worker processes (default: one per CPU, at most one per report); 1 reads in this
         process.
     engine
-        SQLite reader of each report (``"auto"``, ``"adbc"``, ``"sqlite3"``), or ``"dask"``: each
-        report is reduced per rank as a task on a ``dask.distributed`` cluster (``client``: a
-        ``Client`` or scheduler address; none starts a ``LocalCluster`` of ``max_workers``
-        processes, default 2) and a :class:`tracekit.scale.reduced.ReducedSet` of the
-        reductions comes back — never the ranks' raw rows (docs/scale.md).
+        SQLite reader of each report (``"auto"``, ``"adbc"``, ``"sqlite3"``). ``tracekit.open_many``
+        also takes ``"dask"`` (with ``client=``): each report reduced per rank on a
+        ``dask.distributed`` cluster, a :class:`tracekit.scale.reduced.ReducedSet` back — never
+        the ranks' raw rows (docs/scale.md).
     mp_context
         ``multiprocessing`` start method of the workers: ``"forkserver"`` where available (the
         server imports tracekit once and forks each worker from it), else ``"spawn"``.
@@ -539,9 +537,8 @@ def open_many(
     >>> ts.nccl.group_by("rank", "op").len()  # doctest: +SKIP
     """
     if engine == "dask":
-        from tracekit.scale.reduced import open_reduced
-
-        return open_reduced(paths, client=client, n_workers=max_workers or 2, policy=policy)
+        msg = "engine='dask' is served by tracekit.open_many (tracekit.scale), which this process-pool loader sits under"
+        raise ValueError(msg)
     if policy not in POLICIES:
         msg = f"unknown policy {policy!r}; use one of {', '.join(POLICIES)}"
         raise ValueError(msg)

@@ -95,10 +95,3 @@ def open(path: str | Path, **options: Any) -> NsysTrace | NcuReport:  # noqa: A0
 
 def _open_sqlite(path: Path, cls: Any, options: dict[str, Any]) -> Any:
     return cls(path, **options)
-
-
-def open_many(paths: Any, **options: Any) -> Any:
-    """Open one trace per rank; see :func:`tracekit.analysis.ranks.open_many`."""
-    from tracekit.multi import open_many as _open_many
-
-    return _open_many(paths, **options)

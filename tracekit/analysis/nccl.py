@@ -634,3 +634,13 @@ def _finish(rows: pl.DataFrame) -> pl.DataFrame:
         else:
             exprs.append(pl.lit(None, dtype=dtype).alias(name))
     return rows.select(exprs)
+
+
+def _register() -> None:
+    """Make ``trace.nccl`` this module's :func:`nccl_calls` (the loader knows no analyses)."""
+    from tracekit.nsys.trace import DERIVED_TABLES
+
+    DERIVED_TABLES["nccl"] = nccl_calls
+
+
+_register()

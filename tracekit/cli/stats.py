@@ -32,8 +32,8 @@ def stats(
     """Reproduce `nsys stats` reports: same columns, numbers, rounding and order."""
     import tracekit
     from tracekit.errors import TraceFormatError, TracekitError
-    from tracekit.nsys.stats import run_report
     from tracekit.nsys.trace import NsysTrace
+    from tracekit.stats import run_report
 
     if fmt not in ("csv", "table"):
         msg = f"unknown format {fmt!r}; use csv or table"

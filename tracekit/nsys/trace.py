@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 import warnings
 from collections.abc import Callable, Collection
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 
@@ -18,6 +20,23 @@ from tracekit.nsys.meta import TraceMeta, read_meta
 from tracekit.nsys.nvtx import nvtx
 
 log = logging.getLogger(__name__)
+
+
+#: Tables an upper layer builds from a trace's tables: the layer that owns the analysis
+#: registers its builder here (``tracekit.analysis.nccl`` registers ``"nccl"``), so this loader
+#: never imports an analysis; :data:`DERIVED_PROVIDERS` names the module to load on first use.
+DERIVED_TABLES: dict[str, Callable[[Any], pl.DataFrame]] = {}
+DERIVED_PROVIDERS: dict[str, str] = {"nccl": "tracekit.analysis.nccl"}
+
+
+def derived_table(trace: Any, name: str) -> pl.DataFrame:
+    """Build derived table ``name`` of ``trace`` with its registered builder (loading the
+    providing module, by name, the first time)."""
+    builder = DERIVED_TABLES.get(name)
+    if builder is None:
+        importlib.import_module(DERIVED_PROVIDERS[name])  # the provider registers itself
+        builder = DERIVED_TABLES[name]
+    return builder(trace)
 
 
 class DamagedRowsWarning(UserWarning):
@@ -159,10 +178,8 @@ class NsysTrace:
 
     @cached_property
     def nccl(self) -> pl.DataFrame:
-        """One row per NCCL call per rank (see ``tracekit.analysis.nccl``)."""
-        from tracekit.analysis.nccl import nccl_calls
-
-        return nccl_calls(self)
+        """One row per NCCL call per rank (see ``tracekit.analysis.nccl``, which builds it)."""
+        return derived_table(self, "nccl")
 
     def table(self, name: str, columns: Collection[str] | None = None) -> pl.DataFrame:
         """A table by name (``"kernels"``, ``"nvtx"`` …), or only its ``columns``.

@@ -26,7 +26,7 @@ from tracekit.multi import (
 )
 from tracekit.scale.reduce import REDUCTIONS, reduce_report
 
-__all__ = ["ReducedSet", "open_reduced"]
+__all__ = ["ReducedSet", "open_many", "open_reduced"]
 
 
 class ReducedSet(TraceSet):
@@ -212,3 +212,24 @@ def open_reduced(
         for failure in failures:
             warnings.warn(f"left out {failure}", ReportSkippedWarning, stacklevel=2)
     return ReducedSet(good, failures, engine=engine, max_workers=1, mp_context="spawn")
+
+
+def open_many(paths: Any, *, engine: str = "auto", client: Any = None, **options: Any) -> Any:
+    """``tracekit.open_many``: the process-pool :class:`~tracekit.multi.TraceSet`
+    (:func:`tracekit.multi.open_many`), or with ``engine="dask"`` a :class:`ReducedSet` of
+    per-rank reductions made on a Dask cluster (``client``, ``max_workers`` local workers when
+    none; docs/scale.md). Lives here, above both, so that neither loader imports the other."""
+    if engine == "dask":
+        workers = options.pop("max_workers", None) or 2
+        policy = options.pop("policy", "warn")
+        reductions = options.pop("reductions", REDUCTIONS)
+        if options:
+            msg = f"engine='dask' does not take {', '.join(sorted(options))}"
+            raise TypeError(msg)
+        return open_reduced(paths, client=client, n_workers=workers, policy=policy, reductions=reductions)
+    if client is not None:
+        msg = "client= is for engine='dask'"
+        raise TypeError(msg)
+    from tracekit.multi import open_many as pool_open_many
+
+    return pool_open_many(paths, engine=engine, **options)

@@ -31,8 +31,8 @@ from tracekit.errors import UnsupportedReportError
 from tracekit.nsys import readers
 from tracekit.nsys.nvtx import qualified_name
 from tracekit.nsys.readers import Col
-from tracekit.nsys.stats.common import Report, stat_aggs
-from tracekit.nsys.stats.summaries import nvtx_range_name
+from tracekit.stats.common import Report, stat_aggs
+from tracekit.stats.summaries import nvtx_range_name
 
 if TYPE_CHECKING:
     from tracekit.nsys.trace import NsysTrace

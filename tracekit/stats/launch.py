@@ -16,15 +16,15 @@ import polars as pl
 from tracekit.analysis._frames import is_identity, max_int
 from tracekit.analysis.attribution import _launch_join
 from tracekit.errors import UnsupportedReportError
-from tracekit.nsys.stats.common import Report
-from tracekit.nsys.stats.nvtx_projection import (
+from tracekit.stats.common import Report
+from tracekit.stats.nvtx_projection import (
     KERNEL_TABLE,
     api_rows,
     names_are_ids,
     op_rows,
     resolve_names,
 )
-from tracekit.nsys.stats.summaries import api_display_name
+from tracekit.stats.summaries import api_display_name
 
 if TYPE_CHECKING:
     from tracekit.nsys.trace import NsysTrace

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import polars as pl
 
 from tracekit.errors import UnsupportedReportError
-from tracekit.nsys.stats.common import Report
+from tracekit.stats.common import Report
 
 if TYPE_CHECKING:
     from tracekit.nsys.trace import NsysTrace

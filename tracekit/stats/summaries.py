@@ -1,7 +1,7 @@
 """nsys-compatible summary reports over kernels, API calls, memory operations and NVTX.
 
 Each function takes an :class:`~tracekit.nsys.trace.NsysTrace` and returns a
-:class:`~tracekit.nsys.stats.common.Report` whose columns, numbers, rounding, ordering and
+:class:`~tracekit.stats.common.Report` whose columns, numbers, rounding, ordering and
 name clean-ups are those of ``nsys stats --format csv -r <report>``.
 """
 
@@ -14,7 +14,7 @@ import polars as pl
 from tracekit.errors import UnsupportedReportError
 from tracekit.nsys.enums import NVTX_RANGE_TYPES
 from tracekit.nsys.nvtx import qualified_name
-from tracekit.nsys.stats.common import (
+from tracekit.stats.common import (
     TIME_SUMMARY_KINDS,
     Report,
     summary_frame,

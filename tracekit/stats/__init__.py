@@ -1,7 +1,7 @@
 """nsys-stats-compatible reports (``tracekit stats -r NAME``), one function per report.
 
 :data:`REPORTS` maps each report name to ``module:function``; each function takes an
-``NsysTrace`` and keyword options and returns a :class:`~tracekit.nsys.stats.common.Report`.
+``NsysTrace`` and keyword options and returns a :class:`~tracekit.stats.common.Report`.
 """
 
 from __future__ import annotations
@@ -9,23 +9,23 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from tracekit.nsys.stats.common import CONVENTIONS, Report
+from tracekit.stats.common import CONVENTIONS, Report
 
 if TYPE_CHECKING:
     from tracekit.nsys.trace import NsysTrace
 
 REPORTS: dict[str, str] = {
-    "cuda_gpu_kern_sum": "tracekit.nsys.stats.summaries:cuda_gpu_kern_sum",
-    "cuda_gpu_mem_time_sum": "tracekit.nsys.stats.summaries:cuda_gpu_mem_time_sum",
-    "cuda_gpu_mem_size_sum": "tracekit.nsys.stats.summaries:cuda_gpu_mem_size_sum",
-    "cuda_api_sum": "tracekit.nsys.stats.summaries:cuda_api_sum",
-    "nvtx_sum": "tracekit.nsys.stats.summaries:nvtx_sum",
-    "cuda_gpu_trace": "tracekit.nsys.stats.gpu_trace:cuda_gpu_trace",
-    "nvtx_gpu_proj_trace": "tracekit.nsys.stats.nvtx_projection:nvtx_gpu_proj_trace",
-    "nvtx_gpu_proj_sum": "tracekit.nsys.stats.nvtx_projection:nvtx_gpu_proj_sum",
-    "nvtx_kern_sum": "tracekit.nsys.stats.nvtx_projection:nvtx_kern_sum",
-    "cuda_kern_exec_sum": "tracekit.nsys.stats.launch:cuda_kern_exec_sum",
-    "cuda_kern_exec_trace": "tracekit.nsys.stats.launch:cuda_kern_exec_trace",
+    "cuda_gpu_kern_sum": "tracekit.stats.summaries:cuda_gpu_kern_sum",
+    "cuda_gpu_mem_time_sum": "tracekit.stats.summaries:cuda_gpu_mem_time_sum",
+    "cuda_gpu_mem_size_sum": "tracekit.stats.summaries:cuda_gpu_mem_size_sum",
+    "cuda_api_sum": "tracekit.stats.summaries:cuda_api_sum",
+    "nvtx_sum": "tracekit.stats.summaries:nvtx_sum",
+    "cuda_gpu_trace": "tracekit.stats.gpu_trace:cuda_gpu_trace",
+    "nvtx_gpu_proj_trace": "tracekit.stats.nvtx_projection:nvtx_gpu_proj_trace",
+    "nvtx_gpu_proj_sum": "tracekit.stats.nvtx_projection:nvtx_gpu_proj_sum",
+    "nvtx_kern_sum": "tracekit.stats.nvtx_projection:nvtx_kern_sum",
+    "cuda_kern_exec_sum": "tracekit.stats.launch:cuda_kern_exec_sum",
+    "cuda_kern_exec_trace": "tracekit.stats.launch:cuda_kern_exec_trace",
 }
 
 #: Older report names nsys still accepts.
