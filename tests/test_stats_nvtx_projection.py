@@ -299,3 +299,21 @@ def test_coarse_timestamps_count_calls_in_every_range_that_holds_them(report: st
     copy = _coarse_copy(tmp_path)
     reference = read_reference(COARSE / f"ref_{report}.csv")
     assert_identical(run_report(tracekit.open(copy), report, convention="2023"), reference)
+
+
+def test_outside_row_carries_the_launching_thread(tmp_path: Path) -> None:
+    """nsys 2023.4 gives the GPU work outside every range one row with the PID and TID of the
+    last such operation: with every outside launch of the host-bound capture moved to thread
+    756 + 7, nsys 2023.4.4 printed PID 756, TID 763 (not the main thread) — and so does tracekit."""
+    copy = tmp_path / "tid.sqlite"
+    copy.write_bytes((SAMPLES / "planted" / "planted_host_bound" / "planted_host_bound.sqlite").read_bytes())
+    con = sqlite3.connect(copy)
+    con.execute(
+        "UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET globalTid = globalTid + 7 WHERE start < (SELECT min(start) FROM NVTX_EVENTS) "
+        "OR start > (SELECT max(end) FROM NVTX_EVENTS)"
+    )
+    con.commit()
+    con.close()
+    frame = run_report(tracekit.open(copy), "nvtx_gpu_proj_trace", convention="2023").frame
+    outside = frame.filter(pl.col("RangeId").is_null()).row(0, named=True)
+    assert (outside["PID"], outside["TID"], outside["NumGPUOps"]) == (756, 763, 21)
