@@ -204,6 +204,14 @@ def test_communication_on_tp_sample() -> None:
     assert "exposed_communication" in cats
     ev = d.evidence(cats.index("exposed_communication"))
     assert ev.height == 2 and (ev["communication_only_ns"] <= ev["communication_ns"]).all()
+    # the two TP ranks compute the same (decode, split evenly): load_imbalance stays quiet
+    from tracekit.analysis.comm import activity_segments, categorize_ops, overlap_breakdown
+
+    t = tracekit.open(SAMPLES / "llm_tp2_nccl" / "llm_tp2_nccl.sqlite")
+    k = t.kernels.filter((pl.col("start_ns") >= d.window.start_ns) & (pl.col("start_ns") < d.window.end_ns))
+    br = overlap_breakdown(activity_segments(categorize_ops(k), start_ns=d.window.start_ns, end_ns=d.window.end_ns))
+    compute = (br["compute_only_ns"] + br["overlap_ns"]).to_list()
+    assert (max(compute) - min(compute)) / max(compute) < 0.10 and "load_imbalance" not in cats
 
 
 def test_per_rank_set_and_ncu() -> None:
