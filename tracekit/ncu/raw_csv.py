@@ -84,6 +84,17 @@ class RawCsv:
         if frame.height and (frame["ID"][0] is None or frame["ID"][0] == ""):
             units = {c: v for c, v in frame.row(0, named=True).items() if v}
             frame = frame.slice(1)
+        # every result row has a numeric ID: a repeated header line (CSV files concatenated) or
+        # any other stray row means the file is not one raw-page export
+        ids = frame["ID"].str.replace_all(",", "").str.strip_chars()
+        bad = frame.filter(ids.cast(pl.Int64, strict=False).is_null())
+        if bad.height:
+            first = bad["ID"][0]
+            msg = (
+                f"{path} has {bad.height} row(s) whose ID is not a number (first: {first!r}: a repeated header "
+                "line, or several CSVs joined); export one report again with `ncu --import REPORT --csv --page raw --print-units base`"
+            )
+            raise TraceFormatError(msg)
         self.frame = frame
         self.units = units
         self.metric_columns = [

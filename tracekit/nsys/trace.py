@@ -211,8 +211,8 @@ class NsysTrace:
             missing = frame.select(pl.any_horizontal(pl.col(c).is_null() for c in present).sum()).item()
             if missing:
                 warnings.warn(
-                    f"{self.path.name}: {missing} {name} row(s) have a start or end that is not a number "
-                    "(text in an INTEGER column?); they are read with null times, never reinterpreted",
+                    f"{self.path.name}: {missing} {name} row(s) have no start or end time (a missing column, or "
+                    "text in an INTEGER column); they are read with null times, never reinterpreted",
                     DamagedRowsWarning, stacklevel=3,
                 )
         if frame.height and ({"start_ns", "end_ns"} <= cols or "duration_ns" in cols):
