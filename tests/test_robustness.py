@@ -323,3 +323,50 @@ def test_memcpy_table_without_its_end_column(tmp_path: Path) -> None:
                            timeout=60, env={**__import__("os").environ, "TRACEKIT_COLUMN_CACHE": "0"})
         assert r.returncode == 0, r.stderr
         assert all(ln.startswith("tracekit: warning:") for ln in r.stderr.strip().splitlines()), r.stderr
+
+
+def _wal_copy(tmp_path: Path) -> tuple[Path, int]:
+    """A copy of TP2 whose kernels are doubled by a committed transaction that is still only in
+    its ``-wal`` (both files copied while the writer holds the database open, as a copy taken
+    mid-run would be). Returns the copied export and the kernel count the writer sees."""
+    work = tmp_path / "writer.sqlite"
+    shutil.copyfile(TP2, work)
+    con = sqlite3.connect(work)
+    con.execute("PRAGMA journal_mode=WAL")
+    con.execute("PRAGMA wal_autocheckpoint=0")
+    con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL SELECT * FROM CUPTI_ACTIVITY_KIND_KERNEL")
+    con.commit()
+    expected = con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
+    copy = tmp_path / "copy" / "t.sqlite"
+    copy.parent.mkdir()
+    shutil.copyfile(work, copy)
+    shutil.copyfile(work.with_name(work.name + "-wal"), copy.with_name(copy.name + "-wal"))
+    con.close()
+    return copy, expected
+
+
+def test_committed_rows_in_a_wal_are_read(tmp_path: Path) -> None:
+    """Issue 19.4: rows committed to the -wal but not checkpointed are part of the export."""
+    copy, expected = _wal_copy(tmp_path)
+    before = hashlib.sha256(copy.read_bytes()).hexdigest()
+    with pytest.warns(UserWarning, match="t.sqlite-wal holds committed rows"):
+        trace = tracekit.open(copy)
+    assert trace.kernels.height == expected
+    plain = sqlite3.connect(f"file:{TP2}?mode=ro", uri=True)
+    assert expected == 2 * plain.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
+    plain.close()
+    assert hashlib.sha256(copy.read_bytes()).hexdigest() == before  # the main file is untouched
+
+
+def test_a_hot_journal_is_one_line(tmp_path: Path) -> None:
+    """A non-empty -journal beside the export (a write that never finished) is refused."""
+    copy = tmp_path / "t.sqlite"
+    shutil.copyfile(TP2, copy)
+    copy.with_name("t.sqlite-journal").write_bytes(b"\0" * 512)
+    with pytest.raises(TracekitError, match="never finished"):
+        tracekit.open(copy)
+    r = subprocess.run(
+        [sys.executable, "-m", "tracekit.cli.main", "summary", str(copy)], capture_output=True, text=True, check=False
+    )
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and "never finished" in r.stderr

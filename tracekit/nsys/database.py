@@ -1,7 +1,11 @@
 """Read-only access to an Nsight Systems SQLite export, returning Arrow/polars data.
 
 The file is opened with ``mode=ro&immutable=1`` so that neither tracekit nor SQLite ever
-writes to it (no journal, no WAL, no locks). Queries go through the ADBC SQLite driver when
+writes to it (no journal, no WAL, no locks). When a non-empty ``-wal`` file lies beside it
+(an export whose committed rows were not yet checkpointed into the main file), it is opened
+``mode=ro`` without ``immutable`` so that SQLite reads those rows too (still read-only; SQLite
+may create the ``-shm`` index beside it), with one warning and no column cache. A non-empty
+``-journal`` (a write that never finished) is refused with one line saying what to do. Queries go through the ADBC SQLite driver when
 it is installed (fast, columnar) and through the standard-library ``sqlite3`` module
 otherwise, or when ADBC cannot type a column (for example a column whose first rows are
 NULL and later rows text). Every result is cast to the caller's schema, so the two paths
@@ -70,9 +74,18 @@ def _adbc_available() -> bool:
         return False
 
 
-def _uri(path: Path) -> str:
+def _uri(path: Path, *, immutable: bool = True) -> str:
     quoted = urllib.parse.quote(str(path.resolve()))
-    return f"file:{quoted}?mode=ro&immutable=1"
+    return f"file:{quoted}?mode=ro&immutable=1" if immutable else f"file:{quoted}?mode=ro"
+
+
+def _beside(path: Path, suffix: str) -> Path | None:
+    """``path`` + ``suffix`` (``-wal``, ``-journal``) when that file exists and is not empty."""
+    other = path.with_name(path.name + suffix)
+    try:
+        return other if other.is_file() and other.stat().st_size > 0 else None
+    except OSError:
+        return None
 
 
 class ExportDatabase:
@@ -105,14 +118,17 @@ class ExportDatabase:
         self._adbc_conns: list[Any] = []  # idle low-level connections, reused by threads
         self._adbc_closer: weakref.finalize | None = None
         self._adbc_lock = threading.Lock()
+        self._immutable = self._check_logs()
         self._check_readable()
         use_cache = column_cache_enabled_by_default() if column_cache is None else column_cache
+        use_cache = use_cache and self._immutable  # a WAL's rows are not in the cache's fingerprint
         self.column_cache: ColumnCache | None = ColumnCache(self.path) if use_cache else None
 
     # -- connections -------------------------------------------------------------
     def _stdlib(self) -> sqlite3.Connection:
         if self._sqlite is None:
-            self._sqlite = sqlite3.connect(_uri(self.path), uri=True, check_same_thread=False)
+            uri = _uri(self.path, immutable=self._immutable)
+            self._sqlite = sqlite3.connect(uri, uri=True, check_same_thread=False)
             self._sqlite.text_factory = lambda b: b.decode("utf-8", errors="replace")
             # traces opened in notebooks are rarely closed: close with the object
             weakref.finalize(self, self._sqlite.close)
@@ -126,7 +142,7 @@ class ExportDatabase:
             if self._adbc_db is None:
                 import adbc_driver_sqlite
 
-                self._adbc_db = adbc_driver_sqlite.connect(_uri(self.path))
+                self._adbc_db = adbc_driver_sqlite.connect(_uri(self.path, immutable=self._immutable))
                 self._adbc_conns = []
                 # traces opened in notebooks are rarely closed: close with the object
                 self._adbc_closer = weakref.finalize(self, _close_adbc, self._adbc_db, self._adbc_conns)
@@ -155,6 +171,29 @@ class ExportDatabase:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _check_logs(self) -> bool:
+        """Whether the file can be opened ``immutable`` (no pending WAL or journal beside it)."""
+        journal = _beside(self.path, "-journal")
+        if journal is not None:
+            msg = (
+                f"{journal} is not empty: a write to {self.path.name} never finished, so its rows "
+                "may be half-written; make a copy of both files and open the copy once with "
+                "`sqlite3 COPY.sqlite 'PRAGMA integrity_check'` (which rolls the journal back), "
+                "or export the report again"
+            )
+            raise TraceFormatError(msg)
+        wal = _beside(self.path, "-wal")
+        if wal is None:
+            return True
+        import warnings
+
+        warnings.warn(
+            f"{wal.name} holds committed rows not yet in {self.path.name}; reading them too "
+            "(opened read-only without 'immutable'; the column cache is off for this file)",
+            stacklevel=3,
+        )
+        return False
 
     def _check_readable(self) -> None:
         try:
