@@ -143,6 +143,37 @@ def test_yaml_errors(tmp_path: Path) -> None:
         cfg.load_config(tmp_path / "missing.yaml")
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("command: 42\n", "command must be a string or a list of strings"),
+        ("command: a\nenv: [1, 2]\n", "env must map variable names to values"),
+        ("command: a\nenv: {X: null}\n", "env X has no value"),
+        ("command: a\nenv: {X: {y: 1}}\n", "env X must be a string or a number"),
+        ("command: a\nnsys: 5\n", "'nsys' must be a mapping of nsys options"),
+        ("command: a\nncu: [set, full]\n", "'ncu' must be a mapping of ncu options"),
+        ("command: a\ntop_n: many\n", "top_n must be a whole number"),
+        ("command: a\ntimeout_s: soon\n", "timeout_s must be a number of seconds"),
+    ],
+)
+def test_bad_config_values_are_one_error(tmp_path: Path, text: str, message: str) -> None:
+    """Issue 19.7: each of these was an internal error, or (env X: null) set X='None'."""
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(CaptureError, match=message):
+        cfg.resolve(cfg.load_config(path))
+
+
+def test_binary_config_and_long_name(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_bytes(b"\x00\xff\xfe")
+    with pytest.raises(CaptureError, match="not a text file"):
+        cfg.load_config(path)
+    with pytest.raises(CaptureError, match="name is 300 characters; use at most 128"):
+        Experiment.from_dict({"command": "a", "name": "a" * 300})
+    assert Experiment.from_dict({"command": "a", "env": {"X": 1, "Y": "b"}}).env == {"X": "1", "Y": "b"}
+
+
 def test_parse_sweep() -> None:
     assert cfg.parse_sweep("batch_size=1,2,4;max_tokens=50,100") == {
         "batch_size": [1, 2, 4],

@@ -98,6 +98,9 @@ def load_config(path: str | Path) -> dict[str, Any]:
     except OSError as exc:
         msg = f"cannot read the experiment file {path}: {exc.strerror or exc}; check the --config path"
         raise CaptureError(msg) from exc
+    except UnicodeDecodeError:
+        msg = f"{path} is not a text file (not UTF-8); give an experiment YAML file"
+        raise CaptureError(msg) from None
     except yaml.YAMLError as exc:
         msg = f"{path} is not valid YAML ({str(exc).splitlines()[0]}); fix the file"
         raise CaptureError(msg) from exc

@@ -303,6 +303,9 @@ class Experiment:
         command = self.command
         if isinstance(command, str):
             command = shlex.split(command)
+        elif not isinstance(command, Sequence) or not all(isinstance(c, (str, int, float)) for c in command):
+            msg = f"command must be a string or a list of strings, not {command!r:.60}"
+            raise CaptureError(msg)
         object.__setattr__(self, "command", tuple(str(part) for part in command))
         if not self.command:
             msg = "the command is empty; give the program to run after '--' or as 'command:' in the config"
@@ -311,18 +314,34 @@ class Experiment:
         _choice(mode, MODES, "mode")
         object.__setattr__(self, "mode", mode)
         object.__setattr__(self, "out", str(self.out))
-        object.__setattr__(self, "env", {str(k): str(v) for k, v in dict(self.env).items()})
-        if isinstance(self.nsys, Mapping):
-            object.__setattr__(self, "nsys", _build(NsysOptions, self.nsys, "nsys"))
-        if isinstance(self.ncu, Mapping):
-            object.__setattr__(self, "ncu", _build(NcuOptions, self.ncu, "ncu"))
+        object.__setattr__(self, "env", _env(self.env))
+        for key, cls in (("nsys", NsysOptions), ("ncu", NcuOptions)):
+            value = getattr(self, key)
+            if value is None:
+                value = {}
+            if isinstance(value, Mapping):
+                object.__setattr__(self, key, _build(cls, value, key))
+            elif not isinstance(value, cls):
+                msg = f"'{key}' must be a mapping of {key} options (e.g. {key}: {{trace: [cuda]}}), not {value!r:.40}"
+                raise CaptureError(msg)
+        if isinstance(self.top_n, bool) or not isinstance(self.top_n, int):
+            msg = f"top_n must be a whole number, not {self.top_n!r:.40}"
+            raise CaptureError(msg)
+        for key in ("timeout_s", "kill_grace_s"):
+            value = getattr(self, key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                msg = f"{key} must be a number of seconds, not {value!r:.40}"
+                raise CaptureError(msg)
         if self.top_n < 1:
             msg = f"top_n must be at least 1, not {self.top_n}"
             raise CaptureError(msg)
         _positive(self.timeout_s, "timeout_s")
         _positive(self.kill_grace_s, "kill_grace_s")
-        if self.name is not None and not re.fullmatch(r"[A-Za-z0-9._-]+", self.name):
-            msg = f"name {self.name!r} may hold only letters, digits, '.', '_' and '-'"
+        if self.name is not None and not re.fullmatch(r"[A-Za-z0-9._-]+", str(self.name)):
+            msg = f"name {self.name!r:.60} may hold only letters, digits, '.', '_' and '-'"
+            raise CaptureError(msg)
+        if self.name is not None and len(self.name) > MAX_NAME:
+            msg = f"name is {len(self.name)} characters; use at most {MAX_NAME} (it names the run's folder)"
             raise CaptureError(msg)
 
     @property
@@ -398,6 +417,29 @@ def default_name(command: Sequence[str]) -> str:
         if not token.startswith("-") and not _INTERPRETERS.match(base):
             return _slug(base)
     return _slug(Path(command[0]).name)
+
+
+#: Longest experiment name: ``<name>_<mode>_<timestamp>`` must fit a file name (255 bytes).
+MAX_NAME = 128
+
+
+def _env(env: Any) -> dict[str, str]:
+    """``env:`` as strings; a missing value (``X: null``) or a nested value is an error, not ``'None'``."""
+    if env is None:
+        return {}
+    if not isinstance(env, Mapping):
+        msg = f"env must map variable names to values (env: {{NAME: value}}), not {env!r:.40}"
+        raise CaptureError(msg)
+    out: dict[str, str] = {}
+    for key, value in env.items():
+        if value is None:
+            msg = f"env {key} has no value; write {key}: '' for an empty string, or remove it"
+            raise CaptureError(msg)
+        if not isinstance(value, (str, int, float, bool)):
+            msg = f"env {key} must be a string or a number, not {value!r:.40}"
+            raise CaptureError(msg)
+        out[str(key)] = str(value).lower() if isinstance(value, bool) else str(value)
+    return out
 
 
 def _slug(text: str) -> str:
