@@ -232,3 +232,26 @@ def test_through_the_tracekit_entry_point(
     )
     err = capsys.readouterr().err
     assert "tracekit: error: nsys path" in err and "Traceback" not in err
+
+
+def test_capture_range_that_never_opens_is_not_complete(tmp_path: Path) -> None:
+    """Issue 19.5 with a real nsys (2023.4): a cudaProfilerApi range the program never opens makes
+    nsys print only 'Generated:' and write nothing; the run is 'failed' with the reason, exit 2."""
+    import subprocess
+
+    from .test_stats_nvtx_projection import nsys_2023_or_skip
+
+    nsys = nsys_2023_or_skip()
+    out = tmp_path / "exps"
+    r = subprocess.run(
+        [sys.executable, "-m", "tracekit.cli.main", "capture", "nsys", "--nsys-path", str(nsys),
+         "--capture-range", "cudaProfilerApi", "-t", "osrt", "-o", str(out), "-q",
+         "--", sys.executable, "-c", "print('hi')"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert r.returncode == 2, r.stderr
+    (record,) = out.glob("*/experiment.json")
+    data = json.loads(record.read_text())
+    assert data["status"] == "failed" and data["complete"] is False
+    assert "wrote no report" in data["error"] and "capture range" in data["error"]
+    assert not list(record.parent.glob("*.nsys-rep"))

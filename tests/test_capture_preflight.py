@@ -250,6 +250,9 @@ def test_qdstrm_without_report_is_explained(tmp_path: Path) -> None:
     assert "capture range never opened" in (
         preflight.nsys_outcome_error(empty, [], ["No reports were generated"]) or ""
     )
+    # issue 19.5: no report and nsys silent about it is still an error (status failed), never complete
+    silent = preflight.nsys_outcome_error(empty, [], ["Collecting data...", "Process exited with 0"])
+    assert silent is not None and "wrote no report" in silent and "capture range" in silent
 
 
 def test_ncu_permission_failure_is_explained() -> None:

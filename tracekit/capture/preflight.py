@@ -209,7 +209,7 @@ def check_program(command: Sequence[str], cwd: str | Path | None, env: Mapping[s
 
 
 def nsys_outcome_error(folder: Path, reports: Sequence[Path], lines: Iterable[str]) -> str | None:
-    """Why an nsys run produced no report, or ``None`` when it did (or nothing explains it)."""
+    """Why an nsys run produced no report, or ``None`` when it did; never ``None`` without a report."""
     if reports:
         return None
     text = list(lines)
@@ -233,7 +233,11 @@ def nsys_outcome_error(folder: Path, reports: Sequence[Path], lines: Iterable[st
             "nsys generated no report: the capture range never opened or no data was collected; "
             "check the capture range (cudaProfilerStart/Stop or the NVTX range name)"
         )
-    return None
+    # no report and nothing in nsys's output says why: still not a complete capture
+    return (
+        "nsys wrote no report and did not say why (see nsys.stderr.log): most often the capture "
+        "range never opened (cudaProfilerStart/Stop or the NVTX range name) or the program exited first"
+    )
 
 
 def ncu_outcome_error(lines: Iterable[str]) -> str | None:
