@@ -361,3 +361,32 @@ def test_handoff_from_a_real_export() -> None:
     )
     assert opts.launch_count is not None and opts.launch_count >= 2
     assert info["source"] in ("tracekit.analysis.nsys_ncu", "builtin")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_and_sighup_stop_the_program_and_are_recorded(tmp_path: Path, sig: signal.Signals) -> None:
+    """Issue 18.5: a capture killed by a scheduler (SIGTERM) or a closed terminal (SIGHUP) stops
+    the program's tree and records the run as interrupted, naming the signal; the CLI exits 130."""
+    import subprocess
+    import time
+
+    marker = tmp_path / "child.pid"
+    code = f"import os, time; open({str(marker)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "tracekit.cli.main", "capture", "none", "-o", str(tmp_path / "runs"),
+         "-q", "--", sys.executable, "-c", code],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not (marker.exists() and marker.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    child = int(marker.read_text())
+    cli.send_signal(sig)
+    _, err = cli.communicate(timeout=60)
+    assert cli.returncode == 130, err
+    (record,) = (tmp_path / "runs").glob("*/experiment.json")
+    data = json.loads(record.read_text())
+    assert data["status"] == "interrupted"
+    assert sig.name in data["error"]
+    with pytest.raises(ProcessLookupError):
+        os.kill(child, 0)  # the program was stopped with the capture

@@ -38,7 +38,14 @@ from tracekit.capture.prepare import (
     program_env,
     write_json,
 )
-from tracekit.capture.runner import ProcessResult, _Interrupted, now_iso, run_process
+from tracekit.capture.runner import (
+    ProcessResult,
+    _Interrupted,
+    now_iso,
+    run_process,
+    signals_deferred,
+    stop_on_signals,
+)
 from tracekit.errors import CaptureError
 from tracekit.tools import Tool
 
@@ -500,17 +507,21 @@ def run(
     write_json(folder / "gpu.json", gpu_info())
     state.save()
     try:
-        if exp.mode == "none":
-            state.run_plain()
-        else:
-            go_on = True
-            if exp.mode in ("nsys", "nsys+ncu"):
-                go_on = state.run_nsys() and state.result.error is None
-            if exp.mode in ("ncu", "nsys+ncu") and go_on:
-                state.run_ncu()
-    except KeyboardInterrupt:
+        with stop_on_signals():  # SIGTERM/SIGHUP stop the program tree as Ctrl-C does
+            if exp.mode == "none":
+                state.run_plain()
+            else:
+                go_on = True
+                if exp.mode in ("nsys", "nsys+ncu"):
+                    go_on = state.run_nsys() and state.result.error is None
+                if exp.mode in ("ncu", "nsys+ncu") and go_on:
+                    state.run_ncu()
+    except KeyboardInterrupt as exc:
         state.result.status = "interrupted"
-        state.finish()
+        signame = getattr(exc, "signame", "SIGINT")
+        state.result.error = f"stopped by {signame}; the program's processes were stopped too"
+        with signals_deferred():  # recording the outcome is not cut short by a second signal
+            state.finish()
         raise
     except Exception as exc:
         state.result.status = "error"

@@ -16,7 +16,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -294,7 +294,7 @@ def run_process(
 
     status: str | None = None
     signals: list[str] = []
-    interrupted = False
+    interrupted: str | None = None
     deadline = started + timeout_s if timeout_s else None
     try:
         while proc.poll() is None:
@@ -308,12 +308,13 @@ def run_process(
         else:
             if group_members(proc.pid):  # processes the program left behind: stop them too
                 signals = kill_tree(proc, min(kill_grace_s, 5.0))
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         status = "interrupted"
-        interrupted = True
+        interrupted = getattr(exc, "signame", None) or "SIGINT"
     if status is not None:
         log.info("stopping %s (%s)", argv[0], status)
-        signals = kill_tree(proc, kill_grace_s)
+        with signals_deferred():  # a second Ctrl-C (or SIGTERM) must not cut the stop short
+            signals = kill_tree(proc, kill_grace_s)
     proc.wait()
     for reader in readers:
         reader.join(timeout=10)
@@ -331,16 +332,62 @@ def run_process(
         signals_sent=tuple(signals),
     )
     if interrupted:
-        raise _Interrupted(result)
+        raise _Interrupted(result, interrupted)
     return result
+
+
+#: Signals that stop a capture the way Ctrl-C does (the program's tree is stopped, the run recorded).
+STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Ignore :data:`STOP_SIGNALS` inside the block (main thread only; elsewhere a no-op)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP arrived: handled like Ctrl-C (``signame`` says which)."""
+
+    def __init__(self, signame: str) -> None:
+        super().__init__(signame)
+        self.signame = signame
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """Turn SIGTERM and SIGHUP into :class:`Terminated` inside the block (main thread only), so a
+    capture killed by a scheduler or a closed terminal stops its program tree and records why."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        raise Terminated(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS if sig != signal.SIGINT}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 class _Interrupted(KeyboardInterrupt):
     """A KeyboardInterrupt that carries how the stopped process ended."""
 
-    def __init__(self, result: ProcessResult) -> None:
+    def __init__(self, result: ProcessResult, signame: str = "SIGINT") -> None:
         super().__init__("interrupted")
         self.result = result
+        self.signame = signame
 
 
 def _path(value: str | Path | None) -> Path | None:
