@@ -447,3 +447,23 @@ def test_missing_wheel_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "tracekit[ncu]" in one_line_error(exc)
     # the CSV path needs no wheel
     assert NcuReport.from_path(sample("ncu_precisions", ".raw.csv")).kernels.height == 6
+
+
+@needs_wheel
+def test_invalid_utf8_in_a_damaged_report_is_replaced(tmp_path: Path) -> None:
+    """Issue 18.6: one flipped bit (found by a flip campaign) makes ncu_report hand a metric's text
+    over as lone surrogates; polars refused it (UnicodeEncodeError). Now: decoded with U+FFFD,
+    one warning, the same number of metrics as the intact report."""
+    src = SAMPLES / "ncu_planted_clean" / "ncu_planted_clean.ncu-rep"
+    data = bytearray(src.read_bytes())
+    data[181335] ^= 128
+    damaged = tmp_path / "damaged.ncu-rep"
+    damaged.write_bytes(bytes(data))
+    with pytest.warns(UserWarning, match="not valid UTF-8"):
+        metrics = tracekit.open(damaged).metrics
+    intact = tracekit.open(src).metrics
+    assert metrics.height == intact.height
+    text = metrics.select(
+        pl.concat_str([pl.col("metric"), pl.col("text").fill_null(""), pl.col("unit").fill_null("")])
+    ).to_series()
+    assert text.str.contains("\ufffd", literal=True).any()

@@ -146,11 +146,11 @@ class BinaryReport:
                 ids.append(action_id)
                 names.append(name)
                 values.append(self._read(metric)[0])
-        frame = pl.DataFrame(
+        frame = _frame(
             {"id": ids, "metric": names, "value": values},
             schema={"id": pl.Int64, "metric": pl.Utf8, "value": pl.Float64},
         )
-        return rows, frame
+        return _scrub(rows), frame
 
     def metrics(self) -> pl.DataFrame:
         """The long ``metrics`` table (see :data:`tracekit.ncu.schema.METRICS`)."""
@@ -170,7 +170,7 @@ class BinaryReport:
                 cols["subtype"].append(_enum(metric.metric_subtype(), self._subtypes))
                 cols["rollup"].append(_enum(metric.rollup_operation(), self._rollups))
                 cols["num_instances"].append(int(metric.num_instances()))
-        return pl.DataFrame(cols, schema=dict(schema.METRICS))
+        return _frame(cols, schema=dict(schema.METRICS))
 
     def instances(self, metrics: list[str] | None = None) -> pl.DataFrame:
         """The long ``instances`` table: one row per instance value of instanced metrics."""
@@ -196,7 +196,7 @@ class BinaryReport:
                     cols["correlation_text"].append(ctext)
                     cols["value"].append(value)
                     cols["text"].append(text)
-        return pl.DataFrame(cols, schema=dict(schema.INSTANCES))
+        return _frame(cols, schema=dict(schema.INSTANCES))
 
     def rules(self) -> pl.DataFrame:
         """One row per rule result (``IAction.rule_results_as_dicts``)."""
@@ -223,7 +223,45 @@ class BinaryReport:
                 )
         if not rows:
             return schema.empty(schema.RULES)
-        return schema.conform(pl.DataFrame(rows, infer_schema_length=None), schema.RULES)
+        return schema.conform(_frame(rows, infer_schema_length=None), schema.RULES)
+
+
+def _scrub(data: Any) -> Any:
+    """``data`` with strings that are not valid UTF-8 decoded with U+FFFD (``ncu_report`` hands
+    such bytes over as lone surrogates, which polars cannot store); warns once per call."""
+    found = 0
+
+    def clean(value: Any) -> Any:
+        nonlocal found
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                found += 1
+                return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+            return value
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [clean(v) for v in value]
+        return value
+
+    out = clean(data)
+    if found:
+        warnings.warn(
+            f"{found} text value(s) in the Nsight Compute report are not valid UTF-8 (a damaged "
+            "report?); shown with U+FFFD replacement characters",
+            stacklevel=3,
+        )
+    return out
+
+
+def _frame(data: Any, **kwargs: Any) -> pl.DataFrame:
+    """``pl.DataFrame(data, **kwargs)``, scrubbing invalid UTF-8 first only when polars refuses it."""
+    try:
+        return pl.DataFrame(data, **kwargs)
+    except UnicodeEncodeError:
+        return pl.DataFrame(_scrub(data), **kwargs)
 
 
 def _enum(value: Any, labels: dict[int, str]) -> str | None:
