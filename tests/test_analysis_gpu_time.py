@@ -214,3 +214,22 @@ def test_gaps_inside_other_cuda_calls_have_their_own_cause() -> None:
     g = idle_gaps(gpu_ops(t.kernels, t.memcpys, t.memsets), t.cuda_api)
     api = g.filter(pl.col("cause") == "cuda_api")
     assert api.height > 0 and (api["other_api_ns"] >= 0.5 * api["duration_ns"]).all()
+
+
+def test_utilization_refuses_a_grid_a_damaged_end_time_would_need(tmp_path: Path) -> None:
+    """Issue 19.1: one kernel end of INT64_MAX in a copy of TP2 made utilization() ask for ~73 TB;
+    now it is one ValueError naming the span, before anything is allocated."""
+    copy = tmp_path / "t.sqlite"
+    shutil.copyfile(TP2, copy)
+    con = sqlite3.connect(copy)
+    con.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET end = 9223372036854775807 "
+                "WHERE rowid = (SELECT min(rowid) FROM CUPTI_ACTIVITY_KIND_KERNEL)")  # fmt: skip
+    con.commit()
+    con.close()
+    t = tracekit.open(copy, column_cache=False)
+    ops = gpu_ops(t.kernels, t.memcpys, t.memsets)
+    with pytest.raises(ValueError, match="damaged end time"):
+        utilization(ops)
+    # the intact sample passes the same check
+    intact = _open(TP2)
+    assert utilization(gpu_ops(intact.kernels, intact.memcpys, intact.memsets)).height > 0

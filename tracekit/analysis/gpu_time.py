@@ -69,6 +69,10 @@ def busy_time(ops: pl.DataFrame) -> pl.DataFrame:
                       "utilization", "summed_ns").sort(keys)
 
 
+#: Most bins :func:`utilization` builds (devices × bins): 50 M rows of four 8-byte columns ≈ 1.6 GB.
+MAX_UTILIZATION_BINS = 50_000_000
+
+
 def utilization(
     ops: pl.DataFrame,
     *,
@@ -85,6 +89,9 @@ def utilization(
     window, idle ones included — with ``busy_ns`` (union of the device's intervals inside the
     bin) and ``utilization`` (``busy_ns / bin_ns``; the last bin is divided by its clipped
     width).
+
+    Raises ``ValueError`` when the grid would exceed :data:`MAX_UTILIZATION_BINS` (a single end
+    time of ``INT64_MAX`` in a damaged export once asked for 73 TB).
     """
     if bin_ns <= 0:
         msg = f"bin_ns must be positive, got {bin_ns}"
@@ -100,6 +107,15 @@ def utilization(
     if end_ns is not None:
         bounds = bounds.with_columns(pl.lit(end_ns, pl.Int64).alias("_w1"))
     on = rk or None
+    n_devices = ops.select(keys).n_unique()
+    widest = bounds.select((pl.col("_w1") - pl.col("_w0")).max()).item() or 0
+    if widest // bin_ns * max(n_devices, 1) > MAX_UTILIZATION_BINS:
+        msg = (
+            f"utilization: the window spans {widest / 1e9:.3g} s, {widest // bin_ns:,} bins of {bin_ns:,} ns per "
+            f"device (limit {MAX_UTILIZATION_BINS:,} in all); pass a larger bin_ns or start_ns/end_ns "
+            "(an operation ending far after the others usually means a damaged end time)"
+        )
+        raise ValueError(msg)
     merged = merged.join(bounds, on=on) if on else merged.join(bounds.drop("_all"), how="cross")
     merged = merged.with_columns(
         pl.max_horizontal("start_ns", "_w0").alias("start_ns"), pl.min_horizontal("end_ns", "_w1").alias("end_ns")
