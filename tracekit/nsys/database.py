@@ -369,7 +369,11 @@ class ExportDatabase:
         schema: Mapping[str, pl.DataType | type[pl.DataType]],
         where: str = "",
     ) -> pl.DataFrame:
-        base = f'SELECT {", ".join(exprs)} FROM "{table}"'
+        # each expression under its own name: the ADBC driver panics on an empty result whose
+        # columns share a name (``SELECT NULL, NULL`` of an old export's empty table); the
+        # frame is renamed to ``schema`` anyway
+        named = ", ".join(f'{e} AS "_c{i}"' for i, e in enumerate(exprs))
+        base = f'SELECT {named} FROM "{table}"'
         cond = f" AND ({where})" if where else ""
         whole = base + (f" WHERE {where}" if where else "")
         slices = self._rowid_slices(table)

@@ -13,6 +13,7 @@ instead of twenty-five is several times faster and uses a fraction of the memory
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ import polars as pl
 
 from tracekit.nsys import enums
 from tracekit.nsys import schema as S
-from tracekit.nsys.database import ExportDatabase, read_threads
+from tracekit.nsys.database import ExportDatabase, TypeMismatchWarning, read_threads
 
 PID_MASK = 0xFFFFFF
 PROCESS_KEY_MASK = -0x1000000  # == 0xFFFFFFFFFF000000 as a signed 64-bit mask
@@ -146,6 +147,14 @@ def read_projected(
             shortcuts.append(col)
     needed = set(wanted) | {root for expr in exprs.values() for root in expr.meta.root_names()}
     frame = select(db, source, [c for c in raw if c.target in needed] + shortcuts, where)
+    for col in shortcuts:  # NULL only where a start or end is not an integer: say so
+        lost = frame.get_column(col.target).null_count()
+        if lost:
+            msg = (
+                f"{db.path.name}: {source}: {lost:,} {col.target} cell(s) not computed: start or end is not "
+                "an integer (a damaged export); read as null"
+            )
+            warnings.warn(msg, TypeMismatchWarning, stacklevel=3)
     return S.conform(frame.with_columns(**exprs), table, wanted)
 
 
@@ -204,8 +213,18 @@ _OP_IDS = {
     "pid": pid_from_global(pl.col("global_pid")),
     "duration_ns": pl.col("end_ns") - pl.col("start_ns"),
 }
-#: ``duration_ns`` computed by SQLite when ``start_ns``/``end_ns`` are not wanted
-_DURATION = {"duration_ns": Col("duration_ns", "end", sql='{col} - "start"')}
+#: An integer cell as itself, a text or real cell only when it is exactly an integer
+#: (``'123'`` → 123), else NULL: SQLite's own arithmetic reads the text ``'abc'`` as 0, which
+#: turned ``"end" - "start"`` into an absolute timestamp (issue 19.2).
+EXACT_INT = (
+    "(CASE typeof({col}) WHEN 'integer' THEN {col}"
+    " WHEN 'text' THEN (CASE WHEN CAST(CAST({col} AS INTEGER) AS TEXT) = {col} THEN CAST({col} AS INTEGER) END)"
+    " WHEN 'real' THEN (CASE WHEN CAST({col} AS INTEGER) = {col} THEN CAST({col} AS INTEGER) END) END)"
+)
+#: ``duration_ns`` computed by SQLite when ``start_ns``/``end_ns`` are not wanted: NULL where
+#: either is not an integer, as the polars path gives after casting them
+_EXACT_START = EXACT_INT.format(col='"start"')
+_DURATION = {"duration_ns": Col("duration_ns", "end", sql=EXACT_INT + " - " + _EXACT_START)}
 
 
 def kernels(db: ExportDatabase, strings: pl.DataFrame, columns: Collection[str] | None = None) -> pl.DataFrame:
@@ -484,15 +503,22 @@ def memory_usage(db: ExportDatabase, strings: pl.DataFrame) -> pl.DataFrame:
             Col("bytes", "bytes"),
             Col("mem_kind_id", "memKind"),
             Col("operation_id", "memoryOperationType"),
-            Col("name_id", "name"),
+            Col("name_raw", "name", pl.Utf8),
         ],
     )
+    # ``name`` is declared TEXT and holds the text itself (a symbol such as
+    # ``ncclDevFuncTable``); it was read as a StringIds id, so every name came back null
+    declared = {r[1]: str(r[2]).upper() for r in db.rows(f'PRAGMA table_info("{table}")')}
+    if declared.get("name") == "INTEGER":
+        name = lookup_strings(pl.col("name_raw").cast(pl.Int64, strict=False), strings)
+    else:
+        name = pl.col("name_raw")
     ops = enums.MEMORY_OPERATION  # ENUM_CUDA_DEV_MEM_EVENT_OPER: 0 Allocation, 1 Deallocation
     kinds = enums.enum_map(db, "ENUM_CUDA_MEM_KIND", enums.MEM_KIND)
     frame = raw.with_columns(
         pid_from_global(pl.col("global_pid")).alias("pid"),
         enums.map_codes(pl.col("mem_kind_id"), kinds).alias("mem_kind"),
         enums.map_codes(pl.col("operation_id"), ops).alias("operation"),
-        lookup_strings(pl.col("name_id"), strings).alias("name"),
+        name.alias("name"),
     )
     return S.conform(frame, "memory_usage")
