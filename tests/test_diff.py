@@ -113,3 +113,116 @@ def test_statistic_on_known_numbers() -> None:
 def test_bad_level_is_one_line() -> None:
     r = _cli(str(CLEAN), str(CLEAN), "--by", "nope")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "unknown level" in r.stderr
+
+
+TP2 = SAMPLES / "llm_tp2_nccl" / "llm_tp2_nccl.sqlite"
+PER_RANK = SAMPLES / "llm_tp2_nccl_per_rank"
+
+
+def test_range_level_is_gpu_time_by_hand() -> None:
+    """The range level counts the GPU time of the work launched inside a range (innermost, on
+    the launching thread), not the range's CPU duration: layer.2 summed with SQL over the
+    steady steps (step.1 … step.19)."""
+    d = tracekit.diff(CLEAN, CLEAN, levels=("range",))
+    row = d.levels["range"].filter(pl.col("key") == "layer.2").row(0, named=True)
+    con = sqlite3.connect(f"file:{CLEAN}?mode=ro", uri=True)
+    gpu, cpu = con.execute(
+        "WITH steady AS (SELECT min(start) AS s FROM NVTX_EVENTS WHERE text = 'step.1'), "
+        "lay AS (SELECT n.start, n.end, n.globalTid FROM NVTX_EVENTS n, steady WHERE n.text = 'layer.2' AND n.start >= steady.s), "
+        "ops AS (SELECT correlationId, start, end FROM CUPTI_ACTIVITY_KIND_KERNEL UNION ALL "
+        "        SELECT correlationId, start, end FROM CUPTI_ACTIVITY_KIND_MEMCPY UNION ALL "
+        "        SELECT correlationId, start, end FROM CUPTI_ACTIVITY_KIND_MEMSET) "
+        "SELECT (SELECT sum(o.end - o.start) FROM lay JOIN CUPTI_ACTIVITY_KIND_RUNTIME r "
+        "        ON r.start >= lay.start AND r.end <= lay.end AND r.globalTid = lay.globalTid "
+        "        JOIN ops o ON o.correlationId = r.correlationId), "
+        "       (SELECT sum(end - start) FROM lay)"
+    ).fetchone()
+    con.close()
+    assert row["total_a"] == gpu and row["mean_a"] == pytest.approx(gpu / 19)
+    assert abs(gpu - cpu) > 0.5 * cpu  # the ranges' CPU duration (1.87 ms) is another number (4.09 ms of GPU work)
+    assert "step.N" in d.levels["range"]["key"].to_list()  # work launched directly in a step: one key
+
+
+def test_per_step_kernel_count_by_hand() -> None:
+    """The step level's ``kernels``: launches per steady step, counted with SQL."""
+    d = tracekit.diff(CLEAN, CLEAN, levels=("step",))
+    row = d.levels["step"].filter(pl.col("key") == "kernels").row(0, named=True)
+    con = sqlite3.connect(f"file:{CLEAN}?mode=ro", uri=True)
+    (n,) = con.execute(
+        "SELECT count(*) FROM NVTX_EVENTS n JOIN CUPTI_ACTIVITY_KIND_RUNTIME r "
+        "ON r.start >= n.start AND r.start <= n.end AND r.globalTid = n.globalTid "
+        "JOIN CUPTI_ACTIVITY_KIND_KERNEL k ON k.correlationId = r.correlationId "
+        "WHERE n.text LIKE 'step.%' AND n.text != 'step.0'"
+    ).fetchone()
+    con.close()
+    assert row["total_a"] == n and row["mean_a"] == pytest.approx(n / 19)
+
+
+def test_different_step_counts_compare_per_step(tmp_path: Path) -> None:
+    """A copy that keeps only step.0 … step.9 (the other step ranges deleted, so their work is in
+    no step): 9 steady steps against 19; per-step means unchanged, totals about 9/19."""
+    short = tmp_path / "ten_steps.sqlite"
+    shutil.copyfile(CLEAN, short)
+    con = sqlite3.connect(short)
+    con.execute("DELETE FROM NVTX_EVENTS WHERE text LIKE 'step.1_'")
+    con.commit()
+    con.close()
+    d = tracekit.diff(CLEAN, short)
+    assert d.steps == {"before": 19, "after": 9}
+    k = d.levels["kernel"]
+    assert set(k["verdict"]) == {"no change"}
+    ln = k.filter(pl.col("key") == LN).row(0, named=True)
+    assert ln["total_b"] / ln["total_a"] == pytest.approx(9 / 19, rel=0.02)
+    assert d.levels["step"].filter(pl.col("key") == "kernels")["delta"][0] == 0
+    assert _cli(str(CLEAN), str(short), "--threshold", "5").returncode == 0
+
+
+def test_two_real_tp2_captures() -> None:
+    """The same TP2 program captured twice: both processes in one export, and one export per
+    rank (a folder, opened with open_many). Same kernels per step, compute unchanged within
+    noise; the collectives waited much less in the per-rank capture (NCCL kernels include the
+    wait for the peer)."""
+    d = tracekit.diff(TP2, PER_RANK)
+    assert d.steps == {"before": 8, "after": 8} and d.methods == {"before": "nvtx", "after": "nvtx"}
+    fam = {r["key"]: r for r in d.levels["family"].iter_rows(named=True)}
+    for compute in ("gemm", "attention", "normalization", "elementwise"):
+        assert fam[compute]["verdict"] == "no change", compute
+        assert abs(fam[compute]["delta_pct"]) < 0.02
+    assert fam["communication"]["verdict"] == "faster"
+    kernels = d.levels["step"].filter(pl.col("key") == "kernels").row(0, named=True)
+    assert kernels["mean_a"] == kernels["mean_b"] == 134  # 67 per rank and step, both ranks
+    assert d.regressions().height == 0
+    r = _cli(str(PER_RANK), str(TP2), "--threshold", "5", "--format", "json")
+    assert r.returncode == 1  # the other way round, communication got slower
+    assert {x["key"] for x in json.loads(r.stdout)["regressions"] if x["level"] == "family"} == {"communication"}
+
+
+def test_a_rank_set_against_itself_is_no_change() -> None:
+    """Steps are taken per process, so which rank leads the window does not move work between
+    steps (both ranks have 10 step ranges)."""
+    s = tracekit.open_many(PER_RANK)
+    d = tracekit.diff(s, s)
+    for level, frame in d.levels.items():
+        assert (frame["delta"] == 0).all() and set(frame["verdict"]) == {"no change"}, level
+    assert _cli(str(PER_RANK), str(PER_RANK)).returncode == 0
+
+
+def test_bad_inputs_exit_2(tmp_path: Path) -> None:
+    ncu = SAMPLES / "ncu" / "ncu_precisions" / "ncu_precisions.ncu-rep"
+    for args in (
+        (str(ncu), str(CLEAN)),
+        (str(CLEAN), str(tmp_path / "missing.sqlite")),
+        (str(CLEAN), str(CLEAN), "--threshold", "-1"),
+        (str(CLEAN), str(CLEAN), "--format", "xml"),
+    ):
+        r = _cli(*args)
+        assert r.returncode == 2 and r.stderr.startswith("tracekit: error:") and r.stderr.count("\n") == 1, args
+    with pytest.raises(tracekit.TracekitError, match="threshold"):
+        tracekit.diff(CLEAN, CLEAN, threshold=-0.1)
+
+
+def test_threshold_is_kept_on_the_diff(tmp_path: Path) -> None:
+    slow = _scaled(tmp_path, 1.5, LN)
+    assert tracekit.diff(CLEAN, slow, threshold=0.6).regressions().height == 0
+    d = tracekit.diff(CLEAN, slow, threshold=0.05, levels=("kernel",))
+    assert d.regressions()["key"].to_list() == [LN] and d.to_dict()["settings"]["threshold"] == 0.05

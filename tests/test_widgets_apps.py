@@ -176,9 +176,14 @@ def test_compare_two_traces(decode: Any, tp2: Any) -> None:
     c.sort_picker.value = "b"
     assert c.sort == "b"
     assert "1 GPU" in c.kernel_html.value and c.kernel_view.chart is not None
-    # the Verdict tab shows tracekit.diff's per-step tables
+    # the Verdict tab shows tracekit.diff's per-step tables; each kernel row carries its verdict
     assert set(c.diff.levels) == {"kernel", "family", "range", "step"}
     assert "verdict" in c.verdict_html.value and "step (per step" in c.verdict_html.value
+    assert nccl["verdict"] == "slower"  # absent in the 1-GPU run: new in TP2
+    kv = c.diff.levels["kernel"].select(pl.col("key").alias("name"), pl.col("verdict").alias("v"))
+    joined = c.kernels.join(kv, on="name", how="left")
+    assert (joined["verdict"] == joined["v"]).all()  # equal where the kernel ran in a steady step
+    assert joined.filter(pl.col("v").is_null())["verdict"].is_null().all()  # no verdict outside them
 
 
 # -- CaptureForm -----------------------------------------------------------------------------------

@@ -11,29 +11,33 @@ def register(parent: typer.Typer) -> None:
 
 
 def diff(
-    before: str = typer.Argument(..., help="Nsight Systems export of the run before the change."),
-    after: str = typer.Argument(..., help="Nsight Systems export of the run after the change."),
+    before: str = typer.Argument(..., help="Nsight Systems export of the run before the change (or a folder of per-rank exports)."),
+    after: str = typer.Argument(..., help="Nsight Systems export of the run after the change (or a folder of per-rank exports)."),
     fmt: str = typer.Option("table", "--format", "-f", help="table or json."),
     threshold: float = typer.Option(5.0, "--threshold", help="Regression (exit 1) when a row is slower by at least this many % per step."),
     by: str = typer.Option("kernel,family,range,step", "--by", help="Levels: kernel, family, range, step."),
     top: int = typer.Option(10, "--top", "-n", help="Rows per level in the table."),
 ) -> int:
-    """Per kernel, family, NVTX range and step: before, after, delta and a verdict against the step-to-step noise."""
-    import tracekit
+    """Per kernel, family, NVTX range and step: before, after, delta and a verdict against the step-to-step noise.
+
+    Exit 0: no regression; 1: something is slower by at least --threshold % per step; 2: bad input.
+    """
     from tracekit.comparison import diff as run
     from tracekit.errors import TracekitError
 
     if fmt not in ("table", "json"):
         msg = f"--format {fmt!r}: choose table or json"
         raise TracekitError(msg)
+    if not threshold >= 0:
+        msg = f"--threshold {threshold}: give a percentage of 0 or more (5 = fail when 5 % slower per step)"
+        raise TracekitError(msg)
     levels = tuple(x.strip() for x in by.split(",") if x.strip())
-    d = run(tracekit.open(before), tracekit.open(after), levels=levels)
-    t = threshold / 100
+    d = run(before, after, levels=levels, threshold=threshold / 100)
     if fmt == "json":
-        print(d.to_json(t))
+        print(d.to_json())
     else:
-        _render(d, t, top)
-    return 1 if d.regressions(t).height else 0
+        _render(d, d.threshold, top)
+    return 1 if d.regressions().height else 0
 
 
 def _render(d, threshold: float, top: int) -> None:  # type: ignore[no-untyped-def]

@@ -53,9 +53,11 @@ def _delta_chart(frame: pl.DataFrame, key: str, labels: tuple[str, str], title: 
 
 
 class Compare(widgets.VBox):  # type: ignore[misc,name-defined]
-    """Two traces side by side: top kernels and NVTX ranges, with deltas (b − a), and the
-    per-step verdicts of :func:`tracekit.diff` (tab "Verdict": slower / faster / no change
-    against the step-to-step noise).
+    """Two traces side by side: top kernels (whole-run GPU time, with the per-step verdict of
+    :func:`tracekit.diff`) and NVTX ranges (CPU duration), with deltas (b − a), and the
+    per-step tables of :func:`tracekit.diff` (tab "Verdict": kernels, families, NVTX ranges by
+    the GPU time of the work launched inside, steps; slower / faster / no change against the
+    step-to-step noise).
 
     Parameters
     ----------
@@ -75,11 +77,12 @@ class Compare(widgets.VBox):  # type: ignore[misc,name-defined]
     ) -> None:
         super().__init__(**kwargs)
         self.a, self.b, self.labels = a, b, labels
-        self.kernels = compare_kernels(a.kernels, b.kernels)
-        self.ranges = compare_ranges(a.nvtx, b.nvtx)
         from tracekit.comparison import diff
 
         self.diff = diff(a, b)
+        verdicts = self.diff.levels["kernel"].select(pl.col("key").alias("name"), "verdict")
+        self.kernels = compare_kernels(a.kernels, b.kernels).join(verdicts, on="name", how="left", maintain_order="left")
+        self.ranges = compare_ranges(a.nvtx, b.nvtx)
         self.kernels_shown = pl.DataFrame()
         self.ranges_shown = pl.DataFrame()
         w = widgets
@@ -104,7 +107,7 @@ class Compare(widgets.VBox):  # type: ignore[misc,name-defined]
             ]
         )
         tabs.set_title(0, "Kernels")
-        tabs.set_title(1, "NVTX ranges")
+        tabs.set_title(1, "NVTX ranges (CPU)")
         tabs.set_title(2, "Verdict")
         self.children = (w.HBox([self.n_slider, self.sort_picker]), self.summary, tabs)
         self._refresh()
@@ -137,7 +140,7 @@ class Compare(widgets.VBox):  # type: ignore[misc,name-defined]
         headers = {"total_a_ns": la, "total_b_ns": lb, "instances_a": f"n {la}", "instances_b": f"n {lb}",
                    "count_a": f"n {la}", "count_b": f"n {lb}", "delta_ns": "Δ"}  # fmt: skip
         self.kernel_html.value = html_table(
-            self.kernels_shown, formats=fmts, left=("name", "family"), headers=headers
+            self.kernels_shown, formats=fmts, left=("name", "family", "verdict"), headers=headers
         )
         self.range_html.value = html_table(
             self.ranges_shown, formats=fmts, left=("range",), headers=headers
