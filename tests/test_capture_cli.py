@@ -71,6 +71,7 @@ def test_dry_run_prints_exact_commands(cli: CliRunner) -> None:
             "SpeedOfLight", "SpeedOfLight_RooflineChart",
             "SpeedOfLight_HierarchicalTensorRooflineChart", "ComputeWorkloadAnalysis",
             "MemoryWorkloadAnalysis", "Occupancy", "LaunchStats",
+            "SpeedOfLight_HierarchicalHalfRooflineChart",
         )
     )  # fmt: skip
     assert len(lines) == 2 + 5  # one ncu pass per top kernel (top_n defaults to 5)

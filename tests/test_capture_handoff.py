@@ -8,9 +8,11 @@ two cuBLAS GEMMs in the top three; the launches are read back from the real ncu 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
+import shutil
 import sys
 import textwrap
 from pathlib import Path
@@ -22,6 +24,7 @@ from tracekit.capture import Experiment, NcuOptions
 from tracekit.capture.config import DRILLDOWN_SECTIONS
 from tracekit.capture.experiment import _Run
 from tracekit.capture.handoff import (
+    HANDOFF_SECTIONS,
     LAUNCHES_PER_KERNEL,
     dram_byte_metrics,
     gpu_compute_capability,
@@ -44,7 +47,7 @@ FULL = NCU / "ncu_probe_full" / "ncu_probe_full.ncu-rep"
 CORPUS = ROOT.parent / "shared" / "corpus" / "nsys"
 GEMM_A = "nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNT"
 GEMM_B = "nvjet_sm90_tst_8x64_64x16_2x1_v_bz_TNN"
-SECTIONS = [a for s in DRILLDOWN_SECTIONS for a in ("--section", s)]
+SECTIONS = [a for s in HANDOFF_SECTIONS for a in ("--section", s)]
 
 
 def _both(**ncu: object) -> Experiment:
@@ -101,7 +104,7 @@ def test_one_pass_per_kernel_with_its_own_launches(decode: tuple[dict, list[pl.D
         ]  # fmt: skip
     assert [p.nsys_launches for p in passes] == [64, 128, 32]
     assert info["source"] == "nsys" and info["launch_count"] == 3
-    assert info["sections"] == list(DRILLDOWN_SECTIONS)
+    assert info["sections"] == [*DRILLDOWN_SECTIONS, "SpeedOfLight_HierarchicalHalfRooflineChart"]
 
 
 def test_user_options_are_kept_and_extended(decode: tuple[dict, list[pl.DataFrame]]) -> None:
@@ -117,7 +120,7 @@ def test_user_options_are_kept_and_extended(decode: tuple[dict, list[pl.DataFram
     passes = handoff_passes(exp, summary, frames, compute_capability="12.0")
     opts = passes[1].options
     assert opts.set == "basic" and opts.import_sass is True
-    assert opts.sections == ("WarpStateStats", "SpeedOfLight", *DRILLDOWN_SECTIONS[1:])
+    assert opts.sections == ("WarpStateStats", "SpeedOfLight", *HANDOFF_SECTIONS[1:])
     assert opts.metrics == (
         "sm__inst_executed.sum",
         "dram__bytes_read.sum",
@@ -282,3 +285,82 @@ def test_every_kernel_profiled_is_complete_and_none_is_failed(
     none = _replay_run(tmp_path / "none", decode, {})
     assert none.result.status == "failed"
     assert none.result.error is not None and "no report in any handoff pass" in none.result.error
+
+
+# -- tests/gpu/handoff_e2e.py: the local steps of the GPU test, on the recorded data ------------
+
+
+@pytest.fixture(scope="module")
+def e2e() -> object:
+    spec = importlib.util.spec_from_file_location("handoff_e2e", ROOT / "tests/gpu/handoff_e2e.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_committed_nsys_command_is_what_capture_builds(e2e: object) -> None:
+    committed = json.loads((ROOT / "tests/gpu/handoff_nsys_command.json").read_text())
+    assert committed == json.loads(json.dumps(e2e.nsys_command_spec()))  # type: ignore[attr-defined]
+    assert committed["nsys"] == [
+        "{NSYS}", "profile", "--trace=cuda,nvtx,osrt", "--capture-range=cudaProfilerApi",
+        "--capture-range-end=stop", "--output={WORK}/report", "python3", "tests/gpu/handoff_workload.py",
+    ]  # fmt: skip
+
+
+def _copies(folder: Path, source: Path, names: list[str]) -> Path:
+    folder.mkdir()
+    for name in names:
+        shutil.copyfile(source, folder / name)
+    return folder
+
+
+def test_plan_and_check_on_recorded_reports(e2e: object, tmp_path: Path) -> None:
+    spec = json.loads((ROOT / "tests/gpu/handoff_nsys_command.json").read_text())
+    plan = e2e.make_plan(DECODE, spec)  # type: ignore[attr-defined]
+    assert [p["kernel"] for p in plan["passes"]] == [GEMM_A, "elementwise_kernel", GEMM_B]
+    argv = plan["passes"][1]["argv"]
+    assert argv[0] == "{NCU}" and argv[-2:] == ["python3", "tests/gpu/handoff_workload.py"]
+    assert argv[argv.index("--kernel-name") + 1] == "regex:^elementwise_kernel$"
+    assert argv[argv.index("--export") + 1] == "{WORK}/report_k2"
+    old = plan["baseline"]["argv"]
+    assert old[old.index("--launch-count") + 1] == "9"
+    reports = [p["report"] for p in plan["passes"]]
+    # the decode drill-down report has the three kernels but no DRAM byte or tensor FLOP counters
+    drill = _copies(tmp_path / "drill", DRILL, reports)
+    failures, seen = e2e.check_reports(plan, drill, DECODE)  # type: ignore[attr-defined]
+    assert [e["launches"][e["kernel"]] for e in seen["passes"]] == [8, 16, 4]
+    assert all(
+        j["status"].startswith("matched")
+        for e in seen["passes"]
+        for j in e["join"]
+        if j["side"] == "ncu"
+    )
+    assert (
+        "ncu-2: dram_bandwidth of elementwise_kernel: 16 rows, null ['dram_read_bytes', 'dram_write_bytes']"
+        in failures
+    )
+    assert any(
+        f.startswith(f"ncu-1: tensor_core_utilization of {GEMM_A}") and "tensor_flop" in f
+        for f in failures
+    )
+    # a report without the kernel
+    full = _copies(tmp_path / "full", FULL, reports)
+    failures, _ = e2e.check_reports(plan, full, None)  # type: ignore[attr-defined]
+    assert len(failures) == 3 and all(" not in report_k" in f for f in failures)
+    # the probe's --set full report has every column for its three kernels (GEMM, SDPA, SiLU)
+    kernels = sorted(profiled_launches([FULL]))
+    plan3 = {
+        "passes": [
+            {"step": f"ncu-{i}", "kernel": k, "report": f"report_k{i}.ncu-rep"}
+            for i, k in enumerate(kernels, start=1)
+        ],
+        "baseline": {"report": "baseline_single_filter.ncu-rep"},
+    }
+    names = [p["report"] for p in plan3["passes"]] + ["baseline_single_filter.ncu-rep"]
+    failures, seen = e2e.check_reports(plan3, _copies(tmp_path / "ok", FULL, names), None)  # type: ignore[attr-defined]
+    assert failures == []
+    assert seen["baseline_launches"] == {k: 1 for k in kernels}
+    assert {e["kernel"]: e["tensor_flop"][0] > 0 for e in seen["passes"]} == {
+        k: k != "vectorized_elementwise_kernel" for k in kernels
+    }

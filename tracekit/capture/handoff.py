@@ -7,8 +7,8 @@ shape, not per kernel), so the handoff runs the program once per kernel:
 ``--kernel-name-base function -k regex:^name$ [--launch-skip S] --launch-count C``, each pass
 writing ``<output_name>_k<i>.ncu-rep``. Every pass collects at least the ``kernel-drilldown``
 sections (SOL, rooflines including the tensor roofline, compute and memory workload, occupancy,
-launch statistics) plus the DRAM byte counters, so tracekit's Tensor Core, DRAM, SOL and
-roofline views have every column.
+launch statistics), the half-precision roofline and the DRAM byte counters, so tracekit's
+Tensor Core, DRAM, SOL and roofline views have every column.
 
 After the passes, :func:`profiled_launches` reads each report's ``kernels`` table back and
 :func:`launch_records` says how many launches of each requested kernel were profiled; a
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     import polars as pl
 
 __all__ = [
+    "HANDOFF_SECTIONS",
     "LAUNCHES_PER_KERNEL",
     "HandoffPass",
     "dram_byte_metrics",
@@ -46,6 +47,10 @@ __all__ = [
 
 LAUNCHES_PER_KERNEL = 3
 """Launches profiled per handed-over kernel when no ``launch_count`` is given."""
+
+HANDOFF_SECTIONS = (*DRILLDOWN_SECTIONS, "SpeedOfLight_HierarchicalHalfRooflineChart")
+"""Every pass collects at least these: the ``kernel-drilldown`` preset's sections, plus the
+half-precision roofline (the FP16 SIMT counters behind the roofline view's ``simt_fp16_flop``)."""
 
 
 @dataclass(frozen=True)
@@ -143,8 +148,10 @@ def gpu_compute_capability(reports: Iterable[Path]) -> str | None:
         try:
             import tracekit
 
-            gpus = tracekit.open(path).gpus
+            gpus = getattr(tracekit.open(path), "gpus", None)
         except Exception:  # optional: the default counter names are used without it
+            continue
+        if gpus is None:
             continue
         column = gpus["compute_capability"] if "compute_capability" in gpus.columns else []
         values = [v for v in column if v]
@@ -156,7 +163,7 @@ def gpu_compute_capability(reports: Iterable[Path]) -> str | None:
 def _with_drilldown(opts: NcuOptions, dram_metrics: Sequence[str]) -> NcuOptions:
     """``opts`` plus every drill-down section and the DRAM byte counters it lacks; no SASS
     unless asked for (it makes reports several times larger)."""
-    sections = tuple(dict.fromkeys([*opts.sections, *DRILLDOWN_SECTIONS]))
+    sections = tuple(dict.fromkeys([*opts.sections, *HANDOFF_SECTIONS]))
     metrics = tuple(dict.fromkeys([*opts.metrics, *dram_metrics]))
     import_sass = False if opts.import_sass is None else opts.import_sass
     return dataclasses.replace(opts, sections=sections, metrics=metrics, import_sass=import_sass)
