@@ -65,11 +65,24 @@ def test_dry_run_prints_exact_commands(cli: CliRunner) -> None:
         "'--output=<folder>/report' python3 decode.py --steps 2"
     )
     assert lines[1].startswith("export: /opt/nsys export --type=sqlite")
-    assert lines[2] == (
-        "ncu: /opt/ncu --set basic --kernel-name 'regex:<top kernels from nsys>' --launch-count 6 "
-        "--nvtx --nvtx-include step.1/ --import-sass no --export '<folder>/report' "
-        "python3 decode.py --steps 2"
-    )
+    sections = " ".join(
+        f"--section {s}"
+        for s in (
+            "SpeedOfLight", "SpeedOfLight_RooflineChart",
+            "SpeedOfLight_HierarchicalTensorRooflineChart", "ComputeWorkloadAnalysis",
+            "MemoryWorkloadAnalysis", "Occupancy", "LaunchStats",
+            "SpeedOfLight_HierarchicalHalfRooflineChart",
+        )
+    )  # fmt: skip
+    assert len(lines) == 2 + 5  # one ncu pass per top kernel (top_n defaults to 5)
+    for i in range(1, 6):
+        assert lines[1 + i] == (
+            f"ncu-{i}: /opt/ncu --set basic {sections} "
+            "--metrics dram__bytes_read.sum,dram__bytes_write.sum --kernel-name-base function "
+            f"--kernel-name 'regex:^TOP_KERNEL_{i}_FROM_NSYS$' --launch-count 6 "
+            f"--nvtx --nvtx-include step.1/ --import-sass no --export '<folder>/report_k{i}' "
+            "python3 decode.py --steps 2"
+        )
 
 
 def test_program_options_after_the_program_are_not_ours(cli: CliRunner) -> None:

@@ -311,58 +311,6 @@ def test_ncu_csv_summary(tmp_path: Path) -> None:
     assert summarize_ncu_csv(empty)["profiled_kernels"] == 0
 
 
-# --- nsys -> ncu handoff --------------------------------------------------------------------------
-
-
-def _both(**ncu: object) -> Experiment:
-    from tracekit.capture.options import NcuOptions
-
-    return Experiment(command=["python3", "x.py"], mode="nsys+ncu", top_n=2, ncu=NcuOptions(**ncu))  # type: ignore[arg-type]
-
-
-def test_handoff_builtin_filter_from_the_summary() -> None:
-    from tracekit.capture.experiment import handoff_options
-
-    summary = {
-        "top_kernels": [
-            {"name": "void ns::gemm<1>(int)", "short_name": "gemm"},
-            {"name": "void ns::gemm<2>(int)", "short_name": "gemm"},
-            {"name": "softmax(float*)", "short_name": "softmax"},
-        ]
-    }
-    info: dict[str, object] = {}
-    opts = handoff_options(_both(set="basic"), summary, [], info)
-    assert (
-        opts.kernel_name == "regex:^(?:gemm|softmax)$"
-        and opts.launch_count == 6
-        and opts.set == "basic"
-    )
-    assert info["source"] == "builtin" and info["kernels"] == ["gemm", "softmax"]
-    kept = handoff_options(_both(launch_count=1), summary, [])
-    assert kept.launch_count == 1
-    assert handoff_options(_both(kernel_name="regex:mine"), summary, []).kernel_name == "regex:mine"
-    with pytest.raises(CaptureError, match="found no kernels to hand to ncu"):
-        handoff_options(_both(), {"top_kernels": []}, [])
-
-
-@pytest.mark.skipif(not CORPUS.is_dir(), reason="the public corpus (tests/data/corpus.tar.xz) is missing")
-def test_handoff_from_a_real_export() -> None:
-    from tracekit.capture.experiment import handoff_options
-
-    frames: list[pl.DataFrame] = []
-    summary = summarize_nsys(
-        CORPUS / "nsys2026.2_nsysai_mfu_2xh100_nccl_slice.sqlite", frames=frames
-    )
-    info: dict[str, object] = {}
-    opts = handoff_options(_both(), summary, frames, info)
-    assert info["kernels"] and info["kernels"][0] == "flash_fwd_kernel"  # type: ignore[index]
-    assert opts.kernel_name is not None and opts.kernel_name.startswith(
-        "regex:^(?:flash_fwd_kernel|"
-    )
-    assert opts.launch_count is not None and opts.launch_count >= 2
-    assert info["source"] in ("tracekit.analysis.nsys_ncu", "builtin")
-
-
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
 def test_sigterm_and_sighup_stop_the_program_and_are_recorded(tmp_path: Path, sig: signal.Signals) -> None:
     """Issue 18.5: a capture killed by a scheduler (SIGTERM) or a closed terminal (SIGHUP) stops

@@ -11,22 +11,20 @@ and ``summary.json``.
 
 from __future__ import annotations
 
-import dataclasses
-import importlib
 import platform
-import re
 import shlex
 import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tracekit.capture import commands as cmds
-from tracekit.capture import preflight, summary
+from tracekit.capture import handoff, preflight, summary
+from tracekit.capture.handoff import handoff_passes
 from tracekit.capture.options import Experiment, NcuOptions, NsysOptions
 from tracekit.capture.output import OutputLine, as_callback, target_exit_code
 from tracekit.capture.prepare import (
@@ -50,7 +48,7 @@ from tracekit.errors import CaptureError
 from tracekit.tools import Tool
 
 OnOutput = Callable[[OutputLine], None]
-__all__ = ["ExperimentResult", "ncu", "nsys", "run"]
+__all__ = ["ExperimentResult", "handoff_passes", "ncu", "nsys", "run"]
 
 
 @dataclass
@@ -62,7 +60,9 @@ class ExperimentResult:
     folder
         The experiment folder.
     status
-        ``"complete"``, ``"failed"``, ``"timeout"``, ``"interrupted"`` or ``"error"``.
+        ``"complete"``, ``"partial"`` (mode ``nsys+ncu``: a handed-over kernel got no profiled
+        launch; ``handoff["missing"]`` names it), ``"failed"``, ``"timeout"``,
+        ``"interrupted"`` or ``"error"``.
     target_exit_code
         The profiled program's exit code (``None`` when unknown).
     profiler_exit_code
@@ -140,87 +140,6 @@ class ExperimentResult:
             "platform": platform.platform(),
             "options": exp.to_dict(),
         }
-
-
-def handoff_options(
-    exp: Experiment,
-    nsys_summary: Mapping[str, Any],
-    kernel_frames: Sequence[Any],
-    info: dict[str, Any] | None = None,
-) -> NcuOptions:
-    """The ncu options of mode ``nsys+ncu``: ``exp.ncu`` plus a filter for the top kernels nsys found.
-
-    Uses :func:`tracekit.analysis.nsys_ncu.ncu_command_for_top_kernels` when it is importable
-    and works on ``kernel_frames`` (its kernel filter, name base and launch count are taken);
-    otherwise ``--kernel-name regex:^(?:…)$`` from the summary's top kernels and
-    ``--launch-count 3 × kernels``. A kernel filter or launch count given in ``exp.ncu`` wins.
-    ``info`` receives what was decided (kernels, filter, source).
-    """
-    info = {} if info is None else info
-    opts = exp.ncu
-    info["top_n"] = exp.top_n
-    if opts.kernel_name:
-        info.update(source="user", kernel_name=opts.kernel_name)
-        return opts
-    if kernel_frames:  # rank by kernel function (what ncu matches), all template variants together
-        import polars as pl
-
-        frame = pl.concat(list(kernel_frames), how="diagonal_relaxed")
-        names = summary.top_kernel_names(frame, exp.top_n)
-    else:
-        names = [k.get("short_name") or k["name"] for k in nsys_summary.get("top_kernels") or []]
-        names = list(dict.fromkeys(names))[: exp.top_n]
-    info["kernels"] = names
-    if not names:
-        msg = (
-            "the nsys step found no kernels to hand to ncu; check the capture range, "
-            "or run mode 'ncu' with a kernel filter"
-        )
-        raise CaptureError(msg)
-    changes: dict[str, Any] = {}
-    try:
-        helper = getattr(
-            importlib.import_module("tracekit.analysis.nsys_ncu"),
-            "ncu_command_for_top_kernels",
-            None,
-        )
-    except ImportError:
-        helper = None
-    if helper is not None and kernel_frames:
-        try:
-            import polars as pl
-
-            nvtx = opts.nvtx_include[0] if opts.nvtx_include else None
-            argv = [
-                str(t)
-                for t in helper(
-                    frame, top_n=exp.top_n, nvtx_include=nvtx, program=list(exp.command)
-                )
-            ]
-            info["helper_command"] = argv
-            value = cmds.kernel_filter_from_command(argv)
-            if value:
-                changes["kernel_name"] = value
-                info["source"] = "tracekit.analysis.nsys_ncu"
-                if value.startswith("regex:^(?:") and value.endswith(")$"):
-                    info["kernels"] = [re.sub(r"\\(.)", r"\1", n) for n in value[10:-2].split("|")]
-                for flag, key, cast in (
-                    ("--kernel-name-base", "kernel_name_base", str),
-                    ("--launch-count", "launch_count", int),
-                    ("-c", "launch_count", int),
-                ):
-                    if flag in argv and getattr(opts, key) is None and key not in changes:
-                        changes[key] = cast(argv[argv.index(flag) + 1])
-        except Exception as exc:  # the helper is optional: fall back to the built-in filter
-            info["helper_error"] = f"{type(exc).__name__}: {exc}"
-    if "kernel_name" not in changes:
-        changes["kernel_name"] = cmds.kernel_name_regex(names)
-        info["source"] = "builtin"
-    if opts.launch_count is None and "launch_count" not in changes:
-        changes["launch_count"] = 3 * len(names)
-    info["kernel_name"] = changes["kernel_name"]
-    info["launch_count"] = changes.get("launch_count", opts.launch_count)
-    return dataclasses.replace(opts, **changes)
 
 
 class _Run:
@@ -382,16 +301,6 @@ class _Run:
     def run_ncu(self) -> None:
         ncu = self.tools["ncu"]
         opts = self.exp.ncu
-        if self.exp.mode == "nsys+ncu":
-            info: dict[str, Any] = {}
-            self.result.handoff = info
-            try:
-                opts = handoff_options(
-                    self.exp, self.result.summary.get("nsys", {}), self.kernel_frames, info
-                )
-            except CaptureError as exc:  # nothing to hand over: the nsys half stays usable
-                self.result.error = str(exc)
-                return
         res = self.step(
             "ncu", profiler_command(self.exp, "ncu", ncu.path, self.folder, opts), tool="ncu"
         )
@@ -417,22 +326,92 @@ class _Run:
             )
             return
         if opts.export_csv and res.status != "interrupted":
-            csvs, tops = [], []
-            for report in reports:
-                csv_path = report.with_suffix(".raw.csv")
-                name = "csv" if len(reports) == 1 else f"csv-{report.stem}"
-                done = self.step(
-                    name,
-                    cmds.ncu_csv_command(ncu.path, report),
-                    tool="ncu",
-                    profiled=False,
-                    stdout_name=csv_path.name,
-                )
-                if done.returncode == 0:
-                    csvs.append(csv_path)
-                    tops.append(summary.summarize_ncu_csv(csv_path))
-            self.result.reports["csv"] = csvs
-            self.result.summary["ncu"] = tops[0] if len(tops) == 1 else {"reports": tops}
+            self.export_ncu_csv(reports)
+
+    def export_ncu_csv(self, reports: Sequence[Path]) -> None:
+        """``ncu --import --csv --page raw`` of each report, and the ncu summary from them."""
+        ncu = self.tools["ncu"]
+        csvs, tops = [], []
+        for report in reports:
+            csv_path = report.with_suffix(".raw.csv")
+            name = "csv" if len(reports) == 1 else f"csv-{report.stem}"
+            done = self.step(
+                name,
+                cmds.ncu_csv_command(ncu.path, report),
+                tool="ncu",
+                profiled=False,
+                stdout_name=csv_path.name,
+            )
+            if done.returncode == 0:
+                csvs.append(csv_path)
+                tops.append(summary.summarize_ncu_csv(csv_path))
+        self.result.reports["csv"] = csvs
+        self.result.summary["ncu"] = tops[0] if len(tops) == 1 else {"reports": tops}
+
+    def run_handoff(self) -> None:
+        """Mode ``nsys+ncu``: one ncu pass per top kernel, then the launches each one got."""
+        ncu = self.tools["ncu"]
+        info: dict[str, Any] = {}
+        self.result.handoff = info
+        try:
+            passes = handoff_passes(
+                self.exp,
+                self.result.summary.get("nsys", {}),
+                self.kernel_frames,
+                compute_capability=handoff.gpu_compute_capability(
+                    self.result.reports.get("sqlite") or []
+                ),
+                info=info,
+            )
+        except CaptureError as exc:  # nothing to hand over: the nsys half stays usable
+            self.result.error = str(exc)
+            return
+        by_pass: dict[int, list[Path]] = {}
+        done: list[handoff.HandoffPass] = []
+        stopped = False
+        for p in passes:
+            before = set(self.folder.glob("*.ncu-rep"))
+            argv = profiler_command(self.exp, "ncu", ncu.path, self.folder, p.options)
+            res = self.step(p.step, argv, tool="ncu")
+            done.append(p)
+            by_pass[p.index] = sorted(set(self.folder.glob("*.ncu-rep")) - before)
+            lines = self.lines(p.step)
+            self.result.profiler_exit_code = res.returncode
+            code, source = (
+                (res.returncode, "direct")
+                if self.exp.per_rank
+                else target_exit_code(lines, "ncu", res.returncode)
+            )
+            if self.result.target_exit_code in (None, 0):
+                self.result.target_exit_code, self.result.target_exit_code_source = code, source
+            error = preflight.ncu_outcome_error(lines)
+            if error:
+                self.result.error = error
+            stopped = self.stop_status(res)
+            if error or stopped:
+                break
+        reports = sorted(self.folder.glob("*.ncu-rep"))
+        self.result.reports["ncu"] = reports
+        records = handoff.launch_records(done, by_pass)
+        info["passes"] = records
+        info["not_run"] = [p.kernel for p in passes[len(done) :]]
+        self.result.summary["handoff"] = {
+            r["kernel"] or "(user filter)": r["profiled_launches"] for r in records
+        }
+        if not reports and self.result.error is None:
+            self.result.error = (
+                "ncu wrote no report in any handoff pass: no launch of the top kernels passed "
+                "the filters (NVTX include/exclude, launch skip); loosen them"
+            )
+        missing = handoff.missing_kernels(records)
+        if missing and not stopped:
+            info["missing"] = missing
+            self.result.warnings.append(
+                f"ncu profiled no launch of {', '.join(missing)}; see the ncu-<pass> logs "
+                "(the kernel may not run inside the NVTX include, or fewer times than --launch-skip)"
+            )
+        if reports and self.exp.ncu.export_csv and not stopped:
+            self.export_ncu_csv(reports)
 
     def finish(self) -> None:
         res = self.result
@@ -444,7 +423,8 @@ class _Run:
                 or (res.target_exit_code not in (0, None))
                 or any(s.get("returncode") not in (0, None) for s in res.steps)
             )
-            res.status = "failed" if failed else "complete"
+            partial = bool(res.handoff and res.handoff.get("missing"))
+            res.status = "failed" if failed else ("partial" if partial else "complete")
         res.summary.setdefault("mode", self.exp.mode)
         res.summary.update(
             status=res.status,
@@ -514,8 +494,10 @@ def run(
                 go_on = True
                 if exp.mode in ("nsys", "nsys+ncu"):
                     go_on = state.run_nsys() and state.result.error is None
-                if exp.mode in ("ncu", "nsys+ncu") and go_on:
+                if exp.mode == "ncu":
                     state.run_ncu()
+                elif exp.mode == "nsys+ncu" and go_on:
+                    state.run_handoff()
     except KeyboardInterrupt as exc:
         state.result.status = "interrupted"
         signame = getattr(exc, "signame", "SIGINT")

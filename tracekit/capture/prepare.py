@@ -8,7 +8,6 @@ what the program ran with.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
@@ -135,8 +134,8 @@ def profiler_command(
 def plan(exp: Experiment, folder: str | Path = "<folder>") -> list[tuple[str, list[str]]]:
     """The command lines a run of ``exp`` would start, without running or checking anything.
 
-    In mode ``nsys+ncu`` the ncu kernel filter comes from the nsys results; the plan shows
-    ``<top kernels from nsys>`` in its place.
+    In mode ``nsys+ncu`` there is one ncu pass per top kernel, whose names come from the nsys
+    results; the plan shows ``TOP_KERNEL_<i>_FROM_NSYS`` in their place.
     """
     folder = Path(folder)
     nsys_path = exp.nsys_path or "nsys"
@@ -159,12 +158,20 @@ def plan(exp: Experiment, folder: str | Path = "<folder>") -> list[tuple[str, li
                     ),
                 )
             )
-    if exp.mode in ("ncu", "nsys+ncu"):
-        opts = exp.ncu
-        if exp.mode == "nsys+ncu" and not opts.kernel_name:
-            opts = dataclasses.replace(opts, kernel_name="regex:<top kernels from nsys>")
-        steps.append(("ncu", profiler_command(exp, "ncu", ncu_path, folder, opts)))
+    if exp.mode == "ncu":
+        steps.append(("ncu", profiler_command(exp, "ncu", ncu_path, folder)))
+    if exp.mode == "nsys+ncu":  # one pass per kernel; the names come from the nsys results
+        for p in _placeholder_passes(exp):
+            steps.append((p.step, profiler_command(exp, "ncu", ncu_path, folder, p.options)))
     return steps
+
+
+def _placeholder_passes(exp: Experiment) -> list[Any]:
+    """The handoff's ncu passes with ``TOP_KERNEL_<i>_FROM_NSYS`` for the kernel names."""
+    from tracekit.capture.handoff import handoff_passes
+
+    names = [{"name": f"TOP_KERNEL_{i}_FROM_NSYS"} for i in range(1, exp.top_n + 1)]
+    return handoff_passes(exp, {"top_kernels": names}, [])
 
 
 def preflight_check(
@@ -203,7 +210,8 @@ def preflight_check(
             preflight.check_counter_permission("nsys GPU metrics sampling")
     if exp.mode in ("ncu", "nsys+ncu"):
         ncu = tools["ncu"] = preflight.resolve_tool("ncu", exp.ncu_path)
-        flags = cmds.option_flags(cmds.ncu_profile_args(exp.ncu, "x"))
+        ncu_options = _placeholder_passes(exp)[0].options if exp.mode == "nsys+ncu" else exp.ncu
+        flags = cmds.option_flags(cmds.ncu_profile_args(ncu_options, "x"))
         preflight.check_flags_supported(ncu, flags, preflight.help_text(str(ncu.path)))
         if system_checks:
             preflight.check_counter_permission("ncu")

@@ -156,7 +156,9 @@ def _capture(
     top_n: Annotated[
         int | None,
         typer.Option(
-            "--top-n", help="Kernels handed from nsys to ncu (both).", rich_help_panel=_EXP
+            "--top-n",
+            help="Kernels handed from nsys to ncu (both): one ncu pass each, -c launches each.",
+            rich_help_panel=_EXP,
         ),
     ] = None,
     nsys_path: Annotated[

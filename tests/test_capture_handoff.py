@@ -1,0 +1,366 @@
+"""The nsys -> ncu handoff: one ncu pass per top kernel, launches read back, status ``partial``.
+
+The kernels come from the real decode export (``sample_traces/llm_decode_1gpu``), whose most
+frequent kernel (``elementwise_kernel``, the KV-cache/reshape copies: 128 launches) sits between
+two cuBLAS GEMMs in the top three; the launches are read back from the real ncu reports in
+``sample_traces/ncu``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import sys
+import textwrap
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from tracekit.capture import Experiment, NcuOptions
+from tracekit.capture.config import DRILLDOWN_SECTIONS
+from tracekit.capture.experiment import _Run
+from tracekit.capture.handoff import (
+    HANDOFF_SECTIONS,
+    LAUNCHES_PER_KERNEL,
+    dram_byte_metrics,
+    gpu_compute_capability,
+    handoff_passes,
+    launch_records,
+    missing_kernels,
+    profiled_launches,
+    top_kernels,
+)
+from tracekit.capture.prepare import profiler_command
+from tracekit.capture.summary import summarize_nsys
+from tracekit.errors import CaptureError
+from tracekit.tools import Tool
+
+ROOT = Path(__file__).resolve().parents[1]
+DECODE = ROOT / "sample_traces" / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite"
+NCU = ROOT / "sample_traces" / "ncu"
+DRILL = NCU / "ncu_decode_drilldown" / "ncu_decode_drilldown.ncu-rep"
+FULL = NCU / "ncu_probe_full" / "ncu_probe_full.ncu-rep"
+CORPUS = ROOT.parent / "shared" / "corpus" / "nsys"
+GEMM_A = "nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNT"
+GEMM_B = "nvjet_sm90_tst_8x64_64x16_2x1_v_bz_TNN"
+SECTIONS = [a for s in HANDOFF_SECTIONS for a in ("--section", s)]
+
+
+def _both(**ncu: object) -> Experiment:
+    return Experiment(
+        command=["python3", "decode.py", "--steps", "4"],
+        mode="both",
+        top_n=3,
+        ncu=NcuOptions(**ncu),  # type: ignore[arg-type]
+    )
+
+
+@pytest.fixture(scope="module")
+def decode() -> tuple[dict[str, object], list[pl.DataFrame]]:
+    frames: list[pl.DataFrame] = []
+    return summarize_nsys(DECODE, frames=frames), frames
+
+
+def test_top_kernels_of_the_decode_export(decode: tuple[dict, list[pl.DataFrame]]) -> None:
+    summary, frames = decode
+    top = top_kernels(frames, summary, 3)
+    assert top == [
+        {"name": GEMM_A, "launches": 64, "total_ns": 312832},
+        {"name": "elementwise_kernel", "launches": 128, "total_ns": 287616},
+        {"name": GEMM_B, "launches": 32, "total_ns": 204384},
+    ]
+    # the most frequent of the three is not the longest: one shared --launch-count would go to it
+    assert max(top, key=lambda k: k["launches"])["name"] == "elementwise_kernel"
+
+
+def test_one_pass_per_kernel_with_its_own_launches(decode: tuple[dict, list[pl.DataFrame]]) -> None:
+    summary, frames = decode
+    exp = _both(nvtx_include="step.1/")
+    info: dict[str, object] = {}
+    cc = gpu_compute_capability([DECODE])
+    assert cc == "9.0"  # two H200s
+    passes = handoff_passes(exp, summary, frames, compute_capability=cc, info=info)
+    assert [(p.index, p.kernel, p.step) for p in passes] == [
+        (1, GEMM_A, "ncu-1"),
+        (2, "elementwise_kernel", "ncu-2"),
+        (3, GEMM_B, "ncu-3"),
+    ]
+    for p in passes:
+        argv = profiler_command(exp, "ncu", "/opt/ncu", Path("/exp"), p.options)
+        assert argv == [
+            "/opt/ncu", *SECTIONS,
+            "--metrics", "dram__bytes_read.sum,dram__bytes_write.sum",
+            "--kernel-name-base", "function",
+            "--kernel-name", f"regex:^{re.escape(p.kernel or '')}$",
+            "--launch-count", str(LAUNCHES_PER_KERNEL),
+            "--nvtx", "--nvtx-include", "step.1/",
+            "--import-sass", "no",
+            "--export", f"/exp/report_k{p.index}",
+            "python3", "decode.py", "--steps", "4",
+        ]  # fmt: skip
+    assert [p.nsys_launches for p in passes] == [64, 128, 32]
+    assert info["source"] == "nsys" and info["launch_count"] == 3
+    assert info["sections"] == [*DRILLDOWN_SECTIONS, "SpeedOfLight_HierarchicalHalfRooflineChart"]
+
+
+def test_user_options_are_kept_and_extended(decode: tuple[dict, list[pl.DataFrame]]) -> None:
+    summary, frames = decode
+    exp = _both(
+        set="basic",
+        sections=["WarpStateStats", "SpeedOfLight"],
+        metrics=["sm__inst_executed.sum", "dram__bytes_read.sum"],
+        launch_skip=2,
+        launch_count=5,
+        import_sass=True,
+    )
+    passes = handoff_passes(exp, summary, frames, compute_capability="12.0")
+    opts = passes[1].options
+    assert opts.set == "basic" and opts.import_sass is True
+    assert opts.sections == ("WarpStateStats", "SpeedOfLight", *HANDOFF_SECTIONS[1:])
+    assert opts.metrics == (
+        "sm__inst_executed.sum",
+        "dram__bytes_read.sum",
+        "dram__bytes_op_read.sum",
+        "dram__bytes_op_write.sum",
+    )
+    assert all((p.options.launch_skip, p.options.launch_count) == (2, 5) for p in passes)
+    assert dram_byte_metrics(None) == ("dram__bytes_read.sum", "dram__bytes_write.sum")
+
+
+def test_user_filter_gives_one_pass_and_no_kernels_is_an_error() -> None:
+    info: dict[str, object] = {}
+    passes = handoff_passes(_both(kernel_name="regex:gemm"), {}, [], info=info)
+    assert len(passes) == 1 and passes[0].kernel is None
+    assert passes[0].options.kernel_name == "regex:gemm"
+    assert passes[0].options.output_name == "report_k1"
+    assert info["source"] == "user"
+    with pytest.raises(CaptureError, match="found no kernels to hand to ncu"):
+        handoff_passes(_both(), {"top_kernels": []}, [])
+
+
+def test_summary_fallback_merges_template_variants() -> None:
+    summary = {
+        "top_kernels": [
+            {"name": "void ns::gemm<1>(int)", "short_name": "gemm", "count": 2, "total_ns": 50},
+            {"name": "softmax(float*)", "count": 9, "total_ns": 70},
+            {"name": "void ns::gemm<2>(int)", "short_name": "gemm", "count": 1, "total_ns": 30},
+        ]
+    }
+    passes = handoff_passes(_both(), summary, [])
+    assert [(p.kernel, p.nsys_launches, p.nsys_total_ns) for p in passes] == [
+        ("gemm", 3, 80),
+        ("softmax", 9, 70),
+    ]
+    assert passes[0].options.kernel_name == "regex:^gemm$"
+
+
+@pytest.mark.skipif(not CORPUS.is_dir(), reason="needs shared/corpus beside the repository")
+def test_handoff_from_a_corpus_export() -> None:
+    frames: list[pl.DataFrame] = []
+    summary = summarize_nsys(
+        CORPUS / "nsys2026.2_nsysai_mfu_2xh100_nccl_slice.sqlite", frames=frames
+    )
+    passes = handoff_passes(_both(), summary, frames)
+    assert passes[0].kernel == "flash_fwd_kernel"
+    assert passes[0].options.kernel_name == "regex:^flash_fwd_kernel$"
+    assert len({p.kernel for p in passes}) == 3
+
+
+def test_launches_read_back_from_real_reports(decode: tuple[dict, list[pl.DataFrame]]) -> None:
+    counts = profiled_launches([DRILL])
+    assert counts[GEMM_A] == 8 and counts["elementwise_kernel"] == 16 and counts[GEMM_B] == 4
+    assert sum(counts.values()) == 60
+    summary, frames = decode
+    passes = handoff_passes(_both(), summary, frames)
+    # passes 1 and 2 got the decode step's report; pass 3's report holds none of GEMM_B
+    records = launch_records(passes, {1: [DRILL], 2: [DRILL], 3: [FULL]})
+    assert [(r["kernel"], r["profiled_launches"]) for r in records] == [
+        (GEMM_A, 8),
+        ("elementwise_kernel", 16),
+        (GEMM_B, 0),
+    ]
+    assert records[2]["reports"] == ["ncu_probe_full.ncu-rep"]
+    assert (
+        sum(records[2]["other_kernels"].values()) == 3 and GEMM_B not in records[2]["other_kernels"]
+    )
+    assert missing_kernels(records) == [GEMM_B]
+    broken = launch_records(passes[:1], {1: [DECODE]})  # not an ncu report: count unknown
+    assert broken[0]["profiled_launches"] is None and broken[0]["error"]
+    assert missing_kernels(broken) == []
+
+
+# A stand-in for ncu that replays recorded reports (this machine has no GPU): it copies the
+# report named for the --kernel-name in $TK_REPLAY to --export, or profiles nothing, then runs
+# the program. Everything else is the real run_handoff.
+REPLAY = textwrap.dedent(
+    """
+    import json, os, re, shutil, subprocess, sys
+    argv = sys.argv[1:]
+    replay = json.loads(os.environ["TK_REPLAY"])
+    name = re.sub(r"\\\\(.)", r"\\1", argv[argv.index("--kernel-name") + 1][7:-1])
+    export = argv[argv.index("--export") + 1]
+    program = argv[argv.index("--export") + 2:]
+    print("==PROF== Connected to process 1 (" + program[0] + ")", flush=True)
+    rc = subprocess.call(program)
+    if replay.get(name):
+        shutil.copyfile(replay[name], export + ".ncu-rep")
+        print("==PROF== Report: " + export + ".ncu-rep")
+    else:
+        print("==WARNING== No kernels were profiled.")
+    print("==PROF== Disconnected from process 1")
+    sys.exit(0)
+    """
+)
+
+
+def _replay_run(
+    folder: Path, decode: tuple[dict, list[pl.DataFrame]], replay: dict[str, str | None]
+) -> _Run:
+    """run_handoff + finish after the real decode export's nsys step, with the stand-in ncu."""
+    folder.mkdir(parents=True)
+    ncu = folder.parent / f"ncu_replay_{folder.name}"
+    ncu.write_text(f"#!{sys.executable}\n{REPLAY}")
+    ncu.chmod(0o755)
+    summary, frames = decode
+    exp = Experiment(
+        command=[sys.executable, "-c", "pass"],
+        mode="both",
+        top_n=3,
+        out=str(folder.parent),
+        ncu=NcuOptions(export_csv=False, nvtx_include="step.1/"),
+    )
+    env = {"TK_REPLAY": json.dumps(replay), "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    state = _Run(exp, folder, {"ncu": Tool("ncu", ncu, None)}, env, None, None)
+    state.result.summary["nsys"] = summary
+    state.result.reports["sqlite"] = [DECODE]
+    state.kernel_frames = frames
+    state.run_handoff()
+    state.finish()
+    return state
+
+
+def test_a_kernel_without_launches_makes_the_capture_partial(
+    tmp_path: Path, decode: tuple[dict, list[pl.DataFrame]]
+) -> None:
+    state = _replay_run(
+        tmp_path / "exp",
+        decode,
+        {GEMM_A: str(DRILL), "elementwise_kernel": str(DRILL), GEMM_B: None},
+    )
+    res = state.result
+    assert res.status == "partial" and not res.complete and res.error is None
+    assert res.handoff is not None and res.handoff["missing"] == [GEMM_B]
+    assert any(GEMM_B in w for w in res.warnings)
+    assert [s["step"] for s in res.steps] == ["ncu-1", "ncu-2", "ncu-3"]
+    assert [p.name for p in res.reports["ncu"]] == ["report_k1.ncu-rep", "report_k2.ncu-rep"]
+    record = json.loads((state.folder / "experiment.json").read_text())
+    assert record["status"] == "partial"
+    assert [
+        (p["kernel"], p["profiled_launches"], p["reports"]) for p in record["handoff"]["passes"]
+    ] == [
+        (GEMM_A, 8, ["report_k1.ncu-rep"]),
+        ("elementwise_kernel", 16, ["report_k2.ncu-rep"]),
+        (GEMM_B, 0, []),
+    ]
+    written = json.loads((state.folder / "summary.json").read_text())
+    assert written["status"] == "partial"
+    assert written["handoff"] == {GEMM_A: 8, "elementwise_kernel": 16, GEMM_B: 0}
+    commands = (state.folder / "command.txt").read_text()
+    assert commands.count("--kernel-name-base function") == 3
+    assert f"regex:^{GEMM_B}$" in commands
+
+
+def test_every_kernel_profiled_is_complete_and_none_is_failed(
+    tmp_path: Path, decode: tuple[dict, list[pl.DataFrame]]
+) -> None:
+    every = {GEMM_A: str(DRILL), "elementwise_kernel": str(DRILL), GEMM_B: str(DRILL)}
+    state = _replay_run(tmp_path / "all", decode, every)
+    assert state.result.status == "complete"
+    assert state.result.handoff is not None and "missing" not in state.result.handoff
+    assert state.result.summary["handoff"] == {GEMM_A: 8, "elementwise_kernel": 16, GEMM_B: 4}
+    none = _replay_run(tmp_path / "none", decode, {})
+    assert none.result.status == "failed"
+    assert none.result.error is not None and "no report in any handoff pass" in none.result.error
+
+
+# -- tests/gpu/handoff_e2e.py: the local steps of the GPU test, on the recorded data ------------
+
+
+@pytest.fixture(scope="module")
+def e2e() -> object:
+    spec = importlib.util.spec_from_file_location("handoff_e2e", ROOT / "tests/gpu/handoff_e2e.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_committed_nsys_command_is_what_capture_builds(e2e: object) -> None:
+    committed = json.loads((ROOT / "tests/gpu/handoff_nsys_command.json").read_text())
+    assert committed == json.loads(json.dumps(e2e.nsys_command_spec()))  # type: ignore[attr-defined]
+    assert committed["nsys"] == [
+        "{NSYS}", "profile", "--trace=cuda,nvtx,osrt", "--capture-range=cudaProfilerApi",
+        "--capture-range-end=stop", "--output={WORK}/report", "python3", "tests/gpu/handoff_workload.py",
+    ]  # fmt: skip
+
+
+def _copies(folder: Path, source: Path, names: list[str]) -> Path:
+    folder.mkdir()
+    for name in names:
+        shutil.copyfile(source, folder / name)
+    return folder
+
+
+def test_plan_and_check_on_recorded_reports(e2e: object, tmp_path: Path) -> None:
+    spec = json.loads((ROOT / "tests/gpu/handoff_nsys_command.json").read_text())
+    plan = e2e.make_plan(DECODE, spec)  # type: ignore[attr-defined]
+    assert [p["kernel"] for p in plan["passes"]] == [GEMM_A, "elementwise_kernel", GEMM_B]
+    argv = plan["passes"][1]["argv"]
+    assert argv[0] == "{NCU}" and argv[-2:] == ["python3", "tests/gpu/handoff_workload.py"]
+    assert argv[argv.index("--kernel-name") + 1] == "regex:^elementwise_kernel$"
+    assert argv[argv.index("--export") + 1] == "{WORK}/report_k2"
+    old = plan["baseline"]["argv"]
+    assert old[old.index("--launch-count") + 1] == "9"
+    reports = [p["report"] for p in plan["passes"]]
+    # the decode drill-down report has the three kernels but no DRAM byte or tensor FLOP counters
+    drill = _copies(tmp_path / "drill", DRILL, reports)
+    failures, seen = e2e.check_reports(plan, drill, DECODE)  # type: ignore[attr-defined]
+    assert [e["launches"][e["kernel"]] for e in seen["passes"]] == [8, 16, 4]
+    assert all(
+        j["status"].startswith("matched")
+        for e in seen["passes"]
+        for j in e["join"]
+        if j["side"] == "ncu"
+    )
+    assert (
+        "ncu-2: dram_bandwidth of elementwise_kernel: 16 rows, null ['dram_read_bytes', 'dram_write_bytes']"
+        in failures
+    )
+    assert any(
+        f.startswith(f"ncu-1: tensor_core_utilization of {GEMM_A}") and "tensor_flop" in f
+        for f in failures
+    )
+    # a report without the kernel
+    full = _copies(tmp_path / "full", FULL, reports)
+    failures, _ = e2e.check_reports(plan, full, None)  # type: ignore[attr-defined]
+    assert len(failures) == 3 and all(" not in report_k" in f for f in failures)
+    # the probe's --set full report has every column for its three kernels (GEMM, SDPA, SiLU)
+    kernels = sorted(profiled_launches([FULL]))
+    plan3 = {
+        "passes": [
+            {"step": f"ncu-{i}", "kernel": k, "report": f"report_k{i}.ncu-rep"}
+            for i, k in enumerate(kernels, start=1)
+        ],
+        "baseline": {"report": "baseline_single_filter.ncu-rep"},
+    }
+    names = [p["report"] for p in plan3["passes"]] + ["baseline_single_filter.ncu-rep"]
+    failures, seen = e2e.check_reports(plan3, _copies(tmp_path / "ok", FULL, names), None)  # type: ignore[attr-defined]
+    assert failures == []
+    assert seen["baseline_launches"] == {k: 1 for k in kernels}
+    assert {e["kernel"]: e["tensor_flop"][0] > 0 for e in seen["passes"]} == {
+        k: k != "vectorized_elementwise_kernel" for k in kernels
+    }
