@@ -142,3 +142,31 @@ def test_schema_version_is_documented() -> None:
         assert f"## `{table}`" in doc, table
         for column in columns:
             assert f"`{column}`" in doc, f"{table}.{column} undocumented"
+
+
+@pytest.mark.parametrize("path", ALL_EXPORTS, ids=lambda p: p.name)
+def test_name_ids_on_request_match_stringids(path: Path) -> None:
+    """``name_id`` & co. are the raw ``StringIds`` ids (checked against SQLite), only given when
+    asked for, and looked up they give the name columns of the full table, row for row."""
+    from tracekit.nsys.readers import canonical_string_ids, lookup_strings
+
+    trace = _open(path)
+    k = trace.table("kernels", ["name_id", "short_name_id", "mangled_name_id", "name", "short_name", "mangled_name"])
+    assert "name_id" not in trace.kernels.columns  # not part of the documented table
+    # on request even once the full table is built
+    k2 = trace.table("kernels", ["name_id", "name"])
+    assert k2.equals(k.select("name", "name_id"), null_equal=True)
+    for ids, text in (("name_id", "name"), ("short_name_id", "short_name"), ("mangled_name_id", "mangled_name")):
+        looked_up = k.select(lookup_strings(pl.col(ids), trace.strings).alias(text))
+        assert looked_up[text].equals(k[text], null_equal=True), ids
+    if k.height:
+        con = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
+        raw = [r[0] for r in con.execute("SELECT demangledName FROM CUPTI_ACTIVITY_KIND_KERNEL ORDER BY rowid")]
+        con.close()
+        assert k["name_id"].to_list() == raw
+        canon = k.select(canonical_string_ids(pl.col("name_id"), trace.strings).alias("c"), "name")
+        # one canonical id per name text, and one text per id
+        assert canon.group_by("name").agg(pl.col("c").n_unique())["c"].max() == 1
+        assert canon.group_by("c").agg(pl.col("name").n_unique())["name"].max() == 1
+    api = trace.table("cuda_api", ["name_id", "name"])
+    assert api.select(lookup_strings(pl.col("name_id"), trace.strings).alias("n"))["n"].equals(api["name"], null_equal=True)

@@ -159,8 +159,11 @@ class ColumnCache:
             self._drop(path, "failed its checksum")
             return None
         try:
-            # polars reads the file in chunks of ~120 k rows; one buffer makes gathers ~2x faster
-            return pl.read_ipc(io.BytesIO(data)).to_series().rechunk()
+            series = pl.read_ipc(io.BytesIO(data)).to_series()
+            del data
+            # one buffer makes gathers ~2x faster; files written by put() have one record batch
+            # already (older ones: polars' ~120 k-row batches), so this is usually no copy
+            return series if series.n_chunks() == 1 else series.rechunk()
         except BaseException as exc:  # polars' Rust panics are BaseExceptions
             if isinstance(exc, KeyboardInterrupt | SystemExit | MemoryError):
                 raise
@@ -178,9 +181,7 @@ class ColumnCache:
             stamp = self.folder / "export.json"
             if not stamp.exists():
                 _write_atomic(stamp, json.dumps(self._stamp, indent=1).encode(), tmp_names)
-            buf = io.BytesIO()
-            pl.DataFrame([column]).write_ipc(buf, compression="uncompressed")
-            data = buf.getvalue()
+            data = _ipc_one_batch(column)
             _write_atomic(_sum_path(path), _checksum(data).encode(), tmp_names)
             _write_atomic(path, data, tmp_names)
             evict(self.root, keep=self.folder, limit_bytes=max_bytes())
@@ -193,6 +194,18 @@ class ColumnCache:
     def clear(self) -> None:
         """Delete this export's cached columns."""
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _ipc_one_batch(column: pl.Series) -> bytes:
+    """``column`` as an uncompressed Arrow IPC file of one record batch: polars writes ~120 k-row
+    batches, and reading those back takes a third copy of the column to make it contiguous."""
+    import pyarrow as pa
+
+    array = column.rechunk().to_arrow()
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, pa.schema([pa.field(column.name, array.type)])) as writer:
+        writer.write_batch(pa.record_batch([array], names=[column.name]))
+    return sink.getvalue().to_pybytes()
 
 
 def _sum_path(path: Path) -> Path:

@@ -108,14 +108,14 @@ def wanted_columns(table: str, columns: Collection[str] | None) -> list[str]:
 
     Raises ``KeyError`` naming the unknown ones.
     """
-    schema = S.TABLES[table]
     if columns is None:
-        return list(schema)
+        return list(S.TABLES[table])
+    schema = S.columns_of(table)
     unknown = sorted(set(columns) - set(schema))
     if unknown:
         msg = f"{table} has no column {', '.join(map(repr, unknown))}; its columns are {', '.join(schema)}"
         raise KeyError(msg)
-    return [c for c in schema if c in columns]
+    return [c for c in schema if c in columns]  # documented order, then the on-request columns
 
 
 def read_projected(
@@ -171,6 +171,14 @@ def tid_from_global(expr: pl.Expr) -> pl.Expr:
 def lookup_strings(expr: pl.Expr, strings: pl.DataFrame) -> pl.Expr:
     """Map ``StringIds`` ids to their text (unknown ids → null)."""
     return expr.replace_strict(strings["id"], strings["value"], default=None, return_dtype=pl.Utf8)
+
+
+def canonical_string_ids(expr: pl.Expr, strings: pl.DataFrame) -> pl.Expr:
+    """Map ``StringIds`` ids to the smallest id with the same text (unknown ids → null), so
+    that grouping by the result groups by text: 8-byte keys instead of the strings."""
+    first = strings.group_by("value").agg(pl.col("id").min().alias("first"))
+    canon = strings.join(first, on="value", how="left", nulls_equal=True)
+    return expr.replace_strict(canon["id"], canon["first"], default=None, return_dtype=pl.Int64)
 
 
 def string_ids(db: ExportDatabase) -> pl.DataFrame:
@@ -232,7 +240,7 @@ def kernels(db: ExportDatabase, strings: pl.DataFrame, columns: Collection[str] 
     table = "CUPTI_ACTIVITY_KIND_KERNEL"
     wanted = wanted_columns("kernels", columns)
     if not db.has_table(table):
-        return S.empty("kernels").select(wanted)
+        return S.empty("kernels", wanted)
     raw = [
         *_GPU_OP_COLS,
         Col("green_context_id", "greenContextId"),
@@ -262,6 +270,9 @@ def kernels(db: ExportDatabase, strings: pl.DataFrame, columns: Collection[str] 
         **_OP_IDS,
         "name": lookup_strings(pl.col("demangled_id"), strings),
         "short_name": lookup_strings(pl.col("short_id"), strings),
+        "name_id": pl.col("demangled_id"),
+        "short_name_id": pl.col("short_id"),
+        "mangled_name_id": pl.col("mangled_id"),
         "mangled_name": lookup_strings(pl.col("mangled_id"), strings),
         "launch_type": enums.map_codes(pl.col("launch_type_id"), launch),
     }
@@ -339,7 +350,7 @@ def cuda_api(db: ExportDatabase, strings: pl.DataFrame, columns: Collection[str]
     ``columns`` when given."""
     wanted = wanted_columns("cuda_api", columns)
     if not db.has_table(CUDA_API_SOURCE):
-        return S.empty("cuda_api").select(wanted)
+        return S.empty("cuda_api", wanted)
     raw, derived = cuda_api_spec(strings)
     return read_projected(db, CUDA_API_SOURCE, "cuda_api", raw, derived, wanted, direct=_DURATION)
 

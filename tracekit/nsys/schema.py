@@ -184,9 +184,27 @@ TABLES: dict[str, dict[str, pl.DataType | type[pl.DataType]]] = {
 }
 
 
-def empty(table: str) -> pl.DataFrame:
-    """An empty frame with the documented schema of ``table``."""
-    return pl.DataFrame(schema=TABLES[table])
+#: Columns given only when asked for by name (``trace.table("kernels", ["name_id", …])``): the
+#: ``StringIds`` ids behind a text column. A million kernel names are ~170 MB of text but 8 MB of
+#: ids; reports that group or sort by name and print it once per group or per written chunk use them.
+ON_REQUEST: dict[str, dict[str, pl.DataType | type[pl.DataType]]] = {
+    "kernels": {"name_id": I64, "short_name_id": I64, "mangled_name_id": I64},
+    "cuda_api": {"name_id": I64},
+}
+
+
+def columns_of(table: str) -> dict[str, pl.DataType | type[pl.DataType]]:
+    """Every column ``table`` can give: its documented schema, then its on-request columns."""
+    return {**TABLES[table], **ON_REQUEST.get(table, {})}
+
+
+def empty(table: str, columns: Sequence[str] | None = None) -> pl.DataFrame:
+    """An empty frame with the documented schema of ``table`` (only ``columns``, in that
+    order, when given: on-request columns included)."""
+    if columns is None:
+        return pl.DataFrame(schema=TABLES[table])
+    every = columns_of(table)
+    return pl.DataFrame(schema={c: every[c] for c in columns})
 
 
 def conform(frame: pl.DataFrame, table: str, columns: Sequence[str] | None = None) -> pl.DataFrame:
@@ -195,7 +213,7 @@ def conform(frame: pl.DataFrame, table: str, columns: Sequence[str] | None = Non
 
     Columns the frame lacks are added as nulls.
     """
-    schema = TABLES[table]
+    schema = TABLES[table] if columns is None else columns_of(table)
     exprs = []
     for name, dtype in schema.items():
         if columns is not None and name not in columns:

@@ -188,12 +188,13 @@ class NsysTrace:
         they need are read, and the narrow frame is returned without being cached (reports
         use this: ``cuda_gpu_kern_sum`` reads two of the kernel table's 25 columns).
         """
-        from tracekit.nsys.schema import TABLES
+        from tracekit.nsys.schema import ON_REQUEST, TABLES
 
         if name not in TABLES and name != "nccl":
             msg = f"unknown table {name!r}; choose one of {', '.join(sorted(TABLES))}"
             raise KeyError(msg)
-        if columns is None or self.is_loaded(name) or name not in _PROJECTED_READERS:
+        on_request = name in _PROJECTED_READERS and columns is not None and any(c in ON_REQUEST.get(name, ()) for c in columns)
+        if columns is None or (self.is_loaded(name) and not on_request) or name not in _PROJECTED_READERS:
             frame: pl.DataFrame = getattr(self, name)
             return frame if columns is None else frame.select(readers.wanted_columns(name, columns))
         return self._checked(name, _PROJECTED_READERS[name](self, columns))

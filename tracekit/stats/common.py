@@ -20,8 +20,7 @@ from __future__ import annotations
 import csv
 import io
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
 from decimal import ROUND_HALF_UP, Decimal
 from typing import BinaryIO
 
@@ -55,20 +54,54 @@ def stat_aggs(value: str) -> list[pl.Expr]:
     ]
 
 
-@dataclass
 class Report:
     """A computed report: rows with nsys's column names, and how to print each column.
 
     ``kinds`` maps a column to ``"int"``, ``"float1"`` (one decimal, rounded by
     ``convention``), ``"mb3"`` (value in bytes printed as decimal MB with three decimals),
     ``"pct"`` (percent, one decimal) or ``"str"``.
+
+    A report over millions of rows may be built from ``parts`` instead of a frame (see
+    :meth:`chunked`): :meth:`write_csv` then formats and writes one part at a time, so the whole
+    report never exists in memory; :attr:`frame` concatenates the parts on first use.
     """
 
-    name: str
-    frame: pl.DataFrame
-    kinds: dict[str, str]
-    convention: str = "2025"
-    notes: list[str] = field(default_factory=list)
+    def __init__(
+        self,
+        name: str,
+        frame: pl.DataFrame | None,
+        kinds: dict[str, str],
+        convention: str = "2025",
+        notes: list[str] | None = None,
+    ) -> None:
+        self.name = name
+        self.kinds = kinds
+        self.convention = convention
+        self.notes = list(notes or [])
+        self._frame = frame
+        self._parts: Callable[[], Iterator[pl.DataFrame]] | None = None
+
+    @classmethod
+    def chunked(
+        cls, name: str, parts: Callable[[], Iterator[pl.DataFrame]], kinds: dict[str, str], convention: str = "2025"
+    ) -> Report:
+        """A report whose rows ``parts()`` yields in order, a frame at a time (at least one
+        frame, empty when the report has no rows, so that the header is known)."""
+        report = cls(name, None, kinds, convention)
+        report._parts = parts
+        return report
+
+    @property
+    def frame(self) -> pl.DataFrame:
+        """All rows as one frame (built from the parts on first use for a chunked report)."""
+        if self._frame is None:
+            assert self._parts is not None
+            self._frame = pl.concat(list(self._parts()), how="vertical")
+        return self._frame
+
+    def __repr__(self) -> str:
+        rows = self._frame.height if self._frame is not None else "chunked"
+        return f"Report({self.name!r}, rows={rows}, convention={self.convention!r})"
 
     @property
     def columns(self) -> list[str]:
@@ -114,16 +147,24 @@ class Report:
         self.write_csv(buf)
         return buf.getvalue().decode("utf-8")
 
-    def write_csv(self, sink: BinaryIO, *, chunk_rows: int = CSV_CHUNK_ROWS) -> None:
+    def write_csv(self, sink: BinaryIO, *, chunk_rows: int = CSV_CHUNK_ROWS, header: bool = True) -> None:
         """Write :meth:`to_csv`'s text to a binary file, formatting ``chunk_rows`` rows at a
         time (a million-row trace report never exists as one string)."""
+        if self._frame is None and self._parts is not None:
+            for i, frame in enumerate(self._parts()):
+                Report(self.name, frame, self.kinds, self.convention).write_csv(sink, chunk_rows=chunk_rows, header=i == 0)
+            return
+        self._write_frame_csv(sink, chunk_rows=chunk_rows, header=header)
+
+    def _write_frame_csv(self, sink: BinaryIO, *, chunk_rows: int, header: bool) -> None:
         if self.frame.width == 1:  # csv.writer quotes a lone empty field; keep its output there
-            sink.write(_csv_rows([self.columns, *self.formatted_rows()]).encode("utf-8"))
+            rows = [self.columns, *self.formatted_rows()] if header else self.formatted_rows()
+            sink.write(_csv_rows(rows).encode("utf-8"))
             return
         for offset in range(0, max(self.frame.height, 1), chunk_rows):
             part = Report(self.name, self.frame.slice(offset, chunk_rows), self.kinds, self.convention)
             part.text_frame(keep_ints=True).write_csv(
-                sink, include_header=offset == 0, quote_style="necessary", line_terminator="\n", null_value=""
+                sink, include_header=header and offset == 0, quote_style="necessary", line_terminator="\n", null_value=""
             )
 
     def reference_rows(self) -> list[list[str]]:

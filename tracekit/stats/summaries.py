@@ -14,6 +14,7 @@ import polars as pl
 from tracekit.errors import UnsupportedReportError
 from tracekit.nsys.enums import NVTX_RANGE_TYPES
 from tracekit.nsys.nvtx import qualified_name
+from tracekit.nsys.readers import canonical_string_ids, lookup_strings
 from tracekit.stats.common import (
     TIME_SUMMARY_KINDS,
     Report,
@@ -47,16 +48,34 @@ def kernel_name_expr(mode: str = "demangled") -> pl.Expr:
     raise ValueError(msg)
 
 
+def _by_name_id(frame: pl.DataFrame, ids: list[str], strings: pl.DataFrame) -> pl.DataFrame:
+    """``frame`` with one ``_key`` column: the first of the ``ids`` columns that is not null,
+    as the smallest ``StringIds`` id of its text (grouping by it groups by the name)."""
+    key = pl.coalesce([canonical_string_ids(pl.col(c), strings) for c in ids])
+    return frame.select(key.alias("_key"), pl.exclude(ids))
+
+
+def _name_summary(frame: pl.DataFrame, strings: pl.DataFrame) -> pl.DataFrame:
+    """nsys's statistics of ``duration_ns`` per ``_key``, with the key's text as ``_name``."""
+    s = summary_frame(frame, group=["_key"], value="duration_ns")
+    return s.with_columns(lookup_strings(pl.col("_key"), strings).alias("_name")).drop("_key")
+
+
+_NAME_IDS = {"demangled": ["name_id"], "base": ["short_name_id", "name_id"], "mangled": ["mangled_name_id", "name_id"]}
+
+
 def cuda_gpu_kern_sum(trace: NsysTrace, *, name: str = "demangled", convention: str = "2025") -> Report:
     """Kernel time per kernel name (``cuda_gpu_kern_sum``).
 
-    Ordered by total time descending, then instance count ascending, then name.
+    Ordered by total time descending, then instance count ascending, then name. Kernels are
+    grouped by their names' ``StringIds`` ids (one id per text, :func:`canonical_string_ids`),
+    and each group's name is looked up once.
     """
     _require(trace, "cuda_gpu_kern_sum", "CUPTI_ACTIVITY_KIND_KERNEL")
-    kernel_name = kernel_name_expr(name)  # raises the error naming the valid modes
-    columns = [*kernel_name.meta.root_names(), "duration_ns"]  # read only what the name needs
-    k = trace.table("kernels", columns).select(kernel_name.alias("Name"), "duration_ns")
-    s = summary_frame(k, group=["Name"], value="duration_ns")
+    kernel_name_expr(name)  # raises the error naming the valid modes
+    ids = _NAME_IDS[name]
+    k = _by_name_id(trace.table("kernels", [*ids, "duration_ns"]), ids, trace.strings)
+    s = _name_summary(k, trace.strings).rename({"_name": "Name"})
     s = s.sort(["_total", "_count", "Name"], descending=[True, False, False])
     frame = s.select(*time_summary_columns("Instances"), pl.col("Name"))
     return Report("cuda_gpu_kern_sum", frame, {**TIME_SUMMARY_KINDS, "Instances": "int"}, convention)
@@ -76,8 +95,8 @@ def api_display_name(name: pl.Expr) -> pl.Expr:
 def cuda_api_sum(trace: NsysTrace, *, convention: str = "2025") -> Report:
     """Time per CUDA runtime/driver API function (``cuda_api_sum``), all calls counted."""
     _require(trace, "cuda_api_sum", "CUPTI_ACTIVITY_KIND_RUNTIME")
-    api = trace.table("cuda_api", ["name", "duration_ns"])
-    s = summary_frame(api, group=["name"], value="duration_ns")
+    api = _by_name_id(trace.table("cuda_api", ["name_id", "duration_ns"]), ["name_id"], trace.strings)
+    s = _name_summary(api, trace.strings).rename({"_name": "name"})
     s = s.sort(["_total", "_count", "name"], descending=[True, False, False])
     frame = s.select(*time_summary_columns("Num Calls"), api_display_name(pl.col("name")).alias("Name"))
     return Report("cuda_api_sum", frame, {**TIME_SUMMARY_KINDS, "Num Calls": "int"}, convention)
