@@ -196,7 +196,7 @@ class ColumnCache:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def _ipc_one_batch(column: pl.Series) -> bytes:
+def _ipc_one_batch(column: pl.Series) -> memoryview:
     """``column`` as an uncompressed Arrow IPC file of one record batch: polars writes ~120 k-row
     batches, and reading those back takes a third copy of the column to make it contiguous."""
     import pyarrow as pa
@@ -205,14 +205,14 @@ def _ipc_one_batch(column: pl.Series) -> bytes:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_file(sink, pa.schema([pa.field(column.name, array.type)])) as writer:
         writer.write_batch(pa.record_batch([array], names=[column.name]))
-    return sink.getvalue().to_pybytes()
+    return memoryview(sink.getvalue())  # the Arrow buffer itself: no copy into a bytes object
 
 
 def _sum_path(path: Path) -> Path:
     return path.with_name(path.name + ".b2")
 
 
-def _checksum(data: bytes) -> str:
+def _checksum(data: bytes | memoryview) -> str:
     """``xxh3:<hex>`` (XXH3-128) or, without the xxhash package, ``b2:<hex>`` (BLAKE2b-128)."""
     try:
         import xxhash
@@ -234,7 +234,7 @@ def _verify(data: bytes, expected: str) -> bool:
     return False
 
 
-def _write_atomic(path: Path, data: bytes, tmp_names: list[str]) -> None:
+def _write_atomic(path: Path, data: bytes | memoryview, tmp_names: list[str]) -> None:
     """``data`` to ``path`` through a fresh ``mkstemp`` name in its folder (O_EXCL: a name
     planted there, symlink or not, is never opened), then a rename."""
     fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)

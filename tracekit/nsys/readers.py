@@ -15,14 +15,13 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Collection, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import polars as pl
 
 from tracekit.nsys import enums
 from tracekit.nsys import schema as S
-from tracekit.nsys.database import ExportDatabase, TypeMismatchWarning, read_threads
+from tracekit.nsys.database import ExportDatabase, TypeMismatchWarning
 
 PID_MASK = 0xFFFFFF
 PROCESS_KEY_MASK = -0x1000000  # == 0xFFFFFFFFFF000000 as a signed 64-bit mask
@@ -93,14 +92,9 @@ class TableColumns:
         return column
 
     def gather_columns(self, names: Sequence[str], rows: pl.Series) -> list[pl.Series]:
-        """``self[name].gather(rows)`` for each name, read and gathered on up to
-        :func:`~tracekit.nsys.database.read_threads` threads (so at most that many whole
-        columns are in memory at once)."""
-        threads = min(read_threads(), len(names))
-        if threads <= 1 or self._frame is not None:
-            return [self[n].gather(rows) for n in names]
-        with ThreadPoolExecutor(threads, thread_name_prefix="tracekit-gather") as pool:
-            return list(pool.map(lambda n: self[n].gather(rows), names))
+        """``self[name].gather(rows)`` for each name, one column after the other (so one whole
+        column is in memory at a time; reading cached columns on two threads saved no time)."""
+        return [self[n].gather(rows) for n in names]
 
 
 def wanted_columns(table: str, columns: Collection[str] | None) -> list[str]:

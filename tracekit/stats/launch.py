@@ -9,6 +9,7 @@ of the call to whichever ends last, the call or the kernel.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import polars as pl
@@ -104,8 +105,31 @@ def cuda_kern_exec_trace(trace: NsysTrace, *, convention: str = "2025") -> Repor
     # the launch shapes as text, then the six integer columns go (a million rows each)
     k = k.with_columns(_xyz(k, "grid_x", "grid_y", "grid_z").alias("_grid"), _xyz(k, "block_x", "block_y", "block_z").alias("_block"))
     k = k.drop(GRID)
-    k = resolve_names(k, trace, "name", "api_name")
     order = k.select(pl.arg_sort_by(["api_start_ns", "start_ns", "correlation_id"], maintain_order=True)).to_series()
+    if is_identity(order, k.height):  # usually already in order: no gather of a million rows
+        order = None
+    kinds = dict.fromkeys(_EXEC_TRACE_COLUMNS[:10], "int")
+
+    def parts() -> Iterator[pl.DataFrame]:
+        # names stay string ids until a chunk is written: a million kernel names as text
+        # took ~0.2 GB
+        for offset in range(0, max(k.height, 1), _CHUNK_ROWS):
+            rows = k.slice(offset, _CHUNK_ROWS) if order is None else k[order.slice(offset, _CHUNK_ROWS)]
+            yield _exec_trace_rows(resolve_names(rows, trace, "name", "api_name"))
+
+    return Report.chunked("cuda_kern_exec_trace", parts, kinds, convention)
+
+
+#: Rows of ``cuda_kern_exec_trace`` built and formatted at a time.
+_CHUNK_ROWS = 100_000
+_EXEC_TRACE_COLUMNS = (
+    "API Start (ns)", "API Dur (ns)", "Queue Start (ns)", "Queue Dur (ns)", "Kernel Start (ns)",
+    "Kernel Dur (ns)", "Total Dur (ns)", "PID", "TID", "DevId", "API Function", "GridXYZ",
+    "BlockXYZ", "Kernel Name",
+)
+
+
+def _exec_trace_rows(k: pl.DataFrame) -> pl.DataFrame:
     frame = k.select(
         pl.col("api_start_ns").alias("API Start (ns)"),
         _API_DURATION.alias("API Dur (ns)"),
@@ -122,11 +146,7 @@ def cuda_kern_exec_trace(trace: NsysTrace, *, convention: str = "2025") -> Repor
         pl.col("_block").alias("BlockXYZ"),
         pl.col("name").alias("Kernel Name"),
     )
-    del k
-    if not is_identity(order, frame.height):  # usually already in order: no copy of a million rows
-        frame = frame.select(pl.all().gather(order))
-    kinds = {c: "int" for c in frame.columns[:10]}
-    return Report("cuda_kern_exec_trace", frame, kinds, convention)
+    return frame
 
 
 def _stats(value: str, prefix: str) -> list[pl.Expr]:
