@@ -51,7 +51,10 @@ def kernel_name_expr(mode: str = "demangled") -> pl.Expr:
 def _by_name_id(frame: pl.DataFrame, ids: list[str], strings: pl.DataFrame) -> pl.DataFrame:
     """``frame`` with one ``_key`` column: the first of the ``ids`` columns that is not null,
     as the smallest ``StringIds`` id of its text (grouping by it groups by the name)."""
-    key = pl.coalesce([canonical_string_ids(pl.col(c), strings) for c in ids])
+    if strings["value"].is_duplicated().any():  # rare: two ids with one text
+        key = pl.coalesce([canonical_string_ids(pl.col(c), strings) for c in ids])
+    else:  # each text has one id already: no million-row mapping (it took ~60 MB)
+        key = pl.coalesce(ids) if len(ids) > 1 else pl.col(ids[0])
     return frame.select(key.alias("_key"), pl.exclude(ids))
 
 
