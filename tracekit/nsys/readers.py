@@ -65,8 +65,9 @@ class TableColumns:
     frame (``columns``, ``frame[name]``) where a pipeline needs a few rows of several huge
     columns, e.g. the API calls that launched each kernel. A column comes from the column
     cache and is not kept (the last one read is), so only one is in memory at a time. When
-    any of them is not cached, the first access reads them all in one scan (which fills the
-    cache) and keeps that frame: one scan costs less than one per column.
+    any of them is not cached, the first access reads them all in one scan (one scan costs
+    less than one per column), which fills the cache; the frame is kept only when the cache
+    is off.
     """
 
     def __init__(self, db: ExportDatabase, table: str, cols: Sequence[Col]) -> None:
@@ -84,9 +85,15 @@ class TableColumns:
         if self._last is not None and self._last[0] == name:
             return self._last[1]
         present = set(self._db.columns(self._table))
-        if not self._db.all_cached(self._table, _sql_exprs(list(self._cols.values()), present)):
-            self._frame = select(self._db, self._table, list(self._cols.values()))
-            return self._frame[name]
+        exprs = _sql_exprs(list(self._cols.values()), present)
+        if not self._db.all_cached(self._table, exprs):
+            frame = select(self._db, self._table, list(self._cols.values()))
+            column = frame[name]
+            if self._db.all_cached(self._table, exprs):  # that scan filled the cache: keep none
+                self._last = (name, column)
+            else:  # no cache: keep the frame rather than scan again
+                self._frame = frame
+            return column
         column = select(self._db, self._table, [self._cols[name]]).to_series()
         self._last = (name, column)
         return column
