@@ -2,8 +2,18 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import tempfile
 from pathlib import Path
+
+#: Version of the column cache's stored layout (part of each export's folder key).
+COLUMN_CACHE_FORMAT = "3"
+
+
+def column_cache_enabled() -> bool:
+    """False when ``TRACEKIT_COLUMN_CACHE`` is ``0``, ``off``, ``false`` or ``no``."""
+    return os.environ.get("TRACEKIT_COLUMN_CACHE", "1").strip().lower() not in ("0", "off", "false", "no")
 
 
 def cache_dir() -> Path:
@@ -11,3 +21,75 @@ def cache_dir() -> Path:
     if os.environ.get("TRACEKIT_CACHE"):
         return Path(os.environ["TRACEKIT_CACHE"])
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tracekit"
+
+
+# -- shared by the caches (standard library only: the CLI's cached-report path imports no polars)
+
+
+def fingerprint(export: Path) -> str:
+    """A cheap content fingerprint of a SQLite file: its 100-byte header (file change counter,
+    page count), first page and last page (at most 128 KiB read)."""
+    h = hashlib.blake2b(digest_size=16)
+    with export.open("rb") as fh:
+        head = fh.read(65536)
+        h.update(head)
+        size = os.fstat(fh.fileno()).st_size
+        if size > 65536:
+            fh.seek(max(size - 65536, 65536))
+            h.update(fh.read(65536))
+    return h.hexdigest()
+
+
+def export_key(export: Path, salt: str = "") -> str:
+    """A 24-hex-digit key of an export's identity and content: its resolved path, size,
+    modification time (ns), inode, ``salt`` (a cache's format version) and :func:`fingerprint`
+    (so an export rewritten in place with its size and mtime kept gets a new key too)."""
+    st = export.stat()
+    identity = f"{export.resolve()}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}|{salt}|{fingerprint(export)}"
+    return hashlib.sha256(identity.encode()).hexdigest()[:24]
+
+
+def folder_state(root: Path) -> str:
+    """``"ok"``, ``"unwritable"`` (cannot be created: caching is skipped quietly) or
+    ``"foreign"`` (owned by another user: a shared or planted folder is never used)."""
+    try:
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        st = root.stat()
+    except OSError:
+        return "unwritable"
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        return "foreign"
+    return "ok"
+
+
+def checksum(data: bytes | memoryview) -> str:
+    """``xxh3:<hex>`` (XXH3-128) or, without the xxhash package, ``b2:<hex>`` (BLAKE2b-128)."""
+    try:
+        import xxhash
+    except ImportError:
+        return "b2:" + hashlib.blake2b(data, digest_size=16).hexdigest()
+    return "xxh3:" + xxhash.xxh3_128_hexdigest(data)
+
+
+def verify(data: bytes | memoryview, expected: str) -> bool:
+    algo, _, digest = expected.partition(":")
+    if algo == "xxh3":
+        try:
+            import xxhash
+        except ImportError:
+            return False
+        return bool(xxhash.xxh3_128_hexdigest(data) == digest)
+    if algo == "b2":
+        return hashlib.blake2b(data, digest_size=16).hexdigest() == digest
+    return False
+
+
+def write_atomic(path: Path, data: bytes | memoryview, tmp_names: list[str]) -> None:
+    """``data`` to ``path`` through a fresh ``mkstemp`` name in its folder (O_EXCL: a name
+    planted there, symlink or not, is never opened), then a rename."""
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp_names.append(name)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    os.replace(name, path)
+    tmp_names.remove(name)

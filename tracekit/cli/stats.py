@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
+import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING, BinaryIO
 
 import typer
+
+from tracekit.cli import stats_cache
+
+if TYPE_CHECKING:
+    from tracekit.stats.common import Report
 
 
 def register(parent: typer.Typer) -> None:
@@ -38,35 +47,79 @@ def stats(
     if fmt not in ("csv", "table"):
         msg = f"unknown format {fmt!r}; use csv or table"
         raise TraceFormatError(msg)
-    trace = tracekit.open(file)
-    if not isinstance(trace, NsysTrace):
-        msg = f"{file} is an Nsight Compute report; `tracekit stats` reads Nsight Systems exports"
-        raise TraceFormatError(msg)
     names = [r.strip() for r in report.split(",") if r.strip()]
     skipped: list[str] = []
-    for name in names:
-        try:
-            result = run_report(trace, name, convention=convention)
-        except TracekitError as exc:
-            if len(names) == 1:
-                raise
-            typer.echo(f"tracekit: skipping {name}: {exc}", err=True)
-            skipped.append(name)
-            continue
-        if output:
-            path = Path(f"{output}_{result.name}.csv")
-            with path.open("wb") as fh:
-                result.write_csv(fh)
-            typer.echo(f"wrote {path}", err=True)
-        elif fmt == "csv":
-            sys.stdout.flush()
-            result.write_csv(sys.stdout.buffer)
-            sys.stdout.buffer.flush()
-        else:
-            _print_table(result)
+    printed: list[tuple[str, bytes | None]] = []
+    with stats_cache.warnings_counted() as warned:
+        trace = tracekit.open(file)
+        if not isinstance(trace, NsysTrace):
+            msg = f"{file} is an Nsight Compute report; `tracekit stats` reads Nsight Systems exports"
+            raise TraceFormatError(msg)
+        for name in names:
+            try:
+                result = run_report(trace, name, convention=convention)
+            except TracekitError as exc:
+                if len(names) == 1:
+                    raise
+                typer.echo(f"tracekit: skipping {name}: {exc}", err=True)
+                skipped.append(name)
+                continue
+            if output:
+                path = Path(f"{output}_{result.name}.csv")
+                _write_atomic(path, result)
+                typer.echo(f"wrote {path}", err=True)
+            elif fmt == "csv":
+                sys.stdout.flush()
+                sink = _Tee(sys.stdout.buffer, stats_cache.MAX_BYTES)
+                result.write_csv(sink)  # type: ignore[arg-type]
+                sys.stdout.buffer.flush()
+                printed.append((name, sink.kept()))
+            else:
+                _print_table(result)
     if names and len(skipped) == len(names):
         msg = f"none of the {len(names)} reports could be made from {file} (each was skipped, reasons above)"
         raise TracekitError(msg)
+    if printed and not skipped and not warned[0]:  # the next identical command prints these again
+        for name, data in printed:
+            if data is not None:
+                stats_cache.store(Path(file), name, convention, data)
+
+
+class _Tee:
+    """A binary sink that writes through to ``out`` and keeps a copy of up to ``limit`` bytes
+    (``kept()`` is None once more was written)."""
+
+    def __init__(self, out: BinaryIO, limit: int) -> None:
+        self._out, self._limit = out, limit
+        self._parts: list[bytes] | None = []
+        self._size = 0
+
+    def write(self, data: bytes) -> int:
+        self._out.write(data)
+        if self._parts is not None:
+            self._size += len(data)
+            if self._size <= self._limit:
+                self._parts.append(bytes(data))
+            else:
+                self._parts = None
+        return len(data)
+
+    def kept(self) -> bytes | None:
+        return None if self._parts is None else b"".join(self._parts)
+
+
+def _write_atomic(path: Path, result: Report) -> None:
+    """``result`` as CSV to ``path`` through a temporary name in its folder, then a rename: an
+    interrupted run never leaves a half-written file under the final name."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            result.write_csv(fh)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def _print_table(result) -> None:  # type: ignore[no-untyped-def]

@@ -38,19 +38,27 @@ import logging
 import math
 import os
 import shutil
-import tempfile
 import warnings
 from pathlib import Path
 
 import polars as pl
 
-from tracekit.cache import cache_dir
+from tracekit.cache import (
+    COLUMN_CACHE_FORMAT,
+    cache_dir,
+    checksum,
+    column_cache_enabled,
+    export_key,
+    folder_state,
+    verify,
+    write_atomic,
+)
 from tracekit.errors import TracekitError
 
 log = logging.getLogger(__name__)
 
 #: Bumped when the stored layout or the way columns are read changes.
-FORMAT = "3"
+FORMAT = COLUMN_CACHE_FORMAT
 #: Tables with fewer rows than this are not cached (SQLite reads them in well under 0.1 s).
 MIN_ROWS = 200_000
 #: Default size limit of all cached columns, in GB (``TRACEKIT_COLUMN_CACHE_MAX_GB``).
@@ -59,38 +67,11 @@ DEFAULT_MAX_GB = 5.0
 
 def enabled_by_default() -> bool:
     """False when ``TRACEKIT_COLUMN_CACHE`` is ``0``, ``off``, ``false`` or ``no``."""
-    return os.environ.get("TRACEKIT_COLUMN_CACHE", "1").strip().lower() not in ("0", "off", "false", "no")
+    return column_cache_enabled()
 
 
 class CacheIntegrityWarning(UserWarning):
     """A cached column failed its checksum or could not be read; it was read from the export."""
-
-
-def fingerprint(export: Path) -> str:
-    """A cheap content fingerprint of a SQLite file: its 100-byte header (file change counter,
-    page count), first page and last page (at most 128 KiB read)."""
-    h = hashlib.blake2b(digest_size=16)
-    with export.open("rb") as fh:
-        head = fh.read(65536)
-        h.update(head)
-        size = os.fstat(fh.fileno()).st_size
-        if size > 65536:
-            fh.seek(max(size - 65536, 65536))
-            h.update(fh.read(65536))
-    return h.hexdigest()
-
-
-def _folder_state(root: Path) -> str:
-    """``"ok"``, ``"unwritable"`` (cannot be created: caching is skipped quietly) or
-    ``"foreign"`` (owned by another user: a shared or planted folder is never used)."""
-    try:
-        root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        st = root.stat()
-    except OSError:
-        return "unwritable"
-    if hasattr(os, "getuid") and st.st_uid != os.getuid():
-        return "foreign"
-    return "ok"
 
 
 class ColumnCache:
@@ -99,15 +80,14 @@ class ColumnCache:
     def __init__(self, export: Path, root: Path | None = None) -> None:
         st = export.stat()
         max_bytes()  # a nonsense size limit is one clear error now, not a failure later
-        identity = f"{export.resolve()}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}|{FORMAT}|{fingerprint(export)}"
-        self.key = hashlib.sha256(identity.encode()).hexdigest()[:24]
+        self.key = export_key(export, FORMAT)
         self.root = root or cache_dir() / "columns"
         self.folder = self.root / self.key
         self._export = export
         self._used = False
         self._warned = False
         self._stamp = {"export": str(export.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-        state = _folder_state(self.root)
+        state = folder_state(self.root)
         self.usable = state == "ok"
         if state == "foreign":
             warnings.warn(
@@ -155,7 +135,7 @@ class ColumnCache:
         except OSError as exc:
             log.debug("cached column %s unreadable (%s)", path, exc)
             return None
-        if not _verify(data, expected):
+        if not verify(data, expected):
             self._drop(path, "failed its checksum")
             return None
         try:
@@ -180,10 +160,10 @@ class ColumnCache:
             self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
             stamp = self.folder / "export.json"
             if not stamp.exists():
-                _write_atomic(stamp, json.dumps(self._stamp, indent=1).encode(), tmp_names)
+                write_atomic(stamp, json.dumps(self._stamp, indent=1).encode(), tmp_names)
             data = _ipc_one_batch(column)
-            _write_atomic(_sum_path(path), _checksum(data).encode(), tmp_names)
-            _write_atomic(path, data, tmp_names)
+            write_atomic(_sum_path(path), checksum(data).encode(), tmp_names)
+            write_atomic(path, data, tmp_names)
             evict(self.root, keep=self.folder, limit_bytes=max_bytes())
         except OSError as exc:
             log.debug("not caching %s.%s (%s)", table, expr, exc)
@@ -210,39 +190,6 @@ def _ipc_one_batch(column: pl.Series) -> memoryview:
 
 def _sum_path(path: Path) -> Path:
     return path.with_name(path.name + ".b2")
-
-
-def _checksum(data: bytes | memoryview) -> str:
-    """``xxh3:<hex>`` (XXH3-128) or, without the xxhash package, ``b2:<hex>`` (BLAKE2b-128)."""
-    try:
-        import xxhash
-    except ImportError:
-        return "b2:" + hashlib.blake2b(data, digest_size=16).hexdigest()
-    return "xxh3:" + xxhash.xxh3_128_hexdigest(data)
-
-
-def _verify(data: bytes, expected: str) -> bool:
-    algo, _, digest = expected.partition(":")
-    if algo == "xxh3":
-        try:
-            import xxhash
-        except ImportError:
-            return False
-        return bool(xxhash.xxh3_128_hexdigest(data) == digest)
-    if algo == "b2":
-        return hashlib.blake2b(data, digest_size=16).hexdigest() == digest
-    return False
-
-
-def _write_atomic(path: Path, data: bytes | memoryview, tmp_names: list[str]) -> None:
-    """``data`` to ``path`` through a fresh ``mkstemp`` name in its folder (O_EXCL: a name
-    planted there, symlink or not, is never opened), then a rename."""
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    tmp_names.append(name)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-    os.replace(name, path)
-    tmp_names.remove(name)
 
 
 def max_bytes() -> int:

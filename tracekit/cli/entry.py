@@ -1,0 +1,24 @@
+"""The ``tracekit`` console script: a repeated ``tracekit stats … -f csv`` is answered from the
+kept CSVs (:mod:`tracekit.cli.stats_cache`) before typer or polars is imported; everything
+else goes to :func:`tracekit.cli.main.run`."""
+
+from __future__ import annotations
+
+import sys
+from typing import NoReturn
+
+
+def run() -> NoReturn:
+    """Print kept ``stats`` CSVs when the command line asks only for those, else run the CLI."""
+    from tracekit.cli.stats_cache import cached_stats
+
+    code = cached_stats(sys.argv[1:])
+    if code is not None:
+        sys.exit(code)
+    from tracekit.cli.main import run as run_cli
+
+    run_cli()
+
+
+if __name__ == "__main__":
+    run()
