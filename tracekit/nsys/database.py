@@ -323,6 +323,12 @@ class ExportDatabase:
                 cache.put(table, expr, fresh.get_column(expr))
         return all(cache.has(table, e) for e in exprs)
 
+    def caches(self, table: str) -> bool:
+        """Whether full reads of ``table`` go through the column cache (on, usable, and the
+        table large enough)."""
+        cache = self._cache_for(table)
+        return cache is not None and cache.usable
+
     def all_cached(self, table: str, exprs: Sequence[str]) -> bool:
         """Whether :meth:`query_table` of these expressions (no ``WHERE``) would be answered
         from the column cache alone."""
