@@ -333,3 +333,10 @@ def precompile_tracekit() -> None:
     every imported tracekit module in every child: 0.05–0.1 s per process that no user pays.
     """
     subprocess.run([python(), "-m", "compileall", "-q", str(REPO / "tracekit")], check=False, capture_output=True)
+
+
+def drop_kept_reports(cache: Path) -> None:
+    """Delete the report CSVs ``tracekit stats`` kept under ``cache`` (the columns stay), so the
+    next run computes its report from the cached columns."""
+    for folder in cache.glob("columns/*/reports"):
+        shutil.rmtree(folder, ignore_errors=True)
