@@ -122,11 +122,19 @@ def test_stop_event_marks_interrupted(tmp_path: Path) -> None:
 
 
 def test_keyboard_interrupt_keeps_the_folder(tmp_path: Path) -> None:
-    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
-    timer.start()
+    # Ctrl-C once the program has started (a fixed 1 s timer raced a slow start on a loaded
+    # machine: the test once saw run() return without the interrupt)
+    timers: list[threading.Timer] = []
+
+    def interrupt_when_started(line: object) -> None:
+        if getattr(line, "text", "") == "started" and not timers:
+            timers.append(threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)))
+            timers[0].start()
+
     with pytest.raises(KeyboardInterrupt):
-        run(_exp(tmp_path, STUBBORN, kill_grace_s=0.3, name="ctrlc"))
-    timer.join()
+        run(_exp(tmp_path, STUBBORN, kill_grace_s=0.3, name="ctrlc"), on_output=interrupt_when_started)
+    for timer in timers:
+        timer.join()
     (folder,) = (tmp_path / "runs").iterdir()
     record = json.loads((folder / "experiment.json").read_text())
     assert record["status"] == "interrupted" and record["steps"][0]["status"] == "interrupted"
