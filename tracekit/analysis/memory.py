@@ -1,17 +1,30 @@
-"""Copies and device memory: bandwidth per copy kind with flags for costly copy patterns, and
-device memory in use over time with its peak.
+"""Copies and device memory: bandwidth per copy kind with flags for costly copy patterns,
+device memory in use over time with its peak, and the memory each NVTX range (layer) adds.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import warnings
+from collections.abc import Mapping, Sequence
 
+import numpy as np
 import polars as pl
 
-from tracekit.analysis._frames import rank_keys
-from tracekit.analysis.attribution import launch_info
+from tracekit.analysis._frames import process_key, rank_keys
+from tracekit.analysis.attribution import launch_info, nvtx_ranges
+from tracekit.analysis.iterations import DEFAULT_ITERATION_PATTERN, iteration_ranges
 
-__all__ = ["HOST_MEMORY_KINDS", "allocations_at_peak", "copies", "copy_summary", "memory_peak", "memory_timeline"]
+__all__ = [
+    "DEFAULT_PHASES",
+    "HOST_MEMORY_KINDS",
+    "allocations_at_peak",
+    "copies",
+    "copy_summary",
+    "layer_memory",
+    "layer_memory_summary",
+    "memory_peak",
+    "memory_timeline",
+]
 
 #: Memory kinds that live on the host; excluded from device memory in use.
 HOST_MEMORY_KINDS: tuple[str, ...] = ("Pageable", "Pinned")
@@ -122,6 +135,13 @@ def _device_events(memory_usage: pl.DataFrame, kinds: Sequence[str] | None) -> p
     return ev
 
 
+def _running(ev: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
+    """Events of :func:`_device_events` in time order per ``keys`` (frees first at equal
+    times), with ``in_use_bytes``, the running total of ``delta_bytes``."""
+    ev = ev.sort([*keys, "start_ns", "_order", "_ev"])
+    return ev.with_columns(pl.col("delta_bytes").cum_sum().over(keys).alias("in_use_bytes"))
+
+
 def memory_timeline(memory_usage: pl.DataFrame, *, kinds: Sequence[str] | None = None) -> pl.DataFrame:
     """Device memory in use after each allocation and free.
 
@@ -135,8 +155,7 @@ def memory_timeline(memory_usage: pl.DataFrame, *, kinds: Sequence[str] | None =
     trace: memory allocated before the capture began is not known), in time order.
     """
     keys = [*rank_keys(memory_usage), "device_id"]
-    ev = _device_events(memory_usage, kinds).sort([*keys, "start_ns", "_order", "_ev"])
-    ev = ev.with_columns(pl.col("delta_bytes").cum_sum().over(keys).alias("in_use_bytes"))
+    ev = _running(_device_events(memory_usage, kinds), keys)
     return ev.select(*keys, "start_ns", "operation", "mem_kind", "address", "delta_bytes", "in_use_bytes")
 
 
@@ -189,3 +208,235 @@ def allocations_at_peak(
         live = launch_info(live, cuda_api)
         cols += ["api_name", "tid", "api_start_ns"]
     return live.select(cols).sort([*keys, "bytes"], descending=[*([False] * len(keys)), True])
+
+
+#: Phase of a range, from its NVTX path (its own label and those of the ranges enclosing it on
+#: its thread): the first pattern that matches names the phase, ``forward`` when none does.
+DEFAULT_PHASES: dict[str, str] = {"backward": r"(?i)backward", "optimizer": r"(?i)optimi[sz]er"}
+
+_LAYER_SCHEMA: dict[str, type[pl.DataType] | pl.DataType] = {
+    "pid": pl.Int64, "tid": pl.Int64, "range_id": pl.Int64, "name": pl.Utf8, "path": pl.Utf8,
+    "level": pl.Int64, "phase": pl.Utf8, "step": pl.Int64, "instance": pl.Int64, "device_id": pl.Int64,
+    "start_ns": pl.Int64, "end_ns": pl.Int64, "duration_ns": pl.Int64,
+    "in_use_at_entry_bytes": pl.Int64, "in_use_at_exit_bytes": pl.Int64, "peak_inside_bytes": pl.Int64,
+    "net_growth_bytes": pl.Int64, "allocated_bytes": pl.Int64, "freed_bytes": pl.Int64,
+    "n_allocs": pl.Int64, "n_frees": pl.Int64,
+}
+
+
+def _range_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """``max(values[lo:hi + 1])`` for each pair (``lo <= hi``), from a sparse table: O(n log n)
+    to build, O(1) a query, so nested ranges over many events cost no N × M join."""
+    out = np.empty(len(lo), dtype=values.dtype)
+    if len(lo) == 0:
+        return out
+    levels = np.frexp((hi - lo + 1).astype(np.float64))[1] - 1  # floor(log2(length))
+    table = values
+    for k in range(int(levels.max()) + 1):
+        if k:
+            half = 1 << (k - 1)
+            table = np.maximum(table[:-half], table[half:])
+        at = levels == k
+        if at.any():
+            out[at] = np.maximum(table[lo[at]], table[hi[at] - (1 << k) + 1])
+    return out
+
+
+def _empty_layer_memory(rk: list[str], nvtx: pl.DataFrame, why: str) -> pl.DataFrame:
+    warnings.warn(f"layer_memory: no rows: {why}", _empty_warning(), stacklevel=3)
+    return pl.DataFrame(schema={**({"rank": nvtx.schema["rank"]} if rk else {}), **_LAYER_SCHEMA})
+
+
+def _empty_warning() -> type[Warning]:
+    from tracekit.errors import EmptyResultWarning
+
+    return EmptyResultWarning
+
+
+def _phase(path: pl.Expr, phases: Mapping[str, str]) -> pl.Expr:
+    out: pl.Expr = pl.lit("forward")
+    for name, pattern in reversed(list(phases.items())):
+        out = pl.when(path.str.contains(pattern).fill_null(False)).then(pl.lit(name)).otherwise(out)
+    return out
+
+
+def layer_memory(
+    memory_usage: pl.DataFrame,
+    nvtx: pl.DataFrame,
+    *,
+    ranges: str | None = None,
+    kinds: Sequence[str] | None = None,
+    per_step: bool | str = True,
+    phases: Mapping[str, str] | None = None,
+) -> pl.DataFrame:
+    """Device memory at the entry and exit of each NVTX range instance, its peak inside, and
+    what the range allocated and freed: the activation memory a layer adds in the forward
+    pass and what backward releases.
+
+    Parameters
+    ----------
+    memory_usage
+        The ``memory_usage`` table (``--cuda-memory-usage=true``): ``global_pid``,
+        ``device_id``, ``start_ns``, ``address``, ``bytes``, ``mem_kind``, ``operation``.
+    nvtx
+        The whole ``nvtx`` table (see :func:`~tracekit.analysis.attribution.nvtx_ranges`).
+    ranges
+        Regular expression searched in each range's label (``domain:name`` or ``name``), e.g.
+        ``r"^layer\\.\\d+$"``; ``None`` keeps every closed push/pop and start/end range.
+    kinds
+        Memory kinds counted (default: all but host memory, :data:`HOST_MEMORY_KINDS`).
+    per_step
+        ``True``: ``step`` is the iteration (:func:`~tracekit.analysis.iterations.
+        iteration_ranges`, default pattern ``step|iter``) of the range's process that contains
+        the range's start; a string is that pattern instead; ``False`` leaves ``step`` null.
+    phases
+        Phase name → regular expression searched in the range's NVTX ``path`` (its own label
+        and those of the ranges enclosing it on its thread); the first match names the phase,
+        ``forward`` when none matches. Default :data:`DEFAULT_PHASES` (``backward``,
+        ``optimizer``).
+
+    Returns
+    -------
+    One row per range instance and device on which its process has memory events, sorted by
+    (``rank``,) ``pid``, ``device_id``, ``start_ns``: (``rank``,) ``pid``, ``tid``,
+    ``range_id``, ``name`` (label), ``path``, ``level``, ``phase``, ``step``, ``instance``
+    (0-based occurrence of the name in its process, in start order), ``device_id``,
+    ``start_ns``, ``end_ns``, ``duration_ns`` (ns), and in bytes:
+    ``in_use_at_entry_bytes``, ``in_use_at_exit_bytes``, ``peak_inside_bytes``,
+    ``net_growth_bytes`` (exit − entry), ``allocated_bytes``, ``freed_bytes``, with counts
+    ``n_allocs`` and ``n_frees``.
+
+    Notes
+    -----
+    Memory in use is that of the range's process on the device (the running total of
+    :func:`memory_timeline` kept per process; it starts at 0 at the first event, so memory
+    allocated before the capture is not known). CUPTI's memory events carry no thread, so a
+    range counts every event of its process inside its time window, whichever thread made
+    it; ranges on different threads that overlap in time share the events.
+
+    A range covers the half-open interval ``[start_ns, end_ns)``: an event at exactly
+    ``start_ns`` is inside the range, one at exactly ``end_ns`` is not (it belongs after the
+    range, and to a range starting at that time). So ``in_use_at_entry_bytes`` is the total
+    after every event before ``start_ns``, ``in_use_at_exit_bytes`` the total after every
+    event before ``end_ns``, ``net_growth_bytes = allocated_bytes − freed_bytes``, and
+    ``peak_inside_bytes`` is the largest total after any event inside, or the entry total
+    when larger (a zero-length range has nothing inside: peak = entry = exit). Frees count
+    the size of the allocation they release; at equal times frees apply before allocations
+    (as in :func:`memory_timeline`). Ranges still open at the end of the capture are left
+    out. Empty (same columns, with an :class:`~tracekit.errors.EmptyResultWarning` that says
+    why) when there are no memory events, no ranges, or no range's process has memory events.
+    """
+    rk = rank_keys(memory_usage, nvtx)
+    if memory_usage.height == 0:
+        return _empty_layer_memory(rk, nvtx, "the trace has no CUDA memory usage events (capture with --cuda-memory-usage=true)")
+    ev = _device_events(memory_usage, kinds)
+    if ev.height == 0:
+        which = f"of kinds {list(kinds)}" if kinds is not None else "of device memory (only host memory events)"
+        return _empty_layer_memory(rk, nvtx, f"no memory events {which}")
+    r = nvtx_ranges(nvtx).filter(~pl.col("is_open")) if nvtx.height else pl.DataFrame()
+    if r.height == 0:
+        return _empty_layer_memory(rk, nvtx, "the trace has no closed NVTX push/pop or start/end ranges")
+    if ranges is not None:
+        r = r.filter(pl.col("label").str.contains(ranges).fill_null(False))
+        if r.height == 0:
+            return _empty_layer_memory(rk, nvtx, f"no NVTX range label matches {ranges!r}")
+    if "rank" in r.columns and not rk:
+        r = r.drop("rank")
+    r = r.sort([*rk, "pid", "start_ns", "range_id"]).with_columns(
+        process_key("global_tid").alias("global_pid"),
+        pl.int_range(pl.len(), dtype=pl.Int64).over([*rk, "pid", "label"]).alias("instance"),
+        _phase(pl.col("path"), DEFAULT_PHASES if phases is None else phases).alias("phase"),
+    )
+    if per_step is not False:
+        pattern = DEFAULT_ITERATION_PATTERN if per_step is True else str(per_step)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            its = iteration_ranges(nvtx, pattern=pattern)
+        if "rank" in its.columns and not rk:
+            its = its.drop("rank")
+        win = its.select(*rk, "pid", "start_ns", pl.col("iteration").alias("step"), pl.col("end_ns").alias("_step_end"))
+        r = r.join_asof(win.sort([*rk, "pid", "start_ns"]), on="start_ns", by=[*rk, "pid"], strategy="backward",
+                        check_sortedness=False)
+        r = r.with_columns(pl.when(pl.col("start_ns") < pl.col("_step_end")).then(pl.col("step")).alias("step"))
+    else:
+        r = r.with_columns(pl.lit(None, pl.Int64).alias("step"))
+
+    g = [*rk, "global_pid", "device_id"]
+    tl = _running(ev, g).with_columns(
+        pl.col("delta_bytes").clip(lower_bound=0).cum_sum().over(g).alias("_alloc_b"),
+        (-pl.col("delta_bytes")).clip(lower_bound=0).cum_sum().over(g).alias("_free_b"),
+        (pl.col("operation") == "alloc").cast(pl.Int64).cum_sum().over(g).alias("_alloc_n"),
+        (pl.col("operation") == "free").cast(pl.Int64).cum_sum().over(g).alias("_free_n"),
+    )
+    # one snapshot per nanosecond (the state after all its events): with frees first, the
+    # largest state within a nanosecond is never above the larger of the one before it and
+    # the one after all its events, so peaks over snapshots are peaks over events
+    snaps = tl.unique(subset=[*g, "start_ns"], keep="last", maintain_order=True).with_row_index("_pos").with_columns(
+        pl.col("_pos").cast(pl.Int64)
+    )
+    first = snaps.group_by(g).agg(pl.col("_pos").min().alias("_first"))
+    r = r.join(first.select(g), on=[*rk, "global_pid"], how="inner")
+    if r.height == 0:
+        return _empty_layer_memory(rk, nvtx, "no process with NVTX ranges has memory events")
+    state = ["in_use_bytes", "_alloc_b", "_free_b", "_alloc_n", "_free_n", "_pos"]
+    right = snaps.select(*g, "start_ns", *state).sort([*g, "start_ns"])
+
+    def before(at: str, suffix: str) -> pl.DataFrame:
+        # the state after the last event strictly before `at`
+        left = r.select(*g, "range_id", pl.col(at).alias("start_ns")).sort([*g, "start_ns"])
+        j = left.join_asof(right, on="start_ns", by=g, strategy="backward", allow_exact_matches=False,
+                           check_sortedness=False)
+        return j.select(*g, "range_id", *(pl.col(c).alias(c + suffix) for c in state))
+
+    r = r.join(before("start_ns", "_s"), on=[*g, "range_id"]).join(before("end_ns", "_e"), on=[*g, "range_id"])
+    r = r.join(first, on=g)
+    zero = ["in_use_bytes", "_alloc_b", "_free_b", "_alloc_n", "_free_n"]
+    r = r.with_columns(
+        *(pl.col(c + sfx).fill_null(0) for c in zero for sfx in ("_s", "_e")),
+        pl.col("_pos_s").fill_null(pl.col("_first") - 1).alias("_lo"),
+        pl.col("_pos_e").fill_null(pl.col("_first") - 1).alias("_hi"),
+    ).with_columns(pl.col("_lo") + 1)
+    lo, hi = r["_lo"].to_numpy(), r["_hi"].to_numpy()
+    inside = hi >= lo
+    peak = r["in_use_bytes_s"].to_numpy().copy()
+    peak[inside] = np.maximum(peak[inside], _range_max(snaps["in_use_bytes"].to_numpy(), lo[inside], hi[inside]))
+    r = r.with_columns(pl.Series("peak_inside_bytes", peak, dtype=pl.Int64))
+    out = r.select(
+        *rk, "pid", "tid", "range_id", pl.col("label").alias("name"), "path", "level", "phase", "step", "instance",
+        "device_id", "start_ns", "end_ns", (pl.col("end_ns") - pl.col("start_ns")).alias("duration_ns"),
+        pl.col("in_use_bytes_s").alias("in_use_at_entry_bytes"), pl.col("in_use_bytes_e").alias("in_use_at_exit_bytes"),
+        "peak_inside_bytes", (pl.col("in_use_bytes_e") - pl.col("in_use_bytes_s")).alias("net_growth_bytes"),
+        (pl.col("_alloc_b_e") - pl.col("_alloc_b_s")).alias("allocated_bytes"),
+        (pl.col("_free_b_e") - pl.col("_free_b_s")).alias("freed_bytes"),
+        (pl.col("_alloc_n_e") - pl.col("_alloc_n_s")).alias("n_allocs"),
+        (pl.col("_free_n_e") - pl.col("_free_n_s")).alias("n_frees"),
+    )
+    return out.cast({k: v for k, v in _LAYER_SCHEMA.items() if k not in ("name", "path", "phase")}).sort(
+        [*rk, "pid", "device_id", "start_ns", "range_id"]
+    )
+
+
+def layer_memory_summary(per_range: pl.DataFrame, *, by: Sequence[str] = ("name", "phase")) -> pl.DataFrame:
+    """Per layer name (and phase): how much memory its instances add and release.
+
+    Input: :func:`layer_memory`. ``by`` are its columns (add ``"step"`` for one row per step,
+    ``"device_id"`` per device). Returns (``rank``,) ``by``, ``instances``, and in bytes
+    ``mean_net_growth_bytes``, ``min_net_growth_bytes``, ``max_net_growth_bytes``,
+    ``total_net_growth_bytes``, ``mean_allocated_bytes``, ``mean_freed_bytes``,
+    ``max_peak_above_entry_bytes`` (largest ``peak_inside − in_use_at_entry``), with
+    ``n_allocs`` and ``n_frees`` summed; in order of first appearance.
+    """
+    keys = list(dict.fromkeys([*rank_keys(per_range), *by]))
+    f = per_range.with_columns((pl.col("peak_inside_bytes") - pl.col("in_use_at_entry_bytes")).alias("_above"))
+    return f.sort([*rank_keys(per_range), "start_ns", "range_id"]).group_by(keys, maintain_order=True).agg(
+        pl.len().cast(pl.Int64).alias("instances"),
+        pl.col("net_growth_bytes").mean().alias("mean_net_growth_bytes"),
+        pl.col("net_growth_bytes").min().alias("min_net_growth_bytes"),
+        pl.col("net_growth_bytes").max().alias("max_net_growth_bytes"),
+        pl.col("net_growth_bytes").sum().alias("total_net_growth_bytes"),
+        pl.col("allocated_bytes").mean().alias("mean_allocated_bytes"),
+        pl.col("freed_bytes").mean().alias("mean_freed_bytes"),
+        pl.col("_above").max().alias("max_peak_above_entry_bytes"),
+        pl.col("n_allocs").sum(),
+        pl.col("n_frees").sum(),
+    )
