@@ -46,6 +46,12 @@ def ncu() -> Any:
     return tracekit.open(_need(NCU))
 
 
+def _layers(t: Any) -> pl.DataFrame:
+    from tracekit.analysis.memory import layer_memory
+
+    return layer_memory(t.memory_usage, t.nvtx, ranges=r"^layer\.\d+$")
+
+
 def _charts(t: Any, r: Any) -> dict[str, Callable[[], Any]]:
     return {
         "top_kernels": lambda: tv.top_kernels_chart(t.kernels, n=10),
@@ -61,6 +67,8 @@ def _charts(t: Any, r: Any) -> dict[str, Callable[[], Any]]:
         "nccl_bandwidth": lambda: tv.nccl_bandwidth_chart(prep.nccl_bandwidth(t.nccl)),
         "gpu_metrics": lambda: tv.gpu_metrics_chart(t.gpu_metrics, max_points=200),
         "memory": lambda: tv.memory_chart(t.memory_usage),
+        "layer_memory": lambda: tv.layer_memory_chart(_layers(t), t.memory_usage),
+        "layer_growth": lambda: tv.layer_growth_chart(_layers(t)),
         "durations": lambda: tv.duration_chart(t.kernels),
         "roofline": lambda: tv.roofline_chart(r),
         "tensor_dram": lambda: tv.tensor_dram_chart(r),

@@ -142,21 +142,26 @@ def _running(ev: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
     return ev.with_columns(pl.col("delta_bytes").cum_sum().over(keys).alias("in_use_bytes"))
 
 
-def memory_timeline(memory_usage: pl.DataFrame, *, kinds: Sequence[str] | None = None) -> pl.DataFrame:
+def memory_timeline(
+    memory_usage: pl.DataFrame, *, kinds: Sequence[str] | None = None, per_process: bool = False
+) -> pl.DataFrame:
     """Device memory in use after each allocation and free.
 
     Input: ``memory_usage`` (``--cuda-memory-usage=true``). ``kinds`` selects memory kinds
     (default: all but host memory, :data:`HOST_MEMORY_KINDS`). Frees count the bytes of the
     allocation they release (matched by address). Events at the same nanosecond apply frees
-    first.
+    first. ``per_process`` keeps one running total per process and device (what
+    :func:`layer_memory` reports) instead of one per device.
 
-    Returns (``rank``,) ``device_id``, ``start_ns``, ``operation``, ``mem_kind``, ``address``,
-    ``delta_bytes``, ``in_use_bytes`` (running total per device, from the first event in the
-    trace: memory allocated before the capture began is not known), in time order.
+    Returns (``rank``,) (``global_pid``, ``pid``,) ``device_id``, ``start_ns``, ``operation``,
+    ``mem_kind``, ``address``, ``delta_bytes``, ``in_use_bytes`` (running total per device,
+    or per process and device, from the first event in the trace: memory allocated before the
+    capture began is not known), in time order.
     """
-    keys = [*rank_keys(memory_usage), "device_id"]
+    keys = [*rank_keys(memory_usage), *(["global_pid"] if per_process else []), "device_id"]
     ev = _running(_device_events(memory_usage, kinds), keys)
-    return ev.select(*keys, "start_ns", "operation", "mem_kind", "address", "delta_bytes", "in_use_bytes")
+    return ev.select(*keys[:-1], *(["pid"] if per_process else []), "device_id", "start_ns", "operation", "mem_kind",
+                     "address", "delta_bytes", "in_use_bytes")
 
 
 def memory_peak(memory_usage: pl.DataFrame, *, kinds: Sequence[str] | None = None) -> pl.DataFrame:
@@ -329,8 +334,8 @@ def layer_memory(
     rk = rank_keys(memory_usage, nvtx)
     if memory_usage.height == 0:
         return _empty_layer_memory(rk, nvtx, "the trace has no CUDA memory usage events (capture with --cuda-memory-usage=true)")
-    ev = _device_events(memory_usage, kinds)
-    if ev.height == 0:
+    tl = memory_timeline(memory_usage, kinds=kinds, per_process=True)
+    if tl.height == 0:
         which = f"of kinds {list(kinds)}" if kinds is not None else "of device memory (only host memory events)"
         return _empty_layer_memory(rk, nvtx, f"no memory events {which}")
     r = nvtx_ranges(nvtx).filter(~pl.col("is_open")) if nvtx.height else pl.DataFrame()
@@ -362,7 +367,7 @@ def layer_memory(
         r = r.with_columns(pl.lit(None, pl.Int64).alias("step"))
 
     g = [*rk, "global_pid", "device_id"]
-    tl = _running(ev, g).with_columns(
+    tl = tl.with_columns(
         pl.col("delta_bytes").clip(lower_bound=0).cum_sum().over(g).alias("_alloc_b"),
         (-pl.col("delta_bytes")).clip(lower_bound=0).cum_sum().over(g).alias("_free_b"),
         (pl.col("operation") == "alloc").cast(pl.Int64).cum_sum().over(g).alias("_alloc_n"),

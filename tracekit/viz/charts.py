@@ -1,4 +1,4 @@
-"""Altair charts of Nsight Systems data: kernels, timeline, breakdowns, metrics, memory, NCCL.
+"""Altair charts of Nsight Systems data: kernels, timeline, breakdowns, metrics, memory (per layer too), NCCL.
 
 Each function takes tracekit tables (or the small frames of :mod:`tracekit.viz.prep`, which
 it recognises by their columns), aggregates with polars and returns an ``alt.Chart`` (or a
@@ -506,6 +506,110 @@ def memory_chart(
         )  # fmt: skip
         .properties(width=width, height=height)
     )
+    return _titled(chart, title)
+
+
+def layer_memory_chart(
+    per_range: pl.DataFrame,
+    memory: pl.DataFrame,
+    *,
+    origin_ns: int | None = None,
+    max_points: int = 800,
+    max_bands: int = 400,
+    width: int = 800,
+    height: int = 160,
+    title: str | None = None,
+) -> Any:
+    """Memory in use as a line over bands of the NVTX ranges (layers), one panel per process
+    and GPU.
+
+    Parameters
+    ----------
+    per_range
+        :func:`tracekit.analysis.memory.layer_memory` output, best with the ranges to show
+        (``ranges=r"^layer\\.\\d+$"``), or :func:`tracekit.viz.prep.layer_bands` output.
+        Only the outermost level present becomes bands.
+    memory
+        ``trace.memory_usage`` or :func:`tracekit.viz.prep.layer_memory_series` output
+        (``lane``, ``time_ns``, ``in_use_bytes``).
+
+    Bands are coloured by range name (tooltip: entry, peak, net growth, allocated, freed);
+    the line is the memory of the range's process on that GPU (step-after).
+    """
+    alt = _alt()
+    bands = per_range if "lane" in per_range.columns else prep.layer_bands(per_range, max_bands=max_bands)
+    series = memory if "lane" in memory.columns else prep.layer_memory_series(memory, per_range, max_points=max_points)
+    if origin_ns is None:
+        starts = [int(v) for v in (bands["start_ns"].min(), series["time_ns"].min()) if isinstance(v, int)]
+        origin_ns = min(starts) if starts else 0
+    mib = 2**20
+    b = bands.with_columns(
+        _ms("start_ns", origin_ns).alias("start_ms"), _ms("end_ns", origin_ns).alias("end_ms"),
+        *((pl.col(c) / mib).alias(c.replace("_bytes", "_mib")) for c in (
+            "in_use_at_entry_bytes", "peak_inside_bytes", "net_growth_bytes", "allocated_bytes", "freed_bytes")),
+    )
+    line = series.with_columns(_ms("time_ns", origin_ns).alias("time_ms"), (pl.col("in_use_bytes") / mib).alias("in_use_mib"))
+    names = b["name"].unique(maintain_order=True).to_list()
+    x = alt.X("start_ms:Q", title="time (ms)", scale=alt.Scale(zero=False, nice=False))
+
+    def panel(lane: str | None) -> Any:
+        bb = b if lane is None else b.filter(pl.col("lane") == lane)
+        ll = line if lane is None else line.filter(pl.col("lane") == lane)
+        rect = alt.Chart(bb).mark_rect(opacity=0.25).encode(
+            x=x, x2="end_ms:Q",
+            color=alt.Color("name:N", title="range", scale=alt.Scale(domain=names),
+                            legend=alt.Legend() if len(names) <= 16 else None),
+            tooltip=["name:N", "phase:N", "step:O",
+                     alt.Tooltip("in_use_at_entry_mib:Q", format=",.1f", title="entry MiB"),
+                     alt.Tooltip("peak_inside_mib:Q", format=",.1f", title="peak MiB"),
+                     alt.Tooltip("net_growth_mib:Q", format=",.2f", title="net growth MiB"),
+                     alt.Tooltip("allocated_mib:Q", format=",.2f", title="allocated MiB"),
+                     alt.Tooltip("freed_mib:Q", format=",.2f", title="freed MiB")],
+        )
+        mem = alt.Chart(ll).mark_line(interpolate="step-after", color="black").encode(
+            x=alt.X("time_ms:Q", title="time (ms)", scale=alt.Scale(zero=False, nice=False)),
+            y=alt.Y("in_use_mib:Q", title="in use (MiB)", scale=alt.Scale(zero=False)),
+            tooltip=[alt.Tooltip("time_ms:Q", format=".3f", title="ms"),
+                     alt.Tooltip("in_use_mib:Q", format=",.1f", title="MiB")],
+        )
+        chart = alt.layer(rect, mem).properties(width=width, height=height)
+        return chart.properties(title=lane) if lane is not None else chart
+
+    lanes = line["lane"].unique(maintain_order=True).to_list() or b["lane"].unique(maintain_order=True).to_list()
+    chart = alt.vconcat(*(panel(lane) for lane in lanes[:8])) if len(lanes) > 1 else panel(None)
+    return _titled(chart, title)
+
+
+def layer_growth_chart(data: pl.DataFrame, *, by: str = "name", title: str | None = None) -> Any:
+    """Mean net memory growth per layer (one bar per name, coloured by phase): what each layer
+    adds in the forward pass and what backward releases (negative).
+
+    Parameters
+    ----------
+    data
+        :func:`tracekit.analysis.memory.layer_memory` output or
+        :func:`tracekit.viz.prep.layer_growth` / ``layer_memory_summary`` output
+        (``by``, ``phase``, ``mean_net_growth_bytes``).
+    """
+    alt = _alt()
+    frame = prep.layer_growth(data, by=by)
+    mib = 2**20
+    frame = frame.with_columns(
+        _short(by).alias("_label"),
+        *((pl.col(c) / mib).alias(c.replace("_bytes", "_mib")) for c in (
+            "mean_net_growth_bytes", "mean_allocated_bytes", "mean_freed_bytes", "max_peak_above_entry_bytes")),
+    )
+    order = frame["_label"].unique(maintain_order=True).to_list()
+    chart = alt.Chart(frame).mark_bar().encode(
+        y=alt.Y("_label:N", title=None, sort=order),
+        x=alt.X("mean_net_growth_mib:Q", title="mean net growth (MiB)"),
+        color=alt.Color("phase:N", title="phase"),
+        tooltip=[alt.Tooltip(f"{by}:N"), "phase:N", "instances:Q",
+                 alt.Tooltip("mean_net_growth_mib:Q", format=",.2f", title="mean net growth MiB"),
+                 alt.Tooltip("mean_allocated_mib:Q", format=",.2f", title="mean allocated MiB"),
+                 alt.Tooltip("mean_freed_mib:Q", format=",.2f", title="mean freed MiB"),
+                 alt.Tooltip("max_peak_above_entry_mib:Q", format=",.2f", title="max peak above entry MiB")],
+    ).properties(width=480, height=alt.Step(16))
     return _titled(chart, title)
 
 

@@ -21,6 +21,9 @@ from tracekit.viz.prep_series import (
     DEFAULT_GPU_METRICS,
     Window,
     gpu_metrics_series,
+    layer_bands,
+    layer_growth,
+    layer_memory_series,
     memory_series,
     nccl_bandwidth,
 )
@@ -755,6 +758,6 @@ def nvtx_tree(
 __all__ = [
     "BREAKDOWN_CATEGORIES", "BUS_FACTORS", "DEFAULT_GPU_METRICS", "ITERATION_PATTERN", "LAYER_PATTERN",
     "attributed_kernels", "data_window", "duration_histogram", "gpu_metrics_series", "gpu_ops",
-    "iteration_times", "layer_block_matrix", "memory_series", "nccl_bandwidth", "nvtx_ranges",
+    "iteration_times", "layer_bands", "layer_block_matrix", "layer_growth", "layer_memory_series", "memory_series", "nccl_bandwidth", "nvtx_ranges",
     "nvtx_tree", "temporal_breakdown", "timeline_nvtx", "timeline_ops", "top_kernels",
 ]  # fmt: skip

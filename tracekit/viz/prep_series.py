@@ -142,6 +142,94 @@ def _bin_memory(
     )
 
 
+# -- memory per NVTX range (layer) ----------------------------------------------------------------
+def _lane_keys(per_range: pl.DataFrame) -> list[str]:
+    return [c for c in ("rank", "pid", "device_id") if c in per_range.columns]
+
+
+def _lane(per_range: pl.DataFrame) -> pl.Expr:
+    """``GPU d``, prefixed by the rank or the pid when the frame has several of them."""
+    gpu = pl.concat_str(pl.lit("GPU "), pl.col("device_id").cast(pl.Utf8))
+    if "rank" in per_range.columns and per_range["rank"].n_unique() > 1:
+        return pl.concat_str(pl.lit("rank "), pl.col("rank").cast(pl.Utf8), pl.lit(" · "), gpu)
+    if per_range["pid"].n_unique() > 1:
+        return pl.concat_str(pl.lit("pid "), pl.col("pid").cast(pl.Utf8), pl.lit(" · "), gpu)
+    return gpu
+
+
+def layer_bands(per_range: pl.DataFrame, *, max_bands: int = 400) -> pl.DataFrame:
+    """The ranges drawn as bands behind the memory line.
+
+    Input: :func:`tracekit.analysis.memory.layer_memory` output. Nested ranges would overlap,
+    so only the outermost level present is kept (select the ranges you want to see with
+    ``layer_memory(..., ranges=r"^layer\\.\\d+$")``); the earliest ``max_bands`` of them.
+
+    Returns (``rank``,) ``pid``, ``device_id``, ``lane``, ``name``, ``phase``, ``step``,
+    ``start_ns``, ``end_ns``, ``in_use_at_entry_bytes``, ``in_use_at_exit_bytes``,
+    ``peak_inside_bytes``, ``net_growth_bytes``, ``allocated_bytes``, ``freed_bytes``.
+    """
+    cols = [*_lane_keys(per_range), "lane", "name", "phase", "step", "start_ns", "end_ns", "in_use_at_entry_bytes",
+            "in_use_at_exit_bytes", "peak_inside_bytes", "net_growth_bytes", "allocated_bytes", "freed_bytes"]
+    if per_range.is_empty():
+        return per_range.with_columns(pl.lit(None, pl.Utf8).alias("lane")).select(cols)
+    top = per_range.filter(pl.col("level") == pl.col("level").min())
+    return top.with_columns(_lane(per_range).alias("lane")).sort("start_ns").head(max_bands).select(cols)
+
+
+def layer_memory_series(
+    memory_usage: pl.DataFrame,
+    per_range: pl.DataFrame,
+    *,
+    window: Window | None = None,
+    max_points: int = 800,
+) -> pl.DataFrame:
+    """Memory in use by each process on each device of ``per_range``, the line under the bands.
+
+    The running total is :func:`tracekit.analysis.memory.memory_timeline` with
+    ``per_process=True`` (the total :func:`~tracekit.analysis.memory.layer_memory` reports),
+    binned to at most ``max_points`` per lane over ``window`` (default: from the first range's
+    start to the last range's end), with the total at the window's start and end as points.
+
+    Returns (``rank``,) ``pid``, ``device_id``, ``lane``, ``time_ns``, ``in_use_bytes`` (at
+    the bin's end) and ``peak_bytes`` (highest within the bin).
+    """
+    from tracekit.analysis.memory import memory_timeline
+
+    lanes = _lane_keys(per_range)
+    out_schema = {**{k: pl.Int64 for k in lanes}, "lane": pl.Utf8, "time_ns": pl.Int64, "in_use_bytes": pl.Int64,
+                  "peak_bytes": pl.Int64}
+    if per_range.is_empty() or memory_usage.is_empty():
+        return pl.DataFrame(schema=out_schema)
+    win = window or (int(per_range["start_ns"].min()), int(per_range["end_ns"].max()))  # type: ignore[arg-type]
+    pairs = per_range.select(lanes).unique()
+    tl = memory_timeline(memory_usage, per_process=True).join(pairs, on=lanes)
+    before = tl.filter(pl.col("start_ns") < win[0]).group_by(lanes).agg(pl.col("in_use_bytes").last())
+    inside = tl.filter(pl.col("start_ns").is_between(win[0], win[1])).select(*lanes, "start_ns", "in_use_bytes")
+    first = pairs.join(before, on=lanes, how="left").with_columns(
+        pl.lit(win[0], pl.Int64).alias("start_ns"), pl.col("in_use_bytes").fill_null(0)
+    ).select(*lanes, "start_ns", "in_use_bytes")
+    pts = pl.concat([first, inside], how="vertical_relaxed").sort([*lanes, "start_ns"])
+    last = pts.group_by(lanes).agg(pl.col("in_use_bytes").last()).with_columns(pl.lit(win[1], pl.Int64).alias("start_ns"))
+    pts = pl.concat([pts, last.select(pts.columns)], how="vertical_relaxed")
+    binned = _bin_memory(pts, lanes, win, max_points)
+    return binned.with_columns(_lane(per_range).alias("lane")).select(*lanes, "lane", "time_ns", "in_use_bytes", "peak_bytes")
+
+
+def layer_growth(data: pl.DataFrame, *, by: str = "name") -> pl.DataFrame:
+    """Net memory growth per layer name and phase, for the growth bar chart.
+
+    Input: :func:`tracekit.analysis.memory.layer_memory` output (summarised with
+    :func:`~tracekit.analysis.memory.layer_memory_summary` by ``by`` and ``phase``), or that
+    summary already. Returns its columns (``by``, ``phase``, ``instances``,
+    ``mean_net_growth_bytes``, …), in order of first appearance.
+    """
+    if "mean_net_growth_bytes" in data.columns:
+        return data
+    from tracekit.analysis.memory import layer_memory_summary
+
+    return layer_memory_summary(data, by=(by, "phase"))
+
+
 # -- communication -----------------------------------------------------------------------------
 #: nccl-tests' bus-bandwidth factors: busbw = algbw × factor(n ranks).
 BUS_FACTORS: dict[str, str] = {
