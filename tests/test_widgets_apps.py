@@ -136,6 +136,36 @@ def test_explorer_without_gpu_metrics_or_nccl(decode: Any) -> None:
     assert ex.nvtx_rows["depth"].max() >= 3
 
 
+def test_explorer_memory_tab_per_layer() -> None:
+    """The Memory tab's per-range views: the training capture's one 16 MiB allocation inside a
+    range lands in step 0's backward; the pattern and the window are traits."""
+    train = _open(SAMPLES / "llm_train_emit_nvtx_1gpu" / "llm_train_emit_nvtx_1gpu.sqlite")
+    ex = TraceExplorer(train)
+    assert ex.errors == {}
+    rows = ex.layer_rows
+    assert sorted(set(rows["name"])) == ["backward", "layer.0", "layer.1", "layer.2", "layer.3", "optimizer"]
+    assert rows.height == 12 and rows["net_growth_bytes"].sum() == 16 * 2**20
+    back = ex.layer_summary.filter(pl.col("name") == "backward").row(0, named=True)
+    assert (back["phase"], back["instances"], back["mean_net_growth_bytes"]) == ("backward", 2, 8 * 2**20)
+    assert ex.views["layer_memory"].chart is not None and ex.views["layer_growth"].chart is not None
+    assert "16.0 MiB" in ex.layer_html.value or "8.0 MiB" in ex.layer_html.value
+    steps = train.nvtx.filter(pl.col("name") == "step.1").row(0, named=True)
+    ex.window = (steps["start_ns"], steps["end_ns"])  # step 1 allocates nothing
+    assert ex.layer_rows.height == 6 and ex.layer_rows["net_growth_bytes"].sum() == 0
+    ex.window = None
+    ex.layer_ranges.value = r"^attn$"
+    assert set(ex.layer_rows["name"]) == {"attn"} and ex.layer_rows.height == 8
+    ex.layer_ranges.value = "^no such range$"
+    assert ex.layer_rows.is_empty() and "no NVTX range label matches" in (ex.views["layer_memory"].error or "")
+    assert ex.errors == {}
+    if importlib.util.find_spec("anywidget") is None:
+        return
+    ex.layer_ranges.value = r"^layer\.\d+$"
+    assert ex.views["layer_memory"].jupyter_chart is None  # hidden tab: created when shown
+    ex.tabs.selected_index = 6
+    assert ex.views["layer_memory"].jupyter_chart is not None and ex.views["layer_growth"].jupyter_chart is not None
+
+
 # -- KernelDrilldown -------------------------------------------------------------------------------
 def test_drilldown_follows_the_picker_and_the_roofline(decode: Any) -> None:
     pytest.importorskip("ncu_report", reason="needs the ncu extra")

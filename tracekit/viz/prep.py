@@ -19,6 +19,7 @@ import polars as pl
 from tracekit.viz.prep_series import (
     BUS_FACTORS,
     DEFAULT_GPU_METRICS,
+    LAYER_MEMORY_PATTERN,
     Window,
     gpu_metrics_series,
     layer_bands,
@@ -756,7 +757,7 @@ def nvtx_tree(
 
 
 __all__ = [
-    "BREAKDOWN_CATEGORIES", "BUS_FACTORS", "DEFAULT_GPU_METRICS", "ITERATION_PATTERN", "LAYER_PATTERN",
+    "BREAKDOWN_CATEGORIES", "BUS_FACTORS", "DEFAULT_GPU_METRICS", "ITERATION_PATTERN", "LAYER_MEMORY_PATTERN", "LAYER_PATTERN",
     "attributed_kernels", "data_window", "duration_histogram", "gpu_metrics_series", "gpu_ops",
     "iteration_times", "layer_bands", "layer_block_matrix", "layer_growth", "layer_memory_series", "memory_series", "nccl_bandwidth", "nvtx_ranges",
     "nvtx_tree", "temporal_breakdown", "timeline_nvtx", "timeline_ops", "top_kernels",

@@ -143,6 +143,11 @@ def _bin_memory(
 
 
 # -- memory per NVTX range (layer) ----------------------------------------------------------------
+#: Ranges the memory views show by default: ``layer.N`` (and ``layers.N``, ``block N``, ``h.N``),
+#: ``backward`` and ``optimizer``.
+LAYER_MEMORY_PATTERN = r"(?i)^(?:[a-z_]*layers?|blocks?|h)[ ._:-]?\d+$|^(?:backward|optimizer)$"
+
+
 def _lane_keys(per_range: pl.DataFrame) -> list[str]:
     return [c for c in ("rank", "pid", "device_id") if c in per_range.columns]
 

@@ -1,7 +1,8 @@
 """``TraceExplorer``: one Nsight Systems trace in tabs, with a shared kernel and time selection.
 
 Tabs: overview, top kernels (filter, sort), NVTX tree with GPU time, timeline (window
-selection), communication, GPU metrics, memory, findings (``tracekit.diagnose``: picking one
+selection), communication, GPU metrics, memory (in use over time, and per NVTX layer range:
+entry/exit, peak, net growth), findings (``tracekit.diagnose``: picking one
 shows its evidence's time span on the timeline). Two traits tie them together:
 ``selected_kernel`` (a kernel name) and ``window`` (``(start_ns, end_ns)`` or ``None``).
 Clicking a kernel in a chart, picking it in the list, dragging over the timeline or a metric
@@ -68,7 +69,7 @@ class TraceExplorer(widgets.VBox):  # type: ignore[misc,name-defined]
     )
     #: Chart views of each tab: a hidden tab's charts are created when the tab is first shown.
     TAB_VIEWS: tuple[tuple[str, ...], ...] = (
-        ("overview", "iterations"), ("top",), (), ("timeline",), ("breakdown", "nccl"), ("metrics",), ("memory",), (),
+        ("overview", "iterations"), ("top",), (), ("timeline",), ("breakdown", "nccl"), ("metrics",), ("memory", "layer_memory", "layer_growth"), (),
     )  # fmt: skip
     #: Index of the Findings tab (built on first show: it runs ``tracekit.diagnose``).
     FINDINGS_TAB = 7
@@ -97,6 +98,11 @@ class TraceExplorer(widgets.VBox):  # type: ignore[misc,name-defined]
         self.nvtx_rows = pl.DataFrame()
         self.timeline_lanes = pl.DataFrame()
         self.nccl_calls = pl.DataFrame()
+        #: ``layer_memory`` rows of the ranges matching ``layer_ranges`` (in the window) and
+        #: their summary per name and phase.
+        self.layer_rows = pl.DataFrame()
+        self.layer_summary = pl.DataFrame()
+        self._layer_cache: tuple[str, pl.DataFrame, str | None] | None = None
 
         self.views = {
             name: ChartView(self._on_chart_select, active=name in self.TAB_VIEWS[0])
@@ -108,6 +114,8 @@ class TraceExplorer(widgets.VBox):  # type: ignore[misc,name-defined]
                 "nccl",
                 "metrics",
                 "memory",
+                "layer_memory",
+                "layer_growth",
                 "iterations",
             )
         }
@@ -151,6 +159,12 @@ class TraceExplorer(widgets.VBox):  # type: ignore[misc,name-defined]
         self.show_nvtx.observe(lambda _c: self._refresh_timeline(), names="value")
         self.window_label = w.HTML()
         self.comm_html = w.HTML()
+        self.layer_ranges = w.Text(
+            value=self.prep.LAYER_MEMORY_PATTERN, description="ranges", continuous_update=False,
+            placeholder="NVTX ranges (regex)", layout=w.Layout(width="80%"),
+        )  # fmt: skip
+        self.layer_ranges.observe(lambda _c: self._refresh_memory(), names="value")
+        self.layer_html = w.HTML()
         self.findings_select = w.Select(options=[], rows=8, layout=w.Layout(width="100%"))
         self.findings_select.observe(self._on_finding, names="value")
         self.findings_html = w.HTML()
@@ -165,7 +179,8 @@ class TraceExplorer(widgets.VBox):  # type: ignore[misc,name-defined]
                     v["timeline"].widget]),
             w.VBox([v["breakdown"].widget, v["nccl"].widget, self.comm_html]),
             w.VBox([v["metrics"].widget]),
-            w.VBox([v["memory"].widget]),
+            w.VBox([v["memory"].widget, w.HTML("<b>Memory per NVTX range</b> (tracekit.analysis.memory.layer_memory)"),
+                    self.layer_ranges, v["layer_memory"].widget, v["layer_growth"].widget, self.layer_html]),
             w.VBox([w.HTML("<b>Findings</b> (tracekit.diagnose): pick one to show its evidence on the timeline"),
                     self.findings_select, self.findings_html]),
         ]  # fmt: skip
@@ -601,3 +616,44 @@ class TraceExplorer(widgets.VBox):  # type: ignore[misc,name-defined]
             )
 
         self._guard("memory", self.views["memory"], build)
+        self._guard("layer_memory", self.views["layer_memory"], self._refresh_layer_memory)
+
+    def _layer_memory(self, pattern: str) -> tuple[pl.DataFrame, str | None]:
+        """``layer_memory`` of the ranges matching ``pattern`` and, when empty, why."""
+        if self._layer_cache is None or self._layer_cache[0] != pattern:
+            import warnings
+
+            from tracekit.analysis.memory import layer_memory
+
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                rows = layer_memory(self.trace.memory_usage, self.trace.nvtx, ranges=pattern or None)
+            why = next((str(c.message) for c in caught if rows.is_empty()), None)
+            self._layer_cache = (pattern, rows, why)
+        return self._layer_cache[1], self._layer_cache[2]
+
+    def _refresh_layer_memory(self) -> None:
+        pattern = self.layer_ranges.value.strip()
+        rows, why = self._layer_memory(pattern)
+        rows = self._in_window(rows)
+        self.layer_rows = rows
+        if rows.is_empty():
+            self.layer_summary = pl.DataFrame()
+            text = why or "no NVTX range matching the pattern in this window"
+            self.views["layer_memory"].message(text)
+            self.views["layer_growth"].message(text)
+            self.layer_html.value = ""
+            return
+        from tracekit.analysis.memory import layer_memory_summary
+        from tracekit.viz import layer_growth_chart, layer_memory_chart
+
+        self.layer_summary = layer_memory_summary(rows)
+        self.views["layer_memory"].show(
+            layer_memory_chart(rows, self.trace.memory_usage, title="Memory in use per NVTX range")
+        )
+        self.views["layer_growth"].show(layer_growth_chart(self.layer_summary, title="Mean net growth per range"))
+        cols = ["mean_net_growth_bytes", "mean_allocated_bytes", "mean_freed_bytes", "max_peak_above_entry_bytes"]
+        self.layer_html.value = html_table(
+            self.layer_summary.select("name", "phase", "instances", *cols), max_rows=50, left=("name", "phase"),
+            formats=dict.fromkeys(cols, fmt_bytes), headers={c: c.removesuffix("_bytes").replace("_", " ") for c in cols},
+        )
