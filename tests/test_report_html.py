@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.notebook]
 
 TP2 = SAMPLES / "llm_tp2_nccl" / "llm_tp2_nccl.sqlite"
 NCU = SAMPLES / "ncu" / "ncu_decode_drilldown" / "ncu_decode_drilldown.ncu-rep"
-SECTIONS = ("findings", "overview", "kernels", "nvtx", "timeline", "communication", "metrics", "memory")
+SECTIONS = ("findings", "overview", "kernels", "nvtx", "timeline", "communication", "metrics", "memory", "layer_memory")
 
 
 def _need(*paths: Path) -> None:
@@ -59,6 +59,33 @@ def test_report_of_a_trace_without_gpu_metrics_or_nccl(tmp_path: Path) -> None:
     page = out.read_text()
     assert "No GPU metrics" in page and "No communication kernels" in page
     assert "training &lt;step&gt;" in page and "could not be built" not in page
+    # memory per layer: the one allocation inside a range is step 0's 16 MiB in backward (8 MiB mean)
+    layer = page.split('<section id="layer_memory">', 1)[1].split("</section>", 1)[0]
+    assert "Memory per layer" in layer and "layer.3" in layer and "8.0 MiB" in layer
+
+
+def test_report_says_why_memory_per_layer_is_absent(tmp_path: Path) -> None:
+    """A copy of the decode export without its NVTX rows: the section explains itself."""
+    import shutil
+    import sqlite3
+    import warnings
+
+    import tracekit
+    from tracekit.report.html import build_report
+
+    src = SAMPLES / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite"
+    _need(src)
+    copy = tmp_path / "no_nvtx.sqlite"
+    shutil.copyfile(src, copy)
+    con = sqlite3.connect(copy)
+    con.execute("DELETE FROM NVTX_EVENTS")
+    con.commit()
+    con.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        page = build_report(tracekit.open(copy))
+    layer = page.split('<section id="layer_memory">', 1)[1].split("</section>", 1)[0]
+    assert "No NVTX ranges in this trace" in layer
 
 
 def test_report_of_an_ncu_report_alone(tmp_path: Path) -> None:

@@ -3,7 +3,7 @@
 The page holds its own JavaScript (Vega, Vega-Lite and vega-embed from vl-convert's bundle),
 its CSS and every chart's data: it opens offline, from a file, on an air-gapped cluster.
 Sections: overview, top kernels, NVTX breakdown, timeline, communication, GPU metrics,
-memory and, with an ncu report, the kernels' speed of light, roofline and Tensor Core / DRAM
+memory, memory per layer (NVTX ranges) and, with an ncu report, the kernels' speed of light, roofline and Tensor Core / DRAM
 use. A section whose data is missing says so instead of failing the report.
 """
 
@@ -366,6 +366,39 @@ def _ncu(page: _Page, report: Any) -> str:
 
 
 # -- entry points ------------------------------------------------------------------------------------------
+def _layer_memory(page: _Page, trace: Any) -> str:
+    import warnings
+
+    from tracekit.analysis.memory import layer_memory, layer_memory_summary
+    from tracekit.viz import layer_growth_chart, layer_memory_chart
+
+    if trace.memory_usage.is_empty():
+        return _note("No memory events (capture with nsys --cuda-memory-usage=true), so no memory per layer.")
+    if trace.nvtx.is_empty():
+        return _note("No NVTX ranges in this trace: annotate layers (layer.N) with NVTX to see the memory each adds.")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rows = layer_memory(trace.memory_usage, trace.nvtx, ranges=prep.LAYER_MEMORY_PATTERN)
+    if rows.is_empty():
+        why = next((str(c.message) for c in caught), "no rows")
+        return _note(f"No memory per layer: {why} (ranges named layer.N, backward or optimizer are shown).")
+    summary = layer_memory_summary(rows)
+    cols = ["mean_net_growth_bytes", "mean_allocated_bytes", "mean_freed_bytes", "max_peak_above_entry_bytes"]
+    return (
+        _note(
+            "Device memory of each range's process at the range's entry and exit (tracekit.analysis.memory."
+            "layer_memory): events at the range's start count inside it, events at its end after it; memory "
+            "allocated before the capture is not counted."
+        )
+        + page.chart(layer_memory_chart(rows, trace.memory_usage, width=1000, title="Memory in use per layer range"))
+        + page.chart(layer_growth_chart(summary, title="Mean net growth per range"))
+        + html_table(
+            summary.select("name", "phase", "instances", *cols), left=("name", "phase"), max_rows=60,
+            formats=dict.fromkeys(cols, fmt_bytes), headers={c: c.removesuffix("_bytes").replace("_", " ") for c in cols},
+        )
+    )
+
+
 def build_report(
     trace: Any = None,
     ncu: Any = None,
@@ -407,6 +440,7 @@ def build_report(
         page.section("communication", "Communication", lambda: _communication(page, trace))
         page.section("metrics", "GPU metrics", lambda: _metrics(page, trace, origin))
         page.section("memory", "Memory", lambda: _memory(page, trace, origin))
+        page.section("layer_memory", "Memory per layer", lambda: _layer_memory(page, trace))
     if ncu is not None:
         page.section("ncu", "Nsight Compute kernels", lambda: _ncu(page, ncu))
     return page.render()
