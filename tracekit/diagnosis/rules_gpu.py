@@ -12,7 +12,7 @@ import numpy as np
 import polars as pl
 
 from tracekit.analysis.families import with_family
-from tracekit.analysis.memory import memory_timeline
+from tracekit.analysis.memory import layer_memory, memory_timeline
 from tracekit.analysis.metrics import kernel_metrics, metric_names
 from tracekit.diagnosis.context import Context
 from tracekit.diagnosis.result import Finding, fmt_ns
@@ -143,13 +143,47 @@ def _step_ends(ctx: Context) -> pl.DataFrame | None:
     return steady.select("iteration", "w_end")
 
 
+def _growth_inside(ctx: Context, mu: pl.DataFrame, dev: dict[str, Any], lo: int, hi: int, growth: float) -> str:
+    """Which NVTX range the growth between ``lo`` and ``hi`` happens in: the range name whose
+    instances inside that span (the step ranges themselves left out) add the most, from
+    :func:`~tracekit.analysis.memory.layer_memory`; "" without nested ranges there."""
+    nvtx = getattr(ctx.trace, "nvtx", None)
+    if nvtx is None or nvtx.height == 0 or growth <= 0:
+        return ""
+    import warnings
+
+    from tracekit.errors import EmptyResultWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", EmptyResultWarning)
+        lm = layer_memory(mu, nvtx, per_step=False)
+    for key, value in dev.items():
+        if key in lm.columns:
+            lm = lm.filter(pl.col(key) == value)
+    steps = ctx.window.iterations
+    if "range_id" in steps.columns:
+        lm = lm.join(steps.select(pl.col("range_id").cast(pl.Int64)).unique(), on="range_id", how="anti")
+    lm = lm.filter((pl.col("start_ns") >= lo) & (pl.col("end_ns") <= hi))
+    if lm.height == 0:
+        return ""
+    per = lm.group_by("name").agg(pl.col("net_growth_bytes").sum(), pl.col("level").min()).sort(
+        ["net_growth_bytes", "level", "name"], descending=[True, False, False]
+    )
+    top = per.row(0, named=True)
+    if top["net_growth_bytes"] <= 0:
+        return "; no NVTX range inside the steps grows: it happens between them"
+    return f"; {min(top['net_growth_bytes'] / growth, 1.0):.0%} of it inside NVTX range {top['name']!r}"
+
+
 def memory_growth(ctx: Context) -> list[Finding]:
     """``memory_growth``: device memory in use (``memory_timeline``) at the end of each
     steady iteration rises step over step. The growth per step is the least-squares slope
     over the steady steps; it must exceed ``growth_min_bytes`` and at least
     ``growth_monotonic`` of the step-to-step changes must be increases. The projected OOM is
-    (GPU memory − in use at the last step) / slope steps. ``time_ns`` is null: the cost is
-    memory, not time."""
+    (GPU memory − in use at the last step) / slope steps. The title names the NVTX range
+    inside the steps whose instances add most of the growth between the first and last steady
+    step ends (:func:`~tracekit.analysis.memory.layer_memory`), or says it happens between
+    ranges. ``time_ns`` is null: the cost is memory, not time."""
     mu = getattr(ctx.trace, "memory_usage", None)
     if mu is None or mu.height == 0:
         return []
@@ -191,10 +225,12 @@ def memory_growth(ctx: Context) -> list[Finding]:
         sev = "high" if steps_left is not None and steps_left <= ctx.config.oom_high_steps else "medium"
         ev = pts.rename({"iteration": "step", "start_ns": "step_end_ns"}).with_columns(pl.col("in_use_bytes").diff().alias("delta_bytes"))
         dev_txt = ", ".join(f"{k} {v}" for k, v in dev.items())
+        ends_ns = pts["start_ns"]
+        inside = _growth_inside(ctx, mu, dev, int(ends_ns[0]), int(ends_ns[-1]), last - float(y[0]))
         out.append(Finding(
             "memory_growth", sev,
             f"Device memory in use grows {slope / 2**20:.1f} MiB per step ({dev_txt}: {y[0] / 2**20:.0f} → "
-            f"{last / 2**20:.0f} MiB over {y.size} steps){oom}",
+            f"{last / 2**20:.0f} MiB over {y.size} steps){inside}{oom}",
             time_ns=None, share=None, evidence=ev,
             advice="Something keeps tensors alive across steps: lists of outputs or losses kept with their graph "
             "(append loss.item() or .detach()), caches that never evict, growing KV caches without a cap. "
