@@ -223,7 +223,8 @@ def _capture(
     ] = None,
     cuda_memory_usage: Annotated[
         bool | None,
-        typer.Option("--cuda-memory-usage/--no-cuda-memory-usage", rich_help_panel=_NSYS),
+        typer.Option("--cuda-memory-usage/--no-cuda-memory-usage", rich_help_panel=_NSYS,
+                     help="Record device allocations and frees (the memory_usage table: memory over time, per NVTX layer)."),
     ] = None,
     trace_fork_before_exec: Annotated[
         bool | None,

@@ -26,7 +26,9 @@ def report(
         int, typer.Option("--max-marks", help="Most timeline marks before binning.")
     ] = 2000,
 ) -> None:
-    """Write an HTML report (overview, top kernels, NVTX, timeline, communication, GPU metrics, memory).
+    """Write an HTML report (overview, top kernels, NVTX, timeline, communication, GPU metrics, memory, memory per layer).
+
+    Memory per layer: for NVTX ranges named layer.N, backward or optimizer, the device memory each adds (entry, exit, peak, net growth; tracekit.analysis.memory.layer_memory). The memory sections need a capture with --cuda-memory-usage=true.
 
     The file embeds its JavaScript and data: it opens offline in any browser.
     """
