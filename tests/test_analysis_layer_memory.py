@@ -23,6 +23,7 @@ from .conftest import SAMPLES
 
 TRAIN = SAMPLES / "llm_train_emit_nvtx_1gpu" / "llm_train_emit_nvtx_1gpu.sqlite"
 TP2 = SAMPLES / "llm_tp2_nccl" / "llm_tp2_nccl.sqlite"
+TP2_RANK1 = SAMPLES / "llm_tp2_nccl_per_rank" / "llm_tp2_nccl_per_rank_rank1.sqlite"
 PID_UNIT = 1 << 24
 MIB = 1 << 20
 HOST_KINDS = (0, 1)  # ENUM_CUDA_MEM_KIND: pageable, pinned
@@ -140,7 +141,7 @@ def boundary_copy(tmp_path: Path) -> Path:
     return copy
 
 
-@pytest.mark.parametrize("path", [TRAIN, TP2], ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", [TRAIN, TP2, TP2_RANK1], ids=lambda p: p.stem)
 def test_every_range_matches_the_replay(path: Path) -> None:
     got = _check_against_replay(path)
     # every closed range of the processes with memory events, on each of their devices
@@ -212,3 +213,19 @@ def test_empty_inputs_say_why() -> None:
             out = layer_memory(**kwargs)  # type: ignore[arg-type]
         assert out.height == 0 and "net_growth_bytes" in out.columns
         assert layer_memory_summary(out).height == 0
+
+
+def test_multi_rank_tables_give_each_rank_its_rows() -> None:
+    files = [SAMPLES / "llm_tp2_nccl_per_rank" / f"llm_tp2_nccl_per_rank_rank{r}.sqlite" for r in (0, 1)]
+    singles, mem_all, nvtx_all = [], [], []
+    for rank, path in enumerate(files):
+        t = _open(path)
+        singles.append(layer_memory(t.memory_usage, t.nvtx))
+        mem_all.append(t.memory_usage.with_columns(pl.lit(rank).alias("rank")))
+        nvtx_all.append(t.nvtx.with_columns(pl.lit(rank).alias("rank")))
+    both = layer_memory(pl.concat(mem_all), pl.concat(nvtx_all))
+    for rank, single in enumerate(singles):
+        assert single.height > 0
+        assert both.filter(pl.col("rank") == rank).drop("rank").equals(single)
+    summary = layer_memory_summary(both)
+    assert set(summary["rank"]) == {0, 1}

@@ -332,6 +332,9 @@ def layer_memory(
     why) when there are no memory events, no ranges, or no range's process has memory events.
     """
     rk = rank_keys(memory_usage, nvtx)
+    if not rk:  # a rank column on one side only names nothing to match
+        memory_usage = memory_usage.drop("rank", strict=False)
+        nvtx = nvtx.drop("rank", strict=False)
     if memory_usage.height == 0:
         return _empty_layer_memory(rk, nvtx, "the trace has no CUDA memory usage events (capture with --cuda-memory-usage=true)")
     tl = memory_timeline(memory_usage, kinds=kinds, per_process=True)
@@ -345,8 +348,6 @@ def layer_memory(
         r = r.filter(pl.col("label").str.contains(ranges).fill_null(False))
         if r.height == 0:
             return _empty_layer_memory(rk, nvtx, f"no NVTX range label matches {ranges!r}")
-    if "rank" in r.columns and not rk:
-        r = r.drop("rank")
     r = r.sort([*rk, "pid", "start_ns", "range_id"]).with_columns(
         process_key("global_tid").alias("global_pid"),
         pl.int_range(pl.len(), dtype=pl.Int64).over([*rk, "pid", "label"]).alias("instance"),
@@ -357,8 +358,6 @@ def layer_memory(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             its = iteration_ranges(nvtx, pattern=pattern)
-        if "rank" in its.columns and not rk:
-            its = its.drop("rank")
         win = its.select(*rk, "pid", "start_ns", pl.col("iteration").alias("step"), pl.col("end_ns").alias("_step_end"))
         r = r.join_asof(win.sort([*rk, "pid", "start_ns"]), on="start_ns", by=[*rk, "pid"], strategy="backward",
                         check_sortedness=False)
