@@ -235,3 +235,35 @@ def test_missing_data_gives_empty_frames_not_errors() -> None:
         }
     )
     assert prep.gpu_metrics_series(g).is_empty()
+
+
+def test_layer_memory_charts_of_no_ranges_render_empty(tp2: Any) -> None:
+    from tracekit.analysis.memory import layer_memory
+    from tracekit.errors import EmptyResultWarning
+
+    with pytest.warns(EmptyResultWarning, match="no NVTX range label matches"):
+        none = layer_memory(tp2.memory_usage, tp2.nvtx, ranges="^no such range$")
+    assert prep.layer_bands(none).is_empty() and prep.layer_memory_series(tp2.memory_usage, none).is_empty()
+    for chart in (tv.layer_memory_chart(none, tp2.memory_usage), tv.layer_growth_chart(none)):
+        assert to_bytes(chart, "svg").startswith(b"<svg")
+
+
+def test_layer_memory_prep_frames(tp2: Any) -> None:
+    """Bands are the outermost selected ranges; the line starts at the in-use total at the
+    first band's start and ends at the last band's end, per process and GPU."""
+    from tracekit.analysis.memory import layer_memory
+
+    rows = layer_memory(tp2.memory_usage, tp2.nvtx, ranges=r"^(layer\.\d+|attn)$")
+    bands = prep.layer_bands(rows)
+    assert set(bands["name"]) == {"layer.0", "layer.1", "layer.2", "layer.3"}  # attn is nested: no band
+    assert set(bands["lane"]) == {"pid 884 · GPU 0", "pid 885 · GPU 0", "pid 885 · GPU 1"}
+    series = prep.layer_memory_series(tp2.memory_usage, rows, max_points=50)
+    assert series.select("lane").n_unique() == 3
+    for (pid, dev), part in series.sort("time_ns").group_by(["pid", "device_id"], maintain_order=True):
+        lane = rows.filter((pl.col("pid") == pid) & (pl.col("device_id") == dev))
+        assert part.height <= 51 and part["time_ns"][0] == rows["start_ns"].min()
+        # the last point is the total after the last range of the lane (no event at its exact end)
+        assert part["in_use_bytes"][-1] == lane.sort("end_ns")["in_use_at_exit_bytes"][-1]
+        assert part["peak_bytes"].max() >= lane["peak_inside_bytes"].max()
+    growth = prep.layer_growth(rows)
+    assert growth.filter(pl.col("name") == "attn")["mean_net_growth_bytes"][0] > 0
