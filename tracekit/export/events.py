@@ -180,7 +180,7 @@ def steady_bounds(trace: Any) -> tuple[int, int, str]:
     cfg = DiagnoseConfig()
     ctx = Context(trace, cfg)
     w = steady_window(ctx.ops, ctx.ops_with_launch, ctx.nvtx, cfg)
-    return int(w.start_ns), int(w.end_ns), f"steady state ({w.method}): {w.why}"
+    return int(w.start_ns), int(w.end_ns), f"steady state ({w.method}): {w.reason}"
 
 
 # -- tables ------------------------------------------------------------------------------------------
@@ -318,12 +318,12 @@ def build_model(
     kernels, memcpys, memsets, api, nvtx, nccl, memory = (only(f) for f in (kernels, memcpys, memsets, api, nvtx, nccl, memory))
 
     repeated = procs.group_by("pid").len().filter(pl.col("len") > 1).height > 0
-    pname = getattr(trace, "processes")
+    pname = trace.processes
     if "report" not in pname.columns:
         pname = pname.with_columns(pl.lit(0, pl.Int64).alias("report"))
     pname = pname.select("report", "pid", pl.col("name").alias("pname")).drop_nulls("pid").unique(["report", "pid"])
     procs = procs.join(pname, on=["report", "pid"], how="left").sort("report", "pid")
-    tnames = getattr(trace, "threads")
+    tnames = trace.threads
     if "report" not in tnames.columns:
         tnames = tnames.with_columns(pl.lit(0, pl.Int64).alias("report"))
     tnames = tnames.select("report", "pid", "tid", pl.col("name").alias("tname")).unique(["report", "pid", "tid"])
@@ -571,7 +571,7 @@ def _counters(trace: Any, memory: pl.DataFrame, kernels: pl.DataFrame, procs: pl
                 tl = pl.concat([before.select(inside.columns), inside]).unique(["track", "start_ns"], keep="last",
                                                                                maintain_order=True)
             parts.append(tl.select("track", pl.col("start_ns").alias("ts_ns"), pl.col("in_use_bytes").cast(pl.Float64).alias("value")))
-    gm = getattr(trace, "gpu_metrics")
+    gm = trace.gpu_metrics
     if gm.height:
         if "report" not in gm.columns:
             gm = gm.with_columns(pl.lit(0, pl.Int64).alias("report"))

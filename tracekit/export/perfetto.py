@@ -14,7 +14,14 @@ from pathlib import Path
 from typing import IO, Any
 
 from tracekit.errors import missing_extra
-from tracekit.export.events import ARGS, CATEGORIES, DEFAULT_METRICS, ExportModel, ExportSummary, build_model
+from tracekit.export.events import (
+    ARGS,
+    CATEGORIES,
+    DEFAULT_METRICS,
+    ExportModel,
+    ExportSummary,
+    build_model,
+)
 
 __all__ = ["SEQUENCE_ID", "perfetto", "write_perfetto"]
 
