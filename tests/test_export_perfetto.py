@@ -512,3 +512,18 @@ def test_period_search_breaks_ties_by_lowest_rank(decode: object) -> None:
     assert ia.equals(ib)
     assert ia["start_ns"].to_list() == kernel_period_iterations(k.with_columns(pl.lit(0, pl.Int64).alias("rank")), cfg)[
         "start_ns"].to_list()
+
+
+@pytest.mark.parametrize("metrics", ["all", ["tensor_active"], []])
+def test_metric_choice(tmp_path: Path, metrics: object) -> None:
+    trace = tracekit.open(NCCL)  # fresh: samples are read from the export, not the loaded table
+    path = tmp_path / "m.pftrace"
+    perfetto(trace, path, metrics=metrics)
+    rb = read_back(path)
+    gm = trace.gpu_metrics.filter(pl.col("timestamp_ns") >= 0)
+    if metrics != "all":
+        gm = gm.filter(pl.col("metric").is_in(metrics))
+    gpu_counters = [u for u, d in rb.tracks.items() if d.HasField("parent_uuid") and rb.tracks[d.parent_uuid].name.startswith("GPU ")
+                    and not rb.tracks[d.parent_uuid].HasField("process")]
+    assert sum(len(rb.counters[u]) for u in gpu_counters) == gm.height
+    assert len(gpu_counters) == gm.select("device_id", "metric").n_unique()

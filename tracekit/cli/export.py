@@ -60,7 +60,7 @@ def perfetto(
              "or 'steady' for the steady-state window of tracekit diagnose.")] = None,
     ranks: Annotated[str | None, typer.Option("--ranks", help="Only these ranks, e.g. 0,2-3.")] = None,
     metrics: Annotated[str | None, typer.Option(
-        "--metrics", help="GPU metrics to write as counters: comma-separated gpu_metrics names, or 'all' "
+        "--metrics", help="GPU metrics to write as counters: comma-separated gpu_metrics names, 'all' or 'none' "
                           "(default: sms_active, tensor_active, dram_read_bandwidth, dram_write_bandwidth).")] = None,
 ) -> None:
     """Write a Perfetto trace (ui.perfetto.dev): one process per rank, a track per GPU stream,
@@ -85,7 +85,7 @@ def perfetto(
     first = traces[0]
     out = output or Path(first.name if not first.is_dir() else first.resolve().name).with_suffix(_FORMATS[fmt])
     chosen: list[str] | str = DEFAULT_METRICS if metrics is None else (
-        "all" if metrics.strip() == "all" else [m.strip() for m in metrics.split(",") if m.strip()])
+        "all" if metrics.strip() == "all" else [m.strip() for m in metrics.split(",") if m.strip() not in ("", "none")])
     fn = write if fmt == "perfetto" else chrome_json
     summary = fn(trace, out, window=win, ranks=_ranks(ranks), metrics=chosen)
     typer.echo(str(summary))

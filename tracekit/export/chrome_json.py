@@ -128,10 +128,10 @@ def _write(model: ExportModel, f: IO[bytes], chunk_rows: int) -> None:
     tmap = pl.DataFrame({"track": list(ids), "pid": [v[0] for v in ids.values()], "tid": [v[1] for v in ids.values()]},
                         schema={"track": pl.Int64, "pid": pl.Int64, "tid": pl.Int64})
     us = 1000.0
-    for chunk in model.slices.iter_slices(chunk_rows):
-        chunk = chunk.join(tmap, on="track", how="left", maintain_order="left")
+    for chunk in (c for part in model.parts for c in part.iter_slices(chunk_rows)):
+        chunk = chunk.join(tmap, on="track", how="left", maintain_order="left").with_columns(pl.col(pl.Categorical).cast(pl.Utf8))
         for cat, part in chunk.group_by("cat", maintain_order=True):
-            cols = _CAT_ARGS.get(str(cat[0]), ())
+            cols = [c for c in _CAT_ARGS.get(str(cat[0]), ()) if c in part.columns]
             args = pl.struct([pl.col(c).alias(_ARG_NAME[c]) for c in cols]) if cols else pl.lit(None)
             out.frame(part.select(
                 pl.lit("X").alias("ph"), "name", "cat", "pid", "tid", (pl.col("start_ns") / us).alias("ts"),

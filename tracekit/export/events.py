@@ -96,18 +96,25 @@ class Track:
 
 @dataclass
 class ExportModel:
-    """Everything an exporter writes. ``slices`` (``SLICE_SCHEMA``) are sorted by ``track``,
-    ``start_ns`` and longest first, and nest properly within each track; ``flow_out`` on a
-    launch call and ``flow_in`` on the first GPU operation of its correlation id carry the same
-    flow id. ``instants`` (NVTX marks) and ``counters`` (ns, value) name their track."""
+    """Everything an exporter writes. ``parts`` hold the slices of one family of tracks each
+    (GPU streams, CPU threads, NVTX start/end, NCCL): the common columns of ``SLICE_SCHEMA``
+    plus the argument columns that family uses, sorted by ``track``, ``start_ns`` and longest
+    first, nesting properly within each track. ``flow_out`` on a launch call and ``flow_in`` on
+    the first GPU operation of its correlation id carry the same flow id. ``instants`` (NVTX
+    marks) and ``counters`` (ns, value) name their track."""
 
     tracks: list[Track]
-    slices: pl.DataFrame
+    parts: list[pl.DataFrame]
     instants: pl.DataFrame
     counters: pl.DataFrame
     window: tuple[int, int] | None = None
     window_source: str | None = None
     skipped: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def slices(self) -> pl.DataFrame:
+        """Every slice in one frame of ``SLICE_SCHEMA`` (text as strings)."""
+        return _conform([p.with_columns(pl.col(pl.Categorical).cast(pl.Utf8)) for p in self.parts], SLICE_SCHEMA)
 
 
 @dataclass
@@ -339,7 +346,7 @@ def build_model(
             label = f"rank {rank} · {label}"
         proc_uuid[(report, pid)] = tracks.add(label, "process", pid=ext(report, pid))
 
-    parts: list[pl.DataFrame] = []
+    groups: dict[str, list[pl.DataFrame]] = {"stream": [], "thread": [], "nvtx": [], "nccl": []}
     # -- CPU threads: CUDA API calls and NVTX push/pop ranges, nested; marks as instants
     api = api.filter(pl.col("start_ns").is_not_null() & pl.col("end_ns").is_not_null())
     nv_ranges = nvtx.filter(pl.col("event_type") == "PushPop")
@@ -402,7 +409,7 @@ def build_model(
 
         k = with_flow(with_family(ops_k), op_rows(0), "flow_in").join(stream_map, on=["report", "pid", "device_id", "stream_id"],
                                                                     how="left", nulls_equal=True)
-        parts.append(k.select(
+        groups["stream"].append(k.select(
             "track", "start_ns", "end_ns", "name", pl.lit("kernel").alias("cat"), "flow_in",
             pl.col("family").alias("a_family"), _dims("grid").alias("a_grid"), _dims("block").alias("a_block"),
             pl.col("registers_per_thread").alias("a_registers"), pl.col("static_shared_memory_bytes").alias("a_static_smem"),
@@ -412,7 +419,7 @@ def build_model(
     if ops_c.height:
         c = with_flow(ops_c, op_rows(1), "flow_in").join(stream_map, on=["report", "pid", "device_id", "stream_id"], how="left",
                                                        nulls_equal=True)
-        parts.append(c.select(
+        groups["stream"].append(c.select(
             "track", "start_ns", "end_ns", pl.format("Memcpy {}", pl.col("copy_kind")).alias("name"),
             pl.lit("memcpy").alias("cat"), "flow_in", pl.col("bytes").alias("a_bytes"), pl.col("copy_kind").alias("a_copy_kind"),
             pl.col("src_kind").alias("a_src_kind"), pl.col("dst_kind").alias("a_dst_kind"), pl.col("device_id").alias("a_device"),
@@ -421,7 +428,7 @@ def build_model(
     if ops_s.height:
         s = with_flow(ops_s, op_rows(2), "flow_in").join(stream_map, on=["report", "pid", "device_id", "stream_id"], how="left",
                                                        nulls_equal=True)
-        parts.append(s.select(
+        groups["stream"].append(s.select(
             "track", "start_ns", "end_ns", pl.lit("Memset").alias("name"), pl.lit("memset").alias("cat"), "flow_in",
             pl.col("bytes").alias("a_bytes"), pl.col("value").alias("a_value"), pl.col("mem_kind").alias("a_mem_kind"),
             pl.col("device_id").alias("a_device"), pl.col("stream_id").alias("a_stream"),
@@ -429,14 +436,14 @@ def build_model(
         ))
     if api.height:
         a = with_flow(api, linked["_api_row"], "flow_out").join(thread_map, on=["report", "pid", "tid"], how="left")
-        parts.append(a.select(
+        groups["thread"].append(a.select(
             "track", "start_ns", "end_ns", pl.col("name").str.replace(r"_v\d+$", "").alias("name"),
             pl.lit("cuda_api").alias("cat"), "flow_out", pl.col("correlation_id").alias("a_correlation"),
             pl.col("return_value").alias("a_return"),
         ))
     if nv_ranges.height:
         n = nv_ranges.join(thread_map, on=["report", "pid", "tid"], how="left")
-        parts.append(n.select("track", "start_ns", "end_ns", pl.col("name").fill_null("(unnamed)"), pl.lit("nvtx").alias("cat"),
+        groups["thread"].append(n.select("track", "start_ns", "end_ns", pl.col("name").fill_null("(unnamed)"), pl.lit("nvtx").alias("cat"),
                               pl.col("domain").alias("a_domain")))
     if nv_startend.height:
         se_rows = []
@@ -444,7 +451,7 @@ def build_model(
             se_rows.append((report, pid, tracks.add("NVTX start/end ranges", "nvtx", proc_uuid[(report, pid)])))
         se_map = pl.DataFrame(se_rows, schema={"report": pl.Int64, "pid": pl.Int64, "track": pl.Int64}, orient="row")
         n = nv_startend.join(se_map, on=["report", "pid"], how="left")
-        parts.append(n.select("track", "start_ns", "end_ns", pl.col("name").fill_null("(unnamed)"), pl.lit("nvtx").alias("cat"),
+        groups["nvtx"].append(n.select("track", "start_ns", "end_ns", pl.col("name").fill_null("(unnamed)"), pl.lit("nvtx").alias("cat"),
                               pl.col("domain").alias("a_domain")))
     if nccl_w.height:
         nc_rows = []
@@ -453,7 +460,7 @@ def build_model(
         nc_map = pl.DataFrame(nc_rows, schema={"report": pl.Int64, "pid": pl.Int64, "tid": pl.Int64, "track": pl.Int64},
                               orient="row")
         n = nccl_w.join(nc_map, on=["report", "pid", "tid"], how="left", nulls_equal=True)
-        parts.append(n.select(
+        groups["nccl"].append(n.select(
             "track", pl.col("host_start_ns").alias("start_ns"), pl.col("host_end_ns").alias("end_ns"),
             pl.coalesce("api", pl.format("nccl{}", pl.col("op"))).alias("name"), pl.lit("nccl").alias("cat"),
             pl.col("op").alias("a_op"), pl.col("bytes").alias("a_bytes"), pl.col("peer").alias("a_peer"),
@@ -465,15 +472,41 @@ def build_model(
             pl.col("protocol").alias("a_protocol"), pl.col("kernel_count").alias("a_kernel_count"),
             pl.col("gpu_duration_ns").alias("a_gpu_duration"),
         ))
-    slices = _conform(parts, SLICE_SCHEMA)
-    slices = _nest(slices, tracks)
+    slice_parts = []
+    for frames in groups.values():
+        if frames:
+            part = _conform_part(frames)
+            # a timestamp before the session start has no place on the timeline (uint64), and a
+            # slice that ends before it starts (a damaged export) cannot be drawn
+            bad = (pl.col("start_ns") < 0) | (pl.col("end_ns") < pl.col("start_ns")) | pl.col("track").is_null()
+            n_bad = part.select(bad.fill_null(True).sum()).item()
+            if n_bad:
+                skipped["slices with a negative time, or ending before they start"] = (
+                    skipped.get("slices with a negative time, or ending before they start", 0) + n_bad)
+                part = part.filter(~bad.fill_null(True))
+            slice_parts.append(_nest(part, tracks))
 
     instants = _conform([marks.join(thread_map, on=["report", "pid", "tid"], how="left").select(
         "track", pl.col("start_ns").alias("ts_ns"), pl.col("name").fill_null("(unnamed)"), pl.lit("nvtx").alias("cat"),
         pl.col("domain").alias("a_domain"))] if marks.height else [], INSTANT_SCHEMA).sort("track", "ts_ns")
 
     counters = _counters(trace, memory, kernels, procs, proc_uuid, tracks, win, metrics, ranks is not None)
-    return ExportModel(tracks.items, slices, instants, counters, win, source, skipped)
+    return ExportModel(tracks.items, slice_parts, instants, counters, win, source, skipped)
+
+
+_COMMON = ("track", "start_ns", "end_ns", "name", "cat", "flow_out", "flow_in")
+
+
+def _conform_part(frames: list[pl.DataFrame]) -> pl.DataFrame:
+    """Stack the slices of one track family with the common columns and only the argument
+    columns they use (a column of nulls still costs 8 bytes a row); text as categoricals."""
+    out = pl.concat(frames, how="diagonal_relaxed")
+    cols = [*_COMMON, *(c for c, _, _ in ARGS if c in out.columns)]
+    text = pl.Categorical
+    return out.select(
+        (pl.col(c).cast(text if SLICE_SCHEMA[c] == pl.Utf8 else SLICE_SCHEMA[c]) if c in out.columns
+         else pl.lit(None, SLICE_SCHEMA[c]).alias(c)) for c in cols
+    )
 
 
 def _conform(parts: list[pl.DataFrame], schema: dict[str, Any]) -> pl.DataFrame:
@@ -541,6 +574,25 @@ def _crossing(track: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarr
     return out
 
 
+def _metric_samples(trace: Any, metrics: Sequence[str] | str, win: tuple[int, int] | None) -> pl.DataFrame:
+    """GPU-metric samples of ``metrics``; from one export, only those rows are read (a long
+    capture holds tens of millions of samples of a dozen metrics)."""
+    if metrics != "all" and not metrics:
+        return pl.DataFrame(schema={"device_id": pl.Int64, "timestamp_ns": pl.Int64, "metric": pl.Utf8,
+                                    "metric_label": pl.Utf8, "value": pl.Int64})
+    db = getattr(trace, "db", None)
+    loaded = getattr(trace, "is_loaded", lambda name: True)("gpu_metrics")
+    if db is None or loaded or not hasattr(db, "has_table"):
+        return trace.gpu_metrics  # type: ignore[no-any-return]
+    from tracekit.nsys.gpu_metrics import gpu_metric_samples, metric_descriptions
+
+    if not db.has_table("GPU_METRICS"):
+        return trace.gpu_metrics  # type: ignore[no-any-return]
+    names = metric_descriptions(db)["metric"].unique().to_list() if metrics == "all" else list(metrics)
+    lo, hi = win if win is not None else (None, None)
+    return gpu_metric_samples(db, names, start_ns=lo, end_ns=hi)
+
+
 def _counters(trace: Any, memory: pl.DataFrame, kernels: pl.DataFrame, procs: pl.DataFrame,
               proc_uuid: dict[tuple[int, int], int], tracks: _Tracks, win: tuple[int, int] | None,
               metrics: Sequence[str] | str, by_rank: bool) -> pl.DataFrame:
@@ -571,7 +623,7 @@ def _counters(trace: Any, memory: pl.DataFrame, kernels: pl.DataFrame, procs: pl
                 tl = pl.concat([before.select(inside.columns), inside]).unique(["track", "start_ns"], keep="last",
                                                                                maintain_order=True)
             parts.append(tl.select("track", pl.col("start_ns").alias("ts_ns"), pl.col("in_use_bytes").cast(pl.Float64).alias("value")))
-    gm = trace.gpu_metrics
+    gm = _metric_samples(trace, metrics, win)
     if gm.height:
         if "report" not in gm.columns:
             gm = gm.with_columns(pl.lit(0, pl.Int64).alias("report"))

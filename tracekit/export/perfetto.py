@@ -109,11 +109,15 @@ def write_perfetto(model: ExportModel, path: str | os.PathLike[str], *, chunk_ro
 
 
 def _summary(model: ExportModel, target: Path, fmt: str, t0: float) -> ExportSummary:
-    counts = model.slices.group_by("cat").len()
-    by_cat = dict(zip(counts["cat"].to_list(), counts["len"].to_list(), strict=True))
+    by_cat: dict[str, int] = {}
+    flows = 0
+    for part in model.parts:
+        for cat, n in part.group_by("cat").len().iter_rows():
+            by_cat[str(cat)] = by_cat.get(str(cat), 0) + n
+        flows += part["flow_out"].is_not_null().sum()
     return ExportSummary(
         path=str(target), format=fmt, bytes=target.stat().st_size, tracks=len(model.tracks),
-        slices={c: int(by_cat.get(c, 0)) for c in CATEGORIES}, flows=int(model.slices["flow_out"].is_not_null().sum()),
+        slices={c: int(by_cat.get(c, 0)) for c in CATEGORIES}, flows=int(flows),
         instants=model.instants.height, counter_samples=model.counters.height, window=model.window,
         window_source=model.window_source, skipped=dict(model.skipped), seconds=time.perf_counter() - t0,
     )
@@ -156,56 +160,58 @@ def _write(model: ExportModel, f: IO[bytes], builder_cls: Any, chunk_rows: int) 
                 d.counter.unit_name = t.unit
     f.write(b.serialize())
 
-    str_args = [(c, n) for c, n, k in ARGS if k == "str"]
+    kinds = {c: (name, kind) for c, name, kind in ARGS}
     # -- slices: BEGIN/END pairs in nesting order, per track
-    stack: list[int] = []
-    cur = None
-    for chunk in model.slices.iter_slices(chunk_rows):
-        b = builder_cls()
-        names.add(chunk["name"].unique().to_list())
-        for col, _ in str_args:
-            arg_strings.add(chunk[col].unique().to_list())
-        _interned(b.add_packet(), names, cats, arg_names, arg_strings)
-        present = [(i, arg_names.ids[name], kind == "str")
-                   for i, (col, name, kind) in enumerate(ARGS) if chunk[col].null_count() < chunk.height]
-        base = 7  # track, start_ns, end_ns, name, cat, flow_out, flow_in, then the ARGS columns
-        name_ids, str_ids, cat_ids = names.ids, arg_strings.ids, cats.ids
-        for row in chunk.iter_rows():
-            track, start, end = row[0], row[1], row[2]
-            if track != cur:
-                while stack:
-                    _end(b, stack.pop(), cur)
-                cur = track
-            while stack and stack[-1] <= start:
-                _end(b, stack.pop(), track)
-            p = b.add_packet()
-            p.timestamp = start
-            p.trusted_packet_sequence_id = SEQUENCE_ID
-            p.sequence_flags = _NEEDS
-            te = p.track_event
-            te.type = _BEGIN
-            te.track_uuid = track
-            te.name_iid = name_ids[row[3]]
-            te.category_iids.append(cat_ids[row[4]])
-            if row[5] is not None:
-                te.flow_ids.append(row[5])
-            if row[6] is not None:
-                te.terminating_flow_ids.append(row[6])
-            for i, niid, is_str in present:
-                v = row[base + i]
-                if v is None:
-                    continue
-                a = te.debug_annotations.add()
-                a.name_iid = niid
-                if is_str:
-                    a.string_value_iid = str_ids[v]
-                else:
-                    a.int_value = v
-            stack.append(end)
-        f.write(b.serialize())
     b = builder_cls()
-    while stack:
-        _end(b, stack.pop(), cur)
+    for part in model.parts:
+        stack: list[int] = []
+        cur = None
+        args = [(i, c) for i, c in enumerate(part.columns) if c in kinds]
+        str_args = [c for _, c in args if kinds[c][1] == "str"]
+        for chunk in part.iter_slices(chunk_rows):
+            names.add(chunk["name"].unique().to_list())
+            for col in str_args:
+                arg_strings.add(chunk[col].unique().to_list())
+            _interned(b.add_packet(), names, cats, arg_names, arg_strings)
+            present = [(i, arg_names.ids[kinds[c][0]], kinds[c][1] == "str") for i, c in args
+                       if chunk[c].null_count() < chunk.height]
+            name_ids, str_ids, cat_ids = names.ids, arg_strings.ids, cats.ids
+            for row in chunk.iter_rows():
+                track, start, end = row[0], row[1], row[2]
+                if track != cur:
+                    while stack:
+                        _end(b, stack.pop(), cur)
+                    cur = track
+                while stack and stack[-1] <= start:
+                    _end(b, stack.pop(), track)
+                p = b.add_packet()
+                p.timestamp = start
+                p.trusted_packet_sequence_id = SEQUENCE_ID
+                p.sequence_flags = _NEEDS
+                te = p.track_event
+                te.type = _BEGIN
+                te.track_uuid = track
+                te.name_iid = name_ids[row[3]]
+                te.category_iids.append(cat_ids[row[4]])
+                if row[5] is not None:
+                    te.flow_ids.append(row[5])
+                if row[6] is not None:
+                    te.terminating_flow_ids.append(row[6])
+                for i, niid, is_str in present:
+                    v = row[i]
+                    if v is None:
+                        continue
+                    a = te.debug_annotations.add()
+                    a.name_iid = niid
+                    if is_str:
+                        a.string_value_iid = str_ids[v]
+                    else:
+                        a.int_value = v
+                stack.append(end)
+            f.write(b.serialize())
+            b = builder_cls()
+        while stack:
+            _end(b, stack.pop(), cur)
 
     # -- instants (NVTX marks)
     for chunk in model.instants.iter_slices(chunk_rows):
