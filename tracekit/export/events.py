@@ -196,18 +196,63 @@ _NARROW = ("kernels", "memcpys", "memsets", "cuda_api", "nvtx")
 
 def _table(trace: Any, name: str, columns: Sequence[str]) -> pl.DataFrame:
     """``columns`` of table ``name`` (those it has) with a ``report`` column (0 for one trace).
-    One report's large tables are read with only these columns (``NsysTrace.table``)."""
+    One report's large tables are read with only these columns (``NsysTrace.table``), and the
+    kernel and API names as ``StringIds`` ids made categorical (a million names are ~170 MB of
+    text, 4 MB of codes)."""
     ranks = getattr(trace, "ranks", None)
     if name in _NARROW and not isinstance(ranks, pl.DataFrame) and hasattr(trace, "table"):
-        from tracekit.nsys.schema import TABLES
+        from tracekit.nsys.schema import ON_REQUEST, TABLES
 
-        frame = trace.table(name, [c for c in columns if c in TABLES[name]])
+        by_id = "name" in columns and "name_id" in ON_REQUEST.get(name, {}) and not trace.is_loaded(name)
+        want = [c for c in columns if c in TABLES[name] and not (by_id and c == "name")]
+        frame = trace.table(name, [*want, "name_id"] if by_id else want)
+        if by_id:
+            from tracekit.nsys.readers import lookup_strings
+
+            ids = frame.select(pl.col("name_id").unique())
+            ids = ids.with_columns(lookup_strings(pl.col("name_id"), trace.strings).cast(pl.Categorical).alias("name"))
+            frame = frame.join(ids, on="name_id", how="left", maintain_order="left").drop("name_id")
     else:
         frame = getattr(trace, name)
     frame = frame.select([c for c in columns if c in frame.columns])
     if "report" not in frame.columns:
         frame = frame.with_columns(pl.lit(0, pl.Int64).alias("report"))
     return frame
+
+
+def _by_unique_name(frame: pl.DataFrame, fn: Any) -> pl.DataFrame:
+    """``frame`` with the columns ``fn`` computes from a frame of its distinct ``name`` values
+    (as text) joined back: per-name work done once per name."""
+    if frame.height == 0:
+        return fn(frame.select(pl.col("name").cast(pl.Utf8)).head(0)).drop("name").pipe(
+            lambda extra: frame.with_columns(pl.lit(None, t).alias(c) for c, t in extra.schema.items()))
+    u = frame.select(pl.col("name").unique()).with_columns(pl.col("name").cast(pl.Utf8).alias("_text"))
+    extra = fn(u.select(pl.col("_text").alias("name"))).drop("name")
+    u = pl.concat([u.select("name"), extra], how="horizontal")
+    return frame.join(u, on="name", how="left", maintain_order="left", nulls_equal=True)
+
+
+def _may_use_nccl(trace: Any, kernels: pl.DataFrame, nvtx: pl.DataFrame) -> bool:
+    """Whether ``trace.nccl`` can have rows: it is built from the full kernel and NVTX tables,
+    worth it only when an NCCL kernel or NVTX range is there."""
+    if isinstance(getattr(trace, "ranks", None), pl.DataFrame) or getattr(trace, "is_loaded", lambda n: True)("nccl"):
+        return True
+    names = kernels.select(pl.col("name").unique().cast(pl.Utf8))["name"]
+    if names.str.contains("(?i)nccl").any():
+        return True
+    return bool(nvtx.select((pl.col("domain") == "NCCL").any() | pl.col("name").str.starts_with("nccl").any()).item())
+
+
+class _NoNccl:
+    """Stands in for a trace without NCCL work: an empty ``nccl`` table."""
+
+    @property
+    def nccl(self) -> pl.DataFrame:
+        i, u = pl.Int64, pl.Utf8
+        return pl.DataFrame(schema={
+            "rank": i, "pid": i, "tid": i, "host_start_ns": i, "host_end_ns": i, "op": u, "api": u, "bytes": i, "peer": i,
+            "root": i, "comm_id": pl.UInt64, "comm_rank": i, "comm_nranks": i, "dtype": u, "reduction": u, "algorithm": u,
+            "protocol": u, "kernel_count": i, "gpu_duration_ns": i})
 
 
 def _keep_window(frame: pl.DataFrame, window: tuple[int, int] | None, start: str = "start_ns",
@@ -287,7 +332,7 @@ def build_model(
                                          "bytes", "value", "mem_kind"])
     api = _table(trace, "cuda_api", ["report", "pid", "tid", "start_ns", "end_ns", "name", "correlation_id", "return_value"])
     nvtx = _table(trace, "nvtx", ["report", "pid", "tid", "event_type", "start_ns", "end_ns", "name", "domain"])
-    nccl = _table(trace, "nccl", ["report", "rank", "pid", "tid", "host_start_ns", "host_end_ns", "op", "api", "bytes", "peer",
+    nccl = _table(trace if _may_use_nccl(trace, kernels, nvtx) else _NoNccl(), "nccl", ["report", "rank", "pid", "tid", "host_start_ns", "host_end_ns", "op", "api", "bytes", "peer",
                                    "root", "comm_id", "comm_rank", "comm_nranks", "dtype", "reduction", "algorithm",
                                    "protocol", "kernel_count", "gpu_duration_ns"])
     memory = _table(trace, "memory_usage", ["report", "pid", "global_pid", "device_id", "context_id", "stream_id",
@@ -407,7 +452,7 @@ def build_model(
     if ops_k.height:
         from tracekit.analysis.families import with_family
 
-        k = with_flow(with_family(ops_k), op_rows(0), "flow_in").join(stream_map, on=["report", "pid", "device_id", "stream_id"],
+        k = with_flow(_by_unique_name(ops_k, with_family), op_rows(0), "flow_in").join(stream_map, on=["report", "pid", "device_id", "stream_id"],
                                                                     how="left", nulls_equal=True)
         groups["stream"].append(k.select(
             "track", "start_ns", "end_ns", "name", pl.lit("kernel").alias("cat"), "flow_in",
@@ -435,9 +480,12 @@ def build_model(
             pl.col("correlation_id").alias("a_correlation"),
         ))
     if api.height:
-        a = with_flow(api, linked["_api_row"], "flow_out").join(thread_map, on=["report", "pid", "tid"], how="left")
+        def clean(u: pl.DataFrame) -> pl.DataFrame:  # cudaLaunchKernel_v7000 → cudaLaunchKernel
+            return u.with_columns(pl.col("name").str.replace(r"_v\d+$", "").cast(pl.Categorical).alias("_clean"))
+
+        a = with_flow(_by_unique_name(api, clean), linked["_api_row"], "flow_out").join(thread_map, on=["report", "pid", "tid"], how="left")
         groups["thread"].append(a.select(
-            "track", "start_ns", "end_ns", pl.col("name").str.replace(r"_v\d+$", "").alias("name"),
+            "track", "start_ns", "end_ns", pl.col("_clean").alias("name"),
             pl.lit("cuda_api").alias("cat"), "flow_out", pl.col("correlation_id").alias("a_correlation"),
             pl.col("return_value").alias("a_return"),
         ))
