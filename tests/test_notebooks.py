@@ -28,6 +28,7 @@ EXPECTED = [
     "05_compare",
     "06_paper_figures",
     "07_diagnose",
+    "09_export_perfetto",
 ]
 
 
