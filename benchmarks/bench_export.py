@@ -24,6 +24,7 @@ VARIANTS: dict[str, list[str]] = {
     "perfetto, no GPU metrics": ["--metrics", "none"],
     "perfetto, default metrics": [],
     "perfetto, --window steady": ["--window", "steady", "--metrics", "none"],
+    "perfetto, --window 0:100s": ["--window", "0:100s", "--metrics", "none"],
     "chrome-json, no GPU metrics": ["--format", "chrome-json", "--metrics", "none"],
 }
 

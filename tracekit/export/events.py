@@ -622,6 +622,20 @@ def _crossing(track: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarr
     return out
 
 
+def _metric_names(trace: Any, metrics: Sequence[str] | str) -> list[str]:
+    """The metrics to write: ``metrics``, or every metric the trace has for ``"all"``."""
+    if metrics != "all":
+        return list(metrics)
+    db = getattr(trace, "db", None)
+    if db is not None and hasattr(db, "has_table") and not getattr(trace, "is_loaded", lambda n: True)("gpu_metrics"):
+        if not db.has_table("GPU_METRICS"):
+            return []
+        from tracekit.nsys.gpu_metrics import metric_descriptions
+
+        return sorted(metric_descriptions(db)["metric"].unique().to_list())
+    return sorted(trace.gpu_metrics["metric"].unique().to_list())
+
+
 def _metric_samples(trace: Any, metrics: Sequence[str] | str, win: tuple[int, int] | None) -> pl.DataFrame:
     """GPU-metric samples of ``metrics``; from one export, only those rows are read (a long
     capture holds tens of millions of samples of a dozen metrics)."""
@@ -632,11 +646,11 @@ def _metric_samples(trace: Any, metrics: Sequence[str] | str, win: tuple[int, in
     loaded = getattr(trace, "is_loaded", lambda name: True)("gpu_metrics")
     if db is None or loaded or not hasattr(db, "has_table"):
         return trace.gpu_metrics  # type: ignore[no-any-return]
-    from tracekit.nsys.gpu_metrics import gpu_metric_samples, metric_descriptions
+    from tracekit.nsys.gpu_metrics import gpu_metric_samples
 
     if not db.has_table("GPU_METRICS"):
         return trace.gpu_metrics  # type: ignore[no-any-return]
-    names = metric_descriptions(db)["metric"].unique().to_list() if metrics == "all" else list(metrics)
+    names = _metric_names(trace, metrics)
     lo, hi = win if win is not None else (None, None)
     return gpu_metric_samples(db, names, start_ns=lo, end_ns=hi)
 
@@ -670,31 +684,36 @@ def _counters(trace: Any, memory: pl.DataFrame, kernels: pl.DataFrame, procs: pl
                 inside = tl.filter((pl.col("start_ns") >= lo) & (pl.col("start_ns") < hi))
                 tl = pl.concat([before.select(inside.columns), inside]).unique(["track", "start_ns"], keep="last",
                                                                                maintain_order=True)
-            parts.append(tl.select("track", pl.col("start_ns").alias("ts_ns"), pl.col("in_use_bytes").cast(pl.Float64).alias("value")))
-    gm = _metric_samples(trace, metrics, win)
-    if gm.height:
+            parts.append(tl.select("track", pl.col("start_ns").alias("ts_ns"), pl.col("in_use_bytes").cast(pl.Float64).alias("value")).sort(
+                "track", "ts_ns", maintain_order=True))
+    # one metric at a time: a long capture's samples carry two text columns per row
+    multi = procs["report"].n_unique() > 1
+    gpu_uuid: dict[tuple[int, int], int] = {}
+    for metric in _metric_names(trace, metrics):
+        gm = _metric_samples(trace, [metric], win)
+        if gm.height == 0:
+            continue
         if "report" not in gm.columns:
             gm = gm.with_columns(pl.lit(0, pl.Int64).alias("report"))
-        if metrics != "all":
-            gm = gm.filter(pl.col("metric").is_in(list(metrics)))
+        gm = gm.filter(pl.col("metric") == metric)
         if by_rank:
             used = kernels.select("report", "device_id").unique()
             gm = gm.join(used, on=["report", "device_id"], how="semi")
         gm = gm.filter(pl.col("timestamp_ns") >= 0)  # before the session start: no place on the timeline
         gm = _keep_window(gm, win, "timestamp_ns", None)
-        if gm.height:
-            multi = gm["report"].n_unique() > 1
-            rows = []
-            gpu_uuid: dict[tuple[int, int], int] = {}
-            for report, dev, metric, label in gm.select("report", "device_id", "metric", "metric_label").unique(
-                    ["report", "device_id", "metric"]).sort("report", "device_id", "metric").iter_rows():
-                if (report, dev) not in gpu_uuid:
-                    gpu_uuid[(report, dev)] = tracks.add(f"report {report} · GPU {dev}" if multi else f"GPU {dev}", "gpu")
-                unit = "%" if label and "%" in label else None
-                rows.append((report, dev, metric, tracks.add(label or metric, "counter", gpu_uuid[(report, dev)], unit=unit)))
-            gmap = pl.DataFrame(rows, schema={"report": pl.Int64, "device_id": pl.Int64, "metric": pl.Utf8, "track": pl.Int64},
-                                orient="row")
-            g = gm.join(gmap, on=["report", "device_id", "metric"], how="left")
-            parts.append(g.select("track", pl.col("timestamp_ns").alias("ts_ns"), pl.col("value").cast(pl.Float64)))
-    out = _conform(parts, COUNTER_SCHEMA)
-    return out.sort("track", "ts_ns", maintain_order=True)
+        if gm.height == 0:
+            continue
+        rows = []
+        for report, dev, label in gm.select("report", "device_id", "metric_label").unique(
+                ["report", "device_id"]).sort("report", "device_id").iter_rows():
+            if (report, dev) not in gpu_uuid:
+                gpu_uuid[(report, dev)] = tracks.add(f"report {report} · GPU {dev}" if multi else f"GPU {dev}", "gpu")
+            unit = "%" if label and "%" in label else None
+            rows.append((report, dev, tracks.add(label or metric, "counter", gpu_uuid[(report, dev)], unit=unit)))
+        gmap = pl.DataFrame(rows, schema={"report": pl.Int64, "device_id": pl.Int64, "track": pl.Int64}, orient="row")
+        g = gm.select("report", "device_id", "timestamp_ns", "value").join(gmap, on=["report", "device_id"], how="left")
+        del gm
+        parts.append(g.select("track", pl.col("timestamp_ns").alias("ts_ns"), pl.col("value").cast(pl.Float64)).sort(
+            "track", "ts_ns", maintain_order=True))
+    # each part is sorted and holds tracks made after the previous part's: no global sort
+    return _conform(parts, COUNTER_SCHEMA)
