@@ -527,3 +527,14 @@ def test_metric_choice(tmp_path: Path, metrics: object) -> None:
                     and not rb.tracks[d.parent_uuid].HasField("process")]
     assert sum(len(rb.counters[u]) for u in gpu_counters) == gm.height
     assert len(gpu_counters) == gm.select("device_id", "metric").n_unique()
+
+
+def test_paths_are_opened_and_ncu_reports_refused(tmp_path: Path) -> None:
+    s = perfetto(DECODE, tmp_path / "p.pftrace")
+    assert s.slices["kernel"] == tracekit.open(DECODE).kernels.height
+    ncu = next((ROOT / "sample_traces/ncu").rglob("*.ncu-rep"), None)
+    if ncu is None:
+        pytest.skip("no ncu report")
+    with pytest.raises(TracekitError, match="no timeline to export"):
+        perfetto(ncu, tmp_path / "n.pftrace")
+    assert not (tmp_path / "n.pftrace").exists()

@@ -286,6 +286,22 @@ def _flow_id(corr: str = "correlation_id") -> pl.Expr:
     return ((pl.col("report").cast(pl.Int64) * 4_194_304 + pl.col("pid")) * 2**32 + (pl.col(corr) % 2**32)) % 2**63
 
 
+def _as_trace(trace: Any) -> Any:
+    """An open trace or trace set as is; a path opened (a folder: one report per rank)."""
+    import os
+    from pathlib import Path
+
+    if isinstance(trace, str | os.PathLike):
+        import tracekit
+
+        path = Path(trace)
+        trace = tracekit.open_many(path) if path.is_dir() else tracekit.open(path)
+    if type(trace).__name__ == "NcuReport" or not hasattr(trace, "kernels"):
+        msg = f"{type(trace).__name__} has no timeline to export; pass an Nsight Systems trace (tracekit.open) or a trace set (tracekit.open_many)"
+        raise TracekitError(msg)
+    return trace
+
+
 def build_model(
     trace: Any,
     *,
@@ -293,7 +309,8 @@ def build_model(
     ranks: Sequence[int] | None = None,
     metrics: Sequence[str] | str = DEFAULT_METRICS,
 ) -> ExportModel:
-    """The timeline of ``trace`` (an ``NsysTrace`` or a ``TraceSet``) that the exporters write.
+    """The timeline of ``trace`` (an ``NsysTrace``, a ``TraceSet``, or a path: an export, or a
+    folder of per-rank exports) that the exporters write.
 
     Parameters
     ----------
@@ -308,6 +325,7 @@ def build_model(
     metrics
         ``gpu_metrics.metric`` names written as counters, or ``"all"``.
     """
+    trace = _as_trace(trace)
     source = None
     if isinstance(window, str):
         if window != "steady":
@@ -406,7 +424,8 @@ def build_model(
     marks = nvtx.filter(pl.col("event_type") == "Mark")
     api, nv_ranges, nv_startend, nccl_w = (
         _keep_window(api, win), _keep_window(nv_ranges, win), _keep_window(nv_startend, win),
-        _keep_window(nccl.filter(pl.col("host_start_ns").is_not_null() & pl.col("host_end_ns").is_not_null()), win,
+        _keep_window(nccl.filter(pl.col("host_start_ns").is_not_null() & pl.col("host_end_ns").is_not_null()
+                                & pl.col("pid").is_not_null()), win,
                      "host_start_ns", "host_end_ns"),
     )
     marks = _keep_window(marks, win, end=None)
