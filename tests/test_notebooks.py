@@ -29,6 +29,7 @@ EXPECTED = [
     "06_paper_figures",
     "07_diagnose",
     "08_memory",
+    "09_export_perfetto",
 ]
 
 

@@ -39,6 +39,7 @@ COMMANDS: dict[str, str] = {
     "model": "tracekit.cli.model",
     "report": "tracekit.cli.report",
     "capture": "tracekit.cli.capture",
+    "export": "tracekit.cli.export",
 }
 
 

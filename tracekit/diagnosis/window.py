@@ -89,7 +89,9 @@ def kernel_period_iterations(kernels: pl.DataFrame, config: DiagnoseConfig) -> p
     if kernels.height == 0:
         return empty
     keys = [c for c in ("rank", "device_id") if c in kernels.columns]
-    busiest = kernels.group_by(keys).agg(pl.col("duration_ns").sum()).sort("duration_ns", descending=True).head(1)
+    # ties go to the lowest rank / device, whatever order group_by returns them in
+    busiest = kernels.group_by(keys).agg(pl.col("duration_ns").sum()).sort(
+        ["duration_ns", *keys], descending=[True, *([False] * len(keys))], nulls_last=True).head(1)
     k = kernels.join(busiest.select(keys), on=keys).sort("start_ns").select("start_ns", "end_ns", "name")
     codes = k["name"].cast(pl.Categorical).to_physical().to_numpy().astype(np.int64)
     found = find_period(codes, match=config.period_match, min_repeats=config.min_repeats, coverage=config.period_coverage)
@@ -143,7 +145,8 @@ def _nvtx_iterations(ops_with_launch: pl.DataFrame, nvtx: pl.DataFrame, config: 
     if ranges.height == 0:
         return pl.DataFrame()
     proc = [c for c in ("rank", "pid") if c in ranges.columns]
-    main = ranges.group_by(proc).len().sort("len", descending=True).head(1).select(proc)
+    main = ranges.group_by(proc).len().sort(["len", *proc], descending=[True, *([False] * len(proc))],
+                                              nulls_last=True).head(1).select(proc)
     ranges = ranges.join(main, on=proc).sort("iteration")
     n = ranges.height
     ops = ops_with_launch

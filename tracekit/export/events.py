@@ -1,0 +1,738 @@
+"""The timeline both exporters write: tracks, slices, instants, flows and counter samples built
+from a trace's tables (polars frames in, frames out; no file is written here).
+
+Track tree (see docs/export.md):
+
+* one **process** track per process (per rank and process for a trace set), named
+  ``rank R · NAME (pid P)``; under it one **thread** track per CPU thread with CUDA API calls and
+  NVTX push/pop ranges (nested slices) and NVTX marks (instants), one **stream** track per GPU
+  stream (kernels, memcpys, memsets), ``NCCL calls`` per calling thread, ``NVTX start/end
+  ranges`` and one ``GPU d memory in use`` counter per device the process allocated on;
+* one **GPU** track per GPU with GPU-metric counters under it.
+
+A slice that partly overlaps a slice of its own track (it starts inside it and ends after it)
+cannot nest; it goes to a sibling track named ``… (overlap k)`` rather than being cut.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from tracekit.errors import TracekitError
+
+__all__ = ["CATEGORIES", "DEFAULT_METRICS", "ExportModel", "ExportSummary", "Track", "build_model", "parse_window",
+           "steady_bounds"]
+
+#: GPU metrics exported by default (``gpu_metrics.metric`` names); ``metrics="all"`` takes every one.
+DEFAULT_METRICS: tuple[str, ...] = ("sms_active", "tensor_active", "dram_read_bandwidth", "dram_write_bandwidth")
+#: Slice categories, in the order they are written.
+CATEGORIES: tuple[str, ...] = ("kernel", "memcpy", "memset", "cuda_api", "nvtx", "nccl")
+
+#: Synthetic ids when one pid appears in several reports: ``(report + 1) * PID_STRIDE + pid``.
+PID_STRIDE = 10_000_000
+
+#: (model column, argument name, kind) of every slice argument; kind is ``int`` or ``str``.
+ARGS: tuple[tuple[str, str, str], ...] = (
+    ("a_family", "family", "str"),
+    ("a_grid", "grid", "str"),
+    ("a_block", "block", "str"),
+    ("a_registers", "registers_per_thread", "int"),
+    ("a_static_smem", "static_shared_memory_bytes", "int"),
+    ("a_dynamic_smem", "dynamic_shared_memory_bytes", "int"),
+    ("a_device", "device_id", "int"),
+    ("a_stream", "stream_id", "int"),
+    ("a_correlation", "correlation_id", "int"),
+    ("a_bytes", "bytes", "int"),
+    ("a_copy_kind", "copy_kind", "str"),
+    ("a_src_kind", "src_kind", "str"),
+    ("a_dst_kind", "dst_kind", "str"),
+    ("a_value", "value", "int"),
+    ("a_mem_kind", "mem_kind", "str"),
+    ("a_return", "return_value", "int"),
+    ("a_domain", "domain", "str"),
+    ("a_op", "op", "str"),
+    ("a_peer", "peer", "int"),
+    ("a_root", "root", "int"),
+    ("a_comm", "comm_id", "str"),
+    ("a_comm_rank", "comm_rank", "int"),
+    ("a_comm_nranks", "comm_nranks", "int"),
+    ("a_dtype", "dtype", "str"),
+    ("a_reduction", "reduction", "str"),
+    ("a_algorithm", "algorithm", "str"),
+    ("a_protocol", "protocol", "str"),
+    ("a_kernel_count", "kernel_count", "int"),
+    ("a_gpu_duration", "gpu_duration_ns", "int"),
+)
+_ARG_DTYPES = {col: (pl.Int64 if kind == "int" else pl.Utf8) for col, _, kind in ARGS}
+
+SLICE_SCHEMA: dict[str, Any] = {
+    "track": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64, "name": pl.Utf8, "cat": pl.Utf8,
+    "flow_out": pl.Int64, "flow_in": pl.Int64, **_ARG_DTYPES,
+}
+INSTANT_SCHEMA: dict[str, Any] = {"track": pl.Int64, "ts_ns": pl.Int64, "name": pl.Utf8, "cat": pl.Utf8, "a_domain": pl.Utf8}
+COUNTER_SCHEMA: dict[str, Any] = {"track": pl.Int64, "ts_ns": pl.Int64, "value": pl.Float64}
+
+
+@dataclass
+class Track:
+    """One timeline row. ``kind``: ``process``, ``thread``, ``stream``, ``nccl``, ``nvtx``,
+    ``gpu``, ``counter`` or ``overlap``. ``pid``/``tid`` are the ids written to the file
+    (synthetic when pids repeat across reports); ``unit`` is a counter's unit (``bytes``, ``%``)."""
+
+    uuid: int
+    name: str
+    kind: str
+    parent: int | None = None
+    pid: int | None = None
+    tid: int | None = None
+    unit: str | None = None
+
+
+@dataclass
+class ExportModel:
+    """Everything an exporter writes. ``parts`` hold the slices of one family of tracks each
+    (GPU streams, CPU threads, NVTX start/end, NCCL): the common columns of ``SLICE_SCHEMA``
+    plus the argument columns that family uses, sorted by ``track``, ``start_ns`` and longest
+    first, nesting properly within each track. ``flow_out`` on a launch call and ``flow_in`` on
+    the first GPU operation of its correlation id carry the same flow id. ``instants`` (NVTX
+    marks) and ``counters`` (ns, value) name their track."""
+
+    tracks: list[Track]
+    parts: list[pl.DataFrame]
+    instants: pl.DataFrame
+    counters: pl.DataFrame
+    window: tuple[int, int] | None = None
+    window_source: str | None = None
+    skipped: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def slices(self) -> pl.DataFrame:
+        """Every slice in one frame of ``SLICE_SCHEMA`` (text as strings)."""
+        return _conform([p.with_columns(pl.col(pl.Categorical).cast(pl.Utf8)) for p in self.parts], SLICE_SCHEMA)
+
+
+@dataclass
+class ExportSummary:
+    """What an export wrote: the file, its size, and the counts of each kind of event."""
+
+    path: str
+    format: str
+    bytes: int
+    tracks: int
+    slices: dict[str, int]
+    flows: int
+    instants: int
+    counter_samples: int
+    window: tuple[int, int] | None
+    window_source: str | None
+    skipped: dict[str, int]
+    seconds: float
+
+    def __str__(self) -> str:
+        total = sum(self.slices.values())
+        parts = ", ".join(f"{v} {k}" for k, v in self.slices.items() if v)
+        win = "" if self.window is None else f"; window {self.window[0]}:{self.window[1]} ns ({self.window_source})"
+        return (f"{self.path}: {self.format}, {self.bytes / 1e6:.2f} MB, {self.tracks} tracks, {total} slices "
+                f"({parts or 'none'}), {self.flows} flows, {self.instants} instants, {self.counter_samples} "
+                f"counter samples{win}; {self.seconds:.1f} s")
+
+
+# -- window -------------------------------------------------------------------------------------------
+_UNITS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
+_TIME = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(ns|us|ms|s)?\s*$")
+
+
+def parse_window(text: str) -> tuple[int, int] | str:
+    """``"START:END"`` → ``(start_ns, end_ns)``; ``"steady"`` stays ``"steady"``.
+
+    Times are on the capture's timeline (nanoseconds since the trace's session start: the same
+    numbers as the tables' ``start_ns``); each may carry a unit, ``ns`` (default), ``us``, ``ms``
+    or ``s``: ``"1.5s:2s"``, ``"120000000:180000000"``. An empty END means the trace's end."""
+    if text.strip().lower() == "steady":
+        return "steady"
+    msg = (f"window {text!r}: give START:END on the trace's timeline (ns since the session start, or with a "
+           "unit: 1.5s:2s), or 'steady' for the diagnosis's steady-state window")
+    if ":" not in text:
+        raise TracekitError(msg)
+    a, b = text.split(":", 1)
+    values = []
+    for part, default in ((a, 0), (b, 2**62)):
+        if not part.strip():
+            values.append(default)
+            continue
+        m = _TIME.match(part)
+        if not m:
+            raise TracekitError(msg)
+        values.append(int(round(float(m.group(1)) * _UNITS[m.group(2) or "ns"])))
+    if values[1] <= values[0]:
+        msg = f"window {text!r}: END must be after START"
+        raise TracekitError(msg)
+    return values[0], values[1]
+
+
+def steady_bounds(trace: Any) -> tuple[int, int, str]:
+    """``(start_ns, end_ns, why)`` of the steady-state window that ``tracekit diagnose``
+    analyses (:func:`tracekit.diagnosis.window.steady_window`: NVTX step ranges or the repeating
+    kernel sequence, warm-up left out)."""
+    from tracekit.diagnosis.config import DiagnoseConfig
+    from tracekit.diagnosis.context import Context
+    from tracekit.diagnosis.window import steady_window
+
+    cfg = DiagnoseConfig()
+    ctx = Context(trace, cfg)
+    w = steady_window(ctx.ops, ctx.ops_with_launch, ctx.nvtx, cfg)
+    return int(w.start_ns), int(w.end_ns), f"steady state ({w.method}): {w.reason}"
+
+
+# -- tables ------------------------------------------------------------------------------------------
+_NARROW = ("kernels", "memcpys", "memsets", "cuda_api", "nvtx")
+
+
+def _table(trace: Any, name: str, columns: Sequence[str]) -> pl.DataFrame:
+    """``columns`` of table ``name`` (those it has) with a ``report`` column (0 for one trace).
+    One report's large tables are read with only these columns (``NsysTrace.table``), and the
+    kernel and API names as ``StringIds`` ids made categorical (a million names are ~170 MB of
+    text, 4 MB of codes)."""
+    ranks = getattr(trace, "ranks", None)
+    if name in _NARROW and not isinstance(ranks, pl.DataFrame) and hasattr(trace, "table"):
+        from tracekit.nsys.schema import ON_REQUEST, TABLES
+
+        by_id = "name" in columns and "name_id" in ON_REQUEST.get(name, {}) and not trace.is_loaded(name)
+        want = [c for c in columns if c in TABLES[name] and not (by_id and c == "name")]
+        frame = trace.table(name, [*want, "name_id"] if by_id else want)
+        if by_id:
+            from tracekit.nsys.readers import lookup_strings
+
+            ids = frame.select(pl.col("name_id").unique())
+            ids = ids.with_columns(lookup_strings(pl.col("name_id"), trace.strings).cast(pl.Categorical).alias("name"))
+            frame = frame.join(ids, on="name_id", how="left", maintain_order="left").drop("name_id")
+    else:
+        frame = getattr(trace, name)
+    frame = frame.select([c for c in columns if c in frame.columns])
+    if "report" not in frame.columns:
+        frame = frame.with_columns(pl.lit(0, pl.Int64).alias("report"))
+    return frame
+
+
+def _by_unique_name(frame: pl.DataFrame, fn: Any) -> pl.DataFrame:
+    """``frame`` with the columns ``fn`` computes from a frame of its distinct ``name`` values
+    (as text) joined back: per-name work done once per name."""
+    if frame.height == 0:
+        return fn(frame.select(pl.col("name").cast(pl.Utf8)).head(0)).drop("name").pipe(
+            lambda extra: frame.with_columns(pl.lit(None, t).alias(c) for c, t in extra.schema.items()))
+    u = frame.select(pl.col("name").unique()).with_columns(pl.col("name").cast(pl.Utf8).alias("_text"))
+    extra = fn(u.select(pl.col("_text").alias("name"))).drop("name")
+    u = pl.concat([u.select("name"), extra], how="horizontal")
+    return frame.join(u, on="name", how="left", maintain_order="left", nulls_equal=True)
+
+
+def _may_use_nccl(trace: Any, kernels: pl.DataFrame, nvtx: pl.DataFrame) -> bool:
+    """Whether ``trace.nccl`` can have rows: it is built from the full kernel and NVTX tables,
+    worth it only when an NCCL kernel or NVTX range is there."""
+    if isinstance(getattr(trace, "ranks", None), pl.DataFrame) or getattr(trace, "is_loaded", lambda n: True)("nccl"):
+        return True
+    names = kernels.select(pl.col("name").unique().cast(pl.Utf8))["name"]
+    if names.str.contains("(?i)nccl").any():
+        return True
+    return bool(nvtx.select((pl.col("domain") == "NCCL").any() | pl.col("name").str.starts_with("nccl").any()).item())
+
+
+class _NoNccl:
+    """Stands in for a trace without NCCL work: an empty ``nccl`` table."""
+
+    @property
+    def nccl(self) -> pl.DataFrame:
+        i, u = pl.Int64, pl.Utf8
+        return pl.DataFrame(schema={
+            "rank": i, "pid": i, "tid": i, "host_start_ns": i, "host_end_ns": i, "op": u, "api": u, "bytes": i, "peer": i,
+            "root": i, "comm_id": pl.UInt64, "comm_rank": i, "comm_nranks": i, "dtype": u, "reduction": u, "algorithm": u,
+            "protocol": u, "kernel_count": i, "gpu_duration_ns": i})
+
+
+def _keep_window(frame: pl.DataFrame, window: tuple[int, int] | None, start: str = "start_ns",
+                 end: str | None = "end_ns") -> pl.DataFrame:
+    if window is None or frame.height == 0:
+        return frame
+    lo, hi = window
+    if end is None:
+        return frame.filter((pl.col(start) >= lo) & (pl.col(start) < hi))
+    # a slice is kept when it overlaps the window (an instant one when it lies in it)
+    return frame.filter((pl.col(start) < hi) & ((pl.col(end) > lo) | (pl.col(start) >= lo)))
+
+
+# -- building ------------------------------------------------------------------------------------------
+class _Tracks:
+    def __init__(self) -> None:
+        self.items: list[Track] = []
+
+    def add(self, name: str, kind: str, parent: int | None = None, **kw: Any) -> int:
+        uuid = len(self.items) + 1
+        self.items.append(Track(uuid, name, kind, parent, **kw))
+        return uuid
+
+
+def _dims(prefix: str) -> pl.Expr:
+    return pl.format("({},{},{})", pl.col(f"{prefix}_x"), pl.col(f"{prefix}_y"), pl.col(f"{prefix}_z"))
+
+
+def _flow_id(corr: str = "correlation_id") -> pl.Expr:
+    # unique per (report, pid, correlation id): correlation ids repeat across processes
+    return ((pl.col("report").cast(pl.Int64) * 4_194_304 + pl.col("pid")) * 2**32 + (pl.col(corr) % 2**32)) % 2**63
+
+
+def _as_trace(trace: Any) -> Any:
+    """An open trace or trace set as is; a path opened (a folder: one report per rank)."""
+    import os
+    from pathlib import Path
+
+    if isinstance(trace, str | os.PathLike):
+        import tracekit
+
+        path = Path(trace)
+        trace = tracekit.open_many(path) if path.is_dir() else tracekit.open(path)
+    if type(trace).__name__ == "NcuReport" or not hasattr(trace, "kernels"):
+        msg = f"{type(trace).__name__} has no timeline to export; pass an Nsight Systems trace (tracekit.open) or a trace set (tracekit.open_many)"
+        raise TracekitError(msg)
+    return trace
+
+
+def build_model(
+    trace: Any,
+    *,
+    window: tuple[int, int] | str | None = None,
+    ranks: Sequence[int] | None = None,
+    metrics: Sequence[str] | str = DEFAULT_METRICS,
+) -> ExportModel:
+    """The timeline of ``trace`` (an ``NsysTrace``, a ``TraceSet``, or a path: an export, or a
+    folder of per-rank exports) that the exporters write.
+
+    Parameters
+    ----------
+    window
+        ``(start_ns, end_ns)`` on the trace's timeline, ``"steady"`` (the diagnosis's
+        steady-state window, :func:`steady_bounds`) or ``None`` (everything). Slices that
+        overlap it are kept whole, instants and counter samples inside it; each memory counter
+        starts with its value at the window's start.
+    ranks
+        Keep only these ranks' processes (and the GPUs they ran on). A single report knows its
+        ranks from its NCCL calls; a trace set from ``open_many``.
+    metrics
+        ``gpu_metrics.metric`` names written as counters, or ``"all"``.
+    """
+    trace = _as_trace(trace)
+    source = None
+    if isinstance(window, str):
+        if window != "steady":
+            parsed = parse_window(window)
+            window = parsed if isinstance(parsed, tuple) else None
+            source = "given"
+        if window == "steady":
+            lo, hi, source = steady_bounds(trace)
+            window = (lo, hi)
+    elif window is not None:
+        window = (int(window[0]), int(window[1]))
+        source = "given"
+    win = window if isinstance(window, tuple) else None
+    skipped: dict[str, int] = {}
+
+    kernels = _table(trace, "kernels", ["report", "pid", "device_id", "stream_id", "correlation_id", "start_ns", "end_ns",
+                                         "name", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z",
+                                         "registers_per_thread", "static_shared_memory_bytes", "dynamic_shared_memory_bytes"])
+    memcpys = _table(trace, "memcpys", ["report", "pid", "device_id", "stream_id", "correlation_id", "start_ns", "end_ns",
+                                         "bytes", "copy_kind", "src_kind", "dst_kind"])
+    memsets = _table(trace, "memsets", ["report", "pid", "device_id", "stream_id", "correlation_id", "start_ns", "end_ns",
+                                         "bytes", "value", "mem_kind"])
+    api = _table(trace, "cuda_api", ["report", "pid", "tid", "start_ns", "end_ns", "name", "correlation_id", "return_value"])
+    nvtx = _table(trace, "nvtx", ["report", "pid", "tid", "event_type", "start_ns", "end_ns", "name", "domain"])
+    nccl = _table(trace if _may_use_nccl(trace, kernels, nvtx) else _NoNccl(), "nccl", ["report", "rank", "pid", "tid", "host_start_ns", "host_end_ns", "op", "api", "bytes", "peer",
+                                   "root", "comm_id", "comm_rank", "comm_nranks", "dtype", "reduction", "algorithm",
+                                   "protocol", "kernel_count", "gpu_duration_ns"])
+    memory = _table(trace, "memory_usage", ["report", "pid", "global_pid", "device_id", "context_id", "stream_id",
+                                            "correlation_id", "start_ns", "address", "bytes", "mem_kind", "operation", "name"])
+
+    # -- processes and ranks
+    procs = pl.concat([f.select("report", "pid") for f in (kernels, memcpys, memsets, api, nvtx, nccl, memory)],
+                      how="vertical_relaxed").drop_nulls().unique().sort("report", "pid")
+    if hasattr(trace, "ranks") and isinstance(trace.ranks, pl.DataFrame) and "report" in trace.ranks.columns:
+        rank_of = trace.ranks.select("report", "pid", "rank").drop_nulls("pid").unique(["report", "pid"])
+        per_report = trace.ranks.group_by("report").agg(pl.col("rank").drop_nulls().unique())
+        single_rank = per_report.filter(pl.col("rank").list.len() == 1).select("report", pl.col("rank").list.first().alias("_r1"))
+        procs = procs.join(rank_of, on=["report", "pid"], how="left").join(single_rank, on="report", how="left").with_columns(
+            pl.col("rank").fill_null(pl.col("_r1"))).drop("_r1")
+    else:
+        rank_of = nccl.select("report", "pid", "rank").drop_nulls().unique(["report", "pid"]) if "rank" in nccl.columns else None
+        procs = procs.join(rank_of, on=["report", "pid"], how="left") if rank_of is not None and rank_of.height else (
+            procs.with_columns(pl.lit(None, pl.Int64).alias("rank")))
+    if ranks is not None:
+        wanted = sorted({int(r) for r in ranks})
+        known = sorted(procs["rank"].drop_nulls().unique().to_list())
+        if not known:
+            msg = "ranks were asked for, but this trace has no rank information (no NCCL calls; open one report per rank with open_many)"
+            raise TracekitError(msg)
+        missing = [r for r in wanted if r not in known]
+        if missing:
+            msg = f"rank(s) {', '.join(map(str, missing))} not in this trace; it has rank(s) {', '.join(map(str, known))}"
+            raise TracekitError(msg)
+        procs = procs.filter(pl.col("rank").is_in(wanted))
+    keep_procs = procs.select("report", "pid")
+
+    def only(frame: pl.DataFrame) -> pl.DataFrame:
+        return frame.join(keep_procs, on=["report", "pid"], how="semi") if ranks is not None else frame
+
+    kernels, memcpys, memsets, api, nvtx, nccl, memory = (only(f) for f in (kernels, memcpys, memsets, api, nvtx, nccl, memory))
+
+    repeated = procs.group_by("pid").len().filter(pl.col("len") > 1).height > 0
+    pname = trace.processes
+    if "report" not in pname.columns:
+        pname = pname.with_columns(pl.lit(0, pl.Int64).alias("report"))
+    pname = pname.select("report", "pid", pl.col("name").alias("pname")).drop_nulls("pid").unique(["report", "pid"])
+    procs = procs.join(pname, on=["report", "pid"], how="left").sort("report", "pid")
+    tnames = trace.threads
+    if "report" not in tnames.columns:
+        tnames = tnames.with_columns(pl.lit(0, pl.Int64).alias("report"))
+    tnames = tnames.select("report", "pid", "tid", pl.col("name").alias("tname")).unique(["report", "pid", "tid"])
+
+    def ext(report: int, ident: int) -> int:
+        return (report + 1) * PID_STRIDE + ident if repeated else ident
+
+    tracks = _Tracks()
+    proc_uuid: dict[tuple[int, int], int] = {}
+    for report, pid, rank, name in procs.select("report", "pid", "rank", "pname").iter_rows():
+        label = f"{name or 'process'} (pid {pid})"
+        if rank is not None:
+            label = f"rank {rank} · {label}"
+        proc_uuid[(report, pid)] = tracks.add(label, "process", pid=ext(report, pid))
+
+    groups: dict[str, list[pl.DataFrame]] = {"stream": [], "thread": [], "nvtx": [], "nccl": []}
+    # -- CPU threads: CUDA API calls and NVTX push/pop ranges, nested; marks as instants
+    api = api.filter(pl.col("start_ns").is_not_null() & pl.col("end_ns").is_not_null())
+    nv_ranges = nvtx.filter(pl.col("event_type") == "PushPop")
+    open_ranges = nv_ranges.filter(pl.col("end_ns").is_null()).height
+    if open_ranges:
+        skipped["nvtx ranges never closed"] = open_ranges
+    nv_ranges = nv_ranges.filter(pl.col("end_ns").is_not_null())
+    nv_startend = nvtx.filter((pl.col("event_type") == "StartEnd") & pl.col("end_ns").is_not_null())
+    skipped_se = nvtx.filter((pl.col("event_type") == "StartEnd") & pl.col("end_ns").is_null()).height
+    if skipped_se:
+        skipped["nvtx ranges never closed"] = skipped.get("nvtx ranges never closed", 0) + skipped_se
+    marks = nvtx.filter(pl.col("event_type") == "Mark")
+    api, nv_ranges, nv_startend, nccl_w = (
+        _keep_window(api, win), _keep_window(nv_ranges, win), _keep_window(nv_startend, win),
+        _keep_window(nccl.filter(pl.col("host_start_ns").is_not_null() & pl.col("host_end_ns").is_not_null()
+                                & pl.col("pid").is_not_null()), win,
+                     "host_start_ns", "host_end_ns"),
+    )
+    marks = _keep_window(marks, win, end=None)
+    ops_k, ops_c, ops_s = _keep_window(kernels, win), _keep_window(memcpys, win), _keep_window(memsets, win)
+
+    threads = pl.concat([api.select("report", "pid", "tid"), nv_ranges.select("report", "pid", "tid"),
+                         marks.select("report", "pid", "tid")], how="vertical_relaxed").drop_nulls().unique()
+    threads = threads.join(tnames, on=["report", "pid", "tid"], how="left").sort("report", "pid", "tid")
+    thread_rows = []
+    for report, pid, tid, tname in threads.iter_rows():
+        uuid = tracks.add(f"{tname or 'thread'} {tid}", "thread", proc_uuid[(report, pid)], pid=ext(report, pid),
+                          tid=ext(report, tid))
+        thread_rows.append((report, pid, tid, uuid))
+    thread_map = pl.DataFrame(thread_rows, schema={"report": pl.Int64, "pid": pl.Int64, "tid": pl.Int64, "track": pl.Int64},
+                              orient="row")
+    streams = pl.concat([f.select("report", "pid", "device_id", "stream_id") for f in (ops_k, ops_c, ops_s)],
+                        how="vertical_relaxed").unique().sort("report", "pid", "device_id", "stream_id", nulls_last=True)
+    stream_rows = []
+    for report, pid, dev, stream in streams.iter_rows():
+        uuid = tracks.add(f"GPU {dev} · stream {stream}", "stream", proc_uuid[(report, pid)])
+        stream_rows.append((report, pid, dev, stream, uuid))
+    stream_map = pl.DataFrame(stream_rows, schema={"report": pl.Int64, "pid": pl.Int64, "device_id": pl.Int64,
+                                                   "stream_id": pl.Int64, "track": pl.Int64}, orient="row")
+
+    # flows: a launch call → the first GPU operation of its correlation id (both written)
+    ops_k, ops_c, ops_s, api = (f.with_row_index("_row") for f in (ops_k, ops_c, ops_s, api))
+    ops_keys = pl.concat([f.select(pl.lit(i).alias("_src"), "_row", "report", "pid", "correlation_id", "start_ns")
+                          for i, f in enumerate((ops_k, ops_c, ops_s))], how="vertical_relaxed").drop_nulls()
+    first_op = ops_keys.sort("start_ns", "_src", "_row").unique(["report", "pid", "correlation_id"], keep="first")
+    # the outermost call of a correlation id (a runtime call before the driver call it makes)
+    first_api = api.select("_row", "report", "pid", "correlation_id", "start_ns", "end_ns").drop_nulls("correlation_id").sort(
+        ["start_ns", "end_ns", "_row"], descending=[False, True, False]).unique(["report", "pid", "correlation_id"], keep="first")
+    linked = first_op.join(first_api.select("report", "pid", "correlation_id", pl.col("_row").alias("_api_row")),
+                           on=["report", "pid", "correlation_id"], how="inner")
+
+    def with_flow(frame: pl.DataFrame, rows: pl.Series, column: str) -> pl.DataFrame:
+        return frame.with_columns(
+            pl.when(pl.col("_row").is_in(rows.implode())).then(_flow_id()).otherwise(None).alias(column))
+
+    def op_rows(src: int) -> pl.Series:
+        return linked.filter(pl.col("_src") == src)["_row"]
+
+    if ops_k.height:
+        from tracekit.analysis.families import with_family
+
+        k = with_flow(_by_unique_name(ops_k, with_family), op_rows(0), "flow_in").join(stream_map, on=["report", "pid", "device_id", "stream_id"],
+                                                                    how="left", nulls_equal=True)
+        groups["stream"].append(k.select(
+            "track", "start_ns", "end_ns", "name", pl.lit("kernel").alias("cat"), "flow_in",
+            pl.col("family").alias("a_family"), _dims("grid").alias("a_grid"), _dims("block").alias("a_block"),
+            pl.col("registers_per_thread").alias("a_registers"), pl.col("static_shared_memory_bytes").alias("a_static_smem"),
+            pl.col("dynamic_shared_memory_bytes").alias("a_dynamic_smem"), pl.col("device_id").alias("a_device"),
+            pl.col("stream_id").alias("a_stream"), pl.col("correlation_id").alias("a_correlation"),
+        ))
+    if ops_c.height:
+        c = with_flow(ops_c, op_rows(1), "flow_in").join(stream_map, on=["report", "pid", "device_id", "stream_id"], how="left",
+                                                       nulls_equal=True)
+        groups["stream"].append(c.select(
+            "track", "start_ns", "end_ns", pl.format("Memcpy {}", pl.col("copy_kind")).alias("name"),
+            pl.lit("memcpy").alias("cat"), "flow_in", pl.col("bytes").alias("a_bytes"), pl.col("copy_kind").alias("a_copy_kind"),
+            pl.col("src_kind").alias("a_src_kind"), pl.col("dst_kind").alias("a_dst_kind"), pl.col("device_id").alias("a_device"),
+            pl.col("stream_id").alias("a_stream"), pl.col("correlation_id").alias("a_correlation"),
+        ))
+    if ops_s.height:
+        s = with_flow(ops_s, op_rows(2), "flow_in").join(stream_map, on=["report", "pid", "device_id", "stream_id"], how="left",
+                                                       nulls_equal=True)
+        groups["stream"].append(s.select(
+            "track", "start_ns", "end_ns", pl.lit("Memset").alias("name"), pl.lit("memset").alias("cat"), "flow_in",
+            pl.col("bytes").alias("a_bytes"), pl.col("value").alias("a_value"), pl.col("mem_kind").alias("a_mem_kind"),
+            pl.col("device_id").alias("a_device"), pl.col("stream_id").alias("a_stream"),
+            pl.col("correlation_id").alias("a_correlation"),
+        ))
+    if api.height:
+        def clean(u: pl.DataFrame) -> pl.DataFrame:  # cudaLaunchKernel_v7000 → cudaLaunchKernel
+            return u.with_columns(pl.col("name").str.replace(r"_v\d+$", "").cast(pl.Categorical).alias("_clean"))
+
+        a = with_flow(_by_unique_name(api, clean), linked["_api_row"], "flow_out").join(thread_map, on=["report", "pid", "tid"], how="left")
+        groups["thread"].append(a.select(
+            "track", "start_ns", "end_ns", pl.col("_clean").alias("name"),
+            pl.lit("cuda_api").alias("cat"), "flow_out", pl.col("correlation_id").alias("a_correlation"),
+            pl.col("return_value").alias("a_return"),
+        ))
+    if nv_ranges.height:
+        n = nv_ranges.join(thread_map, on=["report", "pid", "tid"], how="left")
+        groups["thread"].append(n.select("track", "start_ns", "end_ns", pl.col("name").fill_null("(unnamed)"), pl.lit("nvtx").alias("cat"),
+                              pl.col("domain").alias("a_domain")))
+    if nv_startend.height:
+        se_rows = []
+        for report, pid in nv_startend.select("report", "pid").unique().sort("report", "pid").iter_rows():
+            se_rows.append((report, pid, tracks.add("NVTX start/end ranges", "nvtx", proc_uuid[(report, pid)])))
+        se_map = pl.DataFrame(se_rows, schema={"report": pl.Int64, "pid": pl.Int64, "track": pl.Int64}, orient="row")
+        n = nv_startend.join(se_map, on=["report", "pid"], how="left")
+        groups["nvtx"].append(n.select("track", "start_ns", "end_ns", pl.col("name").fill_null("(unnamed)"), pl.lit("nvtx").alias("cat"),
+                              pl.col("domain").alias("a_domain")))
+    if nccl_w.height:
+        nc_rows = []
+        for report, pid, tid in nccl_w.select("report", "pid", "tid").unique().sort("report", "pid", "tid").iter_rows():
+            nc_rows.append((report, pid, tid, tracks.add(f"NCCL calls (thread {tid})", "nccl", proc_uuid[(report, pid)])))
+        nc_map = pl.DataFrame(nc_rows, schema={"report": pl.Int64, "pid": pl.Int64, "tid": pl.Int64, "track": pl.Int64},
+                              orient="row")
+        n = nccl_w.join(nc_map, on=["report", "pid", "tid"], how="left", nulls_equal=True)
+        groups["nccl"].append(n.select(
+            "track", pl.col("host_start_ns").alias("start_ns"), pl.col("host_end_ns").alias("end_ns"),
+            pl.coalesce("api", pl.format("nccl{}", pl.col("op"))).alias("name"), pl.lit("nccl").alias("cat"),
+            pl.col("op").alias("a_op"), pl.col("bytes").alias("a_bytes"), pl.col("peer").alias("a_peer"),
+            pl.col("root").alias("a_root"),
+            (pl.lit("0x") + pl.col("comm_id").map_elements(lambda v: format(v, "x"), return_dtype=pl.Utf8)).alias("a_comm")
+            if "comm_id" in n.columns else pl.lit(None, pl.Utf8).alias("a_comm"),
+            pl.col("comm_rank").alias("a_comm_rank"), pl.col("comm_nranks").alias("a_comm_nranks"),
+            pl.col("dtype").alias("a_dtype"), pl.col("reduction").alias("a_reduction"), pl.col("algorithm").alias("a_algorithm"),
+            pl.col("protocol").alias("a_protocol"), pl.col("kernel_count").alias("a_kernel_count"),
+            pl.col("gpu_duration_ns").alias("a_gpu_duration"),
+        ))
+    slice_parts = []
+    for frames in groups.values():
+        if frames:
+            part = _conform_part(frames)
+            # a timestamp before the session start has no place on the timeline (uint64), and a
+            # slice that ends before it starts (a damaged export) cannot be drawn
+            bad = (pl.col("start_ns") < 0) | (pl.col("end_ns") < pl.col("start_ns")) | pl.col("track").is_null()
+            n_bad = part.select(bad.fill_null(True).sum()).item()
+            if n_bad:
+                skipped["slices with a negative time, or ending before they start"] = (
+                    skipped.get("slices with a negative time, or ending before they start", 0) + n_bad)
+                part = part.filter(~bad.fill_null(True))
+            slice_parts.append(_nest(part, tracks))
+
+    instants = _conform([marks.join(thread_map, on=["report", "pid", "tid"], how="left").select(
+        "track", pl.col("start_ns").alias("ts_ns"), pl.col("name").fill_null("(unnamed)"), pl.lit("nvtx").alias("cat"),
+        pl.col("domain").alias("a_domain"))] if marks.height else [], INSTANT_SCHEMA).sort("track", "ts_ns")
+
+    counters = _counters(trace, memory, kernels, procs, proc_uuid, tracks, win, metrics, ranks is not None)
+    return ExportModel(tracks.items, slice_parts, instants, counters, win, source, skipped)
+
+
+_COMMON = ("track", "start_ns", "end_ns", "name", "cat", "flow_out", "flow_in")
+
+
+def _conform_part(frames: list[pl.DataFrame]) -> pl.DataFrame:
+    """Stack the slices of one track family with the common columns and only the argument
+    columns they use (a column of nulls still costs 8 bytes a row); text as categoricals."""
+    out = pl.concat(frames, how="diagonal_relaxed")
+    cols = [*_COMMON, *(c for c, _, _ in ARGS if c in out.columns)]
+    text = pl.Categorical
+    return out.select(
+        (pl.col(c).cast(text if SLICE_SCHEMA[c] == pl.Utf8 else SLICE_SCHEMA[c]) if c in out.columns
+         else pl.lit(None, SLICE_SCHEMA[c]).alias(c)) for c in cols
+    )
+
+
+def _conform(parts: list[pl.DataFrame], schema: dict[str, Any]) -> pl.DataFrame:
+    if not parts:
+        return pl.DataFrame(schema=schema)
+    out = pl.concat(parts, how="diagonal_relaxed")
+    return out.select(pl.col(c).cast(t) if c in out.columns else pl.lit(None, t).alias(c) for c, t in schema.items())
+
+
+def _nest(slices: pl.DataFrame, tracks: _Tracks) -> pl.DataFrame:
+    """Sort by track, start, longest first; move slices that cross the end of an enclosing
+    slice of their track to ``(overlap k)`` sibling tracks until every track nests."""
+    order = ["track", "start_ns", "end_ns"]
+    desc = [False, False, True]
+    slices = slices.filter(pl.col("track").is_not_null()).sort(order, descending=desc)
+    lane = 0
+    by_uuid = {t.uuid: t for t in tracks.items}
+    overlap_of: dict[tuple[int, int], int] = {}
+    while slices.height:
+        # fast path: tracks whose slices never overlap at all need no walk
+        prev_end = pl.col("end_ns").cum_max().shift(1).over("track")
+        overlapping = slices.select(((pl.col("start_ns") < prev_end).fill_null(False)).any().over("track"))
+        mask = overlapping.to_series()
+        if not mask.any():
+            break
+        idx = np.nonzero(mask.to_numpy())[0]
+        sub = slices[idx]
+        crossing = _crossing(sub["track"].to_numpy(), sub["start_ns"].to_numpy(), sub["end_ns"].to_numpy())
+        if not crossing.any():
+            break
+        lane += 1
+        rows = idx[crossing]
+        old = slices["track"].to_numpy().copy()
+        for i in rows:
+            base = int(old[i])
+            root = by_uuid[base]
+            key = (base, lane)
+            if key not in overlap_of:
+                orig = root
+                overlap_of[key] = tracks.add(f"{orig.name} (overlap {lane})", "overlap", orig.parent)
+                by_uuid[overlap_of[key]] = tracks.items[-1]
+            old[i] = overlap_of[key]
+        slices = slices.with_columns(pl.Series("track", old, dtype=pl.Int64)).sort(order, descending=desc)
+        if lane > 64:  # pathological input: stop moving, the viewer shows what it can
+            break
+    return slices
+
+
+def _crossing(track: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Rows (sorted by track, start, longest first) that start inside an open slice of their
+    track and end after it."""
+    out = np.zeros(track.size, dtype=bool)
+    stack: list[int] = []
+    cur = None
+    for i, (t, s, e) in enumerate(zip(track.tolist(), start.tolist(), end.tolist(), strict=True)):
+        if t != cur:
+            stack.clear()
+            cur = t
+        while stack and stack[-1] <= s:
+            stack.pop()
+        if stack and e > stack[-1]:
+            out[i] = True
+            continue
+        stack.append(e)
+    return out
+
+
+def _metric_names(trace: Any, metrics: Sequence[str] | str) -> list[str]:
+    """The metrics to write: ``metrics``, or every metric the trace has for ``"all"``."""
+    if metrics != "all":
+        return list(metrics)
+    db = getattr(trace, "db", None)
+    if db is not None and hasattr(db, "has_table") and not getattr(trace, "is_loaded", lambda n: True)("gpu_metrics"):
+        if not db.has_table("GPU_METRICS"):
+            return []
+        from tracekit.nsys.gpu_metrics import metric_descriptions
+
+        return sorted(metric_descriptions(db)["metric"].unique().to_list())
+    return sorted(trace.gpu_metrics["metric"].unique().to_list())
+
+
+def _metric_samples(trace: Any, metrics: Sequence[str] | str, win: tuple[int, int] | None) -> pl.DataFrame:
+    """GPU-metric samples of ``metrics``; from one export, only those rows are read (a long
+    capture holds tens of millions of samples of a dozen metrics)."""
+    if metrics != "all" and not metrics:
+        return pl.DataFrame(schema={"device_id": pl.Int64, "timestamp_ns": pl.Int64, "metric": pl.Utf8,
+                                    "metric_label": pl.Utf8, "value": pl.Int64})
+    db = getattr(trace, "db", None)
+    loaded = getattr(trace, "is_loaded", lambda name: True)("gpu_metrics")
+    if db is None or loaded or not hasattr(db, "has_table"):
+        return trace.gpu_metrics  # type: ignore[no-any-return]
+    from tracekit.nsys.gpu_metrics import gpu_metric_samples
+
+    if not db.has_table("GPU_METRICS"):
+        return trace.gpu_metrics  # type: ignore[no-any-return]
+    names = _metric_names(trace, metrics)
+    lo, hi = win if win is not None else (None, None)
+    return gpu_metric_samples(db, names, start_ns=lo, end_ns=hi)
+
+
+def _counters(trace: Any, memory: pl.DataFrame, kernels: pl.DataFrame, procs: pl.DataFrame,
+              proc_uuid: dict[tuple[int, int], int], tracks: _Tracks, win: tuple[int, int] | None,
+              metrics: Sequence[str] | str, by_rank: bool) -> pl.DataFrame:
+    from tracekit.analysis.memory import memory_timeline
+
+    parts: list[pl.DataFrame] = []
+    if memory.height:
+        # one timeline per process and device: the process index stands in for a rank key
+        index = procs.select("report", "pid").with_row_index("rank").with_columns(pl.col("rank").cast(pl.Int64))
+        m = memory.join(index, on=["report", "pid"], how="inner")
+        tl = memory_timeline(m)
+        if tl.height:
+            tl = tl.join(index, on="rank", how="left")
+            rows = []
+            for report, pid, dev in tl.select("report", "pid", "device_id").unique().sort("report", "pid", "device_id").iter_rows():
+                rows.append((report, pid, dev, tracks.add(f"GPU {dev} memory in use", "counter", proc_uuid[(report, pid)],
+                                                          unit="bytes")))
+            cmap = pl.DataFrame(rows, schema={"report": pl.Int64, "pid": pl.Int64, "device_id": pl.Int64, "track": pl.Int64},
+                                orient="row")
+            tl = tl.join(cmap, on=["report", "pid", "device_id"], how="left", nulls_equal=True)
+            # one sample per timestamp: the value after the last event at that nanosecond
+            tl = tl.group_by("track", "start_ns", maintain_order=True).agg(pl.col("in_use_bytes").last())
+            if win is not None:
+                lo, hi = win
+                before = tl.filter(pl.col("start_ns") < lo).group_by("track").agg(pl.col("in_use_bytes").last()).with_columns(
+                    pl.lit(lo, pl.Int64).alias("start_ns"))
+                inside = tl.filter((pl.col("start_ns") >= lo) & (pl.col("start_ns") < hi))
+                tl = pl.concat([before.select(inside.columns), inside]).unique(["track", "start_ns"], keep="last",
+                                                                               maintain_order=True)
+            parts.append(tl.select("track", pl.col("start_ns").alias("ts_ns"), pl.col("in_use_bytes").cast(pl.Float64).alias("value")).sort(
+                "track", "ts_ns", maintain_order=True))
+    # one metric at a time: a long capture's samples carry two text columns per row
+    multi = procs["report"].n_unique() > 1
+    gpu_uuid: dict[tuple[int, int], int] = {}
+    for metric in _metric_names(trace, metrics):
+        gm = _metric_samples(trace, [metric], win)
+        if gm.height == 0:
+            continue
+        if "report" not in gm.columns:
+            gm = gm.with_columns(pl.lit(0, pl.Int64).alias("report"))
+        gm = gm.filter(pl.col("metric") == metric)
+        if by_rank:
+            used = kernels.select("report", "device_id").unique()
+            gm = gm.join(used, on=["report", "device_id"], how="semi")
+        gm = gm.filter(pl.col("timestamp_ns") >= 0)  # before the session start: no place on the timeline
+        gm = _keep_window(gm, win, "timestamp_ns", None)
+        if gm.height == 0:
+            continue
+        rows = []
+        for report, dev, label in gm.select("report", "device_id", "metric_label").unique(
+                ["report", "device_id"]).sort("report", "device_id").iter_rows():
+            if (report, dev) not in gpu_uuid:
+                gpu_uuid[(report, dev)] = tracks.add(f"report {report} · GPU {dev}" if multi else f"GPU {dev}", "gpu")
+            unit = "%" if label and "%" in label else None
+            rows.append((report, dev, tracks.add(label or metric, "counter", gpu_uuid[(report, dev)], unit=unit)))
+        gmap = pl.DataFrame(rows, schema={"report": pl.Int64, "device_id": pl.Int64, "track": pl.Int64}, orient="row")
+        g = gm.select("report", "device_id", "timestamp_ns", "value").join(gmap, on=["report", "device_id"], how="left")
+        del gm
+        parts.append(g.select("track", pl.col("timestamp_ns").alias("ts_ns"), pl.col("value").cast(pl.Float64)).sort(
+            "track", "ts_ns", maintain_order=True))
+    # each part is sorted and holds tracks made after the previous part's: no global sort
+    return _conform(parts, COUNTER_SCHEMA)
