@@ -1,14 +1,21 @@
 """Checking the framing of an ``.ncu-rep`` file before handing it to ``ncu_report``.
 
-``ncu_report`` loads truncated and random files without complaint (a report cut at 100 KB
-loads with 1 of its 7 results), so tracekit walks the container first. Layout, observed
-on reports written by ncu 2023.3 to 2025.3:
+``ncu_report`` loads truncated, random and bit-flipped files without complaint (a report cut
+at 100 KB loads with 1 of its 7 results; one flipped bit can drop a whole result, or one
+metric, with no error), so tracekit walks the container first and counts what it holds.
+Layout, observed on reports written by ncu 2023.3 to 2025.3:
 
 * ``NVR\\0`` magic, then a little-endian ``uint32`` length and a file-header protobuf;
-* then blocks: ``uint32`` length, a block-header protobuf whose field 2 is the number of
-  results in the block and field 5 the size of the payload that follows.
+* then blocks: ``uint32`` length, a block-header protobuf whose field 1 is the kind of
+  payload (0: profiled results; 1: other data, e.g. an embedded ELF), field 2 the number of
+  results in the block and field 5 the size of the payload that follows;
+* a payload holds that many results, each a ``uint32`` length and a ``ProfileResult``
+  protobuf whose repeated field 13 are its metrics (``MetricResults``; ncu's own parse errors
+  name them); a metric's repeated field 3 are its instance values.
 
-A file whose last block runs past the end is truncated. The walk reads only the headers.
+The walk checks every length prefix down to the metrics (each one must end exactly where the
+next thing starts) and counts results, metrics and instance values per result; metric values
+themselves are not checked (a flipped bit inside a number is undetectable here).
 """
 
 from __future__ import annotations
@@ -19,25 +26,40 @@ from pathlib import Path
 
 MAGIC = b"NVR\x00"
 _MAX_HEADER = 64 << 20  # a header this large means the framing is not what we expect
+_METRIC_RESULTS = 13  # ProfileResult.MetricResults
+_METRIC_NAME = 1  # MetricResult.NameId
+_INSTANCE_VALUES = 3  # MetricResult.MetricValueList
 
 
 class ContainerError(ValueError):
-    """The file's framing is broken; the message says where."""
+    """The file's framing is broken; the message says where (byte offset)."""
+
+
+@dataclass(frozen=True)
+class ResultShape:
+    """One profiled result as the container holds it."""
+
+    offset: int  #: byte offset of the result's protobuf in the file
+    metrics: int  #: metric entries (``MetricResults``)
+    instances: int  #: instance values summed over its metrics
 
 
 @dataclass(frozen=True)
 class Container:
-    """What the walk found: number of blocks and of profiled results, file size."""
+    """What the walk found: number of blocks and of profiled results, file size, and the
+    shape of each result in file order (empty when the walk skipped the payloads)."""
 
     blocks: int
     results: int
     size: int
+    shapes: tuple[ResultShape, ...] = ()
 
 
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
+def _varint(data: bytes, pos: int, end: int | None = None) -> tuple[int, int]:
+    end = len(data) if end is None else end
     result = shift = 0
     while True:
-        if pos >= len(data) or shift > 63:
+        if pos >= end or shift > 63:
             raise ContainerError("bad varint in a block header")
         byte = data[pos]
         pos += 1
@@ -71,9 +93,111 @@ def _varint_fields(message: bytes) -> dict[int, int]:
     return fields
 
 
-def walk(path: Path) -> Container:
-    """Walk the container; raise :class:`ContainerError` if it is truncated or malformed."""
+class _Bad(Exception):
+    """Internal: a protobuf field that does not fit, at ``pos`` (relative to the buffer)."""
+
+    def __init__(self, pos: int, what: str) -> None:
+        super().__init__(what)
+        self.pos = pos
+        self.what = what
+
+
+def _fields(data: bytes, pos: int, end: int) -> list[tuple[int, int, int]]:
+    """``(number, start, length)`` of the fields of the message ``data[pos:end]``; for a
+    varint field ``length`` is its value and ``start`` is -1. Every field must fit and the
+    last must end exactly at ``end``."""
+    out: list[tuple[int, int, int]] = []
+    while pos < end:
+        start = pos
+        try:
+            key, pos = _varint(data, pos, end)
+            number, wire = key >> 3, key & 7
+            if number == 0:
+                raise _Bad(start, "protobuf field number 0")
+            if wire == 0:
+                value, pos = _varint(data, pos, end)
+                out.append((number, -1, value))
+            elif wire == 1:
+                pos += 8
+            elif wire == 5:
+                pos += 4
+            elif wire == 2:
+                length, pos = _varint(data, pos, end)
+                out.append((number, pos, length))
+                pos += length
+            else:
+                raise _Bad(start, f"unknown protobuf wire type {wire}")
+        except ContainerError:
+            raise _Bad(start, "a protobuf key or varint runs past its message") from None
+        if pos > end:
+            raise _Bad(start, f"protobuf field {number} runs {pos - end} bytes past its message")
+    return out
+
+
+def _result_shape(data: bytes, start: int, end: int) -> tuple[int, int]:
+    """``(metrics, instances)`` of the ``ProfileResult`` in ``data[start:end]``.
+
+    A metric name id can appear twice in one result (3 of 2,231 in ncu_probe_full); ncu_report
+    keeps the first, so only the first is counted.
+    """
+    seen: set[int] = set()
+    instances = 0
+    for number, pos, length in _fields(data, start, end):
+        if number != _METRIC_RESULTS:
+            continue
+        name = -1
+        count = 0
+        for sub, sub_pos, value in _fields(data, pos, pos + length):
+            if sub == _METRIC_NAME and sub_pos < 0:
+                name = value
+            elif sub == _INSTANCE_VALUES and sub_pos >= 0:
+                count += 1
+        if name in seen:
+            continue
+        seen.add(name)
+        instances += count
+    return len(seen), instances
+
+
+def _payload_shapes(data: bytes, base: int, count: int, block: int) -> list[ResultShape]:
+    """The results of one block payload (``data`` starts at file offset ``base``)."""
+    shapes: list[ResultShape] = []
+    pos = 0
+    while pos < len(data):
+        if pos + 4 > len(data):
+            msg = (
+                f"block {block}: a result's length prefix at byte {base + pos} runs past its block"
+            )
+            raise ContainerError(msg)
+        (length,) = struct.unpack_from("<I", data, pos)
+        pos += 4
+        if pos + length > len(data):
+            msg = (
+                f"block {block}: the result at byte {base + pos} says {length} bytes but its block "
+                f"holds {len(data) - pos}"
+            )
+            raise ContainerError(msg)
+        try:
+            metrics, instances = _result_shape(data, pos, pos + length)
+        except _Bad as exc:
+            msg = f"block {block}: {exc.what} at byte {base + exc.pos}"
+            raise ContainerError(msg) from None
+        shapes.append(ResultShape(offset=base + pos, metrics=metrics, instances=instances))
+        pos += length
+    if len(shapes) != count:
+        msg = f"block {block} at byte {base} announces {count} results but holds {len(shapes)}"
+        raise ContainerError(msg)
+    return shapes
+
+
+def walk(path: Path, *, payloads: bool = True) -> Container:
+    """Walk the container; raise :class:`ContainerError` if it is truncated or malformed.
+
+    With ``payloads=True`` (default) every result is walked down to its metrics and counted
+    (:attr:`Container.shapes`); ``payloads=False`` reads only the block headers.
+    """
     size = path.stat().st_size
+    shapes: list[ResultShape] = []
     with path.open("rb") as fh:
         if fh.read(4) != MAGIC:
             raise ContainerError("no NVR magic")
@@ -87,20 +211,31 @@ def walk(path: Path) -> Container:
             (length,) = struct.unpack("<I", raw)
             pos += 4
             if length > _MAX_HEADER or pos + length > size:
-                raise ContainerError(f"ends inside block {blocks} (header at byte {pos} of {size})")
+                raise ContainerError(
+                    f"ends inside block {blocks} (header of {length} bytes at byte {pos} of {size})"
+                )
             header = fh.read(length)
             pos += length
             if first:  # the file header carries no payload
                 first = False
                 continue
-            fields = _varint_fields(header)
+            try:
+                fields = _varint_fields(header)
+            except ContainerError as exc:
+                raise ContainerError(
+                    f"block {blocks} header at byte {pos - length}: {exc}"
+                ) from None
             payload = fields.get(5, 0)
+            count = fields.get(2, 0)
             if pos + payload > size:
                 raise ContainerError(
-                    f"ends inside block {blocks} (payload at byte {pos} of {size})"
+                    f"ends inside block {blocks} (payload of {payload} bytes at byte {pos} of {size})"
                 )
-            results += fields.get(2, 0)
+            if payloads and fields.get(1, 0) == 0 and (payload or count):
+                shapes.extend(_payload_shapes(fh.read(payload), pos, count, blocks))
+            else:
+                fh.seek(payload, 1)
+            results += count
             blocks += 1
-            fh.seek(payload, 1)
             pos += payload
-    return Container(blocks=blocks, results=results, size=size)
+    return Container(blocks=blocks, results=results, size=size, shapes=tuple(shapes))
