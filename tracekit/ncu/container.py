@@ -29,6 +29,12 @@ _MAX_HEADER = 64 << 20  # a header this large means the framing is not what we e
 _METRIC_RESULTS = 13  # ProfileResult.MetricResults
 _METRIC_NAME = 1  # MetricResult.NameId
 _INSTANCE_VALUES = 3  # MetricResult.MetricValueList
+# Wire types of MetricResult's fields in every report seen (name id, value, instances, flags).
+_METRIC_WIRE_TYPES = {1: 0, 2: 2, 3: 2, 4: 0}
+# ProfileResult fields that appear at most once in every report seen (13, 17, 19 repeat).
+_RESULT_SINGULAR = frozenset(
+    {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 14, 15, 16, 21, 22, 23, 25, 31, 35}
+)
 
 
 class ContainerError(ValueError):
@@ -102,11 +108,11 @@ class _Bad(Exception):
         self.what = what
 
 
-def _fields(data: bytes, pos: int, end: int) -> list[tuple[int, int, int]]:
-    """``(number, start, length)`` of the fields of the message ``data[pos:end]``; for a
-    varint field ``length`` is its value and ``start`` is -1. Every field must fit and the
-    last must end exactly at ``end``."""
-    out: list[tuple[int, int, int]] = []
+def _fields(data: bytes, pos: int, end: int) -> list[tuple[int, int, int, int, int]]:
+    """``(number, wire, key_pos, start, length)`` of the fields of the message
+    ``data[pos:end]``; for a varint field ``length`` is its value. Every field must fit and
+    the last must end exactly at ``end``."""
+    out: list[tuple[int, int, int, int, int]] = []
     while pos < end:
         start = pos
         try:
@@ -116,15 +122,14 @@ def _fields(data: bytes, pos: int, end: int) -> list[tuple[int, int, int]]:
                 raise _Bad(start, "protobuf field number 0")
             if wire == 0:
                 value, pos = _varint(data, pos, end)
-                out.append((number, -1, value))
-            elif wire == 1:
-                pos += 8
-            elif wire == 5:
-                pos += 4
+                out.append((number, 0, start, pos, value))
             elif wire == 2:
                 length, pos = _varint(data, pos, end)
-                out.append((number, pos, length))
+                out.append((number, 2, start, pos, length))
                 pos += length
+            elif wire in (1, 5):
+                out.append((number, wire, start, pos, 0))
+                pos += 8 if wire == 1 else 4
             else:
                 raise _Bad(start, f"unknown protobuf wire type {wire}")
         except ContainerError:
@@ -137,21 +142,44 @@ def _fields(data: bytes, pos: int, end: int) -> list[tuple[int, int, int]]:
 def _result_shape(data: bytes, start: int, end: int) -> tuple[int, int]:
     """``(metrics, instances)`` of the ``ProfileResult`` in ``data[start:end]``.
 
-    A metric name id can appear twice in one result (3 of 2,231 in ncu_probe_full); ncu_report
-    keeps the first, so only the first is counted.
+    Checks what every report written by ncu 2023.3 to 2025.3 obeys, so that a bit flip in a
+    field key (which protobuf would skip as an unknown field, and with it a metric or an
+    instance value) is caught: a known field has its declared wire type, and a singular
+    field appears at most once. A metric name id can appear twice in one result (3 of 2,231
+    in ncu_probe_full); ncu_report keeps the first, so only the first is counted.
     """
     seen: set[int] = set()
     instances = 0
-    for number, pos, length in _fields(data, start, end):
+    top: dict[int, int] = {}
+    for number, wire, key_pos, pos, length in _fields(data, start, end):
         if number != _METRIC_RESULTS:
+            if number in _RESULT_SINGULAR:
+                if number in top:
+                    raise _Bad(
+                        top[number],
+                        f"result field {number} appears twice (also {key_pos - top[number]} bytes later)",
+                    )
+                top[number] = key_pos
             continue
+        if wire != 2:
+            raise _Bad(key_pos, f"a metric entry with protobuf wire type {wire}")
         name = -1
         count = 0
-        for sub, sub_pos, value in _fields(data, pos, pos + length):
-            if sub == _METRIC_NAME and sub_pos < 0:
-                name = value
-            elif sub == _INSTANCE_VALUES and sub_pos >= 0:
+        singular: set[int] = set()
+        for sub, sub_wire, sub_key, _, value in _fields(data, pos, pos + length):
+            expected = _METRIC_WIRE_TYPES.get(sub)
+            if expected is not None and sub_wire != expected:
+                raise _Bad(sub_key, f"metric field {sub} with protobuf wire type {sub_wire}")
+            if sub == _INSTANCE_VALUES:
                 count += 1
+            elif expected is not None:
+                if sub in singular:
+                    raise _Bad(sub_key, f"metric field {sub} appears twice")
+                singular.add(sub)
+                if sub == _METRIC_NAME:
+                    name = value
+        if name < 0:
+            raise _Bad(pos, "a metric entry without a name id")
         if name in seen:
             continue
         seen.add(name)
