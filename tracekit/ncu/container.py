@@ -199,7 +199,8 @@ def _payload_shapes(data: bytes, base: int, count: int, block: int) -> list[Resu
             raise ContainerError(msg)
         (length,) = struct.unpack_from("<I", data, pos)
         pos += 4
-        if pos + length > len(data):
+        last = len(shapes) + 1 == count
+        if pos + length > len(data) or (last and pos + length != len(data)):
             msg = (
                 f"block {block}: the result at byte {base + pos} says {length} bytes but its block "
                 f"holds {len(data) - pos}"
