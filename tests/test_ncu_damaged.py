@@ -129,7 +129,7 @@ def test_walk_catches_a_metric_renumbered_into_a_singular_field(tmp_path: Path) 
     assert code == 0 and counts is not None and counts["metrics"] == 15699
     with pytest.raises(TraceFormatError) as exc:
         tracekit.open(path)
-    assert "result field 15 appears twice (also 56515 bytes later) at byte 233551" in one_line(exc)
+    assert "result field 15 appears twice (bytes 233551 and 290066)" in one_line(exc)
 
 
 # -- SIGABRT ---------------------------------------------------------------------------------
@@ -364,3 +364,33 @@ def first_double(path: Path) -> int:
                 if wire == 1:
                     return value_pos
     raise AssertionError("no double metric value in the first result")
+
+
+def test_flipped_name_id_that_repeats_another_metric(tmp_path: Path) -> None:
+    """A flipped metric name id that equals another metric's id: ncu_report keeps one of the
+    two (4,709 of 4,710 metrics). Sound reports repeat an id only as byte-identical entries
+    (3 in ncu_probe_full), so a repeat with other content is refused."""
+    path = flipped(tmp_path, PRECISIONS, 672663, 6)
+    code, counts, _ = probe(path)
+    assert code == 0 and counts is not None and counts["metrics"] == 4709
+    with pytest.raises(TraceFormatError) as exc:
+        NcuReport.from_path(path)
+    assert "metric name id 332 appears twice with different content (bytes 672660 and 673812)" in (
+        one_line(exc)
+    )
+
+
+def test_flipped_name_id_out_of_the_name_table(tmp_path: Path) -> None:
+    """A name id past the name table: ncu_report lists the metric (with an empty name) but
+    ``metric_by_name`` returns None. Found when the metrics are read."""
+    path = flipped(tmp_path, PRECISIONS, 203326, 6)
+    code, _, stderr = probe(path)
+    assert code == 1 and "AttributeError" in stderr
+    report = NcuReport.from_path(path)
+    assert report.kernels.height == 6
+    with pytest.raises(TraceFormatError) as exc:
+        report.metrics  # noqa: B018
+    assert "result 1 lists metric '' but it cannot be read" in one_line(exc)
+    with pytest.warns(DamagedReportWarning, match="cannot be read"):
+        metrics = NcuReport.from_path(path, validate=False).metrics
+    assert metrics.height == 4709

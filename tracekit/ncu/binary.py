@@ -213,11 +213,13 @@ class BinaryReport:
         """The long ``metrics`` table (see :data:`tracekit.ncu.schema.METRICS`)."""
         cols: dict[str, list[Any]] = {name: [] for name in schema.METRICS}
         counts: list[int] = []
+        unreadable: list[tuple[int, str]] = []
         for action_id, _, act in self.actions:
             count = 0
             for name in self._names[action_id]:
                 metric = self._metric(act, name)
                 if metric is None:
+                    unreadable.append((action_id, name))
                     continue
                 count += int(metric.num_instances())
                 value, text = self._read(metric)
@@ -232,6 +234,17 @@ class BinaryReport:
                 cols["num_instances"].append(int(metric.num_instances()))
             counts.append(count)
         self._check_instances(counts)
+        readable = [(i, n) for i, n in unreadable if _is_utf8(n)]  # the others: at load
+        if (
+            readable
+            and self.container is not None
+            and not any("cannot be read" in p for p in self.late_problems)
+        ):
+            action_id, name = readable[0]
+            self.late_problems.append(
+                f"result {action_id} lists metric {name!r} but it cannot be read "
+                f"({len(readable)} such metric(s) in all)"
+            )
         return _frame(cols, schema=dict(schema.METRICS))
 
     def instances(self, metrics: list[str] | None = None) -> pl.DataFrame:

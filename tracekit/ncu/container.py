@@ -102,10 +102,17 @@ def _varint_fields(message: bytes) -> dict[int, int]:
 class _Bad(Exception):
     """Internal: a protobuf field that does not fit, at ``pos`` (relative to the buffer)."""
 
-    def __init__(self, pos: int, what: str) -> None:
+    def __init__(self, pos: int, what: str, first: int | None = None) -> None:
         super().__init__(what)
         self.pos = pos
         self.what = what
+        self.first = first  # where the field seen twice was first seen
+
+    def where(self, base: int) -> str:
+        """The message with file offsets (``base``: the buffer's offset in the file)."""
+        if self.first is not None:
+            return f"{self.what} (bytes {base + self.first} and {base + self.pos})"
+        return f"{self.what} at byte {base + self.pos}"
 
 
 def _fields(data: bytes, pos: int, end: int) -> list[tuple[int, int, int, int, int]]:
@@ -146,19 +153,17 @@ def _result_shape(data: bytes, start: int, end: int) -> tuple[int, int]:
     field key (which protobuf would skip as an unknown field, and with it a metric or an
     instance value) is caught: a known field has its declared wire type, and a singular
     field appears at most once. A metric name id can appear twice in one result (3 of 2,231
-    in ncu_probe_full); ncu_report keeps the first, so only the first is counted.
+    in ncu_probe_full), always as byte-identical entries; ncu_report keeps the first, so only
+    the first is counted, and a repeat with other content (a flipped name id) is damage.
     """
-    seen: set[int] = set()
+    seen: dict[int, tuple[int, int, int]] = {}
     instances = 0
     top: dict[int, int] = {}
     for number, wire, key_pos, pos, length in _fields(data, start, end):
         if number != _METRIC_RESULTS:
             if number in _RESULT_SINGULAR:
                 if number in top:
-                    raise _Bad(
-                        top[number],
-                        f"result field {number} appears twice (also {key_pos - top[number]} bytes later)",
-                    )
+                    raise _Bad(key_pos, f"result field {number} appears twice", first=top[number])
                 top[number] = key_pos
             continue
         if wire != 2:
@@ -181,8 +186,12 @@ def _result_shape(data: bytes, start: int, end: int) -> tuple[int, int]:
         if name < 0:
             raise _Bad(pos, "a metric entry without a name id")
         if name in seen:
+            first_key, first, first_length = seen[name]
+            if data[first : first + first_length] != data[pos : pos + length]:
+                what = f"metric name id {name} appears twice with different content"
+                raise _Bad(key_pos, what, first=first_key)
             continue
-        seen.add(name)
+        seen[name] = (key_pos, pos, length)
         instances += count
     return len(seen), instances
 
@@ -209,7 +218,7 @@ def _payload_shapes(data: bytes, base: int, count: int, block: int) -> list[Resu
         try:
             metrics, instances = _result_shape(data, pos, pos + length)
         except _Bad as exc:
-            msg = f"block {block}: {exc.what} at byte {base + exc.pos}"
+            msg = f"block {block}: {exc.where(base)}"
             raise ContainerError(msg) from None
         shapes.append(ResultShape(offset=base + pos, metrics=metrics, instances=instances))
         pos += length
