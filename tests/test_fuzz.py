@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.util
 import io
 import os
 import random
@@ -101,4 +102,55 @@ def test_mutated_export_answers_or_says_why(case: int, tmp_path: Path, monkeypat
         assert code in (0, 2), f"{what}: {args[0]} exit {code}: {err[-300:]}"
         if code == 2:
             assert len(errors) == 1, f"{what}: {args[0]}: {err[-300:]}"
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == digest, f"{what}: the input was modified"
+
+
+# -- Nsight Compute reports (issue 18.6) ------------------------------------------------------
+
+NCU_SEEDS = [SAMPLES / "ncu" / "ncu_precisions" / "ncu_precisions.ncu-rep",
+             SAMPLES / "ncu" / "ncu_planted_clean" / "ncu_planted_clean.ncu-rep"]
+N_NCU = max(6, N // 5)
+
+
+def mutate_ncu(seed: Path, out: Path, rng: random.Random) -> str:
+    """Byte flips, truncation, or a flip in a result's length prefix (the flips that abort
+    ncu_report with SIGABRT)."""
+    from tracekit.ncu.container import walk
+
+    data = bytearray(seed.read_bytes())
+    kind = rng.choice(["flip", "flip", "truncate", "length"])
+    if kind == "flip":
+        for _ in range(rng.randint(1, 8)):
+            data[rng.randrange(8, len(data))] ^= 1 << rng.randrange(8)
+    elif kind == "truncate":
+        data = data[: rng.randrange(8, len(data))]
+    else:
+        shape = rng.choice(walk(seed).shapes)
+        data[shape.offset - 4 + rng.randrange(1, 4)] ^= 1 << rng.randrange(8)
+    out.write_bytes(bytes(data))
+    return kind
+
+
+@pytest.mark.ncu
+@pytest.mark.skipif(importlib.util.find_spec("ncu_report") is None, reason="needs ncu-report")
+@pytest.mark.parametrize("case", range(N_NCU))
+def test_mutated_ncu_report_answers_or_says_why(case: int, tmp_path: Path) -> None:
+    """Every mutated copy opens (tables read, warnings allowed) or raises one TracekitError
+    line; read in a child process (isolate=True), so a crash of ncu_report is such a line too."""
+    import tracekit
+    from tracekit.errors import TracekitError
+
+    rng = random.Random(f"ncu{case}")
+    seed = NCU_SEEDS[case % len(NCU_SEEDS)]
+    path = tmp_path / f"m{case}.ncu-rep"
+    what = mutate_ncu(seed, path, rng)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    for validate in (True, False):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                report = tracekit.open(path, validate=validate, isolate=True)
+                report.kernels, report.metrics, report.rules  # noqa: B018
+        except TracekitError as exc:
+            assert str(exc) and "\n" not in str(exc), f"{what}: {exc!r}"
     assert hashlib.sha256(path.read_bytes()).hexdigest() == digest, f"{what}: the input was modified"

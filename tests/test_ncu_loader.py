@@ -14,7 +14,13 @@ import pytest
 
 import tracekit
 from tracekit.errors import MissingDependencyError, TraceFormatError, TraceNotFoundError
-from tracekit.ncu import IncompleteReportWarning, NcuReport, is_ncu_report, schema
+from tracekit.ncu import (
+    DamagedReportWarning,
+    IncompleteReportWarning,
+    NcuReport,
+    is_ncu_report,
+    schema,
+)
 from tracekit.ncu.container import walk
 from tracekit.ncu.raw_csv import is_ncu_csv, read_details_rules
 
@@ -436,8 +442,10 @@ def test_validate_false_loads_what_ncu_report_reads(tmp_path: Path) -> None:
     source = sample("ncu_decode_drilldown", ".ncu-rep")
     path = tmp_path / "truncated.ncu-rep"
     path.write_bytes(source.read_bytes()[:1_000_000])
-    report = NcuReport.from_path(path, validate=False)
+    with pytest.warns(DamagedReportWarning, match="ends inside block 18"):
+        report = NcuReport.from_path(path, validate=False)  # read in a child process (auto)
     assert 0 < report.kernels.height < 60
+    assert report.damaged and report.damaged[0].startswith("container: ends inside block 18")
 
 
 def test_missing_wheel_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:

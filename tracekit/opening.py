@@ -13,6 +13,8 @@ if TYPE_CHECKING:
     from tracekit.nsys.trace import NsysTrace
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
+#: Options of :meth:`NcuReport.from_path`; the others go to :class:`NsysTrace` only.
+NCU_OPTIONS = ("validate", "isolate", "details_csv")
 NSYS_REPORT_MAGIC = b"NVIDIA Tegra Profiler Report"
 
 
@@ -74,10 +76,15 @@ def open(path: str | Path, **options: Any) -> NsysTrace | NcuReport:  # noqa: A0
     ``.nsys-rep``/``.qdrep`` files are exported to SQLite with an nsys found on this machine
     (see :func:`tracekit.nsys.export.export_report`). Options go to the trace class
     (``engine="sqlite3"`` forces the standard-library reader; ``column_cache=False`` keeps
-    large tables out of the on-disk column cache).
+    large tables out of the on-disk column cache); ``validate``, ``isolate`` and
+    ``details_csv`` go to :meth:`NcuReport.from_path <tracekit.ncu.NcuReport.from_path>`
+    (``isolate=True`` reads an ``.ncu-rep`` in a child process, so a crash of ``ncu_report``
+    is a TraceFormatError), the others only to Nsight Systems traces, so one call opens
+    either kind.
     """
     path = Path(path)
     kind = sniff(path)
+    ncu_options = {k: options.pop(k) for k in NCU_OPTIONS if k in options}
     if kind == "nsys-sqlite":
         from tracekit.nsys.trace import NsysTrace
 
@@ -90,7 +97,7 @@ def open(path: str | Path, **options: Any) -> NsysTrace | NcuReport:  # noqa: A0
         return _open_sqlite(exported, NsysTrace, {**options, "source": path})
     from tracekit.ncu.report import NcuReport
 
-    return NcuReport.from_path(path)
+    return NcuReport.from_path(path, **ncu_options)
 
 
 def _open_sqlite(path: Path, cls: Any, options: dict[str, Any]) -> Any:

@@ -5,6 +5,11 @@ Also the metric-name registry per architecture and the fallback GPU peak table.
 
 from __future__ import annotations
 
-from tracekit.ncu.report import IncompleteReportWarning, NcuReport, is_ncu_report
+from tracekit.ncu.report import (
+    DamagedReportWarning,
+    IncompleteReportWarning,
+    NcuReport,
+    is_ncu_report,
+)
 
-__all__ = ["IncompleteReportWarning", "NcuReport", "is_ncu_report"]
+__all__ = ["DamagedReportWarning", "IncompleteReportWarning", "NcuReport", "is_ncu_report"]

@@ -9,6 +9,7 @@ referenced by :class:`BinaryReport` for as long as its actions are used.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import warnings
@@ -21,6 +22,8 @@ import polars as pl
 
 from tracekit.errors import missing_extra
 from tracekit.ncu import schema
+from tracekit.ncu.container import Container
+from tracekit.ncu.damage import capture_fd2, compare, instance_problems, ncu_messages
 
 log = logging.getLogger(__name__)
 
@@ -72,12 +75,30 @@ def _labels(module: ModuleType, prefix: str) -> dict[int, str]:
 
 
 class BinaryReport:
-    """One ``.ncu-rep`` loaded with ``ncu_report``: iterates actions and reads their tables."""
+    """One ``.ncu-rep`` loaded with ``ncu_report``: iterates actions and reads their tables.
 
-    def __init__(self, path: Path) -> None:
+    :attr:`problems` lists the signs of damage found while loading (ncu's parse errors on
+    fd 2, results without a name, metric counts short of ``container``'s); the instance-value
+    count is checked when :meth:`metrics` or :meth:`instances` reads it
+    (:attr:`late_problems`).
+    """
+
+    def __init__(
+        self, path: Path, *, container: Container | None = None, capture: bool = True
+    ) -> None:
         self.module = import_ncu_report()
         self.path = path
-        self.context: Any = self.module.load_report(str(path))
+        self.container = container
+        lines: list[str] = []
+        with capture_fd2(lines) if capture else contextlib.nullcontext():
+            self.context: Any = self.module.load_report(str(path))
+            self._load_actions()
+        #: Damage found at load, one sentence each (empty for a sound report).
+        self.problems: list[str] = self._check() + ncu_messages(lines)[:1]
+        #: Damage found later, by :meth:`metrics`/:meth:`instances` (instance-value counts).
+        self.late_problems: list[str] = []
+
+    def _load_actions(self) -> None:
         # The enums live on the SWIG classes (IMetric.ValueKind_STRING, …).
         probe = getattr(self.module, "IMetric", self.module)
         self._int_kinds = {int(getattr(probe, k)) for k in _INT_KINDS if hasattr(probe, k)}
@@ -87,6 +108,42 @@ class BinaryReport:
         self._subtypes = _labels(probe, "MetricSubtype")
         self._rollups = _labels(probe, "RollupOperation")
         self.actions: list[tuple[int, int, Any]] = list(self._walk())
+        self._names: list[tuple[str, ...]] = [
+            tuple(act.metric_names()) for _, _, act in self.actions
+        ]
+        self._kernel_names: list[str | None] = [
+            act.name(act.NameBase_FUNCTION) or None for _, _, act in self.actions
+        ]
+
+    @property
+    def num_results(self) -> int:
+        """Profiled results (kernels) ncu_report read."""
+        return len(self.actions)
+
+    def _check(self) -> list[str]:
+        problems: list[str] = []
+        if self.container is not None:
+            found = list(zip(self._kernel_names, map(len, self._names), strict=True))
+            problems += compare(self.container.shapes, found, announced=self.container.results)
+        for action_id, names in enumerate(self._names):
+            bad = sum(1 for name in names if not _is_utf8(name))
+            if bad:
+                problems.append(
+                    f"result {action_id} has {bad} metric name(s) that are not valid UTF-8"
+                )
+                break
+        return problems
+
+    def _check_instances(self, counts: list[int]) -> None:
+        if self.container is not None and not self.late_problems:
+            self.late_problems += instance_problems(self.container.shapes, counts)
+
+    def _metric(self, act: Any, name: str) -> Any:
+        """``act.metric_by_name(name)``; None for a name SWIG cannot pass (invalid UTF-8)."""
+        try:
+            return act.metric_by_name(name)
+        except TypeError:
+            return None
 
     def _walk(self) -> Iterator[tuple[int, int, Any]]:
         """``(id, range_id, action)`` for every action; ids run across ranges like ncu's ``ID``."""
@@ -140,7 +197,7 @@ class BinaryReport:
                 }
             )
             for name in KERNEL_METRICS:
-                metric = act.metric_by_name(name)
+                metric = self._metric(act, name)
                 if metric is None:
                     continue
                 ids.append(action_id)
@@ -155,11 +212,16 @@ class BinaryReport:
     def metrics(self) -> pl.DataFrame:
         """The long ``metrics`` table (see :data:`tracekit.ncu.schema.METRICS`)."""
         cols: dict[str, list[Any]] = {name: [] for name in schema.METRICS}
+        counts: list[int] = []
+        unreadable: list[tuple[int, str]] = []
         for action_id, _, act in self.actions:
-            for name in act.metric_names():
-                metric = act.metric_by_name(name)
+            count = 0
+            for name in self._names[action_id]:
+                metric = self._metric(act, name)
                 if metric is None:
+                    unreadable.append((action_id, name))
                     continue
+                count += int(metric.num_instances())
                 value, text = self._read(metric)
                 cols["id"].append(action_id)
                 cols["metric"].append(name)
@@ -170,19 +232,35 @@ class BinaryReport:
                 cols["subtype"].append(_enum(metric.metric_subtype(), self._subtypes))
                 cols["rollup"].append(_enum(metric.rollup_operation(), self._rollups))
                 cols["num_instances"].append(int(metric.num_instances()))
+            counts.append(count)
+        self._check_instances(counts)
+        readable = [(i, n) for i, n in unreadable if _is_utf8(n)]  # the others: at load
+        if (
+            readable
+            and self.container is not None
+            and not any("cannot be read" in p for p in self.late_problems)
+        ):
+            action_id, name = readable[0]
+            self.late_problems.append(
+                f"result {action_id} lists metric {name!r} but it cannot be read "
+                f"({len(readable)} such metric(s) in all)"
+            )
         return _frame(cols, schema=dict(schema.METRICS))
 
     def instances(self, metrics: list[str] | None = None) -> pl.DataFrame:
         """The long ``instances`` table: one row per instance value of instanced metrics."""
         cols: dict[str, list[Any]] = {name: [] for name in schema.INSTANCES}
         wanted = set(metrics) if metrics is not None else None
+        counts: list[int] = []
         for action_id, _, act in self.actions:
-            for name in act.metric_names():
+            counts.append(0)
+            for name in self._names[action_id]:
                 if wanted is not None and name not in wanted:
                     continue
-                metric = act.metric_by_name(name)
+                metric = self._metric(act, name)
                 if metric is None or metric.num_instances() == 0:
                     continue
+                counts[-1] += int(metric.num_instances())
                 corr = metric.correlation_ids() if metric.has_correlation_ids() else None
                 for i in range(int(metric.num_instances())):
                     value, text = self._read(metric, i)
@@ -196,6 +274,8 @@ class BinaryReport:
                     cols["correlation_text"].append(ctext)
                     cols["value"].append(value)
                     cols["text"].append(text)
+        if wanted is None:
+            self._check_instances(counts)
         return _frame(cols, schema=dict(schema.INSTANCES))
 
     def rules(self) -> pl.DataFrame:
@@ -224,6 +304,14 @@ class BinaryReport:
         if not rows:
             return schema.empty(schema.RULES)
         return schema.conform(_frame(rows, infer_schema_length=None), schema.RULES)
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _scrub(data: Any) -> Any:

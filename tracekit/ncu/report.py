@@ -26,13 +26,11 @@ import polars as pl
 from tracekit.errors import TraceFormatError, TraceNotFoundError, TracePermissionError
 from tracekit.ncu import container, schema, tables
 from tracekit.ncu.binary import BinaryReport
+from tracekit.ncu.damage import DamagedReportWarning, IncompleteReportWarning
+from tracekit.ncu.isolated import IsolatedReport, isolate_mode
 from tracekit.ncu.raw_csv import RawCsv, is_ncu_csv, read_details_rules
 
-__all__ = ["IncompleteReportWarning", "NcuReport", "is_ncu_report"]
-
-
-class IncompleteReportWarning(UserWarning):
-    """A report loaded, but with no results or fewer than its file announces."""
+__all__ = ["DamagedReportWarning", "IncompleteReportWarning", "NcuReport", "is_ncu_report"]
 
 
 def is_ncu_report(head: bytes) -> bool:
@@ -70,10 +68,11 @@ class NcuReport:
         self,
         path: Path,
         *,
-        binary: BinaryReport | None = None,
+        binary: BinaryReport | IsolatedReport | None = None,
         raw: RawCsv | None = None,
         details_csv: Path | None = None,
         expected_results: int | None = None,
+        validate: bool = True,
     ) -> None:
         if (binary is None) == (raw is None):
             msg = "NcuReport needs exactly one of binary= or raw=; use NcuReport.from_path()"
@@ -84,6 +83,10 @@ class NcuReport:
         self._details_csv = details_csv
         #: Results the container announces (``None`` for CSV input).
         self.expected_results = expected_results
+        #: Signs of damage, one sentence each; empty for a sound report. Only a report opened
+        #: with ``validate=False`` can have any (otherwise they raise TraceFormatError).
+        self.damaged: tuple[str, ...] = ()
+        self._validate = validate
 
     @classmethod
     def from_path(
@@ -92,6 +95,7 @@ class NcuReport:
         *,
         details_csv: str | Path | None = None,
         validate: bool = True,
+        isolate: bool | Literal["auto"] | None = None,
     ) -> NcuReport:
         """Open ``path``: an ``.ncu-rep`` (needs ``ncu_report``) or ncu's raw-page CSV.
 
@@ -104,38 +108,23 @@ class NcuReport:
             For CSV input, the ``--page details --print-details all`` export of the same
             report; its rule rows fill :attr:`rules` (empty otherwise).
         validate
-            Walk the ``.ncu-rep`` container first and refuse truncated files (default).
+            Refuse a damaged ``.ncu-rep`` (default): a container whose framing is broken, or
+            a report from which ``ncu_report`` read fewer results, metrics or instance values
+            than the container holds, or printed a parse error. ``False`` loads whatever
+            ``ncu_report`` can read, with one :class:`DamagedReportWarning` and the problems in
+            :attr:`damaged`. See ``docs/ncu.md``, "Damaged reports".
+        isolate
+            Read the report in a child process, so that a crash of ``ncu_report`` (SIGABRT on
+            some damaged files) is a TraceFormatError instead of the end of this process:
+            ``True``, ``False``, or ``"auto"`` (only when the container walk failed, i.e. with
+            ``validate=False``). Default: ``TRACEKIT_NCU_ISOLATE`` (``1``, ``0``, ``auto``),
+            else ``"auto"``.
         """
         path = Path(path)
         head = _check_file(path)
         details = Path(details_csv) if details_csv is not None else None
         if is_ncu_report(head):
-            expected = None
-            if validate:
-                try:
-                    expected = container.walk(path).results
-                except container.ContainerError as exc:
-                    msg = (
-                        f"{path} is truncated or corrupt ({exc}); capture again or copy the whole "
-                        "file (validate=False loads whatever ncu_report can read)"
-                    )
-                    raise TraceFormatError(msg) from None
-            report = cls(path, binary=BinaryReport(path), expected_results=expected)
-            found = len(report._binary.actions) if report._binary else 0
-            if found == 0:
-                warnings.warn(
-                    f"{path} holds 0 profiled kernels; check ncu's filters (-k, --nvtx-include, -c)",
-                    IncompleteReportWarning,
-                    stacklevel=2,
-                )
-            elif expected is not None and found != expected:
-                warnings.warn(
-                    f"{path}: ncu_report read {found} results but the file announces {expected}; "
-                    "the report may be damaged",
-                    IncompleteReportWarning,
-                    stacklevel=2,
-                )
-            return report
+            return cls._open_binary(path, validate=validate, isolate=isolate)
         if is_ncu_csv(head):
             raw = RawCsv(path)
             if raw.frame.height == 0:
@@ -149,6 +138,64 @@ class NcuReport:
         )
         raise TraceFormatError(msg)
 
+    @classmethod
+    def _open_binary(
+        cls, path: Path, *, validate: bool, isolate: bool | Literal["auto"] | None
+    ) -> NcuReport:
+        mode = isolate_mode(isolate)  # a bad TRACEKIT_NCU_ISOLATE fails before any work
+        walked: container.Container | None = None
+        problems: list[str] = []
+        try:
+            walked = container.walk(path)
+        except container.ContainerError as exc:
+            if validate:
+                msg = (
+                    f"{path} is truncated or corrupt ({exc}); capture again or copy the whole "
+                    "file (validate=False loads whatever ncu_report can read)"
+                )
+                raise TraceFormatError(msg) from None
+            problems.append(f"container: {exc}")
+        if mode == "always" or (mode == "auto" and walked is None):
+            loader: BinaryReport | IsolatedReport = IsolatedReport(path)
+        else:
+            loader = BinaryReport(path, container=walked)
+        problems += loader.problems
+        expected = walked.results if walked is not None else None
+        report = cls(path, binary=loader, expected_results=expected, validate=validate)
+        report._damage(problems, stacklevel=4)
+        if loader.num_results == 0 and not problems:
+            warnings.warn(
+                f"{path} holds 0 profiled kernels; check ncu's filters (-k, --nvtx-include, -c)",
+                IncompleteReportWarning,
+                stacklevel=3,
+            )
+        return report
+
+    def _damage(self, problems: list[str], *, stacklevel: int) -> None:
+        """Raise (validate) or warn about ``problems`` and record them in :attr:`damaged`."""
+        if not problems:
+            return
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        if self._validate:
+            msg = (
+                f"{self.path} is damaged: {problems[0]}{more}; capture again or copy the whole "
+                "file (validate=False loads what ncu_report reads, listed in report.damaged)"
+            )
+            raise TraceFormatError(msg)
+        self.damaged += tuple(problems)
+        warnings.warn(
+            f"{self.path} is damaged: {problems[0]}{more}; tables hold what ncu_report could read "
+            "(see report.damaged)",
+            DamagedReportWarning,
+            stacklevel=stacklevel,
+        )
+
+    def _late_damage(self) -> None:
+        """Instance-value counts are checked when metrics are first read (in process)."""
+        if isinstance(self._binary, BinaryReport):
+            new = [p for p in self._binary.late_problems if p not in self.damaged]
+            self._damage(new, stacklevel=4)
+
     # -- identity -------------------------------------------------------------------------
 
     @property
@@ -157,7 +204,7 @@ class NcuReport:
         return "ncu_report" if self._binary is not None else "csv"
 
     def __repr__(self) -> str:
-        count = len(self._binary.actions) if self._binary is not None else self._raw.frame.height  # type: ignore[union-attr]
+        count = self._binary.num_results if self._binary is not None else self._raw.frame.height  # type: ignore[union-attr]
         return f"NcuReport({str(self.path)!r}, kernels={count}, source={self.source!r})"
 
     def __enter__(self) -> NcuReport:
@@ -178,19 +225,7 @@ class NcuReport:
         """One row per profiled result (kernel), keyed by ncu's ``id``."""
         if self._binary is not None:
             rows, launch = self._binary.kernel_rows()
-            identity_schema = {
-                k: schema.KERNELS[k]
-                for k in (
-                    "id",
-                    "range_id",
-                    "name",
-                    "short_name",
-                    "mangled_name",
-                    "workload_type",
-                    "nvtx_path",
-                    "nvtx_paths",
-                )
-            }
+            identity_schema = {k: schema.KERNELS[k] for k in schema.IDENTITY_COLUMNS}
             identity = pl.DataFrame(rows, schema=identity_schema)
             return tables.build_kernels(identity, launch)
         assert self._raw is not None
@@ -202,7 +237,9 @@ class NcuReport:
     def metrics(self) -> pl.DataFrame:
         """Every metric of every result, long: ``id, metric, value, text, unit, …``."""
         if self._binary is not None:
-            return self._binary.metrics()
+            frame = self._binary.metrics()
+            self._late_damage()
+            return frame
         assert self._raw is not None
         return self._raw.metrics()
 
@@ -210,7 +247,9 @@ class NcuReport:
     def instances(self) -> pl.DataFrame:
         """Instance values of instanced metrics (empty for CSV input)."""
         if self._binary is not None:
-            return self._binary.instances()
+            frame = self._binary.instances()
+            self._late_damage()
+            return frame
         return schema.empty(schema.INSTANCES)
 
     def instances_of(self, metrics: Sequence[str]) -> pl.DataFrame:

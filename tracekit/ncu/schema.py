@@ -51,6 +51,11 @@ KERNELS: Schema = {
     "family": STR,
 }
 
+#: The ``kernels`` columns read from a result itself (the rest come from its metrics).
+IDENTITY_COLUMNS = (
+    "id", "range_id", "name", "short_name", "mangled_name", "workload_type", "nvtx_path", "nvtx_paths",
+)  # fmt: skip
+
 METRICS: Schema = {
     "id": I64,
     "metric": STR,
