@@ -42,6 +42,10 @@ class CaptureError(TracekitError):
     """Running a profiler on a program failed."""
 
 
+class DamagedRowsWarning(UserWarning):
+    """Rows of an export whose times cannot be right (an end before its start, no start)."""
+
+
 class EmptyResultWarning(UserWarning):
     """An analysis returned no rows although its input had some; the message says why."""
 

@@ -7,11 +7,12 @@ name clean-ups are those of ``nsys stats --format csv -r <report>``.
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING
 
 import polars as pl
 
-from tracekit.errors import UnsupportedReportError
+from tracekit.errors import DamagedRowsWarning, UnsupportedReportError
 from tracekit.nsys.enums import NVTX_RANGE_TYPES
 from tracekit.nsys.nvtx import qualified_name
 from tracekit.nsys.readers import canonical_string_ids, lookup_strings
@@ -170,13 +171,40 @@ def nvtx_style(expr: pl.Expr | None = None) -> pl.Expr:
     return pl.when(e.is_in([59, 70])).then(pl.lit("PushPop")).otherwise(pl.lit("StartEnd"))
 
 
+#: Timestamps past 2**62 ns (146 years) are damage (``INT64_MAX``, a flipped high bit), not time.
+MAX_TIMESTAMP_NS = 1 << 62
+
+
+def _plausible_nvtx(trace: NsysTrace, events: pl.DataFrame) -> pl.DataFrame:
+    """``events`` without the ranges whose end is past :data:`MAX_TIMESTAMP_NS` (their sum
+    overflows: nsys 2023.4 stops with "integer overflow"), with one warning for those and
+    one for ranges that end before they start (kept: nsys prints their negative durations)."""
+    inverted, damaged = events.select(
+        (pl.col("end_ns") < pl.col("start_ns")).sum().alias("inverted"),
+        (pl.col("end_ns") > MAX_TIMESTAMP_NS).sum().alias("damaged"),
+    ).row(0)
+    if inverted:
+        msg = (f"{trace.path.name}: {inverted} NVTX range(s) end before they start (a damaged export?); "
+               "nvtx_sum keeps them with negative durations, as nsys does")
+        warnings.warn(msg, DamagedRowsWarning, stacklevel=3)
+    if damaged:
+        msg = (f"{trace.path.name}: {damaged} NVTX range(s) end after {MAX_TIMESTAMP_NS:,} ns (a damaged export); "
+               "nvtx_sum leaves them out (nsys stops with an integer overflow)")
+        warnings.warn(msg, DamagedRowsWarning, stacklevel=3)
+        events = events.filter(~(pl.col("end_ns") > MAX_TIMESTAMP_NS).fill_null(False))
+    return events
+
+
 def nvtx_sum(trace: NsysTrace, *, convention: str = "2025") -> Report:
     """Time per NVTX range name and style (``nvtx_sum``).
 
-    Open ranges end at the largest timestamp of the NVTX table, as in nsys.
+    Open ranges end at the largest timestamp of the NVTX table, as in nsys. Ranges that end
+    before they start are counted with their negative durations (as nsys does); ranges that
+    end past :data:`MAX_TIMESTAMP_NS` are left out, with a warning (nsys fails on them).
     """
     _require(trace, "nvtx_sum", "NVTX_EVENTS")
     events = trace.table("nvtx", ["start_ns", "end_ns", "event_type_id", "name", "domain"])
+    events = _plausible_nvtx(trace, events)
     last = events.select(pl.max_horizontal(pl.col("start_ns").max(), pl.col("end_ns").max())).item()
     ranges = events.filter(pl.col("event_type_id").is_in(list(NVTX_RANGE_TYPES))).select(
         nvtx_range_name(convention).alias("Range"),
