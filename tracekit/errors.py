@@ -38,6 +38,10 @@ class ExportError(TracekitError):
     """Running ``nsys export`` on a report failed."""
 
 
+class TraceMemoryError(TracekitError, MemoryError):
+    """Reading a table of a trace needs more memory than the process can have."""
+
+
 class CaptureError(TracekitError):
     """Running a profiler on a program failed."""
 
