@@ -151,3 +151,39 @@ def test_nvtx_sum_leaves_out_an_int64_max_end_where_nsys_overflows(tmp_path: Pat
         intact = run_report(tracekit.open(TRAIN), "nvtx_sum", convention="2023").frame
     assert damaged["Total Time (ns)"].min() > 0 and 99.0 < damaged["Time (%)"].sum() < 101.0
     assert damaged["Instances"].sum() == intact["Instances"].sum() - 1
+
+
+def _kmax(tmp_path: Path) -> Path:
+    """The training sample with one kernel end and one runtime API end set to INT64_MAX."""
+    return _copy(TRAIN, tmp_path / "kmax.sqlite",
+                 f'UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET "end" = {INT64_MAX} WHERE rowid = 7',
+                 f'UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET "end" = {INT64_MAX} WHERE rowid = 9')  # fmt: skip
+
+
+KMAX_REPORTS = ("cuda_gpu_kern_sum", "cuda_api_sum", "cuda_kern_exec_sum", "cuda_gpu_trace", "cuda_kern_exec_trace")
+
+
+@pytest.mark.nsys
+def test_int64_max_kernel_and_api_ends_print_as_nsys_2023_prints_them(tmp_path: Path) -> None:
+    """nsys 2023.4 keeps such rows in its kernel and API reports. Values past 2**52 printed as
+    ``1.15292150460218e+18`` (15 digits) where nsys prints the double itself
+    (``1.1529215046021768e+18``: SQLite's ROUND returns a whole number unchanged), and the
+    means differed in the last digits (SQLite's AVG sums floats in row order). Byte-identical now."""
+    from .test_stats_nvtx_projection import nsys_2023_or_skip, nsys_stats
+
+    nsys = nsys_2023_or_skip()
+    copy = _kmax(tmp_path)
+    (tmp_path / "nsys").mkdir()
+    references = nsys_stats(nsys, copy, KMAX_REPORTS, tmp_path / "nsys")
+    trace = tracekit.open(copy, column_cache=False)
+    for report, reference in references.items():
+        ours = run_report(trace, report, convention="2023").to_csv()
+        assert ours == reference.read_text(), report
+
+
+def test_whole_numbers_past_2_52_keep_their_digits() -> None:
+    from tracekit.stats.common import round1
+
+    for value in (1.1529215046021768e18, 2.8823037614853766e17, -6.457652085323805e17):
+        assert repr(round1(value, "2023")) == repr(value) == repr(round1(value, "2025"))
+    assert repr(round1(4639.95, "2023")) == "4640.0" and repr(round1(4639.95, "2025")) == "4639.9"
