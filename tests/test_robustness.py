@@ -151,13 +151,15 @@ def test_empty_results_say_why() -> None:
 
 
 def test_stats_exits_2_when_every_report_is_skipped() -> None:
-    """An export without NVTX: asking only for NVTX reports gives exit 2 and the reasons."""
+    """An export without NVTX: asking only for NVTX reports gives exit 2 and the reasons, in
+    one line (issue 19.7: it was two "skipping" lines and the error)."""
     path = SAMPLES / "planted" / "planted_clean_nonvtx" / "planted_clean_nonvtx.sqlite"
     r = subprocess.run([sys.executable, "-m", "tracekit.cli.main", "stats", "-r", "nvtx_sum,nvtx_gpu_proj_sum", str(path)],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 3 and lines[-1].startswith("tracekit: error: none of the 2 reports")
+    assert len(lines) == 1 and lines[0].startswith("tracekit: error: none of the 2 reports")
+    assert "nvtx_sum: " in lines[0] and "nvtx_gpu_proj_sum: " in lines[0]
     ok = subprocess.run([sys.executable, "-m", "tracekit.cli.main", "stats", "-r", "nvtx_sum,cuda_gpu_kern_sum", "-f", "csv",
                          str(path)], capture_output=True, text=True, timeout=300)
     assert ok.returncode == 0 and "Time (%)" in ok.stdout
