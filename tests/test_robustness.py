@@ -81,9 +81,13 @@ def _bad_utf8_copy(tmp_path: Path) -> tuple[Path, int]:
 
 
 def test_invalid_utf8_in_stringids_is_decoded_with_replacement(tmp_path: Path) -> None:
+    from tracekit.nsys.database import InvalidTextWarning
+
     copy, sid = _bad_utf8_copy(tmp_path)
     trace = tracekit.open(copy)
-    value = trace.strings.filter(trace.strings["id"] == sid)["value"][0]
+    with pytest.warns(InvalidTextWarning, match="StringIds.value: 1 value"):
+        strings = trace.strings
+    value = strings.filter(strings["id"] == sid)["value"][0]
     assert value == "bad\ufffd\ufffdname"
     report = run_report(trace, "cuda_gpu_kern_sum")
     assert "bad\ufffd\ufffdname" in report.frame["Name"].to_list()

@@ -507,6 +507,10 @@ class TypeMismatchWarning(UserWarning):
     """Cells of an export whose type does not match their column (SQLite allows it)."""
 
 
+class InvalidTextWarning(UserWarning):
+    """Text cells of an export that are not valid UTF-8 (decoded with U+FFFD replacing bad bytes)."""
+
+
 def _exact(values: list[Any], dtype: Any) -> tuple[pl.Series, int]:
     """Values of mixed SQLite types (a damaged or edited export: text in an INTEGER column)
     converted exactly to ``dtype`` — ``'123'`` → 123, 5.0 → 5 — or null when they cannot be
