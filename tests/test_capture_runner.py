@@ -274,3 +274,62 @@ def test_as_callback_accepts_what_it_can_drive() -> None:
     assert isinstance(as_callback(Console()), ConsoleReporter)
     with pytest.raises(TypeError, match="on_output must be a callable"):
         as_callback(42)
+
+
+# A program whose helper leaves the tree the way the agent of ``nsys --start-agent`` does: a middle
+# process starts it in a new session and exits, so it is reparented, in no group of the run and
+# no descendant of it; it ignores SIGINT and SIGTERM. Only its inherited environment says whose it is.
+DETACHED_DAEMON = textwrap.dedent(
+    """
+    import subprocess, sys, time
+    daemon = ("import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+              "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)")
+    middle = ("import subprocess, sys; d = subprocess.Popen([sys.executable, '-c', %r], start_new_session=True, "
+              "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); print(d.pid, flush=True)") % daemon
+    mid = subprocess.Popen([sys.executable, "-c", middle], stdout=subprocess.PIPE, text=True)
+    pid = int(mid.stdout.readline())
+    mid.wait()
+    print("daemon", pid, flush=True)
+    time.sleep(60)
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["timeout", "stop_event"])
+def test_a_detached_daemon_of_the_run_is_stopped_too(how: str) -> None:
+    """Issue 19.5: after a timeout or interrupt the nsys agent survived (3 of 3 runs): it is in
+    another session and was reparented. It carries TRACEKIT_RUN_ID, so it is stopped after the
+    process group; SIGKILL, since it ignores the rest."""
+    found: dict[str, object] = {}
+    got_pid = threading.Event()
+
+    def on_output(line: OutputLine) -> None:
+        if line.text.startswith("daemon"):
+            pid = int(line.text.split()[1])
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                found["environ"] = fh.read().split(b"\0")
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                stat = fh.read()
+            found["pid"], found["pgrp"] = pid, int(stat[stat.rfind(b")") + 2 :].split()[2])
+            got_pid.set()
+
+    stop = threading.Event()
+    if how == "stop_event":
+        threading.Thread(target=lambda: got_pid.wait(30) and stop.set(), daemon=True).start()
+    try:
+        res = run_process([PY, "-c", DETACHED_DAEMON], on_output=on_output, kill_grace_s=0.5,
+                          timeout_s=20 if how == "stop_event" else 3, stop_event=stop)  # fmt: skip
+    finally:
+        daemon = found.get("pid")
+        deadline = time.monotonic() + 5
+        while isinstance(daemon, int) and is_alive(daemon) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        alive = isinstance(daemon, int) and is_alive(daemon)
+        if alive:
+            os.kill(daemon, signal.SIGKILL)  # type: ignore[arg-type]  # ours: started by this test
+    assert isinstance(daemon, int), "the program never printed the daemon's pid"
+    assert res.status == ("timeout" if how == "timeout" else "interrupted")
+    assert found["pgrp"] != res.pid  # outside the run's process group
+    assert not alive, "the detached daemon survived the stop"
+    assert any(v.startswith(b"TRACEKIT_RUN_ID=") for v in found["environ"])  # type: ignore[attr-defined]
+    assert "SIGKILL" in res.signals_sent

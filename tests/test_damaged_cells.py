@@ -114,3 +114,39 @@ def test_memory_usage_names_are_the_text_of_the_export() -> None:
     names = tracekit.open(ALLREDUCE).memory_usage["name"].to_list()
     assert names == expected
     assert sum(n is not None for n in names) == 2412
+
+
+def test_invalid_utf8_in_an_nvtx_text_cell_is_decoded_with_one_warning(tmp_path: Path) -> None:
+    """NVTX_EVENTS.text went to Arrow as invalid UTF-8: ``tracekit summary`` ended in a polars
+    panic ("internal error: the table engine panicked"), nvtx_sum printed the bad bytes. Now
+    every text column is read as bytes and decoded with U+FFFD, after one warning per column
+    that counts the values; StringIds' warning is the same one-line warning (it was a log
+    record, ``WARNING tracekit.nsys.readers: …``). nsys 2023.4 stops on both ("Could not decode
+    to UTF-8")."""
+    import subprocess
+    import sys
+
+    from .conftest import ROOT
+
+    first = "(SELECT min(rowid) FROM NVTX_EVENTS WHERE text IS NOT NULL)"
+    sid = "(SELECT demangledName FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE rowid = 1)"
+    bad = _copy(DECODE, tmp_path / "utf.sqlite",
+                f"UPDATE NVTX_EVENTS SET text = CAST(X'73746570ff' AS TEXT) WHERE rowid = {first}",
+                f"UPDATE StringIds SET value = CAST(X'6b65726e656cfffe41' AS TEXT) WHERE id = {sid}")  # fmt: skip
+    env = {**__import__("os").environ, "PYTHONPATH": str(ROOT), "TRACEKIT_CACHE": str(tmp_path / "cache")}
+    warnings_seen = [
+        "tracekit: warning: utf.sqlite: StringIds.value: 1 value(s) are not valid UTF-8; decoded with replacement characters (U+FFFD)",
+        "tracekit: warning: utf.sqlite: NVTX_EVENTS.text: 1 value(s) are not valid UTF-8; decoded with replacement characters (U+FFFD)",
+    ]
+    for args in (["summary"], ["stats", "-r", "nvtx_sum", "-f", "csv"]):
+        run = subprocess.run([sys.executable, "-m", "tracekit.cli.main", *args, str(bad)], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+        assert run.returncode == 0, run.stderr[-1500:]
+        assert run.stderr.splitlines() == warnings_seen
+    assert ",PushPop,:step\ufffd\n" in run.stdout
+    from tracekit.nsys.database import InvalidTextWarning
+
+    with pytest.warns(InvalidTextWarning) as seen:
+        names = tracekit.open(bad).table("nvtx", ["name"])["name"]
+    assert sorted(str(w.message).split(": ")[1] for w in seen) == ["NVTX_EVENTS.text", "StringIds.value"]
+    assert "step\ufffd" in names.to_list()

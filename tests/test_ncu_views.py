@@ -416,3 +416,25 @@ def test_int8_tensor_gemm_counts_integer_operations() -> None:
     ceil = roofline_ceilings(rep).filter(pl.col("ceiling") == "tensor_int8").row(0, named=True)
     assert ceil["source"] == "report" and ceil["unit"] == "op/s"
     assert roof["pct_of_attainable"] == pytest.approx(100 * roof["flops_per_s"] / ceil["value"])
+
+
+def test_roofline_says_why_pct_of_attainable_is_missing() -> None:
+    """Issue 19.7: an unmodified report gave pct_of_attainable without a number (NaN, then null)
+    for its copy and elementwise-index kernels and never said why. Each such row now has a
+    reason, checked against the columns it comes from; computed rows have none."""
+    rows = roofline(report("ncu_decode_drilldown"))
+    missing = rows.filter(pl.col("pct_of_attainable").is_null())
+    assert missing.height > 0 and not rows["pct_of_attainable"].is_nan().any()
+    assert missing["pct_of_attainable_reason"].null_count() == 0
+    assert rows.filter(pl.col("pct_of_attainable").is_not_null())["pct_of_attainable_reason"].null_count() == (
+        rows.height - missing.height
+    )
+    for row in missing.iter_rows(named=True):
+        reason = row["pct_of_attainable_reason"]
+        if reason == "no FLOPs counted":
+            assert row["flop"] == 0 and row["flop_sources"] is not None
+        elif reason == "no FLOP counters in the report":
+            assert row["flop_sources"] is None
+        else:
+            assert reason in ("no duration", "no DRAM byte counters in the report") or reason.startswith("no peak rate")
+    assert set(missing["pct_of_attainable_reason"]) == {"no FLOPs counted"}

@@ -81,9 +81,13 @@ def _bad_utf8_copy(tmp_path: Path) -> tuple[Path, int]:
 
 
 def test_invalid_utf8_in_stringids_is_decoded_with_replacement(tmp_path: Path) -> None:
+    from tracekit.nsys.database import InvalidTextWarning
+
     copy, sid = _bad_utf8_copy(tmp_path)
     trace = tracekit.open(copy)
-    value = trace.strings.filter(trace.strings["id"] == sid)["value"][0]
+    with pytest.warns(InvalidTextWarning, match="StringIds.value: 1 value"):
+        strings = trace.strings
+    value = strings.filter(strings["id"] == sid)["value"][0]
     assert value == "bad\ufffd\ufffdname"
     report = run_report(trace, "cuda_gpu_kern_sum")
     assert "bad\ufffd\ufffdname" in report.frame["Name"].to_list()
@@ -151,13 +155,15 @@ def test_empty_results_say_why() -> None:
 
 
 def test_stats_exits_2_when_every_report_is_skipped() -> None:
-    """An export without NVTX: asking only for NVTX reports gives exit 2 and the reasons."""
+    """An export without NVTX: asking only for NVTX reports gives exit 2 and the reasons, in
+    one line (issue 19.7: it was two "skipping" lines and the error)."""
     path = SAMPLES / "planted" / "planted_clean_nonvtx" / "planted_clean_nonvtx.sqlite"
     r = subprocess.run([sys.executable, "-m", "tracekit.cli.main", "stats", "-r", "nvtx_sum,nvtx_gpu_proj_sum", str(path)],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 3 and lines[-1].startswith("tracekit: error: none of the 2 reports")
+    assert len(lines) == 1 and lines[0].startswith("tracekit: error: none of the 2 reports")
+    assert "nvtx_sum: " in lines[0] and "nvtx_gpu_proj_sum: " in lines[0]
     ok = subprocess.run([sys.executable, "-m", "tracekit.cli.main", "stats", "-r", "nvtx_sum,cuda_gpu_kern_sum", "-f", "csv",
                          str(path)], capture_output=True, text=True, timeout=300)
     assert ok.returncode == 0 and "Time (%)" in ok.stdout

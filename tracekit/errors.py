@@ -38,8 +38,16 @@ class ExportError(TracekitError):
     """Running ``nsys export`` on a report failed."""
 
 
+class TraceMemoryError(TracekitError, MemoryError):
+    """Reading a table of a trace needs more memory than the process can have."""
+
+
 class CaptureError(TracekitError):
     """Running a profiler on a program failed."""
+
+
+class DamagedRowsWarning(UserWarning):
+    """Rows of an export whose times cannot be right (an end before its start, no start)."""
 
 
 class EmptyResultWarning(UserWarning):

@@ -572,9 +572,12 @@ def roofline(report_or_metrics: Any, kernels: pl.DataFrame | None = None) -> pl.
           ``dominant`` and of DRAM (see :func:`roofline_ceilings`); ``peak_source``
         * ``ridge_point`` (FLOP/byte): ``peak_flops_per_s`` / peak bandwidth
         * ``attainable_flops_per_s`` (FLOP/s): min(peak, intensity × peak bandwidth)
-        * ``pct_of_attainable`` (%; null when the attainable rate is 0: no FLOPs counted),
-          ``bound`` (``"memory"`` left of the ridge, else
-          ``"compute"``)
+        * ``pct_of_attainable`` (%; null when it cannot be computed), ``bound``
+          (``"memory"`` left of the ridge, else ``"compute"``)
+        * ``pct_of_attainable_reason``: why ``pct_of_attainable`` is null (``"no duration"``,
+          ``"no FLOP counters in the report"``, ``"no FLOPs counted"`` — a copy, integer or
+          data-movement kernel —, ``"no DRAM byte counters in the report"``,
+          ``"no peak rate for <path>"``); null when it was computed
     """
     metrics, kernels = _inputs(report_or_metrics, kernels)
     base = _base(metrics, kernels)
@@ -644,8 +647,16 @@ def roofline(report_or_metrics: Any, kernels: pl.DataFrame | None = None) -> pl.
         pl.when(pl.col("arithmetic_intensity").is_null() | pl.col("ridge_point").is_null()).then(None)
         .when(pl.col("arithmetic_intensity") < pl.col("ridge_point")).then(pl.lit("memory"))
         .otherwise(pl.lit("compute")).alias("bound"),
+    ).with_columns(
+        pl.when(pl.col("pct_of_attainable").is_not_null()).then(None)
+        .when(pl.col("duration_ns").fill_null(0) <= 0).then(pl.lit("no duration"))
+        .when(pl.col("flop_sources").is_null()).then(pl.lit("no FLOP counters in the report"))
+        .when(pl.col("flop").fill_null(0) <= 0).then(pl.lit("no FLOPs counted"))
+        .when(pl.col("dram_bytes").is_null()).then(pl.lit("no DRAM byte counters in the report"))
+        .when(pl.col("peak_flops_per_s").is_null()).then(pl.format("no peak rate for {}", pl.col("dominant")))
+        .otherwise(pl.lit("no attainable rate")).alias("pct_of_attainable_reason"),
     ).select(
         "id", *_KERNEL_COLUMNS, "duration_ns", *simt_cols, "tensor_flop", "tensor_int_ops", "tensor_precision", "flop", "flop_sources",
         "dram_bytes", "arithmetic_intensity", "flops_per_s", "dominant", "peak_flops_per_s", "peak_bandwidth_gbps",
-        "peak_source", "ridge_point", "attainable_flops_per_s", "pct_of_attainable", "bound",
+        "peak_source", "ridge_point", "attainable_flops_per_s", "pct_of_attainable", "bound", "pct_of_attainable_reason",
     )  # fmt: skip

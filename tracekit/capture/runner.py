@@ -2,7 +2,10 @@
 
 The child starts in a new session (its own process group), so a timeout, an interrupt or a stop
 request can signal every process it started (``os.killpg``) plus any descendant that moved to
-another group (found through ``/proc``). Signals escalate SIGINT → SIGTERM → SIGKILL: a profiler
+another group (found through ``/proc``). A daemon that left the tree altogether (``setsid`` and a
+double fork, as the agent that ``nsys --start-agent`` leaves running) is found by the
+``TRACEKIT_RUN_ID`` marker set in the child's environment, which it inherited (``/proc/<pid>/environ``
+of this user's processes), and stopped after the process group. Signals escalate SIGINT → SIGTERM → SIGKILL: a profiler
 stopped with SIGINT still writes its report, as it would after Ctrl-C in a terminal.
 """
 
@@ -127,6 +130,33 @@ def is_alive(pid: int) -> bool:
     return not Path("/proc").is_dir()
 
 
+#: Environment variable set on every program :func:`run_process` starts; its value names the run.
+RUN_ID_VARIABLE = "TRACEKIT_RUN_ID"
+
+
+def marked(run_id: str | None) -> set[int]:
+    """Live processes of this user whose environment carries ``TRACEKIT_RUN_ID=run_id``: what a
+    run started, wherever it moved (another session, reparented to init). Empty without /proc."""
+    if not run_id:
+        return set()
+    needle = f"{RUN_ID_VARIABLE}={run_id}".encode()
+    uid, me = os.getuid(), os.getpid()
+    found: set[int] = set()
+    for pid, (state, _, _) in _proc_table().items():
+        if pid == me or state in ("Z", "X"):
+            continue
+        try:
+            if os.stat(f"/proc/{pid}").st_uid != uid:
+                continue
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                environ = fh.read()
+        except OSError:  # gone, or not ours to read
+            continue
+        if needle in environ.split(b"\0"):
+            found.add(pid)
+    return found
+
+
 def _signal_tree(pgid: int, pids: set[int], sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
@@ -135,21 +165,22 @@ def _signal_tree(pgid: int, pids: set[int], sig: int) -> None:
             os.kill(pid, sig)
 
 
-def kill_tree(proc: subprocess.Popen[bytes], grace_s: float) -> list[str]:
-    """Stop ``proc``, its process group and all its descendants: SIGINT, SIGTERM, then SIGKILL.
+def kill_tree(proc: subprocess.Popen[bytes], grace_s: float, run_id: str | None = None) -> list[str]:
+    """Stop ``proc``, its process group, all its descendants and the processes that carry
+    ``run_id`` in their environment (:func:`marked`): SIGINT, SIGTERM, then SIGKILL.
 
     SIGINT gets ``grace_s`` seconds (a profiler writes its report then), SIGTERM at most five
     more. Returns the names of the signals sent.
     """
     pgid = proc.pid
-    tracked = descendants(proc.pid)
+    tracked = descendants(proc.pid) | marked(run_id)
     sent: list[str] = []
     for sig, wait_s in (
         (signal.SIGINT, grace_s),
         (signal.SIGTERM, min(grace_s, 5.0)),
         (signal.SIGKILL, 5.0),
     ):
-        tracked |= descendants(proc.pid)
+        tracked |= descendants(proc.pid) | marked(run_id)
         _signal_tree(pgid, tracked, sig)
         sent.append(sig.name)
         deadline = time.monotonic() + wait_s
@@ -267,11 +298,14 @@ def run_process(
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     started_at = now_iso()
+    # every process of the run inherits the marker, so one that leaves the tree is still found
+    run_id = f"{os.getpid()}-{time.time_ns()}-{threading.get_ident()}"
+    child_env = {**(os.environ if env is None else env), RUN_ID_VARIABLE: run_id}
     try:
         proc = subprocess.Popen(
             argv,
             cwd=cwd,
-            env=dict(env) if env is not None else None,
+            env=child_env,
             stdin=subprocess.DEVNULL,
             stdout=out_w,
             stderr=err_w,
@@ -306,15 +340,15 @@ def run_process(
                 break
             time.sleep(0.05)
         else:
-            if group_members(proc.pid):  # processes the program left behind: stop them too
-                signals = kill_tree(proc, min(kill_grace_s, 5.0))
+            if group_members(proc.pid) or marked(run_id):  # processes the program left behind: stop them too
+                signals = kill_tree(proc, min(kill_grace_s, 5.0), run_id)
     except KeyboardInterrupt as exc:
         status = "interrupted"
         interrupted = getattr(exc, "signame", None) or "SIGINT"
     if status is not None:
         log.info("stopping %s (%s)", argv[0], status)
         with signals_deferred():  # a second Ctrl-C (or SIGTERM) must not cut the stop short
-            signals = kill_tree(proc, kill_grace_s)
+            signals = kill_tree(proc, kill_grace_s, run_id)
     proc.wait()
     for reader in readers:
         reader.join(timeout=10)

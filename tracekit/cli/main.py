@@ -67,49 +67,73 @@ def main(argv: list[str] | None = None) -> int:
 
     from tracekit.errors import TracekitError
 
-    # a warning is one line on stderr ("tracekit: warning: …"), not file:line plus source
+    # a warning is one line on stderr ("tracekit: warning: …"), not file:line plus source; the
+    # lines are collected and printed when the command ends well, so that an error is the one
+    # line on stderr (warnings that led to it are not mixed into it)
     warnings.formatwarning = lambda message, category, *_args, **_kw: f"tracekit: warning: {message}\n"
+    collected: list[str] = []
+    shown = warnings.showwarning
+
+    def collect(message: Warning | str, category: type[Warning], *_args: object, **_kw: object) -> None:
+        line = f"tracekit: warning: {message}"
+        if line not in collected:
+            collected.append(line)
+
+    def flush_warnings() -> None:
+        for line in collected:
+            print(line, file=sys.stderr)
+        collected.clear()
+
+    warnings.showwarning = collect
     try:
-        result = build_app(argv)(args=argv, standalone_mode=False)
-        if isinstance(result, int):
-            return result
-    except TracekitError as exc:
-        if _state["debug"]:
-            raise
-        print(f"tracekit: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("tracekit: interrupted", file=sys.stderr)
-        return 130
-    except SystemExit as exc:  # typer's own exits (--help, usage errors)
-        return int(exc.code or 0)
-    except Exception as exc:
-        # click (vendored by typer) signals usage errors and --help exits with exceptions
-        # that carry an exit code; anything else is a bug in tracekit.
-        if hasattr(exc, "exit_code"):
-            if hasattr(exc, "show"):
-                exc.show()
-            return int(exc.exit_code)
-        if type(exc).__name__ == "Abort":
-            return 1
-        if _state["debug"]:
-            raise
-        if isinstance(exc, MemoryError):
-            print("tracekit: error: out of memory; read fewer columns (trace.table(name, columns)), a shorter "
-                  "window (--window), or open the reports with engine='dask' (docs/scale.md)", file=sys.stderr)
+        try:
+            result = build_app(argv)(args=argv, standalone_mode=False)
+            flush_warnings()
+            if isinstance(result, int):
+                return result
+        except TracekitError as exc:
+            if _state["debug"]:
+                flush_warnings()
+                raise
+            print(f"tracekit: error: {exc}", file=sys.stderr)
             return 2
-        print(f"tracekit: internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", file=sys.stderr)
-        return 1
-    except BaseException as exc:
-        # polars' Rust side raises pyo3's PanicException, a BaseException: one line, not a Rust
-        # and Python traceback (KeyboardInterrupt and SystemExit are handled above)
-        if type(exc).__name__ != "PanicException" or _state["debug"]:
-            raise
-        first = str(exc).splitlines()[0] if str(exc) else ""
-        print(f"tracekit: internal error: the table engine panicked ({first}); the export may be damaged "
-              "(rerun with --debug for the traceback)", file=sys.stderr)
-        return 1
-    return 0
+        except KeyboardInterrupt:
+            print("tracekit: interrupted", file=sys.stderr)
+            return 130
+        except SystemExit as exc:  # typer's own exits (--help, usage errors)
+            if not exc.code:
+                flush_warnings()
+            return int(exc.code or 0)
+        except Exception as exc:
+            # click (vendored by typer) signals usage errors and --help exits with exceptions
+            # that carry an exit code; anything else is a bug in tracekit.
+            if hasattr(exc, "exit_code"):
+                if hasattr(exc, "show"):
+                    exc.show()
+                return int(exc.exit_code)
+            if type(exc).__name__ == "Abort":
+                return 1
+            if _state["debug"]:
+                raise
+            if isinstance(exc, MemoryError):
+                print("tracekit: error: out of memory; read fewer columns (trace.table(name, columns=[...])), one column "
+                      "at a time (trace.columns_on_demand), keep the column cache on (TRACEKIT_COLUMN_CACHE), a shorter "
+                      "window (--window), or open many reports with engine='dask' (docs/scale.md)", file=sys.stderr)
+                return 2
+            print(f"tracekit: internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", file=sys.stderr)
+            return 1
+        except BaseException as exc:
+            # polars' Rust side raises pyo3's PanicException, a BaseException: one line, not a Rust
+            # and Python traceback (KeyboardInterrupt and SystemExit are handled above)
+            if type(exc).__name__ != "PanicException" or _state["debug"]:
+                raise
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            print(f"tracekit: internal error: the table engine panicked ({first}); the export may be damaged "
+                  "(rerun with --debug for the traceback)", file=sys.stderr)
+            return 1
+        return 0
+    finally:
+        warnings.showwarning = shown
 
 
 def run() -> NoReturn:

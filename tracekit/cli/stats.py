@@ -48,7 +48,11 @@ def stats(
         msg = f"unknown format {fmt!r}; use csv or table"
         raise TraceFormatError(msg)
     names = [r.strip() for r in report.split(",") if r.strip()]
+    if output and not Path(output).parent.is_dir():
+        msg = f"-o {output}: folder {Path(output).parent} does not exist; create it or choose another prefix"
+        raise TracekitError(msg)
     skipped: list[str] = []
+    reasons: list[str] = []  # printed once a report is made; folded into the one error line if none is
     printed: list[tuple[str, bytes | None]] = []
     with stats_cache.warnings_counted() as warned:
         trace = tracekit.open(file)
@@ -61,9 +65,12 @@ def stats(
             except TracekitError as exc:
                 if len(names) == 1:
                     raise
-                typer.echo(f"tracekit: skipping {name}: {exc}", err=True)
+                reasons.append(f"skipping {name}: {exc}")
                 skipped.append(name)
                 continue
+            for reason in reasons:
+                typer.echo(f"tracekit: {reason}", err=True)
+            reasons.clear()
             if output:
                 path = Path(f"{output}_{result.name}.csv")
                 _write_atomic(path, result)
@@ -77,8 +84,10 @@ def stats(
             else:
                 _print_table(result)
     if names and len(skipped) == len(names):
-        msg = f"none of the {len(names)} reports could be made from {file} (each was skipped, reasons above)"
+        msg = f"none of the {len(names)} reports could be made from {file}: " + "; ".join(r.removeprefix("skipping ") for r in reasons)
         raise TracekitError(msg)
+    for reason in reasons:
+        typer.echo(f"tracekit: {reason}", err=True)
     if printed and not skipped and not warned[0]:  # the next identical command prints these again
         for name, data in printed:
             if data is not None:
@@ -111,14 +120,23 @@ class _Tee:
 def _write_atomic(path: Path, result: Report) -> None:
     """``result`` as CSV to ``path`` through a temporary name in its folder, then a rename: an
     interrupted run never leaves a half-written file under the final name."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    from tracekit.errors import TracekitError
+
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        msg = f"cannot write {path}: {exc.strerror or exc}"
+        raise TracekitError(msg) from exc
     try:
         with os.fdopen(fd, "wb") as fh:
             result.write_csv(fh)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(exc, OSError):  # a full disk, a folder under that name
+            msg = f"cannot write {path}: {exc.strerror or exc}"
+            raise TracekitError(msg) from exc
         raise
 
 

@@ -35,7 +35,7 @@ from typing import Any
 
 import polars as pl
 
-from tracekit.errors import TraceFormatError
+from tracekit.errors import TraceFormatError, TraceMemoryError
 from tracekit.nsys.column_cache import ColumnCache
 from tracekit.nsys.column_cache import enabled_by_default as column_cache_enabled_by_default
 
@@ -359,6 +359,16 @@ class ExportDatabase:
             bounds[table] = lo_hi
         return bounds[table]
 
+    @cached_property
+    def _file_bytes(self) -> int:
+        """Size of the export (an upper bound on any table's row count)."""
+        try:
+            return self.path.stat().st_size + sum(
+                p.stat().st_size for p in (self.path.with_name(self.path.name + "-wal"),) if p.is_file()
+            )
+        except OSError:
+            return 1 << 62
+
     def _row_span(self, table: str) -> int:
         """``max(rowid) - min(rowid) + 1`` (the row count when no row was deleted, as in
         nsys exports); 0 for views and absent or empty tables."""
@@ -366,6 +376,29 @@ class ExportDatabase:
         return hi - lo + 1
 
     def _read_table(
+        self,
+        table: str,
+        exprs: Sequence[str],
+        schema: Mapping[str, pl.DataType | type[pl.DataType]],
+        where: str = "",
+    ) -> pl.DataFrame:
+        """:meth:`_scan_table`, refused up front when its columns alone cannot fit in the memory
+        left (:func:`free_memory`), and with an out-of-memory error turned into one
+        :class:`~tracekit.errors.TraceMemoryError` that names the table and the ways around it."""
+        columns = sum(e != "NULL" for e in exprs)
+        rows = min(self._row_span(table), self._file_bytes) if columns else 0  # a damaged rowid cannot inflate it
+        need = rows * columns * 8  # Int64/Float64 values only: strings need more
+        free = free_memory()
+        if free is not None and need > free:
+            raise _out_of_memory(self.path, table, rows, columns, f"needs about {_gb(need)} and {_gb(free)} is left")
+        try:
+            return self._scan_table(table, exprs, schema, where)
+        except MemoryError as exc:
+            if isinstance(exc, TraceMemoryError):
+                raise
+            raise _out_of_memory(self.path, table, rows, columns, "ran out of memory") from exc
+
+    def _scan_table(
         self,
         table: str,
         exprs: Sequence[str],
@@ -474,6 +507,10 @@ class TypeMismatchWarning(UserWarning):
     """Cells of an export whose type does not match their column (SQLite allows it)."""
 
 
+class InvalidTextWarning(UserWarning):
+    """Text cells of an export that are not valid UTF-8 (decoded with U+FFFD replacing bad bytes)."""
+
+
 def _exact(values: list[Any], dtype: Any) -> tuple[pl.Series, int]:
     """Values of mixed SQLite types (a damaged or edited export: text in an INTEGER column)
     converted exactly to ``dtype`` — ``'123'`` → 123, 5.0 → 5 — or null when they cannot be
@@ -532,3 +569,55 @@ def _cast(frame: pl.DataFrame, schema: Mapping[str, Any]) -> pl.DataFrame:
         else:
             exprs.append(pl.col(name).cast(dtype, strict=False))
     return frame.select(exprs)
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.2g} GB" if n >= 10**8 else f"{n / 1e6:.3g} MB"
+
+
+def free_memory() -> int | None:
+    """Bytes this process can still allocate, as far as is cheap to know: the address-space
+    limit (``RLIMIT_AS``) less what is mapped, the cgroup's ``memory.max`` less its usage and
+    the machine's available memory and free swap; None when none is known (not Linux)."""
+    import resource
+
+    bounds = []
+    soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+    status = _kb_fields("/proc/self/status")
+    if soft != resource.RLIM_INFINITY and "VmSize" in status:
+        bounds.append(soft - status["VmSize"])
+    meminfo = _kb_fields("/proc/meminfo")
+    if "MemAvailable" in meminfo:
+        bounds.append(meminfo["MemAvailable"] + meminfo.get("SwapFree", 0))
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            bounds.append(int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text()))
+    except (OSError, ValueError):
+        pass
+    return max(min(bounds), 0) if bounds else None
+
+
+def _kb_fields(path: str) -> dict[str, int]:
+    """``Name: <n> kB`` lines of a /proc file, in bytes."""
+    out = {}
+    try:
+        with open(path) as fh:
+            for line in fh:
+                name, _, rest = line.partition(":")
+                parts = rest.split()
+                if len(parts) == 2 and parts[1] == "kB" and parts[0].isdigit():
+                    out[name] = int(parts[0]) * 1024
+    except OSError:
+        pass
+    return out
+
+
+def _out_of_memory(path: Path, table: str, rows: int, columns: int, what: str) -> TraceMemoryError:
+    msg = (
+        f"{path.name}: reading {table} ({rows:,} rows x {columns} column(s)) {what}; read fewer columns "
+        "(trace.table(name, columns=[...])), one column at a time (trace.columns_on_demand(name, columns)), "
+        "with the column cache on (TRACEKIT_COLUMN_CACHE, the default: cached columns come back one at a time), "
+        "or on a machine with more memory"
+    )
+    return TraceMemoryError(msg)

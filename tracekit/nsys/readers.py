@@ -21,7 +21,7 @@ import polars as pl
 
 from tracekit.nsys import enums
 from tracekit.nsys import schema as S
-from tracekit.nsys.database import ExportDatabase, TypeMismatchWarning
+from tracekit.nsys.database import ExportDatabase, InvalidTextWarning, TypeMismatchWarning
 
 PID_MASK = 0xFFFFFF
 PROCESS_KEY_MASK = -0x1000000  # == 0xFFFFFFFFFF000000 as a signed 64-bit mask
@@ -41,12 +41,44 @@ class Col:
 
 
 def select(db: ExportDatabase, table: str, cols: Sequence[Col], where: str = "") -> pl.DataFrame:
-    """``SELECT`` the present ``cols`` of ``table``; absent ones come back as NULL."""
+    """``SELECT`` the present ``cols`` of ``table``; absent ones come back as NULL.
+
+    Text columns are read as bytes and decoded (:func:`decode_text`): SQLite hands over TEXT
+    cells as they are stored, and invalid UTF-8 in an Arrow string column made polars panic
+    later (``summary`` on an NVTX ``text`` with a stray 0xFF byte)."""
     present = set(db.columns(table))
     schema = {c.target: c.dtype for c in cols}
     if not present:
         return pl.DataFrame(schema=schema)
-    return db.query_table(table, _sql_exprs(cols, present), schema, where)
+    text = [c.target for c in cols if c.dtype == pl.Utf8 and c.sql is None and c.source in present]
+    if not text:
+        return db.query_table(table, _sql_exprs(cols, present), schema, where)
+    as_bytes = [Col(c.target, c.source, pl.Binary, "CAST({col} AS BLOB)") if c.target in text else c for c in cols]
+    frame = db.query_table(table, _sql_exprs(as_bytes, present), {c.target: c.dtype for c in as_bytes}, where)
+    return frame.with_columns(decode_text(frame.get_column(c), f"{db.path.name}: {table}.{c}") for c in text)
+
+
+def decode_text(values: pl.Series, where: str) -> pl.Series:
+    """Bytes → text as UTF-8; values that are not valid UTF-8 are decoded with U+FFFD
+    replacing the bad bytes, after one :class:`InvalidTextWarning` that counts them (``where``
+    names the column). The exact bytes stay in the export."""
+    try:
+        return values.cast(pl.Utf8)
+    except pl.exceptions.ComputeError:  # some value is not valid UTF-8: decode each, lossily
+        raw = values.to_list()
+        decoded = [b.decode("utf-8", errors="replace") if b is not None else None for b in raw]
+        bad = sum(1 for b in raw if b is not None and not _is_utf8(b))
+        msg = f"{where}: {bad} value(s) are not valid UTF-8; decoded with replacement characters (U+FFFD)"
+        warnings.warn(msg, InvalidTextWarning, stacklevel=3)
+        return pl.Series(values.name, decoded, dtype=pl.Utf8)
+
+
+def _is_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _sql_exprs(cols: Sequence[Col], present: Collection[str]) -> list[str]:
@@ -185,16 +217,7 @@ def string_ids(db: ExportDatabase) -> pl.DataFrame:
     (the exact bytes stay in the export: ``SELECT CAST(value AS BLOB) FROM StringIds WHERE
     id = …``). Reading them as text would hand invalid UTF-8 to Arrow and crash later.
     """
-    raw = select(db, "StringIds", [Col("id", "id"), Col("value", "value", pl.Binary, "CAST({col} AS BLOB)")])
-    try:
-        text = raw["value"].cast(pl.Utf8)
-    except pl.exceptions.ComputeError:  # some value is not valid UTF-8: decode each, lossily
-        values = raw["value"].to_list()
-        decoded = [b.decode("utf-8", errors="replace") if b is not None else None for b in values]
-        bad = sum(1 for b, d in zip(values, decoded, strict=True) if b is not None and "\ufffd" in d and b"\xef\xbf\xbd" not in b)
-        log.warning("%s: %d StringIds values are not valid UTF-8; decoded with replacement characters", db.path, bad)
-        text = pl.Series("value", decoded, dtype=pl.Utf8)
-    return raw.with_columns(text.alias("value"))
+    return select(db, "StringIds", [Col("id", "id"), Col("value", "value", pl.Utf8)])
 
 
 def _first_table(db: ExportDatabase, *names: str) -> str | None:

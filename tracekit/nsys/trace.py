@@ -12,7 +12,7 @@ from typing import Any
 
 import polars as pl
 
-from tracekit.errors import TraceFormatError
+from tracekit.errors import DamagedRowsWarning, TraceFormatError
 from tracekit.nsys import readers
 from tracekit.nsys.database import ExportDatabase
 from tracekit.nsys.gpu_metrics import gpu_metrics
@@ -37,10 +37,6 @@ def derived_table(trace: Any, name: str) -> pl.DataFrame:
         importlib.import_module(DERIVED_PROVIDERS[name])  # the provider registers itself
         builder = DERIVED_TABLES[name]
     return builder(trace)
-
-
-class DamagedRowsWarning(UserWarning):
-    """Rows of an export whose times cannot be right (an end before its start)."""
 
 
 class IncompleteTraceWarning(UserWarning):
@@ -216,7 +212,10 @@ class NsysTrace:
                     "text in an INTEGER column); they are read with null times, never reinterpreted",
                     DamagedRowsWarning, stacklevel=3,
                 )
-        if frame.height and ({"start_ns", "end_ns"} <= cols or "duration_ns" in cols):
+        # NVTX ranges that end before they start are kept in ``nvtx`` (row numbers are range ids);
+        # each use says what it does with them: nvtx_sum keeps them as nsys does, the range tree
+        # of the attribution and projections leaves them out (nsys 2023.4 fails on them there)
+        if name != "nvtx" and frame.height and ({"start_ns", "end_ns"} <= cols or "duration_ns" in cols):
             inverted = (pl.col("end_ns") < pl.col("start_ns")) if {"start_ns", "end_ns"} <= cols else (pl.col("duration_ns") < 0)
             bad = frame.select(inverted.sum()).item()
             if bad:

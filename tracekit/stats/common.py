@@ -31,10 +31,16 @@ CONVENTIONS = ("2025", "2023")
 CSV_CHUNK_ROWS = 200_000
 
 
+#: 2**52: every double beyond it is a whole number.
+_WHOLE = 4503599627370496.0
+
+
 def round1(value: float | None, convention: str = "2025", digits: int = 1) -> float | None:
     """Round like nsys of the given ``convention`` (see the module docstring)."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return None
+    if abs(value) > _WHOLE:  # no fraction to round: SQLite's ROUND (nsys 2023.x) returns it as it is
+        return float(value)
     quant = Decimal(1).scaleb(-digits)
     exact = Decimal(format(value, ".15g")) if convention == "2023" else Decimal(value)
     return float(exact.quantize(quant, rounding=ROUND_HALF_UP))
@@ -268,13 +274,32 @@ def summary_frame(
     *,
     group: Sequence[str],
     value: str,
+    convention: str = "2025",
 ) -> pl.DataFrame:
-    """Group ``frame`` and compute nsys's statistics of ``value`` (columns ``_total`` …)."""
+    """Group ``frame`` and compute nsys's statistics of ``value`` (columns ``_total`` …).
+
+    Under the ``"2023"`` convention a group whose total passes 2**53 (only a damaged export's
+    times get there) takes its mean as SQLite's ``AVG`` computes it, a float sum in row
+    order divided by the count (the exact total's quotient differs in the last digits)."""
     out = frame.group_by(list(group)).agg(stat_aggs(value))
+    if convention == "2023" and out.height and out.select((pl.col("_total").abs() > _WHOLE).any()).item():
+        out = _sequential_means(frame, out, list(group), value)
     grand = out["_total"].sum()
     return out.with_columns(
         (pl.col("_total").cast(pl.Float64) * 100.0 / (grand if grand else 1)).alias("_pct")
     )
+
+
+def _sequential_means(frame: pl.DataFrame, out: pl.DataFrame, group: list[str], value: str) -> pl.DataFrame:
+    """``out`` with ``_avg`` of the groups whose total passes 2**53 recomputed as a float sum in
+    the row order of ``frame`` (a cumulative sum adds one value at a time), over the count."""
+    big = out.filter(pl.col("_total").abs() > _WHOLE).select(group)
+    rows = frame.with_row_index("_row").join(big, on=group, how="semi").sort("_row")
+    means = rows.group_by(group, maintain_order=True).agg(
+        (pl.col(value).cast(pl.Float64).cum_sum().last() / pl.len()).alias("_seq_avg")
+    )
+    out = out.join(means, on=group, how="left", maintain_order="left", nulls_equal=True)
+    return out.with_columns(pl.coalesce("_seq_avg", "_avg").alias("_avg")).drop("_seq_avg")
 
 
 TIME_SUMMARY_KINDS = {

@@ -149,10 +149,13 @@ def _exec_trace_rows(k: pl.DataFrame) -> pl.DataFrame:
     return frame
 
 
-def _stats(value: str, prefix: str) -> list[pl.Expr]:
+def _stats(value: str, prefix: str, *, sequential: bool = False) -> list[pl.Expr]:
     v = pl.col(value).drop_nulls()
+    # sequential: SQLite's AVG (nsys 2023.x), a float sum in row order over the count; it differs
+    # from the exact mean only for totals past 2**53 (a damaged export's times)
+    mean = (v.cast(pl.Float64).cum_sum().last() / v.len()) if sequential else v.mean()
     return [
-        v.mean().alias(f"{prefix}Avg (ns)"),
+        mean.alias(f"{prefix}Avg (ns)"),
         v.median().alias(f"{prefix}Med (ns)"),
         v.min().alias(f"{prefix}Min (ns)"),
         v.max().alias(f"{prefix}Max (ns)"),
@@ -184,13 +187,15 @@ def cuda_kern_exec_sum(trace: NsysTrace, *, convention: str = "2025") -> Report:
         _QUEUE_DURATION.alias("queue_duration_ns"), "duration_ns",
     )
     del k  # eager, not lazy: the lazy plan held both frames through the group-by (+0.1 GB)
-    s = values.group_by(keys).agg(
+    measured = ["total_duration_ns", "api_duration_ns", "queue_duration_ns", "duration_ns"]
+    seq = convention == "2023" and values.select(pl.max_horizontal(pl.col(c).abs().sum() for c in measured)).item() > 1 << 53
+    s = values.group_by(keys, maintain_order=seq).agg(
         pl.len().alias("Count"),
         pl.col("queue_duration_ns").count().alias("QCount"),
-        *_stats("total_duration_ns", "T"),
-        *_stats("api_duration_ns", "A"),
-        *_stats("queue_duration_ns", "Q"),
-        *_stats("duration_ns", "K"),
+        *_stats("total_duration_ns", "T", sequential=seq),
+        *_stats("api_duration_ns", "A", sequential=seq),
+        *_stats("queue_duration_ns", "Q", sequential=seq),
+        *_stats("duration_ns", "K", sequential=seq),
     )
     s = resolve_names(s, trace, "name", "api_name").with_columns(api_display_name(pl.col("api_name")).alias("api_name"))
     s = s.sort(["TAvg (ns)", "Count", "name"], descending=[True, False, False])

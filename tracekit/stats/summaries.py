@@ -7,11 +7,12 @@ name clean-ups are those of ``nsys stats --format csv -r <report>``.
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING
 
 import polars as pl
 
-from tracekit.errors import UnsupportedReportError
+from tracekit.errors import DamagedRowsWarning, UnsupportedReportError
 from tracekit.nsys.enums import NVTX_RANGE_TYPES
 from tracekit.nsys.nvtx import qualified_name
 from tracekit.nsys.readers import canonical_string_ids, lookup_strings
@@ -58,9 +59,9 @@ def _by_name_id(frame: pl.DataFrame, ids: list[str], strings: pl.DataFrame) -> p
     return frame.select(key.alias("_key"), pl.exclude(ids))
 
 
-def _name_summary(frame: pl.DataFrame, strings: pl.DataFrame) -> pl.DataFrame:
+def _name_summary(frame: pl.DataFrame, strings: pl.DataFrame, convention: str) -> pl.DataFrame:
     """nsys's statistics of ``duration_ns`` per ``_key``, with the key's text as ``_name``."""
-    s = summary_frame(frame, group=["_key"], value="duration_ns")
+    s = summary_frame(frame, group=["_key"], value="duration_ns", convention=convention)
     return s.with_columns(lookup_strings(pl.col("_key"), strings).alias("_name")).drop("_key")
 
 
@@ -78,7 +79,7 @@ def cuda_gpu_kern_sum(trace: NsysTrace, *, name: str = "demangled", convention: 
     kernel_name_expr(name)  # raises the error naming the valid modes
     ids = _NAME_IDS[name]
     k = _by_name_id(trace.table("kernels", [*ids, "duration_ns"]), ids, trace.strings)
-    s = _name_summary(k, trace.strings).rename({"_name": "Name"})
+    s = _name_summary(k, trace.strings, convention).rename({"_name": "Name"})
     s = s.sort(["_total", "_count", "Name"], descending=[True, False, False])
     frame = s.select(*time_summary_columns("Instances"), pl.col("Name"))
     return Report("cuda_gpu_kern_sum", frame, {**TIME_SUMMARY_KINDS, "Instances": "int"}, convention)
@@ -99,7 +100,7 @@ def cuda_api_sum(trace: NsysTrace, *, convention: str = "2025") -> Report:
     """Time per CUDA runtime/driver API function (``cuda_api_sum``), all calls counted."""
     _require(trace, "cuda_api_sum", "CUPTI_ACTIVITY_KIND_RUNTIME")
     api = _by_name_id(trace.table("cuda_api", ["name_id", "duration_ns"]), ["name_id"], trace.strings)
-    s = _name_summary(api, trace.strings).rename({"_name": "name"})
+    s = _name_summary(api, trace.strings, convention).rename({"_name": "name"})
     s = s.sort(["_total", "_count", "name"], descending=[True, False, False])
     frame = s.select(*time_summary_columns("Num Calls"), api_display_name(pl.col("name")).alias("Name"))
     return Report("cuda_api_sum", frame, {**TIME_SUMMARY_KINDS, "Num Calls": "int"}, convention)
@@ -133,7 +134,7 @@ def cuda_gpu_mem_time_sum(trace: NsysTrace, *, convention: str = "2025") -> Repo
     the report); tracekit uses the same labels from its built-in table instead.
     """
     _require_memory(trace, "cuda_gpu_mem_time_sum")
-    s = summary_frame(memory_operations(trace), group=["Operation"], value="duration_ns")
+    s = summary_frame(memory_operations(trace), group=["Operation"], value="duration_ns", convention=convention)
     s = s.sort(["_total", "_count", "Operation"], descending=[True, False, False])
     frame = s.select(*time_summary_columns("Count"), pl.col("Operation"))
     return Report("cuda_gpu_mem_time_sum", frame, {**TIME_SUMMARY_KINDS, "Count": "int"}, convention)
@@ -142,7 +143,7 @@ def cuda_gpu_mem_time_sum(trace: NsysTrace, *, convention: str = "2025") -> Repo
 def cuda_gpu_mem_size_sum(trace: NsysTrace, *, convention: str = "2025") -> Report:
     """Bytes per memory operation kind (``cuda_gpu_mem_size_sum``), printed in decimal MB."""
     _require_memory(trace, "cuda_gpu_mem_size_sum")
-    s = summary_frame(memory_operations(trace), group=["Operation"], value="bytes")
+    s = summary_frame(memory_operations(trace), group=["Operation"], value="bytes", convention=convention)
     s = s.sort(["_total", "_count", "Operation"], descending=[True, False, False])
     frame = s.select(
         pl.col("_total").alias("Total (MB)"),
@@ -170,20 +171,47 @@ def nvtx_style(expr: pl.Expr | None = None) -> pl.Expr:
     return pl.when(e.is_in([59, 70])).then(pl.lit("PushPop")).otherwise(pl.lit("StartEnd"))
 
 
+#: Timestamps past 2**62 ns (146 years) are damage (``INT64_MAX``, a flipped high bit), not time.
+MAX_TIMESTAMP_NS = 1 << 62
+
+
+def _plausible_nvtx(trace: NsysTrace, events: pl.DataFrame) -> pl.DataFrame:
+    """``events`` without the ranges whose end is past :data:`MAX_TIMESTAMP_NS` (their sum
+    overflows: nsys 2023.4 stops with "integer overflow"), with one warning for those and
+    one for ranges that end before they start (kept: nsys prints their negative durations)."""
+    inverted, damaged = events.select(
+        (pl.col("end_ns") < pl.col("start_ns")).sum().alias("inverted"),
+        (pl.col("end_ns") > MAX_TIMESTAMP_NS).sum().alias("damaged"),
+    ).row(0)
+    if inverted:
+        msg = (f"{trace.path.name}: {inverted} NVTX range(s) end before they start (a damaged export?); "
+               "nvtx_sum keeps them with negative durations, as nsys does")
+        warnings.warn(msg, DamagedRowsWarning, stacklevel=3)
+    if damaged:
+        msg = (f"{trace.path.name}: {damaged} NVTX range(s) end after {MAX_TIMESTAMP_NS:,} ns (a damaged export); "
+               "nvtx_sum leaves them out (nsys stops with an integer overflow)")
+        warnings.warn(msg, DamagedRowsWarning, stacklevel=3)
+        events = events.filter(~(pl.col("end_ns") > MAX_TIMESTAMP_NS).fill_null(False))
+    return events
+
+
 def nvtx_sum(trace: NsysTrace, *, convention: str = "2025") -> Report:
     """Time per NVTX range name and style (``nvtx_sum``).
 
-    Open ranges end at the largest timestamp of the NVTX table, as in nsys.
+    Open ranges end at the largest timestamp of the NVTX table, as in nsys. Ranges that end
+    before they start are counted with their negative durations (as nsys does); ranges that
+    end past :data:`MAX_TIMESTAMP_NS` are left out, with a warning (nsys fails on them).
     """
     _require(trace, "nvtx_sum", "NVTX_EVENTS")
     events = trace.table("nvtx", ["start_ns", "end_ns", "event_type_id", "name", "domain"])
+    events = _plausible_nvtx(trace, events)
     last = events.select(pl.max_horizontal(pl.col("start_ns").max(), pl.col("end_ns").max())).item()
     ranges = events.filter(pl.col("event_type_id").is_in(list(NVTX_RANGE_TYPES))).select(
         nvtx_range_name(convention).alias("Range"),
         nvtx_style().alias("Style"),
         ((pl.col("end_ns").fill_null(last) if last is not None else pl.col("end_ns")) - pl.col("start_ns")).alias("duration_ns"),
     )  # an empty NVTX_EVENTS table (no last timestamp) gives an empty report, as nsys prints nothing
-    s = summary_frame(ranges, group=["Range", "Style"], value="duration_ns")
+    s = summary_frame(ranges, group=["Range", "Style"], value="duration_ns", convention=convention)
     s = s.sort(["_total", "_count", "Range"], descending=[True, False, False])
     frame = s.select(*time_summary_columns("Instances"), pl.col("Style"), pl.col("Range"))
     return Report("nvtx_sum", frame, {**TIME_SUMMARY_KINDS, "Instances": "int"}, convention)

@@ -1,0 +1,86 @@
+"""A CLI error is exactly one line on stderr (issue 19.7): warnings shown before it, the
+"skipping" lines of a multi-report run whose every report was skipped, and a write into a
+missing folder or onto a folder each used to add lines or end as an internal error. Real CLI
+runs (subprocesses) on sample exports and mutated copies."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+from .conftest import ROOT, SAMPLES
+
+NO_NVTX = SAMPLES / "planted" / "planted_clean_nonvtx" / "planted_clean_nonvtx.sqlite"
+DECODE = SAMPLES / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite"
+
+
+def _cli(*args: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRACEKIT_CACHE": str(tmp_path / "cache")}
+    return subprocess.run([sys.executable, "-m", "tracekit.cli.main", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300, check=False)  # fmt: skip
+
+
+def _inverted_kernels(tmp_path: Path) -> tuple[Path, int]:
+    """The decode sample with every 9th kernel's start and end swapped (the loader warns)."""
+    copy = tmp_path / "inv.sqlite"
+    shutil.copyfile(DECODE, copy)
+    con = sqlite3.connect(copy)
+    con.execute('UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = "end", "end" = start WHERE rowid % 9 = 0')
+    con.commit()
+    n = con.execute('SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE "end" < start').fetchone()[0]
+    con.close()
+    return copy, n
+
+
+def test_every_report_skipped_is_one_line(tmp_path: Path) -> None:
+    run = _cli("stats", "-r", "nvtx_sum,nvtx_gpu_proj_trace", "-f", "csv", str(NO_NVTX), tmp_path=tmp_path)
+    assert run.returncode == 2 and run.stdout == ""
+    (line,) = run.stderr.splitlines()
+    assert line.startswith("tracekit: error: none of the 2 reports could be made from ")
+    assert "nvtx_sum: planted_clean_nonvtx.sqlite has no NVTX_EVENTS table" in line
+    assert "; nvtx_gpu_proj_trace: planted_clean_nonvtx.sqlite has no NVTX_EVENTS table" in line
+
+
+def test_a_skipped_report_beside_a_made_one_is_still_said(tmp_path: Path) -> None:
+    run = _cli("stats", "-r", "nvtx_sum,cuda_gpu_kern_sum", "-f", "csv", str(NO_NVTX), tmp_path=tmp_path)
+    assert run.returncode == 0
+    assert run.stdout.startswith("Time (%),Total Time (ns),Instances")
+    assert run.stderr.splitlines() == [
+        "tracekit: skipping nvtx_sum: planted_clean_nonvtx.sqlite has no NVTX_EVENTS table, so it cannot give "
+        "nvtx_sum: capture with the matching --trace option"
+    ]
+
+
+def test_output_into_a_missing_folder_is_one_line(tmp_path: Path) -> None:
+    prefix = tmp_path / "missing" / "r"
+    run = _cli("stats", "-r", "cuda_gpu_kern_sum", "-o", str(prefix), str(DECODE), tmp_path=tmp_path)
+    assert run.returncode == 2
+    assert run.stderr.splitlines() == [f"tracekit: error: -o {prefix}: folder {prefix.parent} does not exist; "
+                                       "create it or choose another prefix"]  # fmt: skip
+    assert not prefix.parent.exists()
+
+
+def test_warnings_before_an_error_do_not_add_lines(tmp_path: Path) -> None:
+    """The damaged copy warns while the report is computed, then the CSV cannot be written
+    (a folder has its name): was the warning plus 'internal error: IsADirectoryError'."""
+    copy, _ = _inverted_kernels(tmp_path)
+    out = tmp_path / "out"
+    (out / "P_cuda_gpu_kern_sum.csv").mkdir(parents=True)
+    run = _cli("stats", "-r", "cuda_gpu_kern_sum", "-o", str(out / "P"), str(copy), tmp_path=tmp_path)
+    assert run.returncode == 2
+    assert run.stderr.splitlines() == [f"tracekit: error: cannot write {out / 'P_cuda_gpu_kern_sum.csv'}: Is a directory"]
+    assert [p.name for p in out.iterdir()] == ["P_cuda_gpu_kern_sum.csv"]  # no temporary file left
+
+
+def test_warnings_of_a_run_that_ends_well_are_printed_once(tmp_path: Path) -> None:
+    copy, n = _inverted_kernels(tmp_path)
+    run = _cli("stats", "-r", "cuda_gpu_kern_sum,cuda_kern_exec_sum", "-f", "csv", str(copy), tmp_path=tmp_path)
+    assert run.returncode == 0
+    assert run.stderr.splitlines() == [
+        f"tracekit: warning: inv.sqlite: {n} kernels row(s) end before they start (a damaged export?); "
+        "they are kept as nsys keeps them, with negative durations"
+    ]

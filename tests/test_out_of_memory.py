@@ -1,0 +1,87 @@
+"""Out of memory is one line that names the table and the ways around it (issue 19.6), checked
+under a real address-space limit (``RLIMIT_AS``) in a subprocess, on an export built by
+repeating a real one (``benchmarks/make_big_trace.py``, decode sample, 300 k kernels)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import ROOT, SAMPLES
+
+SEED = SAMPLES / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite"
+
+#: run in the subprocess: import everything the command needs, then allow only ``headroom``
+#: more bytes of address space than are mapped, then run the API or the CLI
+SCRIPT = """
+import resource, sys
+import tracekit
+from tracekit.cli.main import main
+import tracekit.cli.summary, tracekit.nsys.summary  # noqa: F401  (imported before the limit)
+from tracekit.errors import TraceMemoryError
+
+def mapped():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmSize:"):
+            return int(line.split()[1]) * 1024
+
+path, headroom, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+trace = tracekit.open(path) if mode == "api" else None
+resource.setrlimit(resource.RLIMIT_AS, (mapped() + headroom, resource.RLIM_INFINITY))
+if mode == "api":
+    try:
+        trace.kernels
+    except TraceMemoryError as exc:
+        assert isinstance(exc, MemoryError)
+        print("refused:", exc)
+    sys.exit(0)
+sys.exit(main(sys.argv[4:]))
+"""
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("big") / "big.sqlite"
+    subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "make_big_trace.py"), "--kernels", "300000", "--no-gpu-metrics",
+         "--seed", str(SEED), "-o", str(out)],
+        check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    return out
+
+
+def _run(big: Path, headroom: int, mode: str, *argv: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRACEKIT_CACHE": str(tmp_path / "cache"), "TRACEKIT_COLUMN_CACHE": "0",
+           "POLARS_MAX_THREADS": "1"}  # fmt: skip
+    return subprocess.run([sys.executable, "-c", SCRIPT, str(big), str(headroom), mode, *argv], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+
+
+def test_reading_a_table_that_cannot_fit_is_one_error_naming_it(big: Path, tmp_path: Path) -> None:
+    """300 k kernels × 23 columns need ~55 MB; with 40 MB of address space left the read is
+    refused before it starts (it used to end in SIGABRT or "internal error: MemoryError")."""
+    run = _run(big, 40 << 20, "api", tmp_path=tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = run.stdout.splitlines()
+    assert lines[0].startswith("refused: big.sqlite: reading CUPTI_ACTIVITY_KIND_KERNEL (300,000 rows x ")
+    assert "columns=" in lines[0] and "columns_on_demand" in lines[0] and "TRACEKIT_COLUMN_CACHE" in lines[0]
+    assert len(lines) == 1
+
+
+def test_the_cli_says_it_in_one_line(big: Path, tmp_path: Path) -> None:
+    run = _run(big, 40 << 20, "cli", "summary", str(big), tmp_path=tmp_path)
+    assert run.returncode == 2, run.stderr[-2000:]
+    (line,) = run.stderr.splitlines()
+    assert line.startswith("tracekit: error: big.sqlite: reading CUPTI_ACTIVITY_KIND_KERNEL (300,000 rows x ")
+    assert "columns_on_demand" in line
+
+
+def test_the_same_commands_pass_with_room(big: Path, tmp_path: Path) -> None:
+    """The limit is what refused them: with 2 GB of headroom both run."""
+    run = _run(big, 2 << 30, "cli", "summary", str(big), tmp_path=tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stderr == ""
