@@ -14,6 +14,7 @@ import polars as pl
 
 from tracekit.errors import TraceFormatError
 from tracekit.nsys import readers
+from tracekit.nsys.columnar import ExportFolder
 from tracekit.nsys.database import ExportDatabase
 from tracekit.nsys.gpu_metrics import gpu_metrics
 from tracekit.nsys.meta import TraceMeta, read_meta
@@ -57,7 +58,9 @@ class NsysTrace:
     Parameters
     ----------
     path
-        The ``.sqlite`` export (open ``.nsys-rep`` files with :func:`tracekit.open`).
+        The ``.sqlite`` export, or a folder that ``nsys export --type parquetdir`` (or
+        ``arrowdir``) wrote (:mod:`tracekit.nsys.columnar`; ``engine`` and ``column_cache``
+        do not apply to it). Open ``.nsys-rep`` files with :func:`tracekit.open`.
     engine
         ``"auto"`` (ADBC when installed), ``"adbc"`` or ``"sqlite3"``.
     source
@@ -84,7 +87,11 @@ class NsysTrace:
     ) -> None:
         self.path = Path(path)
         self.source = source
-        self.db = ExportDatabase(self.path, engine=engine, column_cache=column_cache)
+        self.db: ExportDatabase | ExportFolder
+        if self.path.is_dir():  # nsys export --type parquetdir / arrowdir
+            self.db = ExportFolder(self.path)
+        else:
+            self.db = ExportDatabase(self.path, engine=engine, column_cache=column_cache)
         if not self.db.tables & {"StringIds", "ThreadNames", "TARGET_INFO_SESSION_START_TIME"}:
             self.db.close()
             msg = (
