@@ -162,7 +162,7 @@ class ExportFolder:
         sql = _exact_int().sub(lambda m: m.group("col"), sql)
         sql = _INTEGER_CAST.sub("AS BIGINT)", sql)
         try:
-            return self._context(bool(_ROWID.search(sql))).execute(sql)
+            return self._context(bool(_ROWID.search(sql))).execute(sql, eager=False)
         except BaseException as exc:
             if isinstance(exc, KeyboardInterrupt | SystemExit | MemoryError):
                 raise

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import polars as pl
 
 from tracekit.nsys import schema as S
-from tracekit.nsys.database import ExportDatabase
+from tracekit.nsys.database import ExportSource
 from tracekit.nsys.readers import Col, select
 
 #: Labels of older nsys versions → the base name newer versions use.
@@ -56,7 +56,7 @@ def stable_metric_name(label: str) -> str:
     return re.sub(r"[^0-9a-z]+", "_", name).strip("_")
 
 
-def metric_descriptions(db: ExportDatabase) -> pl.DataFrame:
+def metric_descriptions(db: ExportSource) -> pl.DataFrame:
     """``TARGET_INFO_GPU_METRICS`` with the device id and stable name of each metric."""
     info = select(
         db,
@@ -75,7 +75,7 @@ def metric_descriptions(db: ExportDatabase) -> pl.DataFrame:
     )
 
 
-def gpu_metrics(db: ExportDatabase) -> pl.DataFrame:
+def gpu_metrics(db: ExportSource) -> pl.DataFrame:
     """Samples of every GPU metric: ``device_id, timestamp_ns, metric, metric_label, value``.
 
     Values are nsys's raw integers (percent for throughput metrics). Timestamps can be
@@ -98,7 +98,7 @@ def gpu_metrics(db: ExportDatabase) -> pl.DataFrame:
 
 
 def gpu_metric_samples(
-    db: ExportDatabase,
+    db: ExportSource,
     metrics: Sequence[str],
     *,
     start_ns: int | None = None,
@@ -145,7 +145,7 @@ def gpu_metric_samples(
 _ROWID_MARGIN = 100_000
 
 
-def _rowid_range(db: ExportDatabase, start_ns: int, end_ns: int) -> tuple[int, int]:
+def _rowid_range(db: ExportSource, start_ns: int, end_ns: int) -> tuple[int, int]:
     lo_row = int(db.scalar("SELECT min(rowid) FROM GPU_METRICS") or 0)
     hi_row = int(db.scalar("SELECT max(rowid) FROM GPU_METRICS") or 0)
 

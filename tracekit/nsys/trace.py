@@ -15,7 +15,7 @@ import polars as pl
 from tracekit.errors import TraceFormatError
 from tracekit.nsys import readers
 from tracekit.nsys.columnar import ExportFolder
-from tracekit.nsys.database import ExportDatabase
+from tracekit.nsys.database import ExportDatabase, ExportSource
 from tracekit.nsys.gpu_metrics import gpu_metrics
 from tracekit.nsys.meta import TraceMeta, read_meta
 from tracekit.nsys.nvtx import nvtx
@@ -87,7 +87,7 @@ class NsysTrace:
     ) -> None:
         self.path = Path(path)
         self.source = source
-        self.db: ExportDatabase | ExportFolder
+        self.db: ExportSource
         if self.path.is_dir():  # nsys export --type parquetdir / arrowdir
             self.db = ExportFolder(self.path)
         else:
@@ -205,6 +205,27 @@ class NsysTrace:
             frame: pl.DataFrame = getattr(self, name)
             return frame if columns is None else frame.select(readers.wanted_columns(name, columns))
         return self._checked(name, _PROJECTED_READERS[name](self, columns))
+
+    def scan(self, name: str) -> pl.LazyFrame:
+        """Table ``name`` (``"kernels"``, ``"nvtx"`` …) as a polars ``LazyFrame``: collecting
+        a query reads only the export columns it needs, and filters rows as they are read.
+
+        ``trace.scan(name).collect()`` equals ``trace.table(name)``. On an nsys
+        ``parquetdir``/``arrowdir`` folder the event tables are read in windows of rows, so a
+        selective query never holds a whole table; see :mod:`tracekit.nsys.lazy` and
+        ``docs/tables.md`` ("Lazy tables").
+
+        Examples
+        --------
+        >>> import polars as pl
+        >>> long = (trace.scan("kernels")  # doctest: +SKIP
+        ...         .filter(pl.col("duration_ns") > 1_000_000)
+        ...         .group_by("name").agg(pl.len(), pl.col("duration_ns").sum())
+        ...         .collect())
+        """
+        from tracekit.nsys.lazy import scan
+
+        return scan(self, name)
 
     def _checked(self, name: str, frame: pl.DataFrame) -> pl.DataFrame:
         """``frame``, after one warning if some of its rows end before they start (a damaged
