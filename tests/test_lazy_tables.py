@@ -3,6 +3,7 @@ needs, filter as they read, and read an nsys parquetdir folder's event tables in
 
 from __future__ import annotations
 
+import shutil
 import tarfile
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 from polars.testing import assert_frame_equal
 
 import tracekit
+from tracekit.nsys import gpu_metrics as gpu_metrics_module
 from tracekit.nsys import lazy
 from tracekit.nsys.columnar import ExportFolder
 from tracekit.nsys.schema import TABLES
@@ -109,3 +111,63 @@ def test_folder_event_tables_read_in_windows(folders: Path, monkeypatch: pytest.
 def test_unknown_table() -> None:
     with pytest.raises(KeyError, match="unknown table 'kernel'"):
         tracekit.open(DECODE).scan("kernel")
+
+
+TP2 = ROOT / "sample_traces" / "llm_tp2_nccl" / "llm_tp2_nccl.sqlite"  # 75,750 samples of 30 metrics, 2 GPUs
+
+
+def test_gpu_metrics_in_windows_equal_one_piece(monkeypatch: pytest.MonkeyPatch) -> None:
+    whole = tracekit.open(TP2).gpu_metrics
+    assert whole.height == 75_750
+    monkeypatch.setattr(gpu_metrics_module, "WINDOW_ROWS", 10_000)  # eager: labelled 10,000 rows at a time
+    assert_frame_equal(tracekit.open(TP2).gpu_metrics, whole, check_exact=True)
+    assert_frame_equal(tracekit.open(TP2).scan("gpu_metrics").collect(), whole, check_exact=True)
+
+
+def test_gpu_metrics_filter_reaches_the_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    trace = tracekit.open(TP2)
+    whole = trace.gpu_metrics
+    keep = (pl.col("metric") == "sms_active") & (pl.col("device_id") == 1)
+    fresh = tracekit.open(TP2)
+    seen: list[str] = []
+    real = type(fresh.db).query
+
+    def query(self: object, sql: str, schema: dict[str, pl.DataType]) -> pl.DataFrame:
+        seen.append(sql)
+        return real(self, sql, schema)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(type(fresh.db), "query", query)
+    got = fresh.scan("gpu_metrics").filter(keep).collect(engine="streaming")
+    assert_frame_equal(got, whole.filter(keep))
+    assert got.height == 1456
+    samples_sql = [s for s in seen if "FROM GPU_METRICS WHERE" in s]
+    assert samples_sql and all("NOT (typeId" in s and "metricId IN" in s for s in samples_sql)
+    # an aggregate over every sample, streamed, equals the eager one
+    agg = [pl.col("value").mean().alias("mean"), pl.len().alias("n")]
+    assert_frame_equal(trace.scan("gpu_metrics").group_by("device_id", "metric").agg(agg).sort("device_id", "metric")
+                       .collect(engine="streaming"),
+                       whole.group_by("device_id", "metric").agg(agg).sort("device_id", "metric"))
+
+
+def test_gpu_metrics_windows_of_a_folder(folders: Path, tmp_path: Path) -> None:
+    """No report that nsys 2023.4 can export has GPU metrics, so this folder is a mutated copy:
+    the nsys-written memfusion parquetdir plus the GPU_METRICS and TARGET_INFO_GPU_METRICS
+    tables of the llm_tp2_nccl sample, written as Parquet with the SQLite rows unchanged."""
+    import sqlite3
+
+    folder = tmp_path / "with_metrics.parquetdir"
+    shutil.copytree(folders / "memfusion_report1.parquetdir", folder)
+    con = sqlite3.connect(TP2)
+    for table in ("GPU_METRICS", "TARGET_INFO_GPU_METRICS"):
+        cur = con.execute(f"SELECT * FROM {table}")
+        names = [d[0] for d in cur.description]
+        pl.DataFrame(cur.fetchall(), schema=names, orient="row").write_parquet(folder / f"{table}.parquet")
+    con.close()
+    expected = tracekit.open(TP2).gpu_metrics
+    trace = tracekit.open(folder)
+    assert_frame_equal(trace.gpu_metrics, expected, check_exact=True)
+    windows = list(gpu_metrics_module.gpu_metric_windows(trace.db, window_rows=20_000))
+    assert [w.height for w in windows] == [20_000, 20_000, 20_000, 15_750]
+    assert_frame_equal(pl.concat(windows), expected, check_exact=True)
+    keep = pl.col("metric") == "sms_active"
+    assert_frame_equal(trace.scan("gpu_metrics").filter(keep).collect(), expected.filter(keep))

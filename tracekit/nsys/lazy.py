@@ -16,8 +16,12 @@ anything else in the query sees it.
   the table.)
 - SQLite exports: the needed columns are read whole (through the column cache for large
   tables, :mod:`tracekit.nsys.column_cache`), then filtered.
-- The small tables (``gpus``, ``processes``, ``threads``, ``memory_usage``, ``gpu_metrics``) are
-  built whole, then projected and filtered.
+- ``gpu_metrics`` (often the largest table) is read in windows of
+  :data:`tracekit.nsys.gpu_metrics.WINDOW_ROWS` raw samples from either kind of export (rowid
+  ranges of SQLite, row slices of a folder); a filter on ``metric``, ``metric_label`` or
+  ``device_id`` leaves the other metrics' samples out of the read itself.
+- The small tables (``gpus``, ``processes``, ``threads``, ``memory_usage``) are built whole,
+  then projected and filtered.
 
 A table already built eagerly is served from memory.
 """
@@ -32,6 +36,7 @@ import polars as pl
 from tracekit.nsys import readers
 from tracekit.nsys import schema as S
 from tracekit.nsys.columnar import ExportFolder
+from tracekit.nsys.gpu_metrics import gpu_metric_windows
 from tracekit.nsys.nvtx import nvtx
 
 if TYPE_CHECKING:
@@ -84,7 +89,7 @@ def scan(trace: NsysTrace, name: str) -> pl.LazyFrame:
         needed = set(out) | (set(predicate.meta.root_names()) if predicate is not None else set())
         columns = [c for c in schema if c in needed] or out[:1] or list(schema)[:1]
         left = n_rows
-        for frame in _frames(trace, name, columns):
+        for frame in _frames(trace, name, columns, predicate):
             if predicate is not None:
                 frame = frame.filter(predicate)
             frame = frame.select(out)
@@ -104,9 +109,14 @@ def register(source: Callable[..., Iterator[pl.DataFrame]], schema: dict[str, An
     return register_io_source(io_source=source, schema=schema, explain_name=f"tracekit {name}")
 
 
-def _frames(trace: NsysTrace, name: str, columns: list[str]) -> Iterator[pl.DataFrame]:
-    """``columns`` of table ``name``, in one frame or in windows of raw rows (folders)."""
+def _frames(trace: NsysTrace, name: str, columns: list[str], predicate: pl.Expr | None) -> Iterator[pl.DataFrame]:
+    """``columns`` of table ``name``, in one frame or in windows of raw rows (folders; and
+    ``gpu_metrics`` of any export, whose windows leave out the metrics ``predicate`` rejects)."""
     db = trace.db
+    if name == "gpu_metrics" and not trace.is_loaded(name):
+        for frame in gpu_metric_windows(db, predicate):
+            yield frame.select(columns)
+        return
     # an nvtx domain's name comes from its create row, anywhere in the table: not windowed
     whole_nvtx = name == "nvtx" and "domain" in columns
     if trace.is_loaded(name) or name not in _EVENT_READERS or not isinstance(db, ExportFolder) or whole_nvtx:
