@@ -145,3 +145,17 @@ def test_folder_is_not_written(exports: Path) -> None:
     _ = trace.kernels, trace.nvtx, trace.cuda_api
     assert {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} == before
     assert pl.DataFrame(trace.kernels).height == 36
+
+
+def test_open_many_reads_folders(exports: Path, tmp_path: Path) -> None:
+    sqlite = tracekit.open_many([_export(exports, "sqlite")])
+    folder = tracekit.open_many([_export(exports, "parquetdir")])
+    assert_frame_equal(folder.kernels, sqlite.kernels)
+    # a folder holding one report's three exports: the SQLite one is read, once
+    assert folder.reports["path"].to_list() == [str(_export(exports, "parquetdir"))]
+    assert tracekit.open_many(exports).reports["path"].to_list() == [str(_export(exports, "sqlite"))]
+    # folders of ranks found inside a directory
+    shutil.copytree(_export(exports, "arrowdir"), tmp_path / "r0.arrowdir")
+    from tracekit.multi import _resolve
+
+    assert _resolve(tmp_path) == [tmp_path / "r0.arrowdir"]
