@@ -216,16 +216,19 @@ class ExportFolder:
         return False
 
     def caches(self, table: str) -> bool:
-        """True: a column is read on its own, cheaply (what the column cache gives a SQLite export)."""
+        """True when ``table`` exists: one column reads on its own (what the column cache gives
+        a SQLite export), so pipelines read columns one at a time. For an Arrow stream each
+        such read passes over the file again, which costs less than holding every column
+        (cuda_kern_exec_sum on 1 M kernels: 591 -> 524 MB peak, same time)."""
         return table in self._files
 
     def all_cached(self, table: str, exprs: Sequence[str]) -> bool:
-        """True when ``table`` exists: every column reads on its own."""
-        return table in self._files
+        """As :meth:`caches`."""
+        return self.caches(table)
 
     def cache_integer_columns(self, table: str) -> bool:
-        """True when ``table`` exists (nothing to fill: the folder is columnar already)."""
-        return table in self._files
+        """As :meth:`caches` (nothing to fill: the folder is columnar already)."""
+        return self.caches(table)
 
     def query(self, sql: str, schema: Mapping[str, pl.DataType | type[pl.DataType]]) -> pl.DataFrame:
         """Run ``sql`` and return a frame cast to ``schema`` (same names, same order)."""
@@ -276,9 +279,14 @@ def _exact_int() -> re.Pattern[str]:
     return _EXACT[0]
 
 
+#: Rows of an Arrow stream's record batches handed on together.
+ARROW_GROUP_ROWS = 1_000_000
+
+
 def _scan_arrow_stream(path: Path, schema: Mapping[str, pl.DataType]) -> pl.LazyFrame:
     """An Arrow IPC stream file as a LazyFrame: read one record batch at a time, converting only
-    the projected columns and filtering each batch by the pushed-down predicate."""
+    the projected columns and filtering each batch by the pushed-down predicate. The file is
+    read, never memory-mapped (a file truncated underneath must not crash the process)."""
     from polars.io.plugins import register_io_source
 
     def source(
@@ -287,20 +295,34 @@ def _scan_arrow_stream(path: Path, schema: Mapping[str, pl.DataType]) -> pl.Lazy
         import pyarrow as pa
 
         left = n_rows
+        group: list[pl.DataFrame] = []
+        rows = 0
         with pa.OSFile(str(path)) as fh:
-            reader = pa.ipc.open_stream(fh)
-            for batch in reader:
-                if left is not None and left <= 0:
-                    return
-                if with_columns is not None:
-                    batch = batch.select(with_columns)
+            for batch in pa.ipc.open_stream(fh):
+                if left is not None and left <= rows:
+                    break
+                if with_columns is not None and len(with_columns) < len(schema):
+                    # copies of the selected columns: a column sliced from the batch would keep the
+                    # batch's whole message body (every column) alive (1 M kernels, 2 of 28
+                    # columns: 372 -> 155 MB peak)
+                    batch = pa.record_batch(
+                        [pa.concat_arrays([batch.column(c)]) for c in with_columns], names=with_columns
+                    )
                 frame = pl.from_arrow(batch)
                 assert isinstance(frame, pl.DataFrame)  # noqa: S101 - a record batch gives a frame
                 if predicate is not None:
                     frame = frame.filter(predicate)
-                if left is not None:
-                    frame = frame.head(left)
-                    left -= frame.height
-                yield frame
+                group.append(frame)
+                rows += frame.height
+                if rows >= ARROW_GROUP_ROWS:
+                    out = pl.concat(group, rechunk=False)
+                    group, rows = [], 0
+                    if left is not None:
+                        out = out.head(left)
+                        left -= out.height
+                    yield out
+        if group:
+            out = pl.concat(group, rechunk=False)
+            yield out if left is None else out.head(left)
 
     return register_io_source(io_source=source, schema=dict(schema))
