@@ -159,3 +159,25 @@ def test_open_many_reads_folders(exports: Path, tmp_path: Path) -> None:
     from tracekit.multi import _resolve
 
     assert _resolve(tmp_path) == [tmp_path / "r0.arrowdir"]
+
+
+REPORTS = ["cuda_gpu_kern_sum", "cuda_gpu_mem_time_sum", "cuda_gpu_mem_size_sum", "cuda_api_sum", "nvtx_sum",
+           "cuda_gpu_trace", "nvtx_gpu_proj_trace", "nvtx_gpu_proj_sum", "nvtx_kern_sum", "cuda_kern_exec_sum",
+           "cuda_kern_exec_trace"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_stats_from_folder_equal_nsys_stats(exports: Path, kind: str, tmp_path: Path) -> None:
+    """``tracekit stats --convention 2023`` on the folder prints what ``nsys stats`` (2023.4.4)
+    printed for the SQLite export of the same report (reference/, the blank line nsys ends
+    with left out)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRACEKIT_")}
+    for report in REPORTS:
+        argv = [sys.executable, "-m", "tracekit.cli.entry", "stats", "-f", "csv", "--convention", "2023",
+                "-r", report, str(_export(exports, kind))]
+        run = subprocess.run(argv, capture_output=True, env={**env, "TRACEKIT_CACHE": str(tmp_path)}, cwd=ROOT,
+                             check=False)
+        assert run.returncode == 0, run.stderr.decode()
+        reference = (exports / "reference" / f"{report}.csv").read_bytes()
+        assert reference.count(b"\n") > 2  # a header and rows, not an empty report
+        assert run.stdout == reference.rstrip(b"\n") + b"\n", report
