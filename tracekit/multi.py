@@ -52,6 +52,7 @@ from typing import Any
 import polars as pl
 
 from tracekit.errors import TracekitError, TraceNotFoundError
+from tracekit.nsys.columnar import folder_format
 
 log = logging.getLogger(__name__)
 
@@ -234,11 +235,17 @@ def _resolve(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -
     out: list[Path] = []
     for item in items:
         p = Path(item)
-        if p.is_dir():
+        if p.is_dir() and folder_format(p) is not None:  # one nsys parquetdir/arrowdir export
+            out.append(p)
+        elif p.is_dir():
             found = [f for f in p.iterdir() if f.is_file() and f.suffix in _REPORT_SUFFIXES]
+            folders = [f for f in p.iterdir() if f.is_dir() and folder_format(f) is not None]
             sqlite_stems = {f.stem for f in found if f.suffix == ".sqlite"}
-            # a report and its export: read the export
-            out.extend(f for f in found if f.suffix == ".sqlite" or f.stem not in sqlite_stems)
+            # a report and its exports: read one export, the SQLite file before a folder
+            out.extend(f for f in found if f.suffix == ".sqlite")
+            out.extend(f for f in folders if f.stem not in sqlite_stems)
+            exported = sqlite_stems | {f.stem for f in folders}
+            out.extend(f for f in found if f.suffix != ".sqlite" and f.stem not in exported)
         else:
             out.append(p)
     if not out:

@@ -23,7 +23,14 @@ def _check_path(path: Path) -> None:
         msg = f"{path} does not exist; check the path (Nsight Systems exports end in .sqlite or .nsys-rep)"
         raise TraceNotFoundError(msg)
     if path.is_dir():
-        msg = f"{path} is a directory; pass one trace file, or use tracekit.open_many() for a folder of ranks"
+        from tracekit.nsys.columnar import folder_format
+
+        if folder_format(path) is not None:
+            return
+        msg = (
+            f"{path} is a directory but not an nsys parquetdir/arrowdir export; pass one trace file, "
+            "or use tracekit.open_many() for a folder of ranks"
+        )
         raise TraceFormatError(msg)
     if not os.access(path, os.R_OK):
         msg = f"{path} is not readable by this user; fix its permissions (chmod a+r) or copy it"
@@ -48,9 +55,15 @@ def _is_ncu_report(head: bytes) -> bool:
 
 
 def sniff(path: str | Path) -> str:
-    """The kind of trace file by its bytes: ``"nsys-sqlite"``, ``"nsys-report"``, ``"ncu"``, ``"ncu-csv"``."""
+    """The kind of trace file by its bytes: ``"nsys-sqlite"``, ``"nsys-report"``, ``"ncu"``,
+    ``"ncu-csv"``, or ``"nsys-parquetdir"``/``"nsys-arrowdir"`` for a folder that ``nsys export
+    --type parquetdir``/``arrowdir`` wrote."""
     path = Path(path)
     _check_path(path)
+    if path.is_dir():
+        from tracekit.nsys.columnar import folder_format
+
+        return f"nsys-{folder_format(path)}dir"
     head = _head(path)
     if not head:
         msg = f"{path} is empty (0 bytes); the capture or export was probably interrupted: capture again"
@@ -71,7 +84,8 @@ def sniff(path: str | Path) -> str:
 
 
 def open(path: str | Path, **options: Any) -> NsysTrace | NcuReport:  # noqa: A001 - public name
-    """Open a trace by content: an nsys SQLite export or report, or an ncu report or CSV.
+    """Open a trace by content: an nsys SQLite export or report, a folder that ``nsys export
+    --type parquetdir`` (or ``arrowdir``) wrote, or an ncu report or CSV.
 
     ``.nsys-rep``/``.qdrep`` files are exported to SQLite with an nsys found on this machine
     (see :func:`tracekit.nsys.export.export_report`). Options go to the trace class
@@ -85,7 +99,7 @@ def open(path: str | Path, **options: Any) -> NsysTrace | NcuReport:  # noqa: A0
     path = Path(path)
     kind = sniff(path)
     ncu_options = {k: options.pop(k) for k in NCU_OPTIONS if k in options}
-    if kind == "nsys-sqlite":
+    if kind in ("nsys-sqlite", "nsys-parquetdir", "nsys-arrowdir"):
         from tracekit.nsys.trace import NsysTrace
 
         return _open_sqlite(path, NsysTrace, options)

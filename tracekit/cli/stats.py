@@ -23,7 +23,7 @@ def register(parent: typer.Typer) -> None:
 
 
 def stats(
-    file: str = typer.Argument(..., help="Nsight Systems export (.sqlite) or report (.nsys-rep)."),
+    file: str = typer.Argument(..., help="Nsight Systems export (.sqlite, or an nsys parquetdir/arrowdir folder) or report (.nsys-rep)."),
     report: str = typer.Option(
         "cuda_gpu_kern_sum",
         "--report",

@@ -11,7 +11,7 @@ def register(parent: typer.Typer) -> None:
 
 
 def summary(
-    file: str = typer.Argument(..., help="Nsight Systems export (.sqlite) or report (.nsys-rep)."),
+    file: str = typer.Argument(..., help="Nsight Systems export (.sqlite, or an nsys parquetdir/arrowdir folder) or report (.nsys-rep)."),
     top: int = typer.Option(10, "--top", "-n", help="Rows in the top-kernel and NVTX tables."),
     findings: int = typer.Option(3, "--findings", help="Top findings of `tracekit diagnose` shown at the end (0: none)."),
 ) -> None:

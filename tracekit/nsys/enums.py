@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from tracekit.nsys.database import ExportDatabase
+from tracekit.nsys.database import ExportSource
 
 #: ``copyKind`` → short label (the CUPTI names nsys 2022.4 printed).
 MEMCPY_KIND_SHORT: dict[int, str] = {
@@ -59,7 +59,7 @@ MEMORY_OPERATION: dict[int, str] = {0: "alloc", 1: "free"}
 DEVICE_MEMORY_KIND = MEM_KIND
 
 
-def enum_map(db: ExportDatabase, table: str, fallback: dict[int, str], *, column: str = "label") -> dict[int, str]:
+def enum_map(db: ExportSource, table: str, fallback: dict[int, str], *, column: str = "label") -> dict[int, str]:
     """Codes → labels from the file's ``table`` when present, else ``fallback``.
 
     Codes the file's table lacks keep their fallback label.

@@ -10,12 +10,12 @@ original in ``metric_label``. The GPU of a sample is the low byte of ``typeId``
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import polars as pl
 
 from tracekit.nsys import schema as S
-from tracekit.nsys.database import ExportDatabase
+from tracekit.nsys.database import ExportSource
 from tracekit.nsys.readers import Col, select
 
 #: Labels of older nsys versions → the base name newer versions use.
@@ -56,7 +56,7 @@ def stable_metric_name(label: str) -> str:
     return re.sub(r"[^0-9a-z]+", "_", name).strip("_")
 
 
-def metric_descriptions(db: ExportDatabase) -> pl.DataFrame:
+def metric_descriptions(db: ExportSource) -> pl.DataFrame:
     """``TARGET_INFO_GPU_METRICS`` with the device id and stable name of each metric."""
     info = select(
         db,
@@ -75,20 +75,15 @@ def metric_descriptions(db: ExportDatabase) -> pl.DataFrame:
     )
 
 
-def gpu_metrics(db: ExportDatabase) -> pl.DataFrame:
-    """Samples of every GPU metric: ``device_id, timestamp_ns, metric, metric_label, value``.
+#: Raw samples per window when ``gpu_metrics`` is built or scanned in pieces.
+WINDOW_ROWS = 1_000_000
 
-    Values are nsys's raw integers (percent for throughput metrics). Timestamps can be
-    negative (samples taken before the analysis start).
-    """
-    if not db.has_table("GPU_METRICS"):
-        return S.empty("gpu_metrics")
-    samples = select(
-        db,
-        "GPU_METRICS",
-        [Col("timestamp_ns", "timestamp"), Col("type_id", "typeId"), Col("metric_id", "metricId"), Col("value", "value")],
-    )
-    info = metric_descriptions(db).select("type_id", "metric_id", "device_id", "metric", "metric_label")
+_SAMPLE_COLS = [Col("timestamp_ns", "timestamp"), Col("type_id", "typeId"), Col("metric_id", "metricId"), Col("value", "value")]
+_SAMPLE_SCHEMA = {c.target: c.dtype for c in _SAMPLE_COLS}
+
+
+def _labelled(samples: pl.DataFrame, info: pl.DataFrame) -> pl.DataFrame:
+    """Raw samples (``timestamp_ns, type_id, metric_id, value``) → ``gpu_metrics`` rows."""
     frame = samples.join(info, on=["type_id", "metric_id"], how="left", maintain_order="left")
     frame = frame.with_columns(
         pl.coalesce(pl.col("device_id"), pl.col("type_id") % 256).alias("device_id"),
@@ -97,8 +92,71 @@ def gpu_metrics(db: ExportDatabase) -> pl.DataFrame:
     return S.conform(frame, "gpu_metrics")
 
 
+def gpu_metrics(db: ExportSource) -> pl.DataFrame:
+    """Samples of every GPU metric: ``device_id, timestamp_ns, metric, metric_label, value``.
+
+    Values are nsys's raw integers (percent for throughput metrics). Timestamps can be
+    negative (samples taken before the analysis start).
+
+    The raw columns are read once (through the column cache for a large table); the rows are
+    then labelled :data:`WINDOW_ROWS` at a time and the pieces kept as chunks of one frame, so
+    the join's intermediate columns exist for one window at a time, not for the whole table.
+    """
+    if not db.has_table("GPU_METRICS"):
+        return S.empty("gpu_metrics")
+    samples = select(db, "GPU_METRICS", _SAMPLE_COLS)
+    info = metric_descriptions(db).select("type_id", "metric_id", "device_id", "metric", "metric_label")
+    if samples.height <= WINDOW_ROWS:
+        return _labelled(samples, info)
+    pieces = [_labelled(samples.slice(o, WINDOW_ROWS), info) for o in range(0, samples.height, WINDOW_ROWS)]
+    del samples
+    return pl.concat(pieces, rechunk=False)
+
+
+def gpu_metric_windows(
+    db: ExportSource, keep: pl.Expr | None = None, *, window_rows: int | None = None
+) -> Iterator[pl.DataFrame]:
+    """``gpu_metrics`` in windows of at most ``window_rows`` (default :data:`WINDOW_ROWS`) raw
+    samples, in the export's row order: each window is read (rowid ranges of a SQLite export,
+    row slices of a parquetdir/arrowdir folder), labelled and handed on before the next is read.
+
+    ``keep`` is a filter over ``device_id``, ``metric`` and ``metric_label`` (for example
+    ``pl.col("metric") == "sms_active"``): the (typeId, metricId) pairs it rejects are left out
+    by the read itself. The caller still applies its full filter to what comes back.
+    """
+    if not db.has_table("GPU_METRICS"):
+        return
+    window = window_rows or WINDOW_ROWS
+    info = metric_descriptions(db).select("type_id", "metric_id", "device_id", "metric", "metric_label")
+    pairs = ""
+    if keep is not None and set(keep.meta.root_names()) <= {"device_id", "metric", "metric_label"}:
+        # each known pair's labels exactly as its samples get them (_labelled), so the filter
+        # gives the same answer on the pair as on each of its samples
+        labels = info.with_columns(pl.coalesce(pl.col("metric"), pl.format("metric_{}", pl.col("metric_id"))).alias("metric"))
+        rejected = labels.filter(~keep.fill_null(False)).select("type_id", "metric_id")
+        by_type = rejected.group_by("type_id", maintain_order=True).agg("metric_id")
+        pairs = " AND ".join(  # one IN list per GPU: SQLite tests it with a lookup, not 30 comparisons
+            f"NOT (typeId = {int(t)} AND metricId IN ({', '.join(str(int(m)) for m in ms)}))"
+            for t, ms in by_type.iter_rows()
+        )
+    exprs = ", ".join(f'"{c.source}" AS "{c.target}"' for c in _SAMPLE_COLS)
+    if db.is_rowid_table("GPU_METRICS"):
+        lo = int(db.scalar("SELECT min(rowid) FROM GPU_METRICS") or 0)
+        hi = int(db.scalar("SELECT max(rowid) FROM GPU_METRICS") or -1)
+        for a in range(lo - 1, hi, window):
+            cond = f"rowid > {a} AND rowid <= {a + window}" + (f" AND {pairs}" if pairs else "")
+            yield _labelled(db.query(f"SELECT {exprs} FROM GPU_METRICS WHERE {cond}", _SAMPLE_SCHEMA), info)
+        return
+    rows = db.row_count("GPU_METRICS")
+    for offset in range(0, rows, window):
+        # the slice first, then the pair filter: windows of raw rows, as for a SQLite export
+        sql = f"SELECT {exprs} FROM (SELECT * FROM GPU_METRICS LIMIT {window} OFFSET {offset})"
+        sql += f" WHERE {pairs}" if pairs else ""
+        yield _labelled(db.query(sql, _SAMPLE_SCHEMA), info)
+
+
 def gpu_metric_samples(
-    db: ExportDatabase,
+    db: ExportSource,
     metrics: Sequence[str],
     *,
     start_ns: int | None = None,
@@ -145,7 +203,7 @@ def gpu_metric_samples(
 _ROWID_MARGIN = 100_000
 
 
-def _rowid_range(db: ExportDatabase, start_ns: int, end_ns: int) -> tuple[int, int]:
+def _rowid_range(db: ExportSource, start_ns: int, end_ns: int) -> tuple[int, int]:
     lo_row = int(db.scalar("SELECT min(rowid) FROM GPU_METRICS") or 0)
     hi_row = int(db.scalar("SELECT max(rowid) FROM GPU_METRICS") or 0)
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from tracekit.nsys.database import ExportDatabase
+from tracekit.nsys.database import ExportSource
 
 #: Tables whose absence means the export holds no CUDA trace at all.
 CUDA_TABLES = (
@@ -88,7 +88,7 @@ class TraceMeta:
         return next((v for k, v in self.capture if k == name), None)
 
 
-def _infer_version(db: ExportDatabase) -> str | None:
+def _infer_version(db: ExportSource) -> str | None:
     if db.has_table("TARGET_INFO_GPU"):
         if db.has_column("TARGET_INFO_GPU", "deviceId"):
             return "2020.5"
@@ -122,7 +122,7 @@ def _processes(capture: list[tuple[str, str]]) -> list[CapturedProcess]:
     return list(by_index.values())
 
 
-def read_meta(db: ExportDatabase) -> TraceMeta:
+def read_meta(db: ExportSource) -> TraceMeta:
     """Collect :class:`TraceMeta` from the export's metadata tables."""
     export = db.key_values("META_DATA_EXPORT") or db.key_values("EXPORT_META_DATA")
     capture: list[tuple[str, str]] = []

@@ -8,7 +8,7 @@ import polars as pl
 
 from tracekit.nsys import enums
 from tracekit.nsys import schema as S
-from tracekit.nsys.database import ExportDatabase
+from tracekit.nsys.database import ExportSource
 from tracekit.nsys.readers import (
     Col,
     lookup_strings,
@@ -21,7 +21,7 @@ from tracekit.nsys.readers import (
 DOMAIN_CREATE = 75
 
 
-def nvtx(db: ExportDatabase, strings: pl.DataFrame, columns: Collection[str] | None = None) -> pl.DataFrame:
+def nvtx(db: ExportSource, strings: pl.DataFrame, columns: Collection[str] | None = None) -> pl.DataFrame:
     """Every ``NVTX_EVENTS`` row, with ``name`` (registered string else ``text``) and ``domain``;
     only ``columns`` when given.
 

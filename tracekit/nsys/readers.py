@@ -21,7 +21,7 @@ import polars as pl
 
 from tracekit.nsys import enums
 from tracekit.nsys import schema as S
-from tracekit.nsys.database import ExportDatabase, InvalidTextWarning, TypeMismatchWarning
+from tracekit.nsys.database import ExportSource, InvalidTextWarning, TypeMismatchWarning
 
 PID_MASK = 0xFFFFFF
 PROCESS_KEY_MASK = -0x1000000  # == 0xFFFFFFFFFF000000 as a signed 64-bit mask
@@ -40,7 +40,7 @@ class Col:
     sql: str | None = None  # expression over ``source`` ({col} is replaced), e.g. a CAST
 
 
-def select(db: ExportDatabase, table: str, cols: Sequence[Col], where: str = "") -> pl.DataFrame:
+def select(db: ExportSource, table: str, cols: Sequence[Col], where: str = "") -> pl.DataFrame:
     """``SELECT`` the present ``cols`` of ``table``; absent ones come back as NULL.
 
     Text columns are read as bytes and decoded (:func:`decode_text`): SQLite hands over TEXT
@@ -101,7 +101,7 @@ class TableColumns:
     (or a table too small for it) the first access reads them all in one scan and keeps them.
     """
 
-    def __init__(self, db: ExportDatabase, table: str, cols: Sequence[Col]) -> None:
+    def __init__(self, db: ExportSource, table: str, cols: Sequence[Col]) -> None:
         self._db, self._table, self._cols = db, table, {c.target: c for c in cols}
         self._frame: pl.DataFrame | None = None
         self._last: tuple[str, pl.Series] | None = None
@@ -147,7 +147,7 @@ def wanted_columns(table: str, columns: Collection[str] | None) -> list[str]:
 
 
 def read_projected(
-    db: ExportDatabase,
+    db: ExportSource,
     source: str,
     table: str,
     raw: Sequence[Col],
@@ -209,7 +209,7 @@ def canonical_string_ids(expr: pl.Expr, strings: pl.DataFrame) -> pl.Expr:
     return expr.replace_strict(canon["id"], canon["first"], default=None, return_dtype=pl.Int64)
 
 
-def string_ids(db: ExportDatabase) -> pl.DataFrame:
+def string_ids(db: ExportSource) -> pl.DataFrame:
     """The ``StringIds(id, value)`` table.
 
     Values are read as bytes and decoded as UTF-8; a value that is not valid UTF-8 (a damaged
@@ -220,7 +220,7 @@ def string_ids(db: ExportDatabase) -> pl.DataFrame:
     return select(db, "StringIds", [Col("id", "id"), Col("value", "value", pl.Utf8)])
 
 
-def _first_table(db: ExportDatabase, *names: str) -> str | None:
+def _first_table(db: ExportSource, *names: str) -> str | None:
     return next((n for n in names if db.has_table(n)), None)
 
 
@@ -254,7 +254,7 @@ _EXACT_START = EXACT_INT.format(col='"start"')
 _DURATION = {"duration_ns": Col("duration_ns", "end", sql=EXACT_INT + " - " + _EXACT_START)}
 
 
-def kernels(db: ExportDatabase, strings: pl.DataFrame, columns: Collection[str] | None = None) -> pl.DataFrame:
+def kernels(db: ExportSource, strings: pl.DataFrame, columns: Collection[str] | None = None) -> pl.DataFrame:
     """``CUPTI_ACTIVITY_KIND_KERNEL`` → ``kernels`` (see docs/tables.md); only ``columns`` when given."""
     table = "CUPTI_ACTIVITY_KIND_KERNEL"
     wanted = wanted_columns("kernels", columns)
@@ -298,7 +298,7 @@ def kernels(db: ExportDatabase, strings: pl.DataFrame, columns: Collection[str] 
     return read_projected(db, table, "kernels", raw, derived, wanted, direct=_DURATION)
 
 
-def memcpys(db: ExportDatabase, columns: Collection[str] | None = None) -> pl.DataFrame:
+def memcpys(db: ExportSource, columns: Collection[str] | None = None) -> pl.DataFrame:
     """``CUPTI_ACTIVITY_KIND_MEMCPY`` → ``memcpys``; only ``columns`` when given."""
     table = "CUPTI_ACTIVITY_KIND_MEMCPY"
     wanted = wanted_columns("memcpys", columns)
@@ -328,7 +328,7 @@ def memcpys(db: ExportDatabase, columns: Collection[str] | None = None) -> pl.Da
     return read_projected(db, table, "memcpys", raw, derived, wanted, direct=_DURATION)
 
 
-def memsets(db: ExportDatabase, columns: Collection[str] | None = None) -> pl.DataFrame:
+def memsets(db: ExportSource, columns: Collection[str] | None = None) -> pl.DataFrame:
     """``CUPTI_ACTIVITY_KIND_MEMSET`` → ``memsets``; only ``columns`` when given."""
     table = "CUPTI_ACTIVITY_KIND_MEMSET"
     wanted = wanted_columns("memsets", columns)
@@ -347,7 +347,7 @@ def memsets(db: ExportDatabase, columns: Collection[str] | None = None) -> pl.Da
     return read_projected(db, table, "memsets", raw, derived, wanted, direct=_DURATION)
 
 
-def syncs(db: ExportDatabase, columns: Collection[str] | None = None) -> pl.DataFrame:
+def syncs(db: ExportSource, columns: Collection[str] | None = None) -> pl.DataFrame:
     """``CUPTI_ACTIVITY_KIND_SYNCHRONIZATION`` → ``syncs``; only ``columns`` when given."""
     table = "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION"
     wanted = wanted_columns("syncs", columns)
@@ -364,7 +364,7 @@ def syncs(db: ExportDatabase, columns: Collection[str] | None = None) -> pl.Data
 
 
 # -- CPU side --------------------------------------------------------------------------
-def cuda_api(db: ExportDatabase, strings: pl.DataFrame, columns: Collection[str] | None = None) -> pl.DataFrame:
+def cuda_api(db: ExportSource, strings: pl.DataFrame, columns: Collection[str] | None = None) -> pl.DataFrame:
     """``CUPTI_ACTIVITY_KIND_RUNTIME`` (runtime and driver calls) → ``cuda_api``; only
     ``columns`` when given."""
     wanted = wanted_columns("cuda_api", columns)
@@ -403,7 +403,7 @@ def cuda_api_spec(strings: pl.DataFrame) -> tuple[list[Col], dict[str, pl.Expr]]
 
 
 def gather_derived(
-    db: ExportDatabase, source: str, table: str, raw: Sequence[Col], derived: Mapping[str, pl.Expr], column: str, rows: pl.Series
+    db: ExportSource, source: str, table: str, raw: Sequence[Col], derived: Mapping[str, pl.Expr], column: str, rows: pl.Series
 ) -> pl.Series:
     """Column ``column`` of ``table`` at ``rows`` only: its raw inputs are read, gathered at
     ``rows``, and only then derived (a string lookup over 1 M gathered rows instead of
@@ -414,7 +414,7 @@ def gather_derived(
     return S.conform(inputs.select(pl.all().gather(rows)).select(expr.alias(column)), table, [column]).to_series()
 
 
-def processes(db: ExportDatabase) -> pl.DataFrame:
+def processes(db: ExportSource) -> pl.DataFrame:
     """``PROCESSES`` (nsys ≥ 2022.2), else the processes seen in thread names."""
     if db.has_table("PROCESSES"):
         raw = select(
@@ -429,7 +429,7 @@ def processes(db: ExportDatabase) -> pl.DataFrame:
     return S.conform(frame, "processes")
 
 
-def threads(db: ExportDatabase, strings: pl.DataFrame) -> pl.DataFrame:
+def threads(db: ExportSource, strings: pl.DataFrame) -> pl.DataFrame:
     """``ThreadNames`` → ``threads`` (one row per named thread)."""
     raw = select(
         db, "ThreadNames", [Col("name_id", "nameId"), Col("priority", "priority"), Col("global_tid", "globalTid")]
@@ -442,7 +442,7 @@ def threads(db: ExportDatabase, strings: pl.DataFrame) -> pl.DataFrame:
     return S.conform(frame, "threads")
 
 
-def gpus(db: ExportDatabase) -> pl.DataFrame:
+def gpus(db: ExportSource) -> pl.DataFrame:
     """``TARGET_INFO_GPU`` (or 2020.x's ``TARGET_INFO_CUDA_GPU``) → ``gpus``."""
     full_gpu_table = db.has_table("TARGET_INFO_GPU") and db.has_column("TARGET_INFO_GPU", "totalMemory")
     if full_gpu_table:
@@ -514,7 +514,7 @@ def gpus(db: ExportDatabase) -> pl.DataFrame:
     return S.conform(frame.sort("device_id"), "gpus")
 
 
-def memory_usage(db: ExportDatabase, strings: pl.DataFrame) -> pl.DataFrame:
+def memory_usage(db: ExportSource, strings: pl.DataFrame) -> pl.DataFrame:
     """``CUDA_GPU_MEMORY_USAGE_EVENTS`` (``--cuda-memory-usage=true``) → ``memory_usage``."""
     table = "CUDA_GPU_MEMORY_USAGE_EVENTS"
     if not db.has_table(table):

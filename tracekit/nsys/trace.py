@@ -14,7 +14,8 @@ import polars as pl
 
 from tracekit.errors import DamagedRowsWarning, TraceFormatError
 from tracekit.nsys import readers
-from tracekit.nsys.database import ExportDatabase
+from tracekit.nsys.columnar import ExportFolder
+from tracekit.nsys.database import ExportDatabase, ExportSource
 from tracekit.nsys.gpu_metrics import gpu_metrics
 from tracekit.nsys.meta import TraceMeta, read_meta
 from tracekit.nsys.nvtx import nvtx
@@ -53,7 +54,9 @@ class NsysTrace:
     Parameters
     ----------
     path
-        The ``.sqlite`` export (open ``.nsys-rep`` files with :func:`tracekit.open`).
+        The ``.sqlite`` export, or a folder that ``nsys export --type parquetdir`` (or
+        ``arrowdir``) wrote (:mod:`tracekit.nsys.columnar`; ``engine`` and ``column_cache``
+        do not apply to it). Open ``.nsys-rep`` files with :func:`tracekit.open`.
     engine
         ``"auto"`` (ADBC when installed), ``"adbc"`` or ``"sqlite3"``.
     source
@@ -80,7 +83,11 @@ class NsysTrace:
     ) -> None:
         self.path = Path(path)
         self.source = source
-        self.db = ExportDatabase(self.path, engine=engine, column_cache=column_cache)
+        self.db: ExportSource
+        if self.path.is_dir():  # nsys export --type parquetdir / arrowdir
+            self.db = ExportFolder(self.path)
+        else:
+            self.db = ExportDatabase(self.path, engine=engine, column_cache=column_cache)
         if not self.db.tables & {"StringIds", "ThreadNames", "TARGET_INFO_SESSION_START_TIME"}:
             self.db.close()
             msg = (
@@ -194,6 +201,27 @@ class NsysTrace:
             frame: pl.DataFrame = getattr(self, name)
             return frame if columns is None else frame.select(readers.wanted_columns(name, columns))
         return self._checked(name, _PROJECTED_READERS[name](self, columns))
+
+    def scan(self, name: str) -> pl.LazyFrame:
+        """Table ``name`` (``"kernels"``, ``"nvtx"`` …) as a polars ``LazyFrame``: collecting
+        a query reads only the export columns it needs, and filters rows as they are read.
+
+        ``trace.scan(name).collect()`` equals ``trace.table(name)``. On an nsys
+        ``parquetdir``/``arrowdir`` folder the event tables are read in windows of rows, so a
+        selective query never holds a whole table; see :mod:`tracekit.nsys.lazy` and
+        ``docs/tables.md`` ("Lazy tables").
+
+        Examples
+        --------
+        >>> import polars as pl
+        >>> long = (trace.scan("kernels")  # doctest: +SKIP
+        ...         .filter(pl.col("duration_ns") > 1_000_000)
+        ...         .group_by("name").agg(pl.len(), pl.col("duration_ns").sum())
+        ...         .collect())
+        """
+        from tracekit.nsys.lazy import scan
+
+        return scan(self, name)
 
     def _checked(self, name: str, frame: pl.DataFrame) -> pl.DataFrame:
         """``frame``, after one warning if some of its rows end before they start (a damaged
