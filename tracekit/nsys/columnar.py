@@ -164,19 +164,24 @@ class ExportFolder:
         try:
             return self._context(bool(_ROWID.search(sql))).execute(sql, eager=False)
         except BaseException as exc:
-            if isinstance(exc, KeyboardInterrupt | SystemExit | MemoryError):
-                raise
-            table = next((t for t in self._files if t in sql), "")
-            raise self._damaged(table, exc) from None
+            raise self._read_error(exc, sql) from None
 
     def _collect(self, lazy: pl.LazyFrame, sql: str) -> pl.DataFrame:
         try:
             return lazy.collect()
         except BaseException as exc:
-            if isinstance(exc, KeyboardInterrupt | SystemExit | MemoryError):
-                raise
-            table = next((t for t in self._files if t in sql), "")
-            raise self._damaged(table, exc) from None
+            raise self._read_error(exc, sql) from None
+
+    def _read_error(self, exc: BaseException, sql: str) -> BaseException:
+        """What to raise for ``exc`` from running ``sql``: a damaged file is one
+        :class:`TraceFormatError` naming it; SQL that polars cannot run, or a column that is not
+        there, is tracekit's mistake (the readers ask which columns exist first) and is raised
+        as it is, as are interrupts and ``MemoryError``."""
+        ours = (pl.exceptions.SQLInterfaceError, pl.exceptions.SQLSyntaxError, pl.exceptions.ColumnNotFoundError)
+        if isinstance(exc, (KeyboardInterrupt, SystemExit, MemoryError, *ours)):
+            return exc
+        table = next((t for t in sorted(self._files, key=len, reverse=True) if f'"{t}"' in sql or f" {t}" in sql), "")
+        return self._damaged(table, exc)
 
     # -- the ExportDatabase interface ---------------------------------------------------
     def close(self) -> None:
