@@ -187,3 +187,24 @@ def test_whole_numbers_past_2_52_keep_their_digits() -> None:
     for value in (1.1529215046021768e18, 2.8823037614853766e17, -6.457652085323805e17):
         assert repr(round1(value, "2023")) == repr(value) == repr(round1(value, "2025"))
     assert repr(round1(4639.95, "2023")) == "4640.0" and repr(round1(4639.95, "2025")) == "4639.9"
+
+
+def test_summary_and_gpu_ops_leave_out_an_int64_max_kernel_end(tmp_path: Path) -> None:
+    """``tracekit summary`` reported 9,223,372,036,755.254 ms of GPU time for the copy, silently.
+    The loader now warns with the count, and the summary's GPU time and gpu_ops leave that kernel
+    out: the intact sample's total less that kernel's own duration (plain SQL)."""
+    from tracekit.analysis._frames import gpu_ops
+    from tracekit.nsys.summary import trace_summary
+
+    copy = _kmax(tmp_path)
+    own = _query(TRAIN, 'SELECT "end" - start FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE rowid = 7')[0][0]
+    total = _query(TRAIN, 'SELECT sum("end" - start) FROM CUPTI_ACTIVITY_KIND_KERNEL')[0][0]
+    trace = tracekit.open(copy, column_cache=False)
+    with pytest.warns(DamagedRowsWarning, match="1 kernels row.*end more than an hour past the last start"):
+        kernels = trace.kernels
+    ops = gpu_ops(kernels)
+    assert ops.height == kernels.height - 1 and ops["duration_ns"].sum() == total - own
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the cuda_api row's warning
+        info = trace_summary(trace).info["kernels"]
+    assert info == f"{kernels.height:,} launches, {(total - own) / 1e6:,.3f} ms GPU time"
