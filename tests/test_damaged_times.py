@@ -208,3 +208,29 @@ def test_summary_and_gpu_ops_leave_out_an_int64_max_kernel_end(tmp_path: Path) -
         warnings.simplefilter("ignore")  # the cuda_api row's warning
         info = trace_summary(trace).info["kernels"]
     assert info == f"{kernels.height:,} launches, {(total - own) / 1e6:,.3f} ms GPU time"
+
+
+@pytest.mark.nsys
+@pytest.mark.parametrize("duration", [1234567890123457, 2469135780246913])
+def test_durations_past_2_42_round_as_nsys_2023_rounds_them(duration: int, tmp_path: Path) -> None:
+    """One kernel of the training sample lasting ~1.2e15 or ~2.5e15 ns: nsys 2023.4 printed the
+    StdDev as 218242831735121.9 where tracekit printed 218242831735122.0 (15 digits): SQLite's
+    printf rounds the exact value past 2**42. Both reports byte-identical now."""
+    from .test_stats_nvtx_projection import nsys_2023_or_skip, nsys_stats
+
+    nsys = nsys_2023_or_skip()
+    copy = _copy(TRAIN, tmp_path / "long.sqlite", f'UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET "end" = start + {duration} WHERE rowid = 7')
+    (tmp_path / "nsys").mkdir()
+    reports = ("cuda_gpu_kern_sum", "cuda_kern_exec_sum")
+    references = nsys_stats(nsys, copy, reports, tmp_path / "nsys")
+    trace = tracekit.open(copy, column_cache=False)
+    for report, reference in references.items():
+        assert run_report(trace, report, convention="2023").to_csv() == reference.read_text(), report
+
+
+def test_past_2_42_the_2023_rounding_is_the_exact_one() -> None:
+    from tracekit.stats.common import round1
+
+    for value in (4398046511104.25, 218242831735121.94, 3.9e15 + 0.75):
+        assert round1(value, "2023") == round1(value, "2025")
+    assert repr(round1(4639.95, "2023")) == "4640.0"  # below: the ~15-digit text, as before
