@@ -19,6 +19,7 @@ from tracekit.analysis.gpu_time import (
     stream_concurrency,
     utilization,
 )
+from tracekit.errors import DamagedRowsWarning
 
 from .conftest import NSYS_CORPUS, SAMPLES
 
@@ -218,7 +219,8 @@ def test_gaps_inside_other_cuda_calls_have_their_own_cause() -> None:
 
 def test_utilization_refuses_a_grid_a_damaged_end_time_would_need(tmp_path: Path) -> None:
     """Issue 19.1: one kernel end of INT64_MAX in a copy of TP2 made utilization() ask for ~73 TB;
-    now it is one ValueError naming the span, before anything is allocated."""
+    the loader now warns with the count and gpu_ops leaves the kernel out; a frame that still
+    carries such an end is one ValueError naming the span, before anything is allocated."""
     copy = tmp_path / "t.sqlite"
     shutil.copyfile(TP2, copy)
     con = sqlite3.connect(copy)
@@ -227,9 +229,16 @@ def test_utilization_refuses_a_grid_a_damaged_end_time_would_need(tmp_path: Path
     con.commit()
     con.close()
     t = tracekit.open(copy, column_cache=False)
-    ops = gpu_ops(t.kernels, t.memcpys, t.memsets)
+    with pytest.warns(DamagedRowsWarning, match="1 kernels row.*end more than an hour past the last start"):
+        kernels = t.kernels
+    # gpu_ops leaves that kernel out (issue 19.1), so the grid is the intact one's less nothing
+    ops = gpu_ops(kernels, t.memcpys, t.memsets)
+    assert ops.height == kernels.height - 1 + t.memcpys.height + t.memsets.height
+    assert utilization(ops).height > 0
+    # a frame that still carries the end (built by hand from the table) is refused, not allocated
+    damaged = ops.vstack(ops.head(1).with_columns(pl.lit(9223372036854775807, pl.Int64).alias("end_ns")))
     with pytest.raises(ValueError, match="damaged end time"):
-        utilization(ops)
+        utilization(damaged)
     # the intact sample passes the same check
     intact = _open(TP2)
     assert utilization(gpu_ops(intact.kernels, intact.memcpys, intact.memsets)).height > 0

@@ -187,3 +187,50 @@ def test_whole_numbers_past_2_52_keep_their_digits() -> None:
     for value in (1.1529215046021768e18, 2.8823037614853766e17, -6.457652085323805e17):
         assert repr(round1(value, "2023")) == repr(value) == repr(round1(value, "2025"))
     assert repr(round1(4639.95, "2023")) == "4640.0" and repr(round1(4639.95, "2025")) == "4639.9"
+
+
+def test_summary_and_gpu_ops_leave_out_an_int64_max_kernel_end(tmp_path: Path) -> None:
+    """``tracekit summary`` reported 9,223,372,036,755.254 ms of GPU time for the copy, silently.
+    The loader now warns with the count, and the summary's GPU time and gpu_ops leave that kernel
+    out: the intact sample's total less that kernel's own duration (plain SQL)."""
+    from tracekit.analysis._frames import gpu_ops
+    from tracekit.nsys.summary import trace_summary
+
+    copy = _kmax(tmp_path)
+    own = _query(TRAIN, 'SELECT "end" - start FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE rowid = 7')[0][0]
+    total = _query(TRAIN, 'SELECT sum("end" - start) FROM CUPTI_ACTIVITY_KIND_KERNEL')[0][0]
+    trace = tracekit.open(copy, column_cache=False)
+    with pytest.warns(DamagedRowsWarning, match="1 kernels row.*end more than an hour past the last start"):
+        kernels = trace.kernels
+    ops = gpu_ops(kernels)
+    assert ops.height == kernels.height - 1 and ops["duration_ns"].sum() == total - own
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the cuda_api row's warning
+        info = trace_summary(trace).info["kernels"]
+    assert info == f"{kernels.height:,} launches, {(total - own) / 1e6:,.3f} ms GPU time"
+
+
+@pytest.mark.nsys
+@pytest.mark.parametrize("duration", [1234567890123457, 2469135780246913])
+def test_durations_past_2_42_round_as_nsys_2023_rounds_them(duration: int, tmp_path: Path) -> None:
+    """One kernel of the training sample lasting ~1.2e15 or ~2.5e15 ns: nsys 2023.4 printed the
+    StdDev as 218242831735121.9 where tracekit printed 218242831735122.0 (15 digits): SQLite's
+    printf rounds the exact value past 2**42. Both reports byte-identical now."""
+    from .test_stats_nvtx_projection import nsys_2023_or_skip, nsys_stats
+
+    nsys = nsys_2023_or_skip()
+    copy = _copy(TRAIN, tmp_path / "long.sqlite", f'UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET "end" = start + {duration} WHERE rowid = 7')
+    (tmp_path / "nsys").mkdir()
+    reports = ("cuda_gpu_kern_sum", "cuda_kern_exec_sum")
+    references = nsys_stats(nsys, copy, reports, tmp_path / "nsys")
+    trace = tracekit.open(copy, column_cache=False)
+    for report, reference in references.items():
+        assert run_report(trace, report, convention="2023").to_csv() == reference.read_text(), report
+
+
+def test_past_2_42_the_2023_rounding_is_the_exact_one() -> None:
+    from tracekit.stats.common import round1
+
+    for value in (4398046511104.25, 218242831735121.94, 3.9e15 + 0.75):
+        assert round1(value, "2023") == round1(value, "2025")
+    assert repr(round1(4639.95, "2023")) == "4640.0"  # below: the ~15-digit text, as before

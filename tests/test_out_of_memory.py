@@ -54,9 +54,9 @@ def big(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def _run(big: Path, headroom: int, mode: str, *argv: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRACEKIT_CACHE": str(tmp_path / "cache"), "TRACEKIT_COLUMN_CACHE": "0",
-           "POLARS_MAX_THREADS": "1"}  # fmt: skip
+def _run(big: Path, headroom: int, mode: str, *argv: str, tmp_path: Path, cache: bool = False) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRACEKIT_CACHE": str(tmp_path / "cache"),
+           "TRACEKIT_COLUMN_CACHE": "1" if cache else "0", "POLARS_MAX_THREADS": "1"}  # fmt: skip
     return subprocess.run([sys.executable, "-c", SCRIPT, str(big), str(headroom), mode, *argv], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
 
@@ -85,3 +85,14 @@ def test_the_same_commands_pass_with_room(big: Path, tmp_path: Path) -> None:
     run = _run(big, 2 << 30, "cli", "summary", str(big), tmp_path=tmp_path)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stderr == ""
+
+
+def test_less_room_is_still_an_error_not_a_crash(big: Path, tmp_path: Path) -> None:
+    """With 16 MB left and the column cache on, polars itself may run out first (it cannot
+    spawn a worker thread and panics): exit 2 with an out-of-memory error, never an internal
+    error, a traceback or a signal. (polars prints its own panic lines before it.)"""
+    run = _run(big, 16 << 20, "cli", "summary", str(big), tmp_path=tmp_path, cache=True)
+    assert run.returncode == 2, run.stderr[-2000:]
+    last = run.stderr.splitlines()[-1]
+    assert last.startswith("tracekit: error: ") and ("out of memory" in last or "needs about" in last)
+    assert "Traceback" not in run.stderr and "internal error" not in run.stderr

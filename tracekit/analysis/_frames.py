@@ -7,6 +7,8 @@ from typing import Protocol
 
 import polars as pl
 
+from tracekit.nsys.readers import implausible_end
+
 #: A ``globalTid``'s thread bits: ``globalTid // PID_UNIT * PID_UNIT`` is the process key
 #: (vm and pid bits, the ``globalPid`` of GPU activity rows).
 PID_UNIT = 1 << 24
@@ -66,6 +68,10 @@ def gpu_ops(
     Keeps the GPU-op identity columns (``rank`` when present, ``pid``, ``global_pid``,
     ``device_id``, ``context_id``, ``stream_id``, ``correlation_id``, ``start_ns``, ``end_ns``,
     ``duration_ns``) plus ``bytes`` and any extra ``columns`` the inputs share.
+
+    Operations whose end lies far past every start (:func:`~tracekit.nsys.readers.implausible_end`:
+    an end of ``INT64_MAX`` in a damaged export; the trace's loader warns with their count)
+    are left out: busy time, utilization and idle gaps would otherwise span 292 years.
     """
     keys = rank_keys(*(f for f in (kernels, memcpys, memsets) if f is not None))
     base = [*keys, "pid", "global_pid", "device_id", "context_id", "stream_id", "correlation_id",
@@ -82,7 +88,8 @@ def gpu_ops(
     if memsets is not None:
         parts.append(memsets.select(*base, *extra, pl.lit("[CUDA memset]").alias("name"),
                                     pl.col("bytes"), pl.lit("memset").alias("op_kind")))
-    return pl.concat(parts, how="vertical_relaxed")
+    ops = pl.concat(parts, how="vertical_relaxed")
+    return ops.filter(~implausible_end()) if ops.height else ops
 
 
 def interval_union(frame: pl.DataFrame, by: Sequence[str], start: str = "start_ns", end: str = "end_ns") -> pl.DataFrame:

@@ -128,6 +128,11 @@ def main(argv: list[str] | None = None) -> int:
             if type(exc).__name__ != "PanicException" or _state["debug"]:
                 raise
             first = str(exc).splitlines()[0] if str(exc) else ""
+            if "memory allocation" in first or "spawn" in first:  # the Rust side ran out of memory
+                print(f"tracekit: error: out of memory in the table engine ({first}); read fewer columns "
+                      "(trace.table(name, columns=[...])), one column at a time (trace.columns_on_demand), keep the "
+                      "column cache on (TRACEKIT_COLUMN_CACHE), or use a machine with more memory", file=sys.stderr)
+                return 2
             print(f"tracekit: internal error: the table engine panicked ({first}); the export may be damaged "
                   "(rerun with --debug for the traceback)", file=sys.stderr)
             return 1

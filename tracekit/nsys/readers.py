@@ -186,6 +186,20 @@ def read_projected(
     return S.conform(frame.with_columns(**exprs), table, wanted)
 
 
+#: How far past the latest start of a table an end may lie, at least (the table's own span
+#: of starts counts too): one hour. INT64_MAX or a flipped high bit lands far beyond.
+END_SLACK_NS = 3_600 * 10**9
+
+
+def implausible_end(start: str = "start_ns", end: str = "end_ns") -> pl.Expr:
+    """True for rows whose ``end`` lies past the latest ``start`` of the frame by more than
+    the frame's span of starts and at least :data:`END_SLACK_NS` (a damaged export: one
+    ``INT64_MAX`` end made summaries report 9.2e15 ms of GPU time); False where unknown."""
+    s = pl.col(start)
+    bound = s.max() + pl.max_horizontal(s.max() - s.min(), pl.lit(END_SLACK_NS))
+    return (pl.col(end) > bound).fill_null(False)
+
+
 def pid_from_global(expr: pl.Expr) -> pl.Expr:
     """The process id bits of a ``globalTid``/``globalPid``."""
     return (expr // 0x1000000) % 0x1000000

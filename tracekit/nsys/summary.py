@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import polars as pl
 
 from tracekit.nsys.nvtx import qualified_name
+from tracekit.nsys.readers import implausible_end
 
 if TYPE_CHECKING:
     from tracekit.nsys.trace import NsysTrace
@@ -100,7 +101,9 @@ def trace_summary(trace: NsysTrace, *, top: int = 10) -> TraceSummary:
         s.info["GPUs"] = names
     s.info["GPUs with kernels"] = ", ".join(map(str, used)) or "none"
     k = trace.kernels
-    s.info["kernels"] = f"{k.height:,} launches, {_ms(k['duration_ns'].sum() if k.height else 0)} GPU time"
+    if k.height:  # ends of INT64_MAX (damage) would make the GPU time 9.2e15 ms; the loader warned
+        k = k.filter(~implausible_end())
+    s.info["kernels"] = f"{trace.kernels.height:,} launches, {_ms(k['duration_ns'].sum() if k.height else 0)} GPU time"
     s.info["CUDA API calls"] = f"{trace.cuda_api.height:,}"
     s.info["NVTX events"] = f"{trace.nvtx.height:,}"
     s.tables["top kernels"] = top_kernels(k, top)

@@ -252,6 +252,15 @@ class NsysTrace:
                     "they are kept as nsys keeps them, with negative durations",
                     DamagedRowsWarning, stacklevel=3,
                 )
+        if name != "nvtx" and frame.height and {"start_ns", "end_ns"} <= cols:
+            late = frame.select(readers.implausible_end().sum()).item()
+            if late:
+                warnings.warn(
+                    f"{self.path.name}: {late} {name} row(s) end more than an hour past the last start (a damaged "
+                    "export?, e.g. an end of INT64_MAX); tables and nsys-compatible reports keep them as nsys does, "
+                    "summaries and GPU-time analyses leave them out",
+                    DamagedRowsWarning, stacklevel=3,
+                )
         return frame
 
     def is_loaded(self, name: str) -> bool:

@@ -7,7 +7,9 @@ share of the summed total, rounded to one decimal.
 
 Rounding differs between nsys versions: the 2023.x reports ran in SQLite, whose ``ROUND``
 rounds the ~15-digit decimal text of the value half away from zero (4639.95 → 4640.0,
-although the double is 4639.9499…); the 2025.x reports round the exact binary value half
+although the double is 4639.9499…) below 2**42 and the exact value above it (its printf
+stops adding its 3e-16 fudge there: 436485663470487.94 → 436485663470487.9, checked against
+nsys 2023.4.4); the 2025.x reports round the exact binary value half
 up (4639.9499… → 4639.9, an exact 1045.25 → 1045.3). Both were checked against the CSVs
 that nsys 2023.4.4 (public corpus) and 2025.3.1 (our samples) printed. nsys 2025.x also
 prefixes default-domain NVTX range names with ``:`` (``:step.0``) where 2023.x printed
@@ -42,7 +44,10 @@ def round1(value: float | None, convention: str = "2025", digits: int = 1) -> fl
     if abs(value) > _WHOLE:  # no fraction to round: SQLite's ROUND (nsys 2023.x) returns it as it is
         return float(value)
     quant = Decimal(1).scaleb(-digits)
-    exact = Decimal(format(value, ".15g")) if convention == "2023" else Decimal(value)
+    # SQLite's printf (under ROUND) adds a relative 3e-16 to its rounder only while
+    # digits + binary exponent / 3 < 15; past 2**42 (for one decimal) it rounds the exact value
+    fudged = convention == "2023" and abs(value) < 2.0 ** (3 * (15 - digits))
+    exact = Decimal(format(value, ".15g")) if fudged else Decimal(value)
     return float(exact.quantize(quant, rounding=ROUND_HALF_UP))
 
 
