@@ -333,3 +333,56 @@ def test_a_detached_daemon_of_the_run_is_stopped_too(how: str) -> None:
     assert not alive, "the detached daemon survived the stop"
     assert any(v.startswith(b"TRACEKIT_RUN_ID=") for v in found["environ"])  # type: ignore[attr-defined]
     assert "SIGKILL" in res.signals_sent
+
+
+# The program stands for `nsys profile`: on SIGINT it takes a second to finish (nsys writes its
+# report then, with its agent) and notes when it exits. Its detached helper stands for the agent:
+# it notes when it receives SIGINT.
+AGENT_AFTER_PROGRAM = textwrap.dedent(
+    """
+    import signal, subprocess, sys, time
+    out = sys.argv[1]
+    agent = ("import signal, sys, time\\n"
+             "def note(*_):\\n"
+             "    open(%r + '/agent', 'w').write(repr(time.time())); sys.exit(0)\\n"
+             "signal.signal(signal.SIGINT, note)\\n"
+             "time.sleep(120)\\n") % out
+    middle = ("import subprocess, sys; d = subprocess.Popen([sys.executable, '-c', %r], start_new_session=True, "
+              "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); print(d.pid, flush=True)") % agent
+    mid = subprocess.Popen([sys.executable, "-c", middle], stdout=subprocess.PIPE, text=True)
+    pid = int(mid.stdout.readline())
+    mid.wait()
+    def finish(*_):
+        time.sleep(1.0)
+        open(out + "/program", "w").write(repr(time.time()))
+        sys.exit(0)
+    signal.signal(signal.SIGINT, finish)
+    print("agent", pid, flush=True)
+    time.sleep(60)
+    """
+)
+
+
+def test_a_detached_agent_is_signalled_only_after_the_program_has_finished(tmp_path: Path) -> None:
+    """On an H100 with nsys 2025.3.1 (tests/gpu/agent_e2e.py), signalling nsys's agent together
+    with nsys lost the report of a timed-out capture: the agent is stopped only once the program's
+    tree is gone."""
+    pids: list[int] = []
+
+    def on_output(line: OutputLine) -> None:
+        if line.text.startswith("agent"):
+            pids.append(int(line.text.split()[1]))
+
+    try:
+        res = run_process([PY, "-c", AGENT_AFTER_PROGRAM, str(tmp_path)], on_output=on_output,
+                          timeout_s=3, kill_grace_s=10)  # fmt: skip
+    finally:
+        for pid in pids:
+            if is_alive(pid):
+                os.kill(pid, signal.SIGKILL)  # ours: started by this test
+    assert res.status == "timeout"
+    assert pids, "the program never printed its agent's pid"
+    program_done = float((tmp_path / "program").read_text())
+    agent_signalled = float((tmp_path / "agent").read_text())
+    assert agent_signalled >= program_done, "the agent was signalled while the program was still finishing"
+    assert res.signals_sent == ("SIGINT",)
