@@ -103,6 +103,7 @@ def read_back(path: Path) -> ReadBack:
     assert all(not v for v in open_.values()), "slices left open"
     for s in out.slices:
         assert s.track in out.tracks
+    assert all(out.tracks[u].HasField("counter") for u in out.counters), "counter events on a track that is not a counter"
     return out
 
 

@@ -154,6 +154,7 @@ def _write(model: ExportModel, f: IO[bytes], builder_cls: Any, chunk_rows: int) 
             d.name = t.name
         if t.kind == "counter":
             units[t.uuid] = t.unit
+            d.counter.SetInParent()  # a counter track even without a unit
             if t.unit == "bytes":
                 d.counter.unit = _UNIT_BYTES
             elif t.unit:
