@@ -539,3 +539,18 @@ def test_paths_are_opened_and_ncu_reports_refused(tmp_path: Path) -> None:
     with pytest.raises(TracekitError, match="no timeline to export"):
         perfetto(ncu, tmp_path / "n.pftrace")
     assert not (tmp_path / "n.pftrace").exists()
+
+
+def test_chrome_json_keeps_nesting_order(tmp_path: Path) -> None:
+    """Within a thread, an enclosing slice comes before the slices it holds (readers keep the
+    file's order for equal timestamps)."""
+    trace = tracekit.open(TRAIN)
+    path = tmp_path / "train.json"
+    chrome_json(trace, path, chunk_rows=500)
+    ev = [e for e in json.loads(path.read_text())["traceEvents"] if e["ph"] == "X"]
+    seen: dict[tuple[int, int], list[tuple[float, float]]] = defaultdict(list)
+    for e in ev:
+        seen[(e["pid"], e["tid"])].append((e["ts"], -e["dur"]))
+    assert all(v == sorted(v) for v in seen.values())
+    assert Counter(e["cat"] for e in ev)["nvtx"] == trace.nvtx.filter(
+        (pl.col("event_type") == "PushPop") & pl.col("end_ns").is_not_null()).height
