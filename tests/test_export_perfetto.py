@@ -416,6 +416,9 @@ def test_empty_window_is_a_valid_empty_timeline(tmp_path: Path, decode: object) 
     s = perfetto(decode, path, window=(1, 2))
     rb = read_back(path)
     assert rb.slices == [] and sum(s.slices.values()) == 0 and s.flows == 0
+    k = decode.kernels
+    assert s.notes == [f"no slice overlaps the window 1:2 ns (times since the session start); its kernels run from "
+                       f"{k['start_ns'].min()} to {k['end_ns'].max()} ns"]
 
 
 def test_partly_overlapping_slices_go_to_an_overlap_track(tmp_path: Path) -> None:

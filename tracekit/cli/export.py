@@ -91,3 +91,5 @@ def perfetto(
     typer.echo(str(summary))
     for what, n in summary.skipped.items():
         typer.echo(f"left out: {n} {what}")
+    for note in summary.notes:
+        typer.echo(f"note: {note}")

@@ -110,6 +110,7 @@ class ExportModel:
     window: tuple[int, int] | None = None
     window_source: str | None = None
     skipped: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def slices(self) -> pl.DataFrame:
@@ -133,6 +134,7 @@ class ExportSummary:
     window_source: str | None
     skipped: dict[str, int]
     seconds: float
+    notes: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         total = sum(self.slices.values())
@@ -350,9 +352,10 @@ def build_model(
                                          "bytes", "value", "mem_kind"])
     api = _table(trace, "cuda_api", ["report", "pid", "tid", "start_ns", "end_ns", "name", "correlation_id", "return_value"])
     nvtx = _table(trace, "nvtx", ["report", "pid", "tid", "event_type", "start_ns", "end_ns", "name", "domain"])
-    nccl = _table(trace if _may_use_nccl(trace, kernels, nvtx) else _NoNccl(), "nccl", ["report", "rank", "pid", "tid", "host_start_ns", "host_end_ns", "op", "api", "bytes", "peer",
-                                   "root", "comm_id", "comm_rank", "comm_nranks", "dtype", "reduction", "algorithm",
-                                   "protocol", "kernel_count", "gpu_duration_ns"])
+    nccl_source = trace if _may_use_nccl(trace, kernels, nvtx) else _NoNccl()
+    nccl = _table(nccl_source, "nccl", ["report", "rank", "pid", "tid", "host_start_ns", "host_end_ns", "op", "api", "bytes",
+                                        "peer", "root", "comm_id", "comm_rank", "comm_nranks", "dtype", "reduction",
+                                        "algorithm", "protocol", "kernel_count", "gpu_duration_ns"])
     memory = _table(trace, "memory_usage", ["report", "pid", "global_pid", "device_id", "context_id", "stream_id",
                                             "correlation_id", "start_ns", "address", "bytes", "mem_kind", "operation", "name"])
 
@@ -411,7 +414,11 @@ def build_model(
 
     groups: dict[str, list[pl.DataFrame]] = {"stream": [], "thread": [], "nvtx": [], "nccl": []}
     # -- CPU threads: CUDA API calls and NVTX push/pop ranges, nested; marks as instants
-    api = api.filter(pl.col("start_ns").is_not_null() & pl.col("end_ns").is_not_null())
+    timed = pl.col("start_ns").is_not_null() & pl.col("end_ns").is_not_null()
+    untimed = api.height - api.select(timed.sum()).item()
+    if untimed:
+        skipped["CUDA API calls without a start or end time (damaged rows)"] = untimed
+    api = api.filter(timed)
     nv_ranges = nvtx.filter(pl.col("event_type") == "PushPop")
     open_ranges = nv_ranges.filter(pl.col("end_ns").is_null()).height
     if open_ranges:
@@ -558,7 +565,12 @@ def build_model(
         pl.col("domain").alias("a_domain"))] if marks.height else [], INSTANT_SCHEMA).sort("track", "ts_ns")
 
     counters = _counters(trace, memory, kernels, procs, proc_uuid, tracks, win, metrics, ranks is not None)
-    return ExportModel(tracks.items, slice_parts, instants, counters, win, source, skipped)
+    notes = []
+    if win is not None and not any(part.height for part in slice_parts):
+        span = kernels.select(pl.col("start_ns").min().alias("a"), pl.col("end_ns").max().alias("b")).row(0)
+        where = f"; its kernels run from {span[0]} to {span[1]} ns" if span[0] is not None else ""
+        notes.append(f"no slice overlaps the window {win[0]}:{win[1]} ns (times since the session start){where}")
+    return ExportModel(tracks.items, slice_parts, instants, counters, win, source, skipped, notes)
 
 
 _COMMON = ("track", "start_ns", "end_ns", "name", "cat", "flow_out", "flow_in")

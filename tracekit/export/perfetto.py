@@ -120,6 +120,7 @@ def _summary(model: ExportModel, target: Path, fmt: str, t0: float) -> ExportSum
         slices={c: int(by_cat.get(c, 0)) for c in CATEGORIES}, flows=int(flows),
         instants=model.instants.height, counter_samples=model.counters.height, window=model.window,
         window_source=model.window_source, skipped=dict(model.skipped), seconds=time.perf_counter() - t0,
+        notes=list(model.notes),
     )
 
 
