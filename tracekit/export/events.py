@@ -369,8 +369,9 @@ def build_model(
         procs = procs.join(rank_of, on=["report", "pid"], how="left").join(single_rank, on="report", how="left").with_columns(
             pl.col("rank").fill_null(pl.col("_r1"))).drop("_r1")
     else:
-        rank_of = nccl.select("report", "pid", "rank").drop_nulls().unique(["report", "pid"]) if "rank" in nccl.columns else None
-        procs = procs.join(rank_of, on=["report", "pid"], how="left") if rank_of is not None and rank_of.height else (
+        nccl_ranks = (nccl.select("report", "pid", "rank").drop_nulls().unique(["report", "pid"]) if "rank" in nccl.columns
+                      else pl.DataFrame())
+        procs = procs.join(nccl_ranks, on=["report", "pid"], how="left") if nccl_ranks.height else (
             procs.with_columns(pl.lit(None, pl.Int64).alias("rank")))
     if ranks is not None:
         wanted = sorted({int(r) for r in ranks})
@@ -734,14 +735,14 @@ def _counters(trace: Any, memory: pl.DataFrame, kernels: pl.DataFrame, procs: pl
         gm = _keep_window(gm, win, "timestamp_ns", None)
         if gm.height == 0:
             continue
-        rows = []
+        metric_rows: list[tuple[int, int, int]] = []
         for report, dev, label in gm.select("report", "device_id", "metric_label").unique(
                 ["report", "device_id"]).sort("report", "device_id").iter_rows():
             if (report, dev) not in gpu_uuid:
                 gpu_uuid[(report, dev)] = tracks.add(f"report {report} · GPU {dev}" if multi else f"GPU {dev}", "gpu")
             unit = "%" if label and "%" in label else None
-            rows.append((report, dev, tracks.add(label or metric, "counter", gpu_uuid[(report, dev)], unit=unit)))
-        gmap = pl.DataFrame(rows, schema={"report": pl.Int64, "device_id": pl.Int64, "track": pl.Int64}, orient="row")
+            metric_rows.append((report, dev, tracks.add(label or metric, "counter", gpu_uuid[(report, dev)], unit=unit)))
+        gmap = pl.DataFrame(metric_rows, schema={"report": pl.Int64, "device_id": pl.Int64, "track": pl.Int64}, orient="row")
         g = gm.select("report", "device_id", "timestamp_ns", "value").join(gmap, on=["report", "device_id"], how="left")
         del gm
         parts.append(g.select("track", pl.col("timestamp_ns").alias("ts_ns"), pl.col("value").cast(pl.Float64)).sort(

@@ -114,7 +114,7 @@ def _summary(model: ExportModel, target: Path, fmt: str, t0: float) -> ExportSum
     for part in model.parts:
         for cat, n in part.group_by("cat").len().iter_rows():
             by_cat[str(cat)] = by_cat.get(str(cat), 0) + n
-        flows += part["flow_out"].is_not_null().sum()
+        flows += int(part["flow_out"].is_not_null().sum())
     return ExportSummary(
         path=str(target), format=fmt, bytes=target.stat().st_size, tracks=len(model.tracks),
         slices={c: int(by_cat.get(c, 0)) for c in CATEGORIES}, flows=int(flows),
