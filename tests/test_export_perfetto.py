@@ -557,3 +557,37 @@ def test_chrome_json_keeps_nesting_order(tmp_path: Path) -> None:
     assert all(v == sorted(v) for v in seen.values())
     assert Counter(e["cat"] for e in ev)["nvtx"] == trace.nvtx.filter(
         (pl.col("event_type") == "PushPop") & pl.col("end_ns").is_not_null()).height
+
+
+def test_an_export_without_events_says_so(tmp_path: Path, corpus_dir: Path) -> None:
+    path = corpus_dir / "incomplete_cardiac_report1.sqlite"
+    if not path.exists():
+        pytest.skip("corpus file missing")
+    with pytest.warns(UserWarning, match="incomplete export"):
+        trace = tracekit.open(path)
+        s = perfetto(trace, tmp_path / "e.pftrace")
+    assert sum(s.slices.values()) == 0 and read_back(tmp_path / "e.pftrace").slices == []
+    assert s.notes == ["the trace has no CUDA, NVTX or NCCL events to draw (was it captured with --trace=cuda,nvtx?)"]
+
+
+def _corpus() -> list[Path]:
+    from tests.conftest import corpus_files
+
+    return corpus_files()
+
+
+@pytest.mark.parametrize("path", _corpus(), ids=lambda p: p.stem)
+def test_every_corpus_export(tmp_path: Path, path: Path) -> None:
+    """nsys 2020.5 … 2026.2 exports: the file reads back, nests, and holds every kernel and API call."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trace = tracekit.open(path)
+        out = tmp_path / "c.pftrace"
+        s = perfetto(trace, out)
+    rb = read_back(out)
+    got = Counter(x.cat for x in rb.slices)
+    assert got["kernel"] == trace.kernels.height and got["cuda_api"] == trace.cuda_api.height
+    assert len({f for x in rb.slices for f in x.flows}) == s.flows
+    assert _nested(rb.slices)

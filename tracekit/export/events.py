@@ -571,6 +571,8 @@ def build_model(
         span = kernels.select(pl.col("start_ns").min().alias("a"), pl.col("end_ns").max().alias("b")).row(0)
         where = f"; its kernels run from {span[0]} to {span[1]} ns" if span[0] is not None else ""
         notes.append(f"no slice overlaps the window {win[0]}:{win[1]} ns (times since the session start){where}")
+    elif not any(part.height for part in slice_parts):
+        notes.append("the trace has no CUDA, NVTX or NCCL events to draw (was it captured with --trace=cuda,nvtx?)")
     return ExportModel(tracks.items, slice_parts, instants, counters, win, source, skipped, notes)
 
 
