@@ -591,3 +591,23 @@ def test_every_corpus_export(tmp_path: Path, path: Path) -> None:
     assert got["kernel"] == trace.kernels.height and got["cuda_api"] == trace.cuda_api.height
     assert len({f for x in rb.slices for f in x.flows}) == s.flows
     assert _nested(rb.slices)
+
+
+def test_repeated_pids_across_reports_stay_apart(tmp_path: Path) -> None:
+    """Two ranks whose processes have the same pid (copies of one report, as on two nodes)."""
+    src = PER_RANK / "llm_tp2_nccl_per_rank_rank0.sqlite"
+    folder = tmp_path / "job"
+    folder.mkdir()
+    for r in (0, 1):
+        shutil.copy(src, folder / f"copy_rank{r}.sqlite")
+    ranks = tracekit.open_many(folder)
+    path = tmp_path / "two.pftrace"
+    perfetto(ranks, path)
+    rb = read_back(path)
+    pid = int(tracekit.open(src).kernels["pid"][0])
+    procs = sorted(d.process.pid for d in rb.tracks.values() if d.HasField("process"))
+    assert procs == [10_000_000 + pid, 20_000_000 + pid]
+    threads = {(d.thread.pid, d.thread.tid) for d in rb.tracks.values() if d.HasField("thread")}
+    assert {p for p, _ in threads} == set(procs)
+    assert all(t // 10_000_000 == p // 10_000_000 for p, t in threads)
+    assert len(rb.by_cat("kernel")) == 2 * tracekit.open(src).kernels.height
