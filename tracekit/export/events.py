@@ -222,6 +222,13 @@ def _table(trace: Any, name: str, columns: Sequence[str]) -> pl.DataFrame:
     return frame
 
 
+def _lookup(frame: pl.DataFrame, table: pl.DataFrame, on: list[str]) -> pl.DataFrame:
+    """``frame`` with ``table``'s other columns, matched on ``on`` (unique in ``table``; nulls
+    match nulls): a left join of the key columns alone, so the frame's columns are not copied."""
+    extra = frame.select(on).join(table, on=on, how="left", maintain_order="left", nulls_equal=True).drop(on)
+    return frame.with_columns(extra.get_columns())
+
+
 def _by_unique_name(frame: pl.DataFrame, fn: Any) -> pl.DataFrame:
     """``frame`` with the columns ``fn`` computes from a frame of its distinct ``name`` values
     (as text) joined back: per-name work done once per name."""
@@ -231,7 +238,7 @@ def _by_unique_name(frame: pl.DataFrame, fn: Any) -> pl.DataFrame:
     u = frame.select(pl.col("name").unique()).with_columns(pl.col("name").cast(pl.Utf8).alias("_text"))
     extra = fn(u.select(pl.col("_text").alias("name"))).drop("name")
     u = pl.concat([u.select("name"), extra], how="horizontal")
-    return frame.join(u, on="name", how="left", maintain_order="left", nulls_equal=True)
+    return _lookup(frame, u, ["name"])
 
 
 def _may_use_nccl(trace: Any, kernels: pl.DataFrame, nvtx: pl.DataFrame) -> bool:
@@ -417,9 +424,9 @@ def build_model(
     # -- CPU threads: CUDA API calls and NVTX push/pop ranges, nested; marks as instants
     timed = pl.col("start_ns").is_not_null() & pl.col("end_ns").is_not_null()
     untimed = api.height - api.select(timed.sum()).item()
-    if untimed:
+    if untimed:  # (filtering copies the table: only when there is something to drop)
         skipped["CUDA API calls without a start or end time (damaged rows)"] = untimed
-    api = api.filter(timed)
+        api = api.filter(timed)
     nv_ranges = nvtx.filter(pl.col("event_type") == "PushPop")
     open_ranges = nv_ranges.filter(pl.col("end_ns").is_null()).height
     if open_ranges:
@@ -479,8 +486,8 @@ def build_model(
     if ops_k.height:
         from tracekit.analysis.families import with_family
 
-        k = with_flow(_by_unique_name(ops_k, with_family), op_rows(0), "flow_in").join(stream_map, on=["report", "pid", "device_id", "stream_id"],
-                                                                    how="left", nulls_equal=True)
+        k = with_flow(_by_unique_name(ops_k, with_family), op_rows(0), "flow_in").pipe(
+            _lookup, stream_map, ["report", "pid", "device_id", "stream_id"])
         groups["stream"].append(k.select(
             "track", "start_ns", "end_ns", "name", pl.lit("kernel").alias("cat"), "flow_in",
             pl.col("family").alias("a_family"), _dims("grid").alias("a_grid"), _dims("block").alias("a_block"),
@@ -488,9 +495,14 @@ def build_model(
             pl.col("dynamic_shared_memory_bytes").alias("a_dynamic_smem"), pl.col("device_id").alias("a_device"),
             pl.col("stream_id").alias("a_stream"), pl.col("correlation_id").alias("a_correlation"),
         ))
+        del k
+    # what is needed of the kernel table later, so that its frames can go now
+    kernel_devices = kernels.select("report", "device_id").unique()
+    kernel_span = kernels.select(pl.col("start_ns").min(), pl.col("end_ns").max()).row(0)
+    del kernels, ops_k
     if ops_c.height:
-        c = with_flow(ops_c, op_rows(1), "flow_in").join(stream_map, on=["report", "pid", "device_id", "stream_id"], how="left",
-                                                       nulls_equal=True)
+        c = with_flow(ops_c, op_rows(1), "flow_in").pipe(
+            _lookup, stream_map, ["report", "pid", "device_id", "stream_id"])
         groups["stream"].append(c.select(
             "track", "start_ns", "end_ns", pl.format("Memcpy {}", pl.col("copy_kind")).alias("name"),
             pl.lit("memcpy").alias("cat"), "flow_in", pl.col("bytes").alias("a_bytes"), pl.col("copy_kind").alias("a_copy_kind"),
@@ -498,8 +510,8 @@ def build_model(
             pl.col("stream_id").alias("a_stream"), pl.col("correlation_id").alias("a_correlation"),
         ))
     if ops_s.height:
-        s = with_flow(ops_s, op_rows(2), "flow_in").join(stream_map, on=["report", "pid", "device_id", "stream_id"], how="left",
-                                                       nulls_equal=True)
+        s = with_flow(ops_s, op_rows(2), "flow_in").pipe(
+            _lookup, stream_map, ["report", "pid", "device_id", "stream_id"])
         groups["stream"].append(s.select(
             "track", "start_ns", "end_ns", pl.lit("Memset").alias("name"), pl.lit("memset").alias("cat"), "flow_in",
             pl.col("bytes").alias("a_bytes"), pl.col("value").alias("a_value"), pl.col("mem_kind").alias("a_mem_kind"),
@@ -510,12 +522,15 @@ def build_model(
         def clean(u: pl.DataFrame) -> pl.DataFrame:  # cudaLaunchKernel_v7000 → cudaLaunchKernel
             return u.with_columns(pl.col("name").str.replace(r"_v\d+$", "").cast(pl.Categorical).alias("_clean"))
 
-        a = with_flow(_by_unique_name(api, clean), linked["_api_row"], "flow_out").join(thread_map, on=["report", "pid", "tid"], how="left")
+        a = with_flow(_by_unique_name(api, clean), linked["_api_row"], "flow_out").pipe(
+            _lookup, thread_map, ["report", "pid", "tid"])
         groups["thread"].append(a.select(
             "track", "start_ns", "end_ns", pl.col("_clean").alias("name"),
             pl.lit("cuda_api").alias("cat"), "flow_out", pl.col("correlation_id").alias("a_correlation"),
             pl.col("return_value").alias("a_return"),
         ))
+        del a
+    del api
     if nv_ranges.height:
         n = nv_ranges.join(thread_map, on=["report", "pid", "tid"], how="left")
         groups["thread"].append(n.select("track", "start_ns", "end_ns", pl.col("name").fill_null("(unnamed)"), pl.lit("nvtx").alias("cat"),
@@ -548,9 +563,11 @@ def build_model(
             pl.col("gpu_duration_ns").alias("a_gpu_duration"),
         ))
     slice_parts = []
-    for frames in groups.values():
+    for key in list(groups):
+        frames = groups.pop(key)  # each family's inputs are let go once it is stacked
         if frames:
             part = _conform_part(frames)
+            del frames
             # a timestamp before the session start has no place on the timeline (uint64), and a
             # slice that ends before it starts (a damaged export) cannot be drawn
             bad = (pl.col("start_ns") < 0) | (pl.col("end_ns") < pl.col("start_ns")) | pl.col("track").is_null()
@@ -565,11 +582,10 @@ def build_model(
         "track", pl.col("start_ns").alias("ts_ns"), pl.col("name").fill_null("(unnamed)"), pl.lit("nvtx").alias("cat"),
         pl.col("domain").alias("a_domain"))] if marks.height else [], INSTANT_SCHEMA).sort("track", "ts_ns")
 
-    counters = _counters(trace, memory, kernels, procs, proc_uuid, tracks, win, metrics, ranks is not None)
+    counters = _counters(trace, memory, kernel_devices, procs, proc_uuid, tracks, win, metrics, ranks is not None)
     notes = []
     if win is not None and not any(part.height for part in slice_parts):
-        span = kernels.select(pl.col("start_ns").min().alias("a"), pl.col("end_ns").max().alias("b")).row(0)
-        where = f"; its kernels run from {span[0]} to {span[1]} ns" if span[0] is not None else ""
+        where = f"; its kernels run from {kernel_span[0]} to {kernel_span[1]} ns" if kernel_span[0] is not None else ""
         notes.append(f"no slice overlaps the window {win[0]}:{win[1]} ns (times since the session start){where}")
     elif not any(part.height for part in slice_parts):
         notes.append("the trace has no CUDA, NVTX or NCCL events to draw (was it captured with --trace=cuda,nvtx?)")
@@ -689,7 +705,7 @@ def _metric_samples(trace: Any, metrics: Sequence[str] | str, win: tuple[int, in
     return gpu_metric_samples(db, names, start_ns=lo, end_ns=hi)
 
 
-def _counters(trace: Any, memory: pl.DataFrame, kernels: pl.DataFrame, procs: pl.DataFrame,
+def _counters(trace: Any, memory: pl.DataFrame, kernel_devices: pl.DataFrame, procs: pl.DataFrame,
               proc_uuid: dict[tuple[int, int], int], tracks: _Tracks, win: tuple[int, int] | None,
               metrics: Sequence[str] | str, by_rank: bool) -> pl.DataFrame:
     from tracekit.analysis.memory import memory_timeline
@@ -731,8 +747,7 @@ def _counters(trace: Any, memory: pl.DataFrame, kernels: pl.DataFrame, procs: pl
             gm = gm.with_columns(pl.lit(0, pl.Int64).alias("report"))
         gm = gm.filter(pl.col("metric") == metric)
         if by_rank:
-            used = kernels.select("report", "device_id").unique()
-            gm = gm.join(used, on=["report", "device_id"], how="semi")
+            gm = gm.join(kernel_devices, on=["report", "device_id"], how="semi")
         gm = gm.filter(pl.col("timestamp_ns") >= 0)  # before the session start: no place on the timeline
         gm = _keep_window(gm, win, "timestamp_ns", None)
         if gm.height == 0:
