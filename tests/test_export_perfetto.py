@@ -20,7 +20,7 @@ from tracekit.errors import MissingDependencyError, TracekitError
 from tracekit.export import build_model, chrome_json, parse_window, perfetto
 
 pytest.importorskip("perfetto")
-from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace, TrackEvent  # noqa: E402
+from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace, TracePacket, TrackEvent  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DECODE = ROOT / "sample_traces/llm_decode_1gpu/llm_decode_1gpu.sqlite"
@@ -71,7 +71,12 @@ def read_back(path: Path) -> ReadBack:
     arg_names: dict[int, str] = {}
     arg_strings: dict[int, str] = {}
     open_: dict[int, list[Slice]] = defaultdict(list)
+    # one sequence whose incremental state (the interned strings) is cleared by its first packet
+    assert trace.packet[0].sequence_flags & TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
+    assert {p.trusted_packet_sequence_id for p in trace.packet} == {7}
     for p in trace.packet:
+        if p.HasField("track_event") and p.track_event.name_iid:
+            assert p.sequence_flags & TracePacket.SEQ_NEEDS_INCREMENTAL_STATE
         if p.HasField("interned_data"):
             d = p.interned_data
             names.update({e.iid: e.name for e in d.event_names})
@@ -104,6 +109,13 @@ def read_back(path: Path) -> ReadBack:
     for s in out.slices:
         assert s.track in out.tracks
     assert all(out.tracks[u].HasField("counter") for u in out.counters), "counter events on a track that is not a counter"
+    for d in out.tracks.values():  # parents exist; a thread belongs to its parent process
+        if d.HasField("parent_uuid"):
+            parent = out.tracks[d.parent_uuid]
+            if d.HasField("thread"):
+                assert parent.HasField("process") and parent.process.pid == d.thread.pid
+    pids = [d.process.pid for d in out.tracks.values() if d.HasField("process")]
+    assert len(pids) == len(set(pids))
     return out
 
 
