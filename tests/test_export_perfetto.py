@@ -623,3 +623,36 @@ def test_repeated_pids_across_reports_stay_apart(tmp_path: Path) -> None:
     assert {p for p, _ in threads} == set(procs)
     assert all(t // 10_000_000 == p // 10_000_000 for p, t in threads)
     assert len(rb.by_cat("kernel")) == 2 * tracekit.open(src).kernels.height
+
+
+def test_nvtx_marks_and_start_end_ranges(tmp_path: Path) -> None:
+    """A copy of the emit_nvtx sample with two push/pop ranges turned into marks and five into
+    start/end ranges, one of which made to end after the range it started in."""
+    copy = tmp_path / "marks.sqlite"
+    shutil.copy(TRAIN, copy)
+    with sqlite3.connect(copy) as db:
+        rows = [r[0] for r in db.execute("SELECT rowid FROM NVTX_EVENTS WHERE eventType = 59 ORDER BY start LIMIT 8")]
+        db.execute(f"UPDATE NVTX_EVENTS SET eventType = 34, end = NULL WHERE rowid IN ({rows[1]}, {rows[2]})")
+        db.execute(f"UPDATE NVTX_EVENTS SET eventType = 60 WHERE rowid IN ({','.join(map(str, rows[3:8]))})")
+        end4 = db.execute(f"SELECT end FROM NVTX_EVENTS WHERE rowid = {rows[3]}").fetchone()[0]
+        db.execute(f"UPDATE NVTX_EVENTS SET end = ? WHERE rowid = {rows[4]}", (end4 + 1000,))
+    trace = tracekit.open(copy, column_cache=False)
+    nv = trace.nvtx
+    marks = nv.filter(pl.col("event_type") == "Mark").sort("start_ns")
+    start_end = nv.filter(pl.col("event_type") == "StartEnd")
+    assert marks.height == 2 and start_end.height == 5
+    path = tmp_path / "m.pftrace"
+    s = perfetto(trace, path)
+    rb = read_back(path)
+    assert [(ts, name) for _, ts, name in sorted(rb.instants, key=lambda x: x[1])] == list(
+        zip(marks["start_ns"].to_list(), marks["name"].to_list(), strict=True))
+    assert all(rb.tracks[t].HasField("thread") for t, _, _ in rb.instants) and s.instants == 2
+    se = [x for x in rb.by_cat("nvtx") if rb.track_name(x.track).startswith("NVTX start/end ranges")]
+    assert sorted((x.start, x.end) for x in se) == sorted(start_end.select("start_ns", "end_ns").iter_rows())
+    assert {rb.track_name(x.track) for x in se} == {"NVTX start/end ranges", "NVTX start/end ranges (overlap 1)"}
+    pushpop = nv.filter((pl.col("event_type") == "PushPop") & pl.col("end_ns").is_not_null()).height
+    assert len(rb.by_cat("nvtx")) == pushpop + 5 and _nested(rb.slices)
+    out = tmp_path / "m.json"
+    chrome_json(trace, out)
+    ev = json.loads(out.read_text())["traceEvents"]
+    assert sorted(e["name"] for e in ev if e["ph"] == "i") == sorted(marks["name"].to_list())
