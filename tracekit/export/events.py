@@ -290,11 +290,6 @@ def _dims(prefix: str) -> pl.Expr:
     return pl.format("({},{},{})", pl.col(f"{prefix}_x"), pl.col(f"{prefix}_y"), pl.col(f"{prefix}_z"))
 
 
-def _flow_id(corr: str = "correlation_id") -> pl.Expr:
-    # unique per (report, pid, correlation id): correlation ids repeat across processes
-    return ((pl.col("report").cast(pl.Int64) * 4_194_304 + pl.col("pid")) * 2**32 + (pl.col(corr) % 2**32)) % 2**63
-
-
 def _as_trace(trace: Any) -> Any:
     """An open trace or trace set as is; a path opened (a folder: one report per rank)."""
     import os
@@ -475,13 +470,15 @@ def build_model(
         ["start_ns", "end_ns", "_row"], descending=[False, True, False]).unique(["report", "pid", "correlation_id"], keep="first")
     linked = first_op.join(first_api.select("report", "pid", "correlation_id", pl.col("_row").alias("_api_row")),
                            on=["report", "pid", "correlation_id"], how="inner")
+    # flow ids 1…n in the order of the launches' processes and correlation ids
+    linked = linked.sort("report", "pid", "correlation_id").with_row_index("_flow", offset=1).with_columns(
+        pl.col("_flow").cast(pl.Int64))
 
-    def with_flow(frame: pl.DataFrame, rows: pl.Series, column: str) -> pl.DataFrame:
-        return frame.with_columns(
-            pl.when(pl.col("_row").is_in(rows.implode())).then(_flow_id()).otherwise(None).alias(column))
+    def with_flow(frame: pl.DataFrame, rows: pl.DataFrame, column: str) -> pl.DataFrame:
+        return _lookup(frame, rows.select("_row", pl.col("_flow").alias(column)), ["_row"])
 
-    def op_rows(src: int) -> pl.Series:
-        return linked.filter(pl.col("_src") == src)["_row"]
+    def op_rows(src: int) -> pl.DataFrame:
+        return linked.filter(pl.col("_src") == src)
 
     if ops_k.height:
         from tracekit.analysis.families import with_family
@@ -522,7 +519,7 @@ def build_model(
         def clean(u: pl.DataFrame) -> pl.DataFrame:  # cudaLaunchKernel_v7000 → cudaLaunchKernel
             return u.with_columns(pl.col("name").str.replace(r"_v\d+$", "").cast(pl.Categorical).alias("_clean"))
 
-        a = with_flow(_by_unique_name(api, clean), linked["_api_row"], "flow_out").pipe(
+        a = with_flow(_by_unique_name(api, clean), linked.with_columns(pl.col("_api_row").alias("_row")), "flow_out").pipe(
             _lookup, thread_map, ["report", "pid", "tid"])
         groups["thread"].append(a.select(
             "track", "start_ns", "end_ns", pl.col("_clean").alias("name"),
