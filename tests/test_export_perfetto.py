@@ -20,7 +20,7 @@ from tracekit.errors import MissingDependencyError, TracekitError
 from tracekit.export import build_model, chrome_json, parse_window, perfetto
 
 pytest.importorskip("perfetto")
-from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace, TrackEvent  # noqa: E402
+from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace, TracePacket, TrackEvent  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DECODE = ROOT / "sample_traces/llm_decode_1gpu/llm_decode_1gpu.sqlite"
@@ -71,7 +71,12 @@ def read_back(path: Path) -> ReadBack:
     arg_names: dict[int, str] = {}
     arg_strings: dict[int, str] = {}
     open_: dict[int, list[Slice]] = defaultdict(list)
+    # one sequence whose incremental state (the interned strings) is cleared by its first packet
+    assert trace.packet[0].sequence_flags & TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
+    assert {p.trusted_packet_sequence_id for p in trace.packet} == {7}
     for p in trace.packet:
+        if p.HasField("track_event") and p.track_event.name_iid:
+            assert p.sequence_flags & TracePacket.SEQ_NEEDS_INCREMENTAL_STATE
         if p.HasField("interned_data"):
             d = p.interned_data
             names.update({e.iid: e.name for e in d.event_names})
@@ -103,6 +108,14 @@ def read_back(path: Path) -> ReadBack:
     assert all(not v for v in open_.values()), "slices left open"
     for s in out.slices:
         assert s.track in out.tracks
+    assert all(out.tracks[u].HasField("counter") for u in out.counters), "counter events on a track that is not a counter"
+    for d in out.tracks.values():  # parents exist; a thread belongs to its parent process
+        if d.HasField("parent_uuid"):
+            parent = out.tracks[d.parent_uuid]
+            if d.HasField("thread"):
+                assert parent.HasField("process") and parent.process.pid == d.thread.pid
+    pids = [d.process.pid for d in out.tracks.values() if d.HasField("process")]
+    assert len(pids) == len(set(pids))
     return out
 
 
@@ -415,6 +428,9 @@ def test_empty_window_is_a_valid_empty_timeline(tmp_path: Path, decode: object) 
     s = perfetto(decode, path, window=(1, 2))
     rb = read_back(path)
     assert rb.slices == [] and sum(s.slices.values()) == 0 and s.flows == 0
+    k = decode.kernels
+    assert s.notes == [f"no slice overlaps the window 1:2 ns (times since the session start); its kernels run from "
+                       f"{k['start_ns'].min()} to {k['end_ns'].max()} ns"]
 
 
 def test_partly_overlapping_slices_go_to_an_overlap_track(tmp_path: Path) -> None:
@@ -538,3 +554,105 @@ def test_paths_are_opened_and_ncu_reports_refused(tmp_path: Path) -> None:
     with pytest.raises(TracekitError, match="no timeline to export"):
         perfetto(ncu, tmp_path / "n.pftrace")
     assert not (tmp_path / "n.pftrace").exists()
+
+
+def test_chrome_json_keeps_nesting_order(tmp_path: Path) -> None:
+    """Within a thread, an enclosing slice comes before the slices it holds (readers keep the
+    file's order for equal timestamps)."""
+    trace = tracekit.open(TRAIN)
+    path = tmp_path / "train.json"
+    chrome_json(trace, path, chunk_rows=500)
+    ev = [e for e in json.loads(path.read_text())["traceEvents"] if e["ph"] == "X"]
+    seen: dict[tuple[int, int], list[tuple[float, float]]] = defaultdict(list)
+    for e in ev:
+        seen[(e["pid"], e["tid"])].append((e["ts"], -e["dur"]))
+    assert all(v == sorted(v) for v in seen.values())
+    assert Counter(e["cat"] for e in ev)["nvtx"] == trace.nvtx.filter(
+        (pl.col("event_type") == "PushPop") & pl.col("end_ns").is_not_null()).height
+
+
+def test_an_export_without_events_says_so(tmp_path: Path, corpus_dir: Path) -> None:
+    path = corpus_dir / "incomplete_cardiac_report1.sqlite"
+    if not path.exists():
+        pytest.skip("corpus file missing")
+    with pytest.warns(UserWarning, match="incomplete export"):
+        trace = tracekit.open(path)
+        s = perfetto(trace, tmp_path / "e.pftrace")
+    assert sum(s.slices.values()) == 0 and read_back(tmp_path / "e.pftrace").slices == []
+    assert s.notes == ["the trace has no CUDA, NVTX or NCCL events to draw (was it captured with --trace=cuda,nvtx?)"]
+
+
+def _corpus() -> list[Path]:
+    from tests.conftest import corpus_files
+
+    return corpus_files()
+
+
+@pytest.mark.parametrize("path", _corpus(), ids=lambda p: p.stem)
+def test_every_corpus_export(tmp_path: Path, path: Path) -> None:
+    """nsys 2020.5 … 2026.2 exports: the file reads back, nests, and holds every kernel and API call."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trace = tracekit.open(path)
+        out = tmp_path / "c.pftrace"
+        s = perfetto(trace, out)
+    rb = read_back(out)
+    got = Counter(x.cat for x in rb.slices)
+    assert got["kernel"] == trace.kernels.height and got["cuda_api"] == trace.cuda_api.height
+    assert len({f for x in rb.slices for f in x.flows}) == s.flows
+    assert _nested(rb.slices)
+
+
+def test_repeated_pids_across_reports_stay_apart(tmp_path: Path) -> None:
+    """Two ranks whose processes have the same pid (copies of one report, as on two nodes)."""
+    src = PER_RANK / "llm_tp2_nccl_per_rank_rank0.sqlite"
+    folder = tmp_path / "job"
+    folder.mkdir()
+    for r in (0, 1):
+        shutil.copy(src, folder / f"copy_rank{r}.sqlite")
+    ranks = tracekit.open_many(folder)
+    path = tmp_path / "two.pftrace"
+    perfetto(ranks, path)
+    rb = read_back(path)
+    pid = int(tracekit.open(src).kernels["pid"][0])
+    procs = sorted(d.process.pid for d in rb.tracks.values() if d.HasField("process"))
+    assert procs == [10_000_000 + pid, 20_000_000 + pid]
+    threads = {(d.thread.pid, d.thread.tid) for d in rb.tracks.values() if d.HasField("thread")}
+    assert {p for p, _ in threads} == set(procs)
+    assert all(t // 10_000_000 == p // 10_000_000 for p, t in threads)
+    assert len(rb.by_cat("kernel")) == 2 * tracekit.open(src).kernels.height
+
+
+def test_nvtx_marks_and_start_end_ranges(tmp_path: Path) -> None:
+    """A copy of the emit_nvtx sample with two push/pop ranges turned into marks and five into
+    start/end ranges, one of which made to end after the range it started in."""
+    copy = tmp_path / "marks.sqlite"
+    shutil.copy(TRAIN, copy)
+    with sqlite3.connect(copy) as db:
+        rows = [r[0] for r in db.execute("SELECT rowid FROM NVTX_EVENTS WHERE eventType = 59 ORDER BY start LIMIT 8")]
+        db.execute(f"UPDATE NVTX_EVENTS SET eventType = 34, end = NULL WHERE rowid IN ({rows[1]}, {rows[2]})")
+        db.execute(f"UPDATE NVTX_EVENTS SET eventType = 60 WHERE rowid IN ({','.join(map(str, rows[3:8]))})")
+        end4 = db.execute(f"SELECT end FROM NVTX_EVENTS WHERE rowid = {rows[3]}").fetchone()[0]
+        db.execute(f"UPDATE NVTX_EVENTS SET end = ? WHERE rowid = {rows[4]}", (end4 + 1000,))
+    trace = tracekit.open(copy, column_cache=False)
+    nv = trace.nvtx
+    marks = nv.filter(pl.col("event_type") == "Mark").sort("start_ns")
+    start_end = nv.filter(pl.col("event_type") == "StartEnd")
+    assert marks.height == 2 and start_end.height == 5
+    path = tmp_path / "m.pftrace"
+    s = perfetto(trace, path)
+    rb = read_back(path)
+    assert [(ts, name) for _, ts, name in sorted(rb.instants, key=lambda x: x[1])] == list(
+        zip(marks["start_ns"].to_list(), marks["name"].to_list(), strict=True))
+    assert all(rb.tracks[t].HasField("thread") for t, _, _ in rb.instants) and s.instants == 2
+    se = [x for x in rb.by_cat("nvtx") if rb.track_name(x.track).startswith("NVTX start/end ranges")]
+    assert sorted((x.start, x.end) for x in se) == sorted(start_end.select("start_ns", "end_ns").iter_rows())
+    assert {rb.track_name(x.track) for x in se} == {"NVTX start/end ranges", "NVTX start/end ranges (overlap 1)"}
+    pushpop = nv.filter((pl.col("event_type") == "PushPop") & pl.col("end_ns").is_not_null()).height
+    assert len(rb.by_cat("nvtx")) == pushpop + 5 and _nested(rb.slices)
+    out = tmp_path / "m.json"
+    chrome_json(trace, out)
+    ev = json.loads(out.read_text())["traceEvents"]
+    assert sorted(e["name"] for e in ev if e["ph"] == "i") == sorted(marks["name"].to_list())

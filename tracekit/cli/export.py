@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
 
@@ -84,10 +85,12 @@ def perfetto(
         trace = tracekit.open_many(traces[0] if len(traces) == 1 else traces)
     first = traces[0]
     out = output or Path(first.name if not first.is_dir() else first.resolve().name).with_suffix(_FORMATS[fmt])
-    chosen: list[str] | str = DEFAULT_METRICS if metrics is None else (
+    chosen: Sequence[str] | str = DEFAULT_METRICS if metrics is None else (
         "all" if metrics.strip() == "all" else [m.strip() for m in metrics.split(",") if m.strip() not in ("", "none")])
     fn = write if fmt == "perfetto" else chrome_json
     summary = fn(trace, out, window=win, ranks=_ranks(ranks), metrics=chosen)
     typer.echo(str(summary))
     for what, n in summary.skipped.items():
         typer.echo(f"left out: {n} {what}")
+    for note in summary.notes:
+        typer.echo(f"note: {note}")

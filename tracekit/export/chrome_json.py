@@ -130,21 +130,28 @@ def _write(model: ExportModel, f: IO[bytes], chunk_rows: int) -> None:
     us = 1000.0
     for chunk in (c for part in model.parts for c in part.iter_slices(chunk_rows)):
         chunk = chunk.join(tmap, on="track", how="left", maintain_order="left").with_columns(pl.col(pl.Categorical).cast(pl.Utf8))
+        # events in the slices' order (parents before children at one timestamp: readers keep
+        # the file's order for equal times), each category with its own argument fields
+        chunk = chunk.with_row_index("_i")
+        pieces = []
         for cat, part in chunk.group_by("cat", maintain_order=True):
             cols = [c for c in _CAT_ARGS.get(str(cat[0]), ()) if c in part.columns]
-            args = pl.struct([pl.col(c).alias(_ARG_NAME[c]) for c in cols]) if cols else pl.lit(None)
-            out.frame(part.select(
-                pl.lit("X").alias("ph"), "name", "cat", "pid", "tid", (pl.col("start_ns") / us).alias("ts"),
-                ((pl.col("end_ns") - pl.col("start_ns")) / us).alias("dur"), args.alias("args"),
-            ))
+            args = [pl.struct([pl.col(c).alias(_ARG_NAME[c]) for c in cols]).alias("args")] if cols else []
+            ts = (pl.col("start_ns") / us).alias("ts")
+            pieces.append(part.select("_i", pl.lit(0).alias("_k"), pl.struct(
+                pl.lit("X").alias("ph"), "name", "cat", "pid", "tid", ts,
+                ((pl.col("end_ns") - pl.col("start_ns")) / us).alias("dur"), *args).struct.json_encode().alias("j")))
             fo = part.filter(pl.col("flow_out").is_not_null())
-            out.frame(fo.select(pl.lit("s").alias("ph"), pl.lit("launch").alias("name"), pl.lit("flow").alias("cat"),
-                                pl.col("flow_out").cast(pl.Utf8).alias("id"), "pid", "tid",
-                                (pl.col("start_ns") / us).alias("ts")))
+            pieces.append(fo.select("_i", pl.lit(1).alias("_k"), pl.struct(
+                pl.lit("s").alias("ph"), pl.lit("launch").alias("name"), pl.lit("flow").alias("cat"),
+                pl.col("flow_out").cast(pl.Utf8).alias("id"), "pid", "tid", ts).struct.json_encode().alias("j")))
             fi = part.filter(pl.col("flow_in").is_not_null())
-            out.frame(fi.select(pl.lit("f").alias("ph"), pl.lit("e").alias("bp"), pl.lit("launch").alias("name"),
-                                pl.lit("flow").alias("cat"), pl.col("flow_in").cast(pl.Utf8).alias("id"), "pid", "tid",
-                                (pl.col("start_ns") / us).alias("ts")))
+            pieces.append(fi.select("_i", pl.lit(1).alias("_k"), pl.struct(
+                pl.lit("f").alias("ph"), pl.lit("e").alias("bp"), pl.lit("launch").alias("name"), pl.lit("flow").alias("cat"),
+                pl.col("flow_in").cast(pl.Utf8).alias("id"), "pid", "tid", ts).struct.json_encode().alias("j")))
+        lines = pl.concat(pieces).sort("_i", "_k")["j"]
+        if lines.len():
+            out.lines("\n".join(lines.to_list()).encode())
     for chunk in model.instants.iter_slices(chunk_rows):
         chunk = chunk.join(tmap, on="track", how="left", maintain_order="left")
         out.frame(chunk.select(pl.lit("i").alias("ph"), pl.lit("t").alias("s"), "name", "cat", "pid", "tid",

@@ -110,6 +110,7 @@ class ExportModel:
     window: tuple[int, int] | None = None
     window_source: str | None = None
     skipped: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def slices(self) -> pl.DataFrame:
@@ -133,6 +134,7 @@ class ExportSummary:
     window_source: str | None
     skipped: dict[str, int]
     seconds: float
+    notes: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         total = sum(self.slices.values())
@@ -220,6 +222,13 @@ def _table(trace: Any, name: str, columns: Sequence[str]) -> pl.DataFrame:
     return frame
 
 
+def _lookup(frame: pl.DataFrame, table: pl.DataFrame, on: list[str]) -> pl.DataFrame:
+    """``frame`` with ``table``'s other columns, matched on ``on`` (unique in ``table``; nulls
+    match nulls): a left join of the key columns alone, so the frame's columns are not copied."""
+    extra = frame.select(on).join(table, on=on, how="left", maintain_order="left", nulls_equal=True).drop(on)
+    return frame.with_columns(extra.get_columns())
+
+
 def _by_unique_name(frame: pl.DataFrame, fn: Any) -> pl.DataFrame:
     """``frame`` with the columns ``fn`` computes from a frame of its distinct ``name`` values
     (as text) joined back: per-name work done once per name."""
@@ -229,7 +238,7 @@ def _by_unique_name(frame: pl.DataFrame, fn: Any) -> pl.DataFrame:
     u = frame.select(pl.col("name").unique()).with_columns(pl.col("name").cast(pl.Utf8).alias("_text"))
     extra = fn(u.select(pl.col("_text").alias("name"))).drop("name")
     u = pl.concat([u.select("name"), extra], how="horizontal")
-    return frame.join(u, on="name", how="left", maintain_order="left", nulls_equal=True)
+    return _lookup(frame, u, ["name"])
 
 
 def _may_use_nccl(trace: Any, kernels: pl.DataFrame, nvtx: pl.DataFrame) -> bool:
@@ -279,11 +288,6 @@ class _Tracks:
 
 def _dims(prefix: str) -> pl.Expr:
     return pl.format("({},{},{})", pl.col(f"{prefix}_x"), pl.col(f"{prefix}_y"), pl.col(f"{prefix}_z"))
-
-
-def _flow_id(corr: str = "correlation_id") -> pl.Expr:
-    # unique per (report, pid, correlation id): correlation ids repeat across processes
-    return ((pl.col("report").cast(pl.Int64) * 4_194_304 + pl.col("pid")) * 2**32 + (pl.col(corr) % 2**32)) % 2**63
 
 
 def _as_trace(trace: Any) -> Any:
@@ -350,9 +354,10 @@ def build_model(
                                          "bytes", "value", "mem_kind"])
     api = _table(trace, "cuda_api", ["report", "pid", "tid", "start_ns", "end_ns", "name", "correlation_id", "return_value"])
     nvtx = _table(trace, "nvtx", ["report", "pid", "tid", "event_type", "start_ns", "end_ns", "name", "domain"])
-    nccl = _table(trace if _may_use_nccl(trace, kernels, nvtx) else _NoNccl(), "nccl", ["report", "rank", "pid", "tid", "host_start_ns", "host_end_ns", "op", "api", "bytes", "peer",
-                                   "root", "comm_id", "comm_rank", "comm_nranks", "dtype", "reduction", "algorithm",
-                                   "protocol", "kernel_count", "gpu_duration_ns"])
+    nccl_source = trace if _may_use_nccl(trace, kernels, nvtx) else _NoNccl()
+    nccl = _table(nccl_source, "nccl", ["report", "rank", "pid", "tid", "host_start_ns", "host_end_ns", "op", "api", "bytes",
+                                        "peer", "root", "comm_id", "comm_rank", "comm_nranks", "dtype", "reduction",
+                                        "algorithm", "protocol", "kernel_count", "gpu_duration_ns"])
     memory = _table(trace, "memory_usage", ["report", "pid", "global_pid", "device_id", "context_id", "stream_id",
                                             "correlation_id", "start_ns", "address", "bytes", "mem_kind", "operation", "name"])
 
@@ -366,8 +371,9 @@ def build_model(
         procs = procs.join(rank_of, on=["report", "pid"], how="left").join(single_rank, on="report", how="left").with_columns(
             pl.col("rank").fill_null(pl.col("_r1"))).drop("_r1")
     else:
-        rank_of = nccl.select("report", "pid", "rank").drop_nulls().unique(["report", "pid"]) if "rank" in nccl.columns else None
-        procs = procs.join(rank_of, on=["report", "pid"], how="left") if rank_of is not None and rank_of.height else (
+        nccl_ranks = (nccl.select("report", "pid", "rank").drop_nulls().unique(["report", "pid"]) if "rank" in nccl.columns
+                      else pl.DataFrame())
+        procs = procs.join(nccl_ranks, on=["report", "pid"], how="left") if nccl_ranks.height else (
             procs.with_columns(pl.lit(None, pl.Int64).alias("rank")))
     if ranks is not None:
         wanted = sorted({int(r) for r in ranks})
@@ -411,7 +417,11 @@ def build_model(
 
     groups: dict[str, list[pl.DataFrame]] = {"stream": [], "thread": [], "nvtx": [], "nccl": []}
     # -- CPU threads: CUDA API calls and NVTX push/pop ranges, nested; marks as instants
-    api = api.filter(pl.col("start_ns").is_not_null() & pl.col("end_ns").is_not_null())
+    timed = pl.col("start_ns").is_not_null() & pl.col("end_ns").is_not_null()
+    untimed = api.height - api.select(timed.sum()).item()
+    if untimed:  # (filtering copies the table: only when there is something to drop)
+        skipped["CUDA API calls without a start or end time (damaged rows)"] = untimed
+        api = api.filter(timed)
     nv_ranges = nvtx.filter(pl.col("event_type") == "PushPop")
     open_ranges = nv_ranges.filter(pl.col("end_ns").is_null()).height
     if open_ranges:
@@ -460,19 +470,21 @@ def build_model(
         ["start_ns", "end_ns", "_row"], descending=[False, True, False]).unique(["report", "pid", "correlation_id"], keep="first")
     linked = first_op.join(first_api.select("report", "pid", "correlation_id", pl.col("_row").alias("_api_row")),
                            on=["report", "pid", "correlation_id"], how="inner")
+    # flow ids 1…n in the order of the launches' processes and correlation ids
+    linked = linked.sort("report", "pid", "correlation_id").with_row_index("_flow", offset=1).with_columns(
+        pl.col("_flow").cast(pl.Int64))
 
-    def with_flow(frame: pl.DataFrame, rows: pl.Series, column: str) -> pl.DataFrame:
-        return frame.with_columns(
-            pl.when(pl.col("_row").is_in(rows.implode())).then(_flow_id()).otherwise(None).alias(column))
+    def with_flow(frame: pl.DataFrame, rows: pl.DataFrame, column: str) -> pl.DataFrame:
+        return _lookup(frame, rows.select("_row", pl.col("_flow").alias(column)), ["_row"])
 
-    def op_rows(src: int) -> pl.Series:
-        return linked.filter(pl.col("_src") == src)["_row"]
+    def op_rows(src: int) -> pl.DataFrame:
+        return linked.filter(pl.col("_src") == src)
 
     if ops_k.height:
         from tracekit.analysis.families import with_family
 
-        k = with_flow(_by_unique_name(ops_k, with_family), op_rows(0), "flow_in").join(stream_map, on=["report", "pid", "device_id", "stream_id"],
-                                                                    how="left", nulls_equal=True)
+        k = with_flow(_by_unique_name(ops_k, with_family), op_rows(0), "flow_in").pipe(
+            _lookup, stream_map, ["report", "pid", "device_id", "stream_id"])
         groups["stream"].append(k.select(
             "track", "start_ns", "end_ns", "name", pl.lit("kernel").alias("cat"), "flow_in",
             pl.col("family").alias("a_family"), _dims("grid").alias("a_grid"), _dims("block").alias("a_block"),
@@ -480,9 +492,14 @@ def build_model(
             pl.col("dynamic_shared_memory_bytes").alias("a_dynamic_smem"), pl.col("device_id").alias("a_device"),
             pl.col("stream_id").alias("a_stream"), pl.col("correlation_id").alias("a_correlation"),
         ))
+        del k
+    # what is needed of the kernel table later, so that its frames can go now
+    kernel_devices = kernels.select("report", "device_id").unique()
+    kernel_span = kernels.select(pl.col("start_ns").min(), pl.col("end_ns").max()).row(0)
+    del kernels, ops_k
     if ops_c.height:
-        c = with_flow(ops_c, op_rows(1), "flow_in").join(stream_map, on=["report", "pid", "device_id", "stream_id"], how="left",
-                                                       nulls_equal=True)
+        c = with_flow(ops_c, op_rows(1), "flow_in").pipe(
+            _lookup, stream_map, ["report", "pid", "device_id", "stream_id"])
         groups["stream"].append(c.select(
             "track", "start_ns", "end_ns", pl.format("Memcpy {}", pl.col("copy_kind")).alias("name"),
             pl.lit("memcpy").alias("cat"), "flow_in", pl.col("bytes").alias("a_bytes"), pl.col("copy_kind").alias("a_copy_kind"),
@@ -490,8 +507,8 @@ def build_model(
             pl.col("stream_id").alias("a_stream"), pl.col("correlation_id").alias("a_correlation"),
         ))
     if ops_s.height:
-        s = with_flow(ops_s, op_rows(2), "flow_in").join(stream_map, on=["report", "pid", "device_id", "stream_id"], how="left",
-                                                       nulls_equal=True)
+        s = with_flow(ops_s, op_rows(2), "flow_in").pipe(
+            _lookup, stream_map, ["report", "pid", "device_id", "stream_id"])
         groups["stream"].append(s.select(
             "track", "start_ns", "end_ns", pl.lit("Memset").alias("name"), pl.lit("memset").alias("cat"), "flow_in",
             pl.col("bytes").alias("a_bytes"), pl.col("value").alias("a_value"), pl.col("mem_kind").alias("a_mem_kind"),
@@ -502,12 +519,15 @@ def build_model(
         def clean(u: pl.DataFrame) -> pl.DataFrame:  # cudaLaunchKernel_v7000 → cudaLaunchKernel
             return u.with_columns(pl.col("name").str.replace(r"_v\d+$", "").cast(pl.Categorical).alias("_clean"))
 
-        a = with_flow(_by_unique_name(api, clean), linked["_api_row"], "flow_out").join(thread_map, on=["report", "pid", "tid"], how="left")
+        a = with_flow(_by_unique_name(api, clean), linked.with_columns(pl.col("_api_row").alias("_row")), "flow_out").pipe(
+            _lookup, thread_map, ["report", "pid", "tid"])
         groups["thread"].append(a.select(
             "track", "start_ns", "end_ns", pl.col("_clean").alias("name"),
             pl.lit("cuda_api").alias("cat"), "flow_out", pl.col("correlation_id").alias("a_correlation"),
             pl.col("return_value").alias("a_return"),
         ))
+        del a
+    del api
     if nv_ranges.height:
         n = nv_ranges.join(thread_map, on=["report", "pid", "tid"], how="left")
         groups["thread"].append(n.select("track", "start_ns", "end_ns", pl.col("name").fill_null("(unnamed)"), pl.lit("nvtx").alias("cat"),
@@ -540,9 +560,11 @@ def build_model(
             pl.col("gpu_duration_ns").alias("a_gpu_duration"),
         ))
     slice_parts = []
-    for frames in groups.values():
+    for key in list(groups):
+        frames = groups.pop(key)  # each family's inputs are let go once it is stacked
         if frames:
             part = _conform_part(frames)
+            del frames
             # a timestamp before the session start has no place on the timeline (uint64), and a
             # slice that ends before it starts (a damaged export) cannot be drawn
             bad = (pl.col("start_ns") < 0) | (pl.col("end_ns") < pl.col("start_ns")) | pl.col("track").is_null()
@@ -557,8 +579,14 @@ def build_model(
         "track", pl.col("start_ns").alias("ts_ns"), pl.col("name").fill_null("(unnamed)"), pl.lit("nvtx").alias("cat"),
         pl.col("domain").alias("a_domain"))] if marks.height else [], INSTANT_SCHEMA).sort("track", "ts_ns")
 
-    counters = _counters(trace, memory, kernels, procs, proc_uuid, tracks, win, metrics, ranks is not None)
-    return ExportModel(tracks.items, slice_parts, instants, counters, win, source, skipped)
+    counters = _counters(trace, memory, kernel_devices, procs, proc_uuid, tracks, win, metrics, ranks is not None)
+    notes = []
+    if win is not None and not any(part.height for part in slice_parts):
+        where = f"; its kernels run from {kernel_span[0]} to {kernel_span[1]} ns" if kernel_span[0] is not None else ""
+        notes.append(f"no slice overlaps the window {win[0]}:{win[1]} ns (times since the session start){where}")
+    elif not any(part.height for part in slice_parts):
+        notes.append("the trace has no CUDA, NVTX or NCCL events to draw (was it captured with --trace=cuda,nvtx?)")
+    return ExportModel(tracks.items, slice_parts, instants, counters, win, source, skipped, notes)
 
 
 _COMMON = ("track", "start_ns", "end_ns", "name", "cat", "flow_out", "flow_in")
@@ -674,7 +702,7 @@ def _metric_samples(trace: Any, metrics: Sequence[str] | str, win: tuple[int, in
     return gpu_metric_samples(db, names, start_ns=lo, end_ns=hi)
 
 
-def _counters(trace: Any, memory: pl.DataFrame, kernels: pl.DataFrame, procs: pl.DataFrame,
+def _counters(trace: Any, memory: pl.DataFrame, kernel_devices: pl.DataFrame, procs: pl.DataFrame,
               proc_uuid: dict[tuple[int, int], int], tracks: _Tracks, win: tuple[int, int] | None,
               metrics: Sequence[str] | str, by_rank: bool) -> pl.DataFrame:
     from tracekit.analysis.memory import memory_timeline
@@ -716,20 +744,19 @@ def _counters(trace: Any, memory: pl.DataFrame, kernels: pl.DataFrame, procs: pl
             gm = gm.with_columns(pl.lit(0, pl.Int64).alias("report"))
         gm = gm.filter(pl.col("metric") == metric)
         if by_rank:
-            used = kernels.select("report", "device_id").unique()
-            gm = gm.join(used, on=["report", "device_id"], how="semi")
+            gm = gm.join(kernel_devices, on=["report", "device_id"], how="semi")
         gm = gm.filter(pl.col("timestamp_ns") >= 0)  # before the session start: no place on the timeline
         gm = _keep_window(gm, win, "timestamp_ns", None)
         if gm.height == 0:
             continue
-        rows = []
+        metric_rows: list[tuple[int, int, int]] = []
         for report, dev, label in gm.select("report", "device_id", "metric_label").unique(
                 ["report", "device_id"]).sort("report", "device_id").iter_rows():
             if (report, dev) not in gpu_uuid:
                 gpu_uuid[(report, dev)] = tracks.add(f"report {report} · GPU {dev}" if multi else f"GPU {dev}", "gpu")
             unit = "%" if label and "%" in label else None
-            rows.append((report, dev, tracks.add(label or metric, "counter", gpu_uuid[(report, dev)], unit=unit)))
-        gmap = pl.DataFrame(rows, schema={"report": pl.Int64, "device_id": pl.Int64, "track": pl.Int64}, orient="row")
+            metric_rows.append((report, dev, tracks.add(label or metric, "counter", gpu_uuid[(report, dev)], unit=unit)))
+        gmap = pl.DataFrame(metric_rows, schema={"report": pl.Int64, "device_id": pl.Int64, "track": pl.Int64}, orient="row")
         g = gm.select("report", "device_id", "timestamp_ns", "value").join(gmap, on=["report", "device_id"], how="left")
         del gm
         parts.append(g.select("track", pl.col("timestamp_ns").alias("ts_ns"), pl.col("value").cast(pl.Float64)).sort(

@@ -114,12 +114,13 @@ def _summary(model: ExportModel, target: Path, fmt: str, t0: float) -> ExportSum
     for part in model.parts:
         for cat, n in part.group_by("cat").len().iter_rows():
             by_cat[str(cat)] = by_cat.get(str(cat), 0) + n
-        flows += part["flow_out"].is_not_null().sum()
+        flows += int(part["flow_out"].is_not_null().sum())
     return ExportSummary(
         path=str(target), format=fmt, bytes=target.stat().st_size, tracks=len(model.tracks),
         slices={c: int(by_cat.get(c, 0)) for c in CATEGORIES}, flows=int(flows),
         instants=model.instants.height, counter_samples=model.counters.height, window=model.window,
         window_source=model.window_source, skipped=dict(model.skipped), seconds=time.perf_counter() - t0,
+        notes=list(model.notes),
     )
 
 
@@ -154,6 +155,7 @@ def _write(model: ExportModel, f: IO[bytes], builder_cls: Any, chunk_rows: int) 
             d.name = t.name
         if t.kind == "counter":
             units[t.uuid] = t.unit
+            d.counter.SetInParent()  # a counter track even without a unit
             if t.unit == "bytes":
                 d.counter.unit = _UNIT_BYTES
             elif t.unit:
