@@ -295,7 +295,8 @@ def cmd_ncu_step(args: argparse.Namespace) -> int:
 # -- step 4 (local): the check ------------------------------------------------------------------
 
 #: columns that may be null: chip-specific ones, and the tensor ones of a kernel without tensor FLOPs
-MAY_BE_NULL = {"tc_pipe_pct"}  # tcgen05 (compute capability 10.x) only
+#: (``*_reason`` columns say why a number is missing: null where the number is there)
+MAY_BE_NULL = {"tc_pipe_pct", "pct_of_attainable_reason"}  # tc_pipe_pct: tcgen05 (compute capability 10.x) only
 NO_TENSOR_MAY_BE_NULL = {
     "tensor_precision",
     "peak_tensor_flops_per_s",
