@@ -394,3 +394,21 @@ def test_flipped_name_id_out_of_the_name_table(tmp_path: Path) -> None:
     with pytest.warns(DamagedReportWarning, match="cannot be read"):
         metrics = NcuReport.from_path(path, validate=False).metrics
     assert metrics.height == 4709
+
+
+def test_kernel_name_that_is_not_utf8(tmp_path: Path) -> None:
+    """Bit 7 flipped in a kernel's name (its mangled name: nvjet kernels are extern "C", so
+    the mangled name is the plain one): ncu_report hands the name over as lone surrogates. Kernel names are join keys (nsys, diff), so this is damage; with
+    validate=False the name is shown with U+FFFD."""
+    data = PRECISIONS.read_bytes()
+    name = b"nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT"
+    offset = data.index(name, container.walk(PRECISIONS).shapes[0].offset) + 3
+    path = flipped(tmp_path, PRECISIONS, offset, 7)
+    with pytest.raises(TraceFormatError) as exc:
+        NcuReport.from_path(path)
+    assert "result 0 has a kernel name that is not valid UTF-8" in one_line(exc)
+    with pytest.warns(UserWarning) as caught:
+        report = NcuReport.from_path(path, validate=False)
+        mangled = report.kernels["mangled_name"][0]
+    assert any(isinstance(w.message, DamagedReportWarning) for w in caught)
+    assert mangled == "nvj\ufffdt_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT"
