@@ -28,11 +28,13 @@ from tracekit.ncu import DamagedReportWarning, NcuReport, container
 from tracekit.ncu.damage import capture_fd2
 from tracekit.ncu.isolated import IsolatedReport, isolate_mode
 
+from .conftest import CORPUS
+
 ROOT = Path(__file__).resolve().parents[1]
 NCU = ROOT / "sample_traces" / "ncu"
 PLANTED = NCU / "ncu_planted_clean" / "ncu_planted_clean.ncu-rep"  # 20 results x 785 metrics
 PRECISIONS = NCU / "ncu_precisions" / "ncu_precisions.ncu-rep"  # 6 results x 785 metrics
-REPORTS = sorted(NCU.glob("*/*.ncu-rep"))
+REPORTS = sorted(NCU.glob("*/*.ncu-rep")) + sorted((CORPUS / "ncu").glob("*.ncu-rep"))
 
 pytestmark = [
     pytest.mark.ncu,
@@ -92,7 +94,8 @@ def result_length_offset(path: Path, index: int = 0) -> int:
 @pytest.mark.parametrize("path", REPORTS, ids=lambda p: p.name)
 def test_walk_counts_what_ncu_report_reads(path: Path) -> None:
     """Per result, the walk's metric and instance counts equal ncu_report's on every sound
-    report of the repo (the basis of the silent-loss checks)."""
+    report of the repo and the corpus, ncu 2023.3 to 2025.3 (the basis of the silent-loss
+    checks)."""
     walked = container.walk(path)
     code, counts, _ = probe(path)
     assert code == 0 and counts is not None
