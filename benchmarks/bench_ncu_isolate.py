@@ -13,15 +13,18 @@ first (a notebook has them loaded; not timed) and then times, with ``perf_counte
 
 Rounds are interleaved; the table gives medians and the ratios isolated ÷ all (a user who
 reads the metrics) and isolated ÷ open (a user who only looks at the kernels), which decide the
-default of ``isolate`` (docs/ncu.md, "Damaged reports").
+default of ``isolate`` (docs/ncu.md, "Damaged reports"). ``--baseline DIR`` also runs ``open``
+and ``all`` with the tracekit of another checkout (e.g. one without the damage checks), to
+show what validation costs in process.
 
-    python benchmarks/bench_ncu_isolate.py [--rounds 5] [REPORT ...]
+    python benchmarks/bench_ncu_isolate.py [--rounds 5] [--baseline ../main] [REPORT ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -49,7 +52,8 @@ t0 = time.perf_counter()
 if variant == "walk":
     container.walk(path)
 else:
-    report = NcuReport.from_path(path, isolate=variant == "isolated")
+    options = {"isolate": True} if variant == "isolated" else {}  # a baseline may lack isolate=
+    report = NcuReport.from_path(path, **options)
     report.kernels
     if variant != "open":
         report.metrics
@@ -59,12 +63,17 @@ print(json.dumps({"s": time.perf_counter() - t0}))
 VARIANTS = ("walk", "open", "all", "isolated")
 
 
-def measure(path: Path, variant: str) -> float:
+def measure(path: Path, variant: str, baseline: Path | None = None) -> float:
+    source = REPO
+    if variant.endswith("@base"):
+        assert baseline is not None
+        variant, source = variant.removesuffix("@base"), baseline
     proc = subprocess.run(
-        [python(), "-c", CHILD, str(path), variant],
+        [python(), "-c", CHILD, str(path.resolve()), variant],
         capture_output=True,
         text=True,
-        cwd=REPO,
+        cwd=source,
+        env={**os.environ, "PYTHONPATH": str(source)},
         check=False,
     )
     if proc.returncode != 0:
@@ -76,21 +85,25 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("reports", nargs="*", type=Path)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--baseline", type=Path, help="another tracekit checkout for open/all")
     args = ap.parse_args()
+    variants = VARIANTS + (("open@base", "all@base") if args.baseline else ())
     reports: list[Path] = args.reports or sorted((REPO / "sample_traces" / "ncu").glob("*/*.ncu-rep"))
     precompile_tracekit()
-    times: dict[str, dict[str, list[float]]] = {p.name: {v: [] for v in VARIANTS} for p in reports}
+    times: dict[str, dict[str, list[float]]] = {p.name: {v: [] for v in variants} for p in reports}
     busy: list[float] = []
     for _ in range(args.rounds):
         busy.append(wait_for_idle(max_wait_s=10))
         for path in reports:
-            for variant in VARIANTS:
-                times[path.name][variant].append(measure(path, variant))
+            for variant in variants:
+                times[path.name][variant].append(measure(path, variant, args.baseline))
     header = ["report", "MB", "walk s", "open s", "all s", "isolated s", "isolated ÷ all", "isolated ÷ open"]
+    if args.baseline:
+        header += ["open s (baseline)", "all s (baseline)"]
     rows = []
     medians: dict[str, dict[str, float]] = {}
     for path in reports:
-        med = {v: statistics.median(times[path.name][v]) for v in VARIANTS}
+        med = {v: statistics.median(times[path.name][v]) for v in variants}
         medians[path.name] = med
         rows.append(
             [
@@ -103,6 +116,7 @@ def main() -> None:
                 fmt_ratio(med["isolated"] / med["all"]),
                 fmt_ratio(med["isolated"] / med["open"]),
             ]
+            + ([f"{med['open@base']:.3f}", f"{med['all@base']:.3f}"] if args.baseline else [])
         )
     title = f"ncu report: in process vs child process (median of {args.rounds} rounds)"
     print_table(title, header, rows)

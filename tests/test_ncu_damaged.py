@@ -28,11 +28,13 @@ from tracekit.ncu import DamagedReportWarning, NcuReport, container
 from tracekit.ncu.damage import capture_fd2
 from tracekit.ncu.isolated import IsolatedReport, isolate_mode
 
+from .conftest import CORPUS
+
 ROOT = Path(__file__).resolve().parents[1]
 NCU = ROOT / "sample_traces" / "ncu"
 PLANTED = NCU / "ncu_planted_clean" / "ncu_planted_clean.ncu-rep"  # 20 results x 785 metrics
 PRECISIONS = NCU / "ncu_precisions" / "ncu_precisions.ncu-rep"  # 6 results x 785 metrics
-REPORTS = sorted(NCU.glob("*/*.ncu-rep"))
+REPORTS = sorted(NCU.glob("*/*.ncu-rep")) + sorted((CORPUS / "ncu").glob("*.ncu-rep"))
 
 pytestmark = [
     pytest.mark.ncu,
@@ -92,7 +94,8 @@ def result_length_offset(path: Path, index: int = 0) -> int:
 @pytest.mark.parametrize("path", REPORTS, ids=lambda p: p.name)
 def test_walk_counts_what_ncu_report_reads(path: Path) -> None:
     """Per result, the walk's metric and instance counts equal ncu_report's on every sound
-    report of the repo (the basis of the silent-loss checks)."""
+    report of the repo and the corpus, ncu 2023.3 to 2025.3 (the basis of the silent-loss
+    checks)."""
     walked = container.walk(path)
     code, counts, _ = probe(path)
     assert code == 0 and counts is not None
@@ -394,3 +397,21 @@ def test_flipped_name_id_out_of_the_name_table(tmp_path: Path) -> None:
     with pytest.warns(DamagedReportWarning, match="cannot be read"):
         metrics = NcuReport.from_path(path, validate=False).metrics
     assert metrics.height == 4709
+
+
+def test_kernel_name_that_is_not_utf8(tmp_path: Path) -> None:
+    """Bit 7 flipped in a kernel's name (its mangled name: nvjet kernels are extern "C", so
+    the mangled name is the plain one): ncu_report hands the name over as lone surrogates. Kernel names are join keys (nsys, diff), so this is damage; with
+    validate=False the name is shown with U+FFFD."""
+    data = PRECISIONS.read_bytes()
+    name = b"nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT"
+    offset = data.index(name, container.walk(PRECISIONS).shapes[0].offset) + 3
+    path = flipped(tmp_path, PRECISIONS, offset, 7)
+    with pytest.raises(TraceFormatError) as exc:
+        NcuReport.from_path(path)
+    assert "result 0 has a kernel name that is not valid UTF-8" in one_line(exc)
+    with pytest.warns(UserWarning) as caught:
+        report = NcuReport.from_path(path, validate=False)
+        mangled = report.kernels["mangled_name"][0]
+    assert any(isinstance(w.message, DamagedReportWarning) for w in caught)
+    assert mangled == "nvj\ufffdt_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT"

@@ -125,6 +125,12 @@ class BinaryReport:
         if self.container is not None:
             found = list(zip(self._kernel_names, map(len, self._names), strict=True))
             problems += compare(self.container.shapes, found, announced=self.container.results)
+        for action_id, (_, _, act) in enumerate(self.actions):
+            # kernel names are join keys (nsys, diff): a damaged one is damage, not text to show
+            kinds = (act.NameBase_FUNCTION, act.NameBase_DEMANGLED, act.NameBase_MANGLED)
+            if any(not _is_utf8(act.name(kind) or "") for kind in kinds):
+                problems.append(f"result {action_id} has a kernel name that is not valid UTF-8")
+                break
         for action_id, names in enumerate(self._names):
             bad = sum(1 for name in names if not _is_utf8(name))
             if bad:

@@ -123,17 +123,30 @@ def _fields(data: bytes, pos: int, end: int) -> list[tuple[int, int, int, int, i
     while pos < end:
         start = pos
         try:
-            key, pos = _varint(data, pos, end)
+            # one-byte keys and lengths are the rule: skip the general varint reader for them
+            key = data[pos]
+            if key < 0x80:
+                pos += 1
+            else:
+                key, pos = _varint(data, pos, end)
             number, wire = key >> 3, key & 7
             if number == 0:
                 raise _Bad(start, "protobuf field number 0")
-            if wire == 0:
-                value, pos = _varint(data, pos, end)
-                out.append((number, 0, start, pos, value))
-            elif wire == 2:
-                length, pos = _varint(data, pos, end)
+            if wire == 2:
+                length = data[pos] if pos < end else 0x80
+                if length < 0x80:
+                    pos += 1
+                else:
+                    length, pos = _varint(data, pos, end)
                 out.append((number, 2, start, pos, length))
                 pos += length
+            elif wire == 0:
+                value = data[pos] if pos < end else 0x80
+                if value < 0x80:
+                    pos += 1
+                else:
+                    value, pos = _varint(data, pos, end)
+                out.append((number, 0, start, pos, value))
             elif wire in (1, 5):
                 out.append((number, wire, start, pos, 0))
                 pos += 8 if wire == 1 else 4
@@ -168,21 +181,7 @@ def _result_shape(data: bytes, start: int, end: int) -> tuple[int, int]:
             continue
         if wire != 2:
             raise _Bad(key_pos, f"a metric entry with protobuf wire type {wire}")
-        name = -1
-        count = 0
-        singular: set[int] = set()
-        for sub, sub_wire, sub_key, _, value in _fields(data, pos, pos + length):
-            expected = _METRIC_WIRE_TYPES.get(sub)
-            if expected is not None and sub_wire != expected:
-                raise _Bad(sub_key, f"metric field {sub} with protobuf wire type {sub_wire}")
-            if sub == _INSTANCE_VALUES:
-                count += 1
-            elif expected is not None:
-                if sub in singular:
-                    raise _Bad(sub_key, f"metric field {sub} appears twice")
-                singular.add(sub)
-                if sub == _METRIC_NAME:
-                    name = value
+        name, count = _metric_entry(data, pos, pos + length)
         if name < 0:
             raise _Bad(pos, "a metric entry without a name id")
         if name in seen:
@@ -194,6 +193,62 @@ def _result_shape(data: bytes, start: int, end: int) -> tuple[int, int]:
         seen[name] = (key_pos, pos, length)
         instances += count
     return len(seen), instances
+
+
+def _metric_entry(data: bytes, pos: int, end: int) -> tuple[int, int]:
+    """``(name id, instance values)`` of one ``MetricResult``; -1 without a name id.
+
+    Fast path for the usual entry, ``08 <name> 12 <len> <value> (1a <len> <instance>)*
+    20 <flags>`` with a one- or two-byte name id and one-byte lengths and flags (what every
+    entry of the sample reports looks like); anything else takes the general walk, which
+    applies the same rules to any layout.
+    """
+    start = pos
+    if end - pos < 3 or data[pos] != 0x08:
+        return _metric_entry_general(data, start, end)
+    name = data[pos + 1]
+    pos += 2
+    if name >= 0x80:
+        if data[pos] >= 0x80:
+            return _metric_entry_general(data, start, end)
+        name = (name & 0x7F) | data[pos] << 7
+        pos += 1
+    count = 0
+    if pos + 1 < end and data[pos] == 0x12:
+        if data[pos + 1] >= 0x80:
+            return _metric_entry_general(data, start, end)
+        pos += 2 + data[pos + 1]
+    while pos + 1 < end and data[pos] == 0x1A:
+        if data[pos + 1] >= 0x80:
+            return _metric_entry_general(data, start, end)
+        pos += 2 + data[pos + 1]
+        count += 1
+    if pos == end or (pos + 2 == end and data[pos] == 0x20 and data[pos + 1] < 0x80):
+        return name, count
+    return _metric_entry_general(data, start, end)
+
+
+def _metric_entry_general(data: bytes, pos: int, end: int) -> tuple[int, int]:
+    """:func:`_metric_entry` for any layout: known fields keep their wire type, singular
+    fields appear once, unknown fields are skipped."""
+    name = -1
+    count = 0
+    singular = 0  # bit n set: field n seen
+    for sub, sub_wire, sub_key, _, value in _fields(data, pos, end):
+        expected = _METRIC_WIRE_TYPES.get(sub)
+        if expected is None:
+            continue
+        if sub_wire != expected:
+            raise _Bad(sub_key, f"metric field {sub} with protobuf wire type {sub_wire}")
+        if sub == _INSTANCE_VALUES:
+            count += 1
+            continue
+        if singular >> sub & 1:
+            raise _Bad(sub_key, f"metric field {sub} appears twice")
+        singular |= 1 << sub
+        if sub == _METRIC_NAME:
+            name = value
+    return name, count
 
 
 def _payload_shapes(data: bytes, base: int, count: int, block: int) -> list[ResultShape]:

@@ -80,12 +80,14 @@ def run_child(
     """
     with tempfile.TemporaryDirectory(prefix="tracekit-ncu-") as tmp:
         out = Path(tmp)
-        args = [sys.executable, "-m", "tracekit.ncu._child", str(path), str(out), *tables]
+        # absolute paths and the private folder as working directory: ``python -m`` puts the
+        # working directory first on sys.path, where another tracekit could be lying around
+        args = [sys.executable, "-m", "tracekit.ncu._child", str(path.resolve()), str(out), *tables]
         if instances is not None:
             (out / "wanted.json").write_text(json.dumps(instances))
         env = {**os.environ, "PYTHONPATH": _pythonpath()}
         proc = subprocess.run(
-            args, capture_output=True, text=True, errors="replace", env=env, check=False
+            args, capture_output=True, text=True, errors="replace", env=env, cwd=out, check=False
         )
         result_file = out / "result.json"
         if proc.returncode < 0:

@@ -151,9 +151,7 @@ def tensor_flop_terms(names: list[str], *, integer: bool = False) -> list[Tensor
       they are chosen: the integer tensor operations, 2 per MAC like FLOPs).
     """
     parsed = [
-        c
-        for c in (parse_tensor_counter(n) for n in names)
-        if c and not c.peak and c.is_float != integer
+        c for c in (parse_tensor_counter(n) for n in names) if c and not c.peak and c.is_float != integer
     ]
     aggregates = [c for c in parsed if c.op is None]
     chosen = aggregates if aggregates else [c for c in parsed if c.op is not None]

@@ -194,7 +194,7 @@ class NcuReport:
         """Instance-value counts are checked when metrics are first read (in process)."""
         if isinstance(self._binary, BinaryReport):
             new = [p for p in self._binary.late_problems if p not in self.damaged]
-            self._damage(new, stacklevel=4)
+            self._damage(new, stacklevel=5)  # past metrics/instances and cached_property
 
     # -- identity -------------------------------------------------------------------------
 
