@@ -181,3 +181,23 @@ def test_stats_from_folder_equal_nsys_stats(exports: Path, kind: str, tmp_path: 
         reference = (exports / "reference" / f"{report}.csv").read_bytes()
         assert reference.count(b"\n") > 2  # a header and rows, not an empty report
         assert run.stdout == reference.rstrip(b"\n") + b"\n", report
+
+
+def test_unreadable_schema_names_its_own_file(exports: Path, tmp_path: Path) -> None:
+    """An Arrow stream whose schema cannot be read (cut inside its first message) is named by
+    itself, once, and only the tables that need it fail: the metadata and the API calls still
+    read (the error named META_DATA_EXPORT.arrow, wrapping the kernel file's error, and no
+    table of the folder could be read)."""
+    copy = tmp_path / "copy.arrowdir"
+    shutil.copytree(_export(exports, "arrowdir"), copy)
+    damaged = copy / "CUPTI_ACTIVITY_KIND_KERNEL.arrow"
+    damaged.write_bytes(damaged.read_bytes()[:2000])
+    trace = tracekit.open(copy)
+    assert trace.meta.version == "2023.4.4.54"
+    assert trace.cuda_api.height == tracekit.open(_export(exports, "sqlite")).cuda_api.height
+    with pytest.raises(TraceFormatError) as info:
+        _ = trace.kernels
+    message = str(info.value)
+    assert message.startswith(f"{damaged} could not be read (")
+    assert message.count("could not be read") == 1
+    assert "META_DATA_EXPORT" not in message
