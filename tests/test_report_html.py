@@ -114,3 +114,29 @@ def test_report_opens_with_the_findings(tmp_path: Path) -> None:
     assert first is not None and first.group(1) == "findings"
     findings = page[page.index('<section id="findings">') : page.index('<section id="overview">')]
     assert "host_bound" in findings and "prepare_batch" in findings and "warm-up" in findings
+
+
+def test_report_onto_a_folder_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """-o naming a folder was 'internal error: IsADirectoryError' after the whole report was
+    built; now one error line before the trace is opened, and nothing is left in the folder."""
+    _need(TP2)
+    folder = tmp_path / "out.html"
+    folder.mkdir()
+    assert main(["report", str(TP2), "-o", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == [f"tracekit: error: cannot write {folder}: it is a folder; name an HTML file"]
+    assert list(folder.iterdir()) == []
+
+
+def test_report_is_written_through_a_temporary_name(tmp_path: Path) -> None:
+    """The page is written under a temporary name in the output's folder and renamed: the
+    final name never holds a half-written file, and no temporary file is left behind."""
+    _need(TP2)
+    out = tmp_path / "report.html"
+    out.write_text("old")
+    before = out.stat().st_ino
+    assert main(["report", str(TP2), "-o", str(out)]) == 0
+    assert out.stat().st_ino != before  # a new file renamed over the old one, not rewritten in place
+    assert out.read_text().lower().startswith("<!doctype html>")
+    assert oct(out.stat().st_mode & 0o777) != "0o600"  # a normal file, not mkstemp's private mode
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.html"]

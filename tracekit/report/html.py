@@ -9,9 +9,12 @@ use. A section whose data is missing says so instead of failing the report.
 
 from __future__ import annotations
 
+import contextlib
 import html
 import logging
+import os
 import shlex
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +22,7 @@ from typing import Any
 
 import polars as pl
 
+from tracekit.errors import TracekitError
 from tracekit.viz import prep
 from tracekit.viz.tables import fmt_bytes, fmt_ns, html_table
 
@@ -458,6 +462,10 @@ def write_report(
     import tracekit
     from tracekit.ncu.report import NcuReport
 
+    output = Path(output)
+    if output.is_dir():  # said before the trace is read and the report built
+        msg = f"cannot write {output}: it is a folder; name an HTML file"
+        raise TracekitError(msg)
     trace = tracekit.open(trace_path) if trace_path is not None else None
     ncu = tracekit.open(ncu_path) if ncu_path is not None else None
     if isinstance(trace, NcuReport):
@@ -468,7 +476,35 @@ def write_report(
         msg = f"{ncu_path} is not an Nsight Compute report; pass the .ncu-rep file to --ncu"
         raise TraceFormatError(msg)
     document = build_report(trace, ncu, title=title, max_marks=max_marks)
-    output = Path(output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(document, encoding="utf-8")
+    _write_atomic(output, document.encode("utf-8"))
     return output
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """``data`` to ``path`` (its folder made when missing) through a temporary name in that
+    folder, then a rename: the final name never holds a half-written page. An OS error (a
+    full disk, a folder of that name, no permission) is one :class:`TracekitError`."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        msg = f"cannot write {path}: {exc.strerror or exc}"
+        raise TracekitError(msg) from exc
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a report is a normal file
+        os.replace(tmp, path)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(exc, OSError):
+            msg = f"cannot write {path}: {exc.strerror or exc}"
+            raise TracekitError(msg) from exc
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
