@@ -110,3 +110,12 @@ def test_export_output_errors_are_one_line(tmp_path: Path) -> None:
         (line,) = run.stderr.splitlines()
         assert line.startswith(f"tracekit: error: --ranks {ranks!r}: {why}")
     assert not (tmp_path / "r.pftrace").exists()
+
+
+def test_stats_with_no_report_name_is_an_error(tmp_path: Path) -> None:
+    """``tracekit stats -r ,`` (or an empty -r) printed nothing and exited 0."""
+    for given in (",", " ", ""):
+        run = _cli("stats", "-r", given, "-f", "csv", str(DECODE), tmp_path=tmp_path)
+        assert (run.returncode, run.stdout) == (2, "")
+        assert run.stderr.splitlines() == [f"tracekit: error: -r {given!r} names no report; give report names, "
+                                           "e.g. -r cuda_gpu_kern_sum,cuda_api_sum"]  # fmt: skip
