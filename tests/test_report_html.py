@@ -140,3 +140,13 @@ def test_report_is_written_through_a_temporary_name(tmp_path: Path) -> None:
     assert out.read_text().lower().startswith("<!doctype html>")
     assert oct(out.stat().st_mode & 0o777) != "0o600"  # a normal file, not mkstemp's private mode
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.html"]
+
+
+def test_report_refuses_max_marks_below_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--max-marks 0 or -5 wrote a report saying 'Lanes with more than -5 operations are shown
+    as time bins'; now a usage error and no file."""
+    _need(TP2)
+    out = tmp_path / "m.html"
+    assert main(["report", str(TP2), "--max-marks", "-5", "-o", str(out)]) == 2
+    assert "--max-marks" in capsys.readouterr().err
+    assert not out.exists()
