@@ -96,3 +96,26 @@ def test_less_room_is_still_an_error_not_a_crash(big: Path, tmp_path: Path) -> N
     last = run.stderr.splitlines()[-1]
     assert last.startswith("tracekit: error: ") and ("out of memory" in last or "needs about" in last)
     assert "Traceback" not in run.stderr and "internal error" not in run.stderr
+
+
+def test_cgroup_page_cache_counts_as_free(tmp_path: Path) -> None:
+    """cgroup v2's memory.current includes the page cache the kernel reclaims on demand. Files
+    with the kernel's format (the numbers of a container that had just read a 3 GB export
+    under a 4 GiB limit): 3.9 GiB current of which 3.2 GiB is file cache. Counting all of it as
+    used left 0.1 GiB 'free', so reading any large table was refused up front."""
+    from tracekit.nsys.database import cgroup_free
+
+    gib = 1 << 30
+    (tmp_path / "memory.max").write_text(f"{4 * gib}\n")
+    current = int(3.9 * gib)
+    (tmp_path / "memory.current").write_text(f"{current}\n")
+    active, inactive, anon = int(1.2 * gib), 2 * gib, current - int(3.2 * gib)
+    (tmp_path / "memory.stat").write_text(
+        f"anon {anon}\nfile {active + inactive + 4096}\nkernel 1048576\nshmem 4096\n"
+        f"inactive_anon {anon}\nactive_anon 0\ninactive_file {inactive}\nactive_file {active}\nunevictable 0\n"
+    )
+    assert cgroup_free(tmp_path) == 4 * gib - anon  # 3.3 GiB, not 0.1 GiB
+    (tmp_path / "memory.stat").unlink()  # no memory.stat: the usage as it is
+    assert cgroup_free(tmp_path) == 4 * gib - current
+    (tmp_path / "memory.max").write_text("max\n")
+    assert cgroup_free(tmp_path) is None

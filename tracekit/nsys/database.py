@@ -616,13 +616,37 @@ def free_memory() -> int | None:
     meminfo = _kb_fields("/proc/meminfo")
     if "MemAvailable" in meminfo:
         bounds.append(meminfo["MemAvailable"] + meminfo.get("SwapFree", 0))
-    try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        if limit != "max":
-            bounds.append(int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text()))
-    except (OSError, ValueError):
-        pass
+    cgroup = cgroup_free()
+    if cgroup is not None:
+        bounds.append(cgroup)
     return max(min(bounds), 0) if bounds else None
+
+
+def cgroup_free(root: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """Bytes the cgroup (v2) can still take: ``memory.max`` less ``memory.current``, less the
+    page cache in it (``active_file`` + ``inactive_file`` of ``memory.stat``), which the kernel
+    reclaims before it refuses memory. ``memory.current`` counts that cache: once an export
+    larger than the headroom had been read, it filled the cgroup to its limit and every read of
+    a large table was refused although the memory was there. None without a limit."""
+    try:
+        limit = (root / "memory.max").read_text().strip()
+        if limit == "max":
+            return None
+        used = int((root / "memory.current").read_text())
+    except (OSError, ValueError):
+        return None
+    cache = 0
+    try:
+        for line in (root / "memory.stat").read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name in ("active_file", "inactive_file") and value.strip().isdigit():
+                cache += int(value)
+    except OSError:
+        pass
+    try:
+        return int(limit) - max(used - cache, 0)
+    except ValueError:
+        return None
 
 
 def _kb_fields(path: str) -> dict[str, int]:
