@@ -201,3 +201,15 @@ def test_unreadable_schema_names_its_own_file(exports: Path, tmp_path: Path) -> 
     assert message.startswith(f"{damaged} could not be read (")
     assert message.count("could not be read") == 1
     assert "META_DATA_EXPORT" not in message
+
+
+def test_damaged_file_is_named_by_lazy_scans(exports: Path, tmp_path: Path) -> None:
+    """trace.scan counts a folder table's rows first; on a truncated Parquet file that count's
+    error named the folder ('copy.parquetdir could not be read'), not the file."""
+    copy = tmp_path / "copy.parquetdir"
+    shutil.copytree(_export(exports, "parquetdir"), copy)
+    damaged = copy / "CUPTI_ACTIVITY_KIND_KERNEL.parquet"
+    damaged.write_bytes(damaged.read_bytes()[:-100])
+    with pytest.raises(TraceFormatError) as info:
+        tracekit.open(copy).scan("kernels").collect()
+    assert str(info.value).startswith(f"{damaged} could not be read (")

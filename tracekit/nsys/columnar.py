@@ -214,7 +214,7 @@ class ExportFolder:
         """Number of rows in ``table`` (0 when absent)."""
         if table not in self._files:
             return 0
-        return int(self._collect(self.scan(table).select(pl.len()), table).item())
+        return int(self._collect(self.scan(table).select(pl.len()), f'"{table}"').item())  # names the file
 
     def is_rowid_table(self, table: str) -> bool:
         """False: no rowid index to bisect (a ``WHERE`` on a column reaches the scan instead)."""
