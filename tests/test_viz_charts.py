@@ -267,3 +267,15 @@ def test_layer_memory_prep_frames(tp2: Any) -> None:
         assert part["peak_bytes"].max() >= lane["peak_inside_bytes"].max()
     growth = prep.layer_growth(rows)
     assert growth.filter(pl.col("name") == "attn")["mean_net_growth_bytes"][0] > 0
+
+
+def test_save_replaces_the_file_through_a_temporary_name(tmp_path: Path) -> None:
+    """tv.save wrote the figure in place (a reader could see half a PDF); now it is written
+    beside it and renamed over it, leaving no temporary file."""
+    k = tracekit.open(DECODE).kernels
+    out = tmp_path / "fig.svg"
+    out.write_text("old")
+    before = out.stat().st_ino
+    tv.save(tv.top_kernels_chart(k, n=5), out, width="column")
+    assert out.stat().st_ino != before and out.read_text().startswith("<svg")
+    assert [p.name for p in tmp_path.iterdir()] == ["fig.svg"]
