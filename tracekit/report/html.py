@@ -299,7 +299,6 @@ def _metrics(page: _Page, trace: Any, origin: int | None) -> str:
     g = trace.gpu_metrics
     if g.is_empty():
         return _note("No GPU metrics (capture with nsys --gpu-metrics-devices=all).")
-    series = prep.gpu_metrics_series(g)
     summary = (
         g.filter(
             pl.col("metric").is_in(list(prep.DEFAULT_GPU_METRICS))
@@ -313,7 +312,7 @@ def _metrics(page: _Page, trace: Any, origin: int | None) -> str:
         .sort("device_id", "metric_label")
     )
     return page.chart(
-        gpu_metrics_chart(series, origin_ns=origin, width=1000, title="GPU metrics over time")
+        gpu_metrics_chart(g, origin_ns=origin, width=1000, title="GPU metrics over time")  # binned within altair's row limit
     ) + html_table(
         summary,
         formats={"mean_pct": lambda v: f"{v:.1f}%", "max_pct": lambda v: f"{v:.0f}%"},
@@ -327,11 +326,10 @@ def _memory(page: _Page, trace: Any, origin: int | None) -> str:
     m = trace.memory_usage
     if m.is_empty():
         return _note("No memory events (capture with nsys --cuda-memory-usage=true).")
-    series = prep.memory_series(m)
     return _note(
         "Allocations seen during the capture, counted from zero at its start."
     ) + page.chart(
-        memory_chart(series, origin_ns=origin, width=1000, title="Device memory allocated")
+        memory_chart(m, origin_ns=origin, width=1000, title="Device memory allocated")
     )
 
 
