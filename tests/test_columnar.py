@@ -213,3 +213,14 @@ def test_damaged_file_is_named_by_lazy_scans(exports: Path, tmp_path: Path) -> N
     with pytest.raises(TraceFormatError) as info:
         tracekit.open(copy).scan("kernels").collect()
     assert str(info.value).startswith(f"{damaged} could not be read (")
+
+
+def test_open_many_reads_a_report_exported_to_both_folder_kinds_once(exports: Path, tmp_path: Path) -> None:
+    """A directory holding one report's parquetdir and arrowdir exports (no .sqlite) was read
+    as two reports (two ranks of the same data); now once, from the parquetdir."""
+    from tracekit.multi import _resolve
+
+    for kind in KINDS:
+        shutil.copytree(_export(exports, kind), tmp_path / f"job.{kind}")
+    shutil.copytree(_export(exports, "arrowdir"), tmp_path / "other.arrowdir")
+    assert _resolve(tmp_path) == [tmp_path / "job.parquetdir", tmp_path / "other.arrowdir"]
