@@ -163,3 +163,15 @@ def test_report_of_four_gpus_builds_every_section(tmp_path: Path) -> None:
     assert "could not be built" not in page
     metrics = page[page.index('<section id="metrics">'):]
     assert '<div class="chart"' in metrics[: metrics.index("</section>")]
+
+
+def test_two_ncu_reports_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`tracekit report A.ncu-rep --ncu B.ncu-rep` wrote a report of B alone, A dropped silently."""
+    pytest.importorskip("ncu_report", reason="needs the ncu extra")
+    other = SAMPLES / "ncu" / "ncu_precisions" / "ncu_precisions.ncu-rep"
+    _need(NCU, other)
+    out = tmp_path / "two.html"
+    assert main(["report", str(other), "--ncu", str(NCU), "-o", str(out)]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"tracekit: error: {other} and {NCU} are both Nsight Compute reports")
+    assert not out.exists()

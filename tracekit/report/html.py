@@ -467,7 +467,13 @@ def write_report(
     trace = tracekit.open(trace_path) if trace_path is not None else None
     ncu = tracekit.open(ncu_path) if ncu_path is not None else None
     if isinstance(trace, NcuReport):
-        trace, ncu = (None, trace) if ncu is None else (None, ncu)
+        if ncu is not None:  # the first report was dropped without a word
+            from tracekit.errors import TraceFormatError
+
+            msg = (f"{trace_path} and {ncu_path} are both Nsight Compute reports; a report holds one: pass an "
+                   "Nsight Systems trace with --ncu, or one Nsight Compute report alone")
+            raise TraceFormatError(msg)
+        trace, ncu = None, trace
     if ncu is not None and not isinstance(ncu, NcuReport):
         from tracekit.errors import TraceFormatError
 
