@@ -69,7 +69,7 @@ def _check_output(out: Path) -> None:
 @app.command("perfetto")
 def perfetto(
     traces: Annotated[list[Path], typer.Argument(
-        help="Nsight Systems export(s) (.sqlite / .nsys-rep); several files or a folder = one report per rank.")],
+        help="Nsight Systems export(s) (.sqlite, .nsys-rep, or an nsys parquetdir/arrowdir folder); several, or a folder of them = one report per rank.")],
     output: Annotated[Path | None, typer.Option("-o", "--output",
                                                 help="File to write (default: the first trace's name with .pftrace / .json).")] = None,
     fmt: Annotated[str, typer.Option("--format", "-f", help="perfetto (protobuf, default) or chrome-json.")] = "perfetto",

@@ -12,7 +12,7 @@ def report(
     trace: Annotated[
         Path,
         typer.Argument(
-            help="Nsight Systems export (.sqlite / .nsys-rep), or an Nsight Compute report alone."
+            help="Nsight Systems export (.sqlite, .nsys-rep, or an nsys parquetdir/arrowdir folder), or an Nsight Compute report alone."
         ),
     ],
     ncu: Annotated[
