@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sqlite3
 import threading
 import urllib.parse
@@ -413,7 +414,7 @@ class ExportDatabase:
         left (:func:`free_memory`), and with an out-of-memory error turned into one
         :class:`~tracekit.errors.TraceMemoryError` that names the table and the ways around it."""
         columns = sum(e != "NULL" for e in exprs)
-        rows = min(self._row_span(table), self._file_bytes) if columns else 0  # a damaged rowid cannot inflate it
+        rows = min(self._row_span(table), _rowid_span(where), self._file_bytes) if columns else 0  # a damaged rowid cannot inflate it
         need = rows * columns * 8  # Int64/Float64 values only: strings need more
         free = free_memory()
         if free is not None and need > free:
@@ -596,6 +597,31 @@ def _cast(frame: pl.DataFrame, schema: Mapping[str, Any]) -> pl.DataFrame:
         else:
             exprs.append(pl.col(name).cast(dtype, strict=False))
     return frame.select(exprs)
+
+
+_ROWID_BETWEEN = re.compile(r"\browid\s+BETWEEN\s+(-?\d+)\s+AND\s+(-?\d+)", re.IGNORECASE)
+_ROWID_ABOVE = re.compile(r"\browid\s*>\s*(-?\d+)\s+AND\s+rowid\s*<=\s*(-?\d+)", re.IGNORECASE)
+
+
+def _rowid_span(where: str) -> int:
+    """The most rows a ``WHERE`` that bounds the rowid (``rowid BETWEEN a AND b``, ``rowid > a
+    AND rowid <= b``, ANDed with the rest) can select; unbounded otherwise. A window's read
+    (``gpu_metric_samples`` of a short window) was refused up front for the size of the whole
+    table."""
+    top = where
+    while True:  # the conditions outside parentheses: those every selected row meets
+        inner = re.sub(r"\([^()]*\)", " ", top)
+        if inner == top:
+            break
+        top = inner
+    span = 1 << 62
+    if re.search(r"\bOR\b", top, re.IGNORECASE):  # an OR at the top level may select rows outside the range
+        return span
+    for m in _ROWID_BETWEEN.finditer(top):
+        span = min(span, int(m.group(2)) - int(m.group(1)) + 1)
+    for m in _ROWID_ABOVE.finditer(top):
+        span = min(span, int(m.group(2)) - int(m.group(1)))
+    return max(span, 0)
 
 
 def _gb(n: int) -> str:
