@@ -229,3 +229,18 @@ def test_multi_rank_tables_give_each_rank_its_rows() -> None:
         assert both.filter(pl.col("rank") == rank).drop("rank").equals(single)
     summary = layer_memory_summary(both)
     assert set(summary["rank"]) == {0, 1}
+
+
+def test_invalid_patterns_are_one_line() -> None:
+    """A pattern that is not a regular expression was polars' multi-line ComputeError naming an
+    internal expression (col("label").str.contains(...)); the widget's Memory tab showed it."""
+    from tracekit.errors import TracekitError
+
+    t = _open(TRAIN)
+    for kwargs, option in ((dict(ranges="layer.(\\d"), "ranges='layer.(\\\\d'"), (dict(per_step="["), "per_step='['"),
+                           (dict(phases={"update": "optim("}), "phases['update']='optim('")):
+        with pytest.raises(TracekitError) as info:
+            layer_memory(t.memory_usage, t.nvtx, **kwargs)  # type: ignore[arg-type]
+        message = str(info.value)
+        assert message.startswith(f"layer_memory: {option} is not a valid regular expression (")
+        assert "\n" not in message

@@ -75,3 +75,15 @@ def test_console_entry_keeps_exit_codes_and_output() -> None:
         )
         assert bad.returncode == 2 and bad.stdout == "", report
         assert bad.stderr.startswith("tracekit: error:") and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+
+def test_help_of_commands_that_read_folders_names_them() -> None:
+    """stats and summary said they read parquetdir/arrowdir folders; report and export perfetto
+    read them too but their help named .sqlite / .nsys-rep only."""
+    import os
+
+    env = {**os.environ, "COLUMNS": "200"}
+    for args in (["report", "--help"], ["export", "perfetto", "--help"], ["stats", "--help"]):
+        out = subprocess.run([sys.executable, "-m", "tracekit.cli.main", *args], capture_output=True, text=True,
+                             env=env, check=True).stdout  # fmt: skip
+        assert "parquetdir/arrowdir folder" in out, args

@@ -84,3 +84,38 @@ def test_warnings_of_a_run_that_ends_well_are_printed_once(tmp_path: Path) -> No
         f"tracekit: warning: inv.sqlite: {n} kernels row(s) end before they start (a damaged export?); "
         "they are kept as nsys keeps them, with negative durations"
     ]
+
+
+def test_export_output_errors_are_one_line(tmp_path: Path) -> None:
+    """tracekit export perfetto -o into a missing folder or onto a folder was
+    'internal error: FileNotFoundError / IsADirectoryError' after the timeline was built; an
+    empty --ranks range (1-0, or only commas) exported nothing and then said the trace had no
+    CUDA events. Each is now one error line before the export is read, and nothing is written."""
+    missing = tmp_path / "missing" / "x.pftrace"
+    run = _cli("export", "perfetto", str(DECODE), "-o", str(missing), tmp_path=tmp_path)
+    assert (run.returncode, run.stdout) == (2, "")
+    assert run.stderr.splitlines() == [f"tracekit: error: -o {missing}: folder {missing.parent} does not exist; "
+                                       "create it or choose another file"]  # fmt: skip
+    assert not missing.parent.exists()
+    folder = tmp_path / "out"
+    folder.mkdir()
+    run = _cli("export", "perfetto", str(DECODE), "-o", str(folder), tmp_path=tmp_path)
+    assert run.returncode == 2
+    assert run.stderr.splitlines() == [f"tracekit: error: cannot write {folder}: it is a folder; name a file with -o"]
+    assert list(folder.iterdir()) == []
+    for ranks, why in (("1-0", "the range 1-0 is empty; write the lower rank first, e.g. 0-1"), (",", "no rank given")):
+        run = _cli("export", "perfetto", str(DECODE), "-o", str(tmp_path / "r.pftrace"), "--ranks", ranks,
+                   tmp_path=tmp_path)  # fmt: skip
+        assert run.returncode == 2
+        (line,) = run.stderr.splitlines()
+        assert line.startswith(f"tracekit: error: --ranks {ranks!r}: {why}")
+    assert not (tmp_path / "r.pftrace").exists()
+
+
+def test_stats_with_no_report_name_is_an_error(tmp_path: Path) -> None:
+    """``tracekit stats -r ,`` (or an empty -r) printed nothing and exited 0."""
+    for given in (",", " ", ""):
+        run = _cli("stats", "-r", given, "-f", "csv", str(DECODE), tmp_path=tmp_path)
+        assert (run.returncode, run.stdout) == (2, "")
+        assert run.stderr.splitlines() == [f"tracekit: error: -r {given!r} names no report; give report names, "
+                                           "e.g. -r cuda_gpu_kern_sum,cuda_api_sum"]  # fmt: skip

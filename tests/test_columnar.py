@@ -181,3 +181,46 @@ def test_stats_from_folder_equal_nsys_stats(exports: Path, kind: str, tmp_path: 
         reference = (exports / "reference" / f"{report}.csv").read_bytes()
         assert reference.count(b"\n") > 2  # a header and rows, not an empty report
         assert run.stdout == reference.rstrip(b"\n") + b"\n", report
+
+
+def test_unreadable_schema_names_its_own_file(exports: Path, tmp_path: Path) -> None:
+    """An Arrow stream whose schema cannot be read (cut inside its first message) is named by
+    itself, once, and only the tables that need it fail: the metadata and the API calls still
+    read (the error named META_DATA_EXPORT.arrow, wrapping the kernel file's error, and no
+    table of the folder could be read)."""
+    copy = tmp_path / "copy.arrowdir"
+    shutil.copytree(_export(exports, "arrowdir"), copy)
+    damaged = copy / "CUPTI_ACTIVITY_KIND_KERNEL.arrow"
+    damaged.write_bytes(damaged.read_bytes()[:2000])
+    trace = tracekit.open(copy)
+    assert trace.meta.version == "2023.4.4.54"
+    assert trace.cuda_api.height == tracekit.open(_export(exports, "sqlite")).cuda_api.height
+    with pytest.raises(TraceFormatError) as info:
+        _ = trace.kernels
+    message = str(info.value)
+    assert message.startswith(f"{damaged} could not be read (")
+    assert message.count("could not be read") == 1
+    assert "META_DATA_EXPORT" not in message
+
+
+def test_damaged_file_is_named_by_lazy_scans(exports: Path, tmp_path: Path) -> None:
+    """trace.scan counts a folder table's rows first; on a truncated Parquet file that count's
+    error named the folder ('copy.parquetdir could not be read'), not the file."""
+    copy = tmp_path / "copy.parquetdir"
+    shutil.copytree(_export(exports, "parquetdir"), copy)
+    damaged = copy / "CUPTI_ACTIVITY_KIND_KERNEL.parquet"
+    damaged.write_bytes(damaged.read_bytes()[:-100])
+    with pytest.raises(TraceFormatError) as info:
+        tracekit.open(copy).scan("kernels").collect()
+    assert str(info.value).startswith(f"{damaged} could not be read (")
+
+
+def test_open_many_reads_a_report_exported_to_both_folder_kinds_once(exports: Path, tmp_path: Path) -> None:
+    """A directory holding one report's parquetdir and arrowdir exports (no .sqlite) was read
+    as two reports (two ranks of the same data); now once, from the parquetdir."""
+    from tracekit.multi import _resolve
+
+    for kind in KINDS:
+        shutil.copytree(_export(exports, kind), tmp_path / f"job.{kind}")
+    shutil.copytree(_export(exports, "arrowdir"), tmp_path / "other.arrowdir")
+    assert _resolve(tmp_path) == [tmp_path / "job.parquetdir", tmp_path / "other.arrowdir"]

@@ -114,3 +114,64 @@ def test_report_opens_with_the_findings(tmp_path: Path) -> None:
     assert first is not None and first.group(1) == "findings"
     findings = page[page.index('<section id="findings">') : page.index('<section id="overview">')]
     assert "host_bound" in findings and "prepare_batch" in findings and "warm-up" in findings
+
+
+def test_report_onto_a_folder_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """-o naming a folder was 'internal error: IsADirectoryError' after the whole report was
+    built; now one error line before the trace is opened, and nothing is left in the folder."""
+    _need(TP2)
+    folder = tmp_path / "out.html"
+    folder.mkdir()
+    assert main(["report", str(TP2), "-o", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == [f"tracekit: error: cannot write {folder}: it is a folder; name an HTML file"]
+    assert list(folder.iterdir()) == []
+
+
+def test_report_is_written_through_a_temporary_name(tmp_path: Path) -> None:
+    """The page is written under a temporary name in the output's folder and renamed: the
+    final name never holds a half-written file, and no temporary file is left behind."""
+    _need(TP2)
+    out = tmp_path / "report.html"
+    out.write_text("old")
+    before = out.stat().st_ino
+    assert main(["report", str(TP2), "-o", str(out)]) == 0
+    assert out.stat().st_ino != before  # a new file renamed over the old one, not rewritten in place
+    assert out.read_text().lower().startswith("<!doctype html>")
+    assert oct(out.stat().st_mode & 0o777) != "0o600"  # a normal file, not mkstemp's private mode
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.html"]
+
+
+def test_report_refuses_max_marks_below_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--max-marks 0 or -5 wrote a report saying 'Lanes with more than -5 operations are shown
+    as time bins'; now a usage error and no file."""
+    _need(TP2)
+    out = tmp_path / "m.html"
+    assert main(["report", str(TP2), "--max-marks", "-5", "-o", str(out)]) == 2
+    assert "--max-marks" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_report_of_four_gpus_builds_every_section(tmp_path: Path) -> None:
+    """On llm_tp2pp2_nccl (4 GPUs) the GPU metrics section said 'This section could not be
+    built: MaxRowsError' (3 metrics x 4 GPUs x 600 points passed altair's 5,000 rows)."""
+    path = SAMPLES / "llm_tp2pp2_nccl" / "llm_tp2pp2_nccl.sqlite"
+    _need(path)
+    out = tmp_path / "tp2pp2.html"
+    assert main(["report", str(path), "-o", str(out)]) == 0
+    page = out.read_text()
+    assert "could not be built" not in page
+    metrics = page[page.index('<section id="metrics">'):]
+    assert '<div class="chart"' in metrics[: metrics.index("</section>")]
+
+
+def test_two_ncu_reports_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`tracekit report A.ncu-rep --ncu B.ncu-rep` wrote a report of B alone, A dropped silently."""
+    pytest.importorskip("ncu_report", reason="needs the ncu extra")
+    other = SAMPLES / "ncu" / "ncu_precisions" / "ncu_precisions.ncu-rep"
+    _need(NCU, other)
+    out = tmp_path / "two.html"
+    assert main(["report", str(other), "--ncu", str(NCU), "-o", str(out)]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"tracekit: error: {other} and {NCU} are both Nsight Compute reports")
+    assert not out.exists()

@@ -267,3 +267,37 @@ def test_layer_memory_prep_frames(tp2: Any) -> None:
         assert part["peak_bytes"].max() >= lane["peak_inside_bytes"].max()
     growth = prep.layer_growth(rows)
     assert growth.filter(pl.col("name") == "attn")["mean_net_growth_bytes"][0] > 0
+
+
+def test_save_replaces_the_file_through_a_temporary_name(tmp_path: Path) -> None:
+    """tv.save wrote the figure in place (a reader could see half a PDF); now it is written
+    beside it and renamed over it, leaving no temporary file."""
+    k = tracekit.open(DECODE).kernels
+    out = tmp_path / "fig.svg"
+    out.write_text("old")
+    before = out.stat().st_ino
+    tv.save(tv.top_kernels_chart(k, n=5), out, width="column")
+    assert out.stat().st_ino != before and out.read_text().startswith("<svg")
+    assert [p.name for p in tmp_path.iterdir()] == ["fig.svg"]
+
+
+def test_series_charts_of_four_gpus_stay_under_altairs_row_limit() -> None:
+    """3 GPU metrics on each of llm_tp2pp2_nccl's 4 GPUs at 600 points each were 5,676 rows:
+    altair raised MaxRowsError and `tracekit report` printed 'This section could not be built'
+    for GPU metrics. The points per series now shrink to fit; every GPU and metric stays."""
+    from tracekit.viz.charts import ROW_BUDGET
+
+    trace = tracekit.open(SAMPLES / "llm_tp2pp2_nccl" / "llm_tp2pp2_nccl.sqlite")
+    full = prep.gpu_metrics_series(trace.gpu_metrics)
+    assert full.height > 5000  # what the chart embedded before
+    spec = tv.gpu_metrics_chart(trace.gpu_metrics).to_dict()  # raised MaxRowsError
+    rows = next(iter(spec["datasets"].values()))
+    assert len(rows) <= ROW_BUDGET
+    assert {(r["device_id"], r["metric"]) for r in rows} == set(full.select("device_id", "metric").unique().iter_rows())
+    # the sample's events on 16 devices, spread evenly over the capture so every bin has some
+    spread = pl.int_range(pl.len(), dtype=pl.Int64).over("device_id") * 10**9 // pl.len().over("device_id")
+    mu = trace.memory_usage.with_columns(spread.alias("start_ns"))
+    many = pl.concat([mu.with_columns(pl.col("device_id") + 4 * i) for i in range(4)])
+    assert prep.memory_series(many).height > 5000  # 16 devices x 800 points
+    spec = tv.memory_chart(many).to_dict()
+    assert len(next(iter(spec["datasets"].values()))) <= ROW_BUDGET

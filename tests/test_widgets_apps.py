@@ -283,3 +283,12 @@ def test_explorer_findings_tab_selects_the_evidence() -> None:
     assert ex.window == (int(ev["start_ns"].min()), int(ev["end_ns"].max()))
     assert ex.tabs.selected_index == 3 and "prepare_batch" in ex.findings_html.value
     assert ex.errors == {}
+
+
+def test_explorer_of_four_gpus_draws_the_gpu_metrics() -> None:
+    """On llm_tp2pp2_nccl (4 GPUs) the GPU metrics tab showed 'could not draw this view:
+    MaxRowsError' (5,676 rows of metric bins; altair takes 5,000)."""
+    ex = TraceExplorer(tracekit.open(SAMPLES / "llm_tp2pp2_nccl" / "llm_tp2pp2_nccl.sqlite"))
+    assert ex.errors == {}
+    spec = ex.views["metrics"].chart.to_dict()
+    assert sorted({r["device_id"] for r in next(iter(spec["datasets"].values()))}) == [0, 1, 2, 3]

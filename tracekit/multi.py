@@ -241,9 +241,13 @@ def _resolve(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -
             found = [f for f in p.iterdir() if f.is_file() and f.suffix in _REPORT_SUFFIXES]
             folders = [f for f in p.iterdir() if f.is_dir() and folder_format(f) is not None]
             sqlite_stems = {f.stem for f in found if f.suffix == ".sqlite"}
-            # a report and its exports: read one export, the SQLite file before a folder
+            # a report and its exports: read one export, the SQLite file before a folder, a
+            # parquetdir before an arrowdir of the same report (both were read, as two ranks)
             out.extend(f for f in found if f.suffix == ".sqlite")
-            out.extend(f for f in folders if f.stem not in sqlite_stems)
+            by_stem: dict[str, Path] = {}
+            for f in sorted(folders, key=lambda f: (f.stem, folder_format(f) != "parquet", f.name)):
+                by_stem.setdefault(f.stem, f)
+            out.extend(f for stem, f in by_stem.items() if stem not in sqlite_stems)
             exported = sqlite_stems | {f.stem for f in folders}
             out.extend(f for f in found if f.suffix != ".sqlite" and f.stem not in exported)
         else:

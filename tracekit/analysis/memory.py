@@ -258,6 +258,20 @@ def _empty_warning() -> type[Warning]:
     return EmptyResultWarning
 
 
+def _check_regex(option: str, pattern: str) -> None:
+    """Raise one :class:`~tracekit.errors.TracekitError` line when ``pattern`` is not a regular
+    expression polars can run (its error is several lines, naming the expression, not the option)."""
+    try:
+        pl.Series([""], dtype=pl.Utf8).str.contains(pattern)
+    except pl.exceptions.ComputeError as exc:
+        from tracekit.errors import TracekitError
+
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        why = next((ln.removeprefix("error: ") for ln in lines if ln.startswith("error:")), lines[0] if lines else "")
+        msg = f"layer_memory: {option}={pattern!r} is not a valid regular expression ({why})"
+        raise TracekitError(msg) from None
+
+
 def _phase(path: pl.Expr, phases: Mapping[str, str]) -> pl.Expr:
     out: pl.Expr = pl.lit("forward")
     for name, pattern in reversed(list(phases.items())):
@@ -300,6 +314,9 @@ def layer_memory(
         ``forward`` when none matches. Default :data:`DEFAULT_PHASES` (``backward``,
         ``optimizer``).
 
+    A pattern (``ranges``, ``per_step``, ``phases``) that is not a valid regular expression
+    (polars' syntax) raises :class:`~tracekit.errors.TracekitError` naming the option.
+
     Returns
     -------
     One row per range instance and device on which its process has memory events, sorted by
@@ -331,6 +348,10 @@ def layer_memory(
     out. Empty (same columns, with an :class:`~tracekit.errors.EmptyResultWarning` that says
     why) when there are no memory events, no ranges, or no range's process has memory events.
     """
+    for option, pattern in [("ranges", ranges), ("per_step", per_step if isinstance(per_step, str) else None),
+                            *((f"phases[{name!r}]", p) for name, p in (phases or {}).items())]:
+        if pattern is not None:
+            _check_regex(option, pattern)
     rk = rank_keys(memory_usage, nvtx)
     if not rk:  # a rank column on one side only names nothing to match
         memory_usage = memory_usage.drop("rank", strict=False)

@@ -39,19 +39,37 @@ def _ranks(text: str | None) -> list[int] | None:
                 continue
             if "-" in part:
                 a, b = part.split("-", 1)
+                if int(b) < int(a):
+                    msg = f"--ranks {text!r}: the range {part} is empty; write the lower rank first, e.g. {b}-{a}"
+                    raise TracekitError(msg)
                 out.extend(range(int(a), int(b) + 1))
             else:
                 out.append(int(part))
     except ValueError:
         msg = f"--ranks {text!r}: give rank numbers and ranges, e.g. --ranks 0,2-3"
         raise TracekitError(msg) from None
+    if not out:
+        msg = f"--ranks {text!r}: no rank given; give rank numbers and ranges, e.g. --ranks 0,2-3"
+        raise TracekitError(msg)
     return out
+
+
+def _check_output(out: Path) -> None:
+    """Refuse an output the export could not be renamed onto, before the trace is read."""
+    from tracekit.errors import TracekitError
+
+    if out.is_dir():
+        msg = f"cannot write {out}: it is a folder; name a file with -o"
+        raise TracekitError(msg)
+    if not out.parent.is_dir():
+        msg = f"-o {out}: folder {out.parent} does not exist; create it or choose another file"
+        raise TracekitError(msg)
 
 
 @app.command("perfetto")
 def perfetto(
     traces: Annotated[list[Path], typer.Argument(
-        help="Nsight Systems export(s) (.sqlite / .nsys-rep); several files or a folder = one report per rank.")],
+        help="Nsight Systems export(s) (.sqlite, .nsys-rep, or an nsys parquetdir/arrowdir folder); several, or a folder of them = one report per rank.")],
     output: Annotated[Path | None, typer.Option("-o", "--output",
                                                 help="File to write (default: the first trace's name with .pftrace / .json).")] = None,
     fmt: Annotated[str, typer.Option("--format", "-f", help="perfetto (protobuf, default) or chrome-json.")] = "perfetto",
@@ -76,6 +94,10 @@ def perfetto(
         msg = f"--format {fmt!r}: choose perfetto or chrome-json"
         raise TracekitError(msg)
     win = parse_window(window) if window else None
+    chosen_ranks = _ranks(ranks)
+    first = traces[0]
+    out = output or Path(first.name if not first.is_dir() else first.resolve().name).with_suffix(_FORMATS[fmt])
+    _check_output(out)
     if len(traces) == 1 and not traces[0].is_dir():
         trace = tracekit.open(traces[0])
         if type(trace).__name__ == "NcuReport":
@@ -83,12 +105,10 @@ def perfetto(
             raise TracekitError(msg)
     else:
         trace = tracekit.open_many(traces[0] if len(traces) == 1 else traces)
-    first = traces[0]
-    out = output or Path(first.name if not first.is_dir() else first.resolve().name).with_suffix(_FORMATS[fmt])
     chosen: Sequence[str] | str = DEFAULT_METRICS if metrics is None else (
         "all" if metrics.strip() == "all" else [m.strip() for m in metrics.split(",") if m.strip() not in ("", "none")])
     fn = write if fmt == "perfetto" else chrome_json
-    summary = fn(trace, out, window=win, ranks=_ranks(ranks), metrics=chosen)
+    summary = fn(trace, out, window=win, ranks=chosen_ranks, metrics=chosen)
     typer.echo(str(summary))
     for what, n in summary.skipped.items():
         typer.echo(f"left out: {n} {what}")

@@ -12,7 +12,7 @@ def report(
     trace: Annotated[
         Path,
         typer.Argument(
-            help="Nsight Systems export (.sqlite / .nsys-rep), or an Nsight Compute report alone."
+            help="Nsight Systems export (.sqlite, .nsys-rep, or an nsys parquetdir/arrowdir folder), or an Nsight Compute report alone."
         ),
     ],
     ncu: Annotated[
@@ -23,7 +23,7 @@ def report(
     ),
     title: Annotated[str | None, typer.Option("--title", help="Title of the page.")] = None,
     max_marks: Annotated[
-        int, typer.Option("--max-marks", help="Most timeline marks before binning.")
+        int, typer.Option("--max-marks", min=1, help="Most timeline marks before binning.")
     ] = 2000,
 ) -> None:
     """Write an HTML report (overview, top kernels, NVTX, timeline, communication, GPU metrics, memory, memory per layer).

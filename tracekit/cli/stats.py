@@ -48,6 +48,9 @@ def stats(
         msg = f"unknown format {fmt!r}; use csv or table"
         raise TraceFormatError(msg)
     names = [r.strip() for r in report.split(",") if r.strip()]
+    if not names:  # `-r ,` or `-r ''` printed nothing and exited 0
+        msg = f"-r {report!r} names no report; give report names, e.g. -r cuda_gpu_kern_sum,cuda_api_sum"
+        raise TracekitError(msg)
     if output and not Path(output).parent.is_dir():
         msg = f"-o {output}: folder {Path(output).parent} does not exist; create it or choose another prefix"
         raise TracekitError(msg)

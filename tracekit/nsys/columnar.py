@@ -142,27 +142,27 @@ class ExportFolder:
             return pl.scan_parquet(self._files[table])
         return _scan_arrow_stream(self._files[table], self.schema(table))
 
-    @cached_property
-    def _contexts(self) -> dict[bool, pl.SQLContext[Any]]:
-        return {}
+    def _mentioned(self, sql: str) -> list[str]:
+        """The folder's tables that ``sql`` names (quoted or as a whole word)."""
+        return [t for t in self._files if f'"{t}"' in sql or re.search(rf"(?<![\w\"]){re.escape(t)}(?![\w\"])", sql)]
 
-    def _context(self, rowid: bool) -> pl.SQLContext[Any]:
-        """A SQL context with every table registered (each with a 1-based ``rowid`` column,
-        as SQLite numbers the rows of an nsys export, when ``rowid``)."""
-        if rowid not in self._contexts:
-            frames = {t: self.scan(t) for t in self._files}
-            if rowid:
-                frames = {t: f.with_row_index("rowid", offset=1).with_columns(pl.col("rowid").cast(pl.Int64))
-                          for t, f in frames.items()}
-            self._contexts[rowid] = pl.SQLContext(frames)  # type: ignore[arg-type]
-        return self._contexts[rowid]
+    def _context(self, sql: str, rowid: bool) -> pl.SQLContext[Any]:
+        """A SQL context with the tables ``sql`` names registered (each with a 1-based
+        ``rowid`` column, as SQLite numbers the rows of an nsys export, when ``rowid``). Only
+        those: an Arrow stream's schema is read when it is registered, so a damaged table must
+        not stop queries of the others."""
+        frames = {t: self.scan(t) for t in self._mentioned(sql)}
+        if rowid:
+            frames = {t: f.with_row_index("rowid", offset=1).with_columns(pl.col("rowid").cast(pl.Int64))
+                      for t, f in frames.items()}
+        return pl.SQLContext(frames)  # type: ignore[arg-type]
 
     def _sql(self, sql: str) -> pl.LazyFrame:
         """``sql`` (SQLite as the readers write it) as a polars lazy query over the folder."""
         sql = _exact_int().sub(lambda m: m.group("col"), sql)
         sql = _INTEGER_CAST.sub("AS BIGINT)", sql)
         try:
-            return self._context(bool(_ROWID.search(sql))).execute(sql, eager=False)
+            return self._context(sql, bool(_ROWID.search(sql))).execute(sql, eager=False)
         except BaseException as exc:
             raise self._read_error(exc, sql) from None
 
@@ -178,7 +178,7 @@ class ExportFolder:
         there, is tracekit's mistake (the readers ask which columns exist first) and is raised
         as it is, as are interrupts and ``MemoryError``."""
         ours = (pl.exceptions.SQLInterfaceError, pl.exceptions.SQLSyntaxError, pl.exceptions.ColumnNotFoundError)
-        if isinstance(exc, (KeyboardInterrupt, SystemExit, MemoryError, *ours)):
+        if isinstance(exc, (KeyboardInterrupt, SystemExit, MemoryError, TraceFormatError, *ours)):  # named already
             return exc
         table = next((t for t in sorted(self._files, key=len, reverse=True) if f'"{t}"' in sql or f" {t}" in sql), "")
         return self._damaged(table, exc)
@@ -214,7 +214,7 @@ class ExportFolder:
         """Number of rows in ``table`` (0 when absent)."""
         if table not in self._files:
             return 0
-        return int(self._collect(self.scan(table).select(pl.len()), table).item())
+        return int(self._collect(self.scan(table).select(pl.len()), f'"{table}"').item())  # names the file
 
     def is_rowid_table(self, table: str) -> bool:
         """False: no rowid index to bisect (a ``WHERE`` on a column reaches the scan instead)."""

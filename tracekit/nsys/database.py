@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sqlite3
 import threading
 import urllib.parse
@@ -413,7 +414,7 @@ class ExportDatabase:
         left (:func:`free_memory`), and with an out-of-memory error turned into one
         :class:`~tracekit.errors.TraceMemoryError` that names the table and the ways around it."""
         columns = sum(e != "NULL" for e in exprs)
-        rows = min(self._row_span(table), self._file_bytes) if columns else 0  # a damaged rowid cannot inflate it
+        rows = min(self._row_span(table), _rowid_span(where), self._file_bytes) if columns else 0  # a damaged rowid cannot inflate it
         need = rows * columns * 8  # Int64/Float64 values only: strings need more
         free = free_memory()
         if free is not None and need > free:
@@ -598,6 +599,31 @@ def _cast(frame: pl.DataFrame, schema: Mapping[str, Any]) -> pl.DataFrame:
     return frame.select(exprs)
 
 
+_ROWID_BETWEEN = re.compile(r"\browid\s+BETWEEN\s+(-?\d+)\s+AND\s+(-?\d+)", re.IGNORECASE)
+_ROWID_ABOVE = re.compile(r"\browid\s*>\s*(-?\d+)\s+AND\s+rowid\s*<=\s*(-?\d+)", re.IGNORECASE)
+
+
+def _rowid_span(where: str) -> int:
+    """The most rows a ``WHERE`` that bounds the rowid (``rowid BETWEEN a AND b``, ``rowid > a
+    AND rowid <= b``, ANDed with the rest) can select; unbounded otherwise. A window's read
+    (``gpu_metric_samples`` of a short window) was refused up front for the size of the whole
+    table."""
+    top = where
+    while True:  # the conditions outside parentheses: those every selected row meets
+        inner = re.sub(r"\([^()]*\)", " ", top)
+        if inner == top:
+            break
+        top = inner
+    span = 1 << 62
+    if re.search(r"\bOR\b", top, re.IGNORECASE):  # an OR at the top level may select rows outside the range
+        return span
+    for m in _ROWID_BETWEEN.finditer(top):
+        span = min(span, int(m.group(2)) - int(m.group(1)) + 1)
+    for m in _ROWID_ABOVE.finditer(top):
+        span = min(span, int(m.group(2)) - int(m.group(1)))
+    return max(span, 0)
+
+
 def _gb(n: int) -> str:
     return f"{n / 1e9:.2g} GB" if n >= 10**8 else f"{n / 1e6:.3g} MB"
 
@@ -616,13 +642,37 @@ def free_memory() -> int | None:
     meminfo = _kb_fields("/proc/meminfo")
     if "MemAvailable" in meminfo:
         bounds.append(meminfo["MemAvailable"] + meminfo.get("SwapFree", 0))
-    try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        if limit != "max":
-            bounds.append(int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text()))
-    except (OSError, ValueError):
-        pass
+    cgroup = cgroup_free()
+    if cgroup is not None:
+        bounds.append(cgroup)
     return max(min(bounds), 0) if bounds else None
+
+
+def cgroup_free(root: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """Bytes the cgroup (v2) can still take: ``memory.max`` less ``memory.current``, less the
+    page cache in it (``active_file`` + ``inactive_file`` of ``memory.stat``), which the kernel
+    reclaims before it refuses memory. ``memory.current`` counts that cache: once an export
+    larger than the headroom had been read, it filled the cgroup to its limit and every read of
+    a large table was refused although the memory was there. None without a limit."""
+    try:
+        limit = (root / "memory.max").read_text().strip()
+        if limit == "max":
+            return None
+        used = int((root / "memory.current").read_text())
+    except (OSError, ValueError):
+        return None
+    cache = 0
+    try:
+        for line in (root / "memory.stat").read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name in ("active_file", "inactive_file") and value.strip().isdigit():
+                cache += int(value)
+    except OSError:
+        pass
+    try:
+        return int(limit) - max(used - cache, 0)
+    except ValueError:
+        return None
 
 
 def _kb_fields(path: str) -> dict[str, int]:

@@ -9,9 +9,12 @@ use. A section whose data is missing says so instead of failing the report.
 
 from __future__ import annotations
 
+import contextlib
 import html
 import logging
+import os
 import shlex
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +22,7 @@ from typing import Any
 
 import polars as pl
 
+from tracekit.errors import TracekitError
 from tracekit.viz import prep
 from tracekit.viz.tables import fmt_bytes, fmt_ns, html_table
 
@@ -295,7 +299,6 @@ def _metrics(page: _Page, trace: Any, origin: int | None) -> str:
     g = trace.gpu_metrics
     if g.is_empty():
         return _note("No GPU metrics (capture with nsys --gpu-metrics-devices=all).")
-    series = prep.gpu_metrics_series(g)
     summary = (
         g.filter(
             pl.col("metric").is_in(list(prep.DEFAULT_GPU_METRICS))
@@ -309,7 +312,7 @@ def _metrics(page: _Page, trace: Any, origin: int | None) -> str:
         .sort("device_id", "metric_label")
     )
     return page.chart(
-        gpu_metrics_chart(series, origin_ns=origin, width=1000, title="GPU metrics over time")
+        gpu_metrics_chart(g, origin_ns=origin, width=1000, title="GPU metrics over time")  # binned within altair's row limit
     ) + html_table(
         summary,
         formats={"mean_pct": lambda v: f"{v:.1f}%", "max_pct": lambda v: f"{v:.0f}%"},
@@ -323,11 +326,10 @@ def _memory(page: _Page, trace: Any, origin: int | None) -> str:
     m = trace.memory_usage
     if m.is_empty():
         return _note("No memory events (capture with nsys --cuda-memory-usage=true).")
-    series = prep.memory_series(m)
     return _note(
         "Allocations seen during the capture, counted from zero at its start."
     ) + page.chart(
-        memory_chart(series, origin_ns=origin, width=1000, title="Device memory allocated")
+        memory_chart(m, origin_ns=origin, width=1000, title="Device memory allocated")
     )
 
 
@@ -458,17 +460,55 @@ def write_report(
     import tracekit
     from tracekit.ncu.report import NcuReport
 
+    output = Path(output)
+    if output.is_dir():  # said before the trace is read and the report built
+        msg = f"cannot write {output}: it is a folder; name an HTML file"
+        raise TracekitError(msg)
     trace = tracekit.open(trace_path) if trace_path is not None else None
     ncu = tracekit.open(ncu_path) if ncu_path is not None else None
     if isinstance(trace, NcuReport):
-        trace, ncu = (None, trace) if ncu is None else (None, ncu)
+        if ncu is not None:  # the first report was dropped without a word
+            from tracekit.errors import TraceFormatError
+
+            msg = (f"{trace_path} and {ncu_path} are both Nsight Compute reports; a report holds one: pass an "
+                   "Nsight Systems trace with --ncu, or one Nsight Compute report alone")
+            raise TraceFormatError(msg)
+        trace, ncu = None, trace
     if ncu is not None and not isinstance(ncu, NcuReport):
         from tracekit.errors import TraceFormatError
 
         msg = f"{ncu_path} is not an Nsight Compute report; pass the .ncu-rep file to --ncu"
         raise TraceFormatError(msg)
     document = build_report(trace, ncu, title=title, max_marks=max_marks)
-    output = Path(output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(document, encoding="utf-8")
+    _write_atomic(output, document.encode("utf-8"))
     return output
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """``data`` to ``path`` (its folder made when missing) through a temporary name in that
+    folder, then a rename: the final name never holds a half-written page. An OS error (a
+    full disk, a folder of that name, no permission) is one :class:`TracekitError`."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        msg = f"cannot write {path}: {exc.strerror or exc}"
+        raise TracekitError(msg) from exc
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a report is a normal file
+        os.replace(tmp, path)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(exc, OSError):
+            msg = f"cannot write {path}: {exc.strerror or exc}"
+            raise TracekitError(msg) from exc
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

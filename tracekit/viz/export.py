@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 from functools import lru_cache
 from pathlib import Path
@@ -168,7 +169,14 @@ def save(
     path = Path(path)
     data = to_bytes(chart, path.suffix, width=width, height=height, theme=theme, scale=scale)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
+    # through a temporary name in the same folder, then a rename: a figure a LaTeX build or a
+    # viewer is reading is never seen half-written
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
 
 
@@ -332,7 +340,6 @@ def javascript_bundle() -> str:
     (``~/.cache/tracekit``), keyed by the vl-convert and Vega-Lite versions.
     """
     import hashlib
-    import os
 
     vlc = import_vl_convert()
     version = _vl_version()

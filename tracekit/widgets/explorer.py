@@ -589,8 +589,9 @@ class TraceExplorer(widgets.VBox):  # type: ignore[misc,name-defined]
                 )
                 return
             from tracekit.viz import gpu_metrics_chart
+            from tracekit.viz.charts import within_row_budget
 
-            series = self.prep.gpu_metrics_series(g, window=self.window)
+            series = within_row_budget(lambda n: self.prep.gpu_metrics_series(g, window=self.window, max_points=n), 600)
             self.views["metrics"].show(
                 gpu_metrics_chart(series, origin_ns=self.origin_ns, title="GPU metrics")
             )
@@ -606,8 +607,9 @@ class TraceExplorer(widgets.VBox):  # type: ignore[misc,name-defined]
                 )
                 return
             from tracekit.viz import memory_chart
+            from tracekit.viz.charts import within_row_budget
 
-            series = self.prep.memory_series(m, window=self.window)
+            series = within_row_budget(lambda n: self.prep.memory_series(m, window=self.window, max_points=n), 800)
             if series.is_empty():
                 self.views["memory"].message("no allocations in this window")
                 return
