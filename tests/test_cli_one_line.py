@@ -119,3 +119,10 @@ def test_stats_with_no_report_name_is_an_error(tmp_path: Path) -> None:
         assert (run.returncode, run.stdout) == (2, "")
         assert run.stderr.splitlines() == [f"tracekit: error: -r {given!r} names no report; give report names, "
                                            "e.g. -r cuda_gpu_kern_sum,cuda_api_sum"]  # fmt: skip
+
+
+def test_summary_top_below_zero_is_a_usage_error(tmp_path: Path) -> None:
+    """``summary -n -3`` showed all kernels but the last 3 (a negative slice) without a word."""
+    run = _cli("summary", "-n", "-3", str(DECODE), tmp_path=tmp_path)
+    assert run.returncode == 2 and run.stdout == ""
+    assert "-3 is not in the range x>=0" in run.stderr

@@ -415,3 +415,32 @@ def test_kernel_name_that_is_not_utf8(tmp_path: Path) -> None:
         mangled = report.kernels["mangled_name"][0]
     assert any(isinstance(w.message, DamagedReportWarning) for w in caught)
     assert mangled == "nvj\ufffdt_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT"
+
+
+def test_fd2_capture_in_two_threads_restores_fd2() -> None:
+    """Two reports loaded at once in threads: the second capture saved the first one's
+    temporary file as 'fd 2' and put it back, so stderr pointed at a deleted file ever after."""
+    import threading
+    import time
+
+    from tracekit.ncu.damage import capture_fd2
+
+    before = os.readlink("/proc/self/fd/2")
+    first_in = threading.Event()
+
+    def first() -> None:
+        with capture_fd2([]):
+            first_in.set()
+            time.sleep(0.3)
+
+    def second() -> None:
+        first_in.wait(5)
+        with capture_fd2([]):
+            time.sleep(0.5)
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert os.readlink("/proc/self/fd/2") == before

@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             if isinstance(exc, MemoryError):
                 print("tracekit: error: out of memory; read fewer columns (trace.table(name, columns=[...])), one column "
                       "at a time (trace.columns_on_demand), keep the column cache on (TRACEKIT_COLUMN_CACHE), a shorter "
-                      "window (--window), or open many reports with engine='dask' (docs/scale.md)", file=sys.stderr)
+                      "window where the command has --window, or open many reports with engine='dask' (docs/scale.md)", file=sys.stderr)
                 return 2
             print(f"tracekit: internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", file=sys.stderr)
             return 1

@@ -12,7 +12,7 @@ def register(parent: typer.Typer) -> None:
 
 def summary(
     file: str = typer.Argument(..., help="Nsight Systems export (.sqlite, or an nsys parquetdir/arrowdir folder) or report (.nsys-rep)."),
-    top: int = typer.Option(10, "--top", "-n", help="Rows in the top-kernel and NVTX tables."),
+    top: int = typer.Option(10, "--top", "-n", min=0, help="Rows in the top-kernel and NVTX tables."),
     findings: int = typer.Option(3, "--findings", help="Top findings of `tracekit diagnose` shown at the end (0: none)."),
 ) -> None:
     """Capture info, GPUs, time window, top kernels, memcpy totals and top NVTX ranges."""

@@ -15,6 +15,7 @@ import os
 import re
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator, Sequence
 
 from tracekit.ncu.container import ResultShape
@@ -49,7 +50,17 @@ def capture_fd2(sink: list[str]) -> Iterator[None]:
 
     ncu's lines are appended to ``sink``; anything else is written back to fd 2 afterwards,
     so other output is delayed, never lost. Without a usable fd 2 the block runs uncaptured.
+    fd 2 belongs to the whole process: loads in several threads take turns (one lock), or the
+    second to start would restore the first one's temporary file as fd 2.
     """
+    with _FD2_LOCK:
+        yield from _capture_fd2(sink)
+
+
+_FD2_LOCK = threading.RLock()
+
+
+def _capture_fd2(sink: list[str]) -> Iterator[None]:
     try:
         saved = os.dup(2)
     except OSError:
