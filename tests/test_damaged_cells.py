@@ -150,3 +150,17 @@ def test_invalid_utf8_in_an_nvtx_text_cell_is_decoded_with_one_warning(tmp_path:
         names = tracekit.open(bad).table("nvtx", ["name"])["name"]
     assert sorted(str(w.message).split(": ")[1] for w in seen) == ["NVTX_EVENTS.text", "StringIds.value"]
     assert "step\ufffd" in names.to_list()
+
+
+def test_an_export_without_string_ids_warns_that_names_are_empty(tmp_path: Path) -> None:
+    """A damaged export without StringIds gave empty kernel names in every table and report
+    with no word (review finding)."""
+    damaged = _copy(DECODE, tmp_path / "no_strings.sqlite", "DROP TABLE StringIds")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        trace = tracekit.open(damaged, column_cache=False)
+        kernels = trace.kernels
+    assert kernels.height == 480 and kernels["name"].null_count() + (kernels["name"] == "").sum() == 480
+    said = [str(w.message) for w in seen if issubclass(w.category, DamagedRowsWarning)]
+    assert said == ["no_strings.sqlite: the export has no StringIds table, so the names in CUPTI_ACTIVITY_KIND_KERNEL, "
+                    "CUPTI_ACTIVITY_KIND_RUNTIME, NVTX_EVENTS are empty; export the report again (nsys export --type sqlite)"]  # fmt: skip

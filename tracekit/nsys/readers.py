@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from tracekit.errors import DamagedRowsWarning
 from tracekit.nsys import enums
 from tracekit.nsys import schema as S
 from tracekit.nsys.database import ExportSource, InvalidTextWarning, TypeMismatchWarning
@@ -230,8 +231,20 @@ def string_ids(db: ExportSource) -> pl.DataFrame:
     export, a name from a non-UTF-8 locale) is decoded with U+FFFD replacing the bad bytes
     (the exact bytes stay in the export: ``SELECT CAST(value AS BLOB) FROM StringIds WHERE
     id = …``). Reading them as text would hand invalid UTF-8 to Arrow and crash later.
+    An export without the table (damaged: nsys always writes it) gets one
+    :class:`~tracekit.errors.DamagedRowsWarning`, since every name would come back empty.
     """
+    if not db.has_table("StringIds"):
+        users = [t for t in _NAMED_TABLES if db.has_table(t)]
+        if users:
+            msg = (f"{db.path.name}: the export has no StringIds table, so the names in {', '.join(users)} "
+                   "are empty; export the report again (nsys export --type sqlite)")
+            warnings.warn(msg, DamagedRowsWarning, stacklevel=3)
     return select(db, "StringIds", [Col("id", "id"), Col("value", "value", pl.Utf8)])
+
+
+#: Tables whose names are StringIds ids.
+_NAMED_TABLES = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME", "NVTX_EVENTS")
 
 
 def _first_table(db: ExportSource, *names: str) -> str | None:
