@@ -444,3 +444,15 @@ def test_fd2_capture_in_two_threads_restores_fd2() -> None:
     for t in threads:
         t.join(10)
     assert os.readlink("/proc/self/fd/2") == before
+
+
+def test_the_isolated_child_has_a_time_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hang of ncu_report in the child hung the caller (no timeout; review finding). The
+    limit is TRACEKIT_NCU_ISOLATE_TIMEOUT: 0.05 s cannot even start Python, so the child is
+    killed and the caller gets one line."""
+    monkeypatch.setenv("TRACEKIT_NCU_ISOLATE_TIMEOUT", "0.05")
+    with pytest.raises(TraceFormatError, match=r"did not finish in 0\.05 s \(TRACEKIT_NCU_ISOLATE_TIMEOUT\)"):
+        NcuReport.from_path(PRECISIONS, isolate=True).kernels  # noqa: B018
+    monkeypatch.setenv("TRACEKIT_NCU_ISOLATE_TIMEOUT", "soon")
+    with pytest.raises(TracekitError, match="TRACEKIT_NCU_ISOLATE_TIMEOUT='soon' is not a number of seconds"):
+        NcuReport.from_path(PRECISIONS, isolate=True).kernels  # noqa: B018

@@ -86,9 +86,19 @@ def run_child(
         if instances is not None:
             (out / "wanted.json").write_text(json.dumps(instances))
         env = {**os.environ, "PYTHONPATH": _pythonpath()}
-        proc = subprocess.run(
-            args, capture_output=True, text=True, errors="replace", env=env, cwd=out, check=False
-        )
+        limit_s = _timeout_s()
+        try:
+            proc = subprocess.run(
+                args, capture_output=True, text=True, errors="replace", env=env, cwd=out, check=False,
+                timeout=limit_s,
+            )
+        except subprocess.TimeoutExpired:  # run() has killed the child
+            msg = (
+                f"{path}: the process reading this report did not finish in {limit_s:g} s "
+                f"({TIMEOUT_VARIABLE}); ncu_report may hang on a damaged file: capture it again, or "
+                f"raise {TIMEOUT_VARIABLE} for a very large report"
+            )
+            raise TraceFormatError(msg) from None
         result_file = out / "result.json"
         if proc.returncode < 0:
             detail = _last_ncu_line(proc.stderr)
@@ -125,6 +135,25 @@ def run_child(
         }
         result["frames"] = frames
         return result
+
+
+#: Seconds the child may take (a hang in ncu_report must not hang the caller).
+TIMEOUT_VARIABLE = "TRACEKIT_NCU_ISOLATE_TIMEOUT"
+DEFAULT_TIMEOUT_S = 600.0
+
+
+def _timeout_s() -> float:
+    raw = os.environ.get(TIMEOUT_VARIABLE, "").strip()
+    if not raw:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        msg = f"{TIMEOUT_VARIABLE}={raw!r} is not a number of seconds above 0; unset it for {DEFAULT_TIMEOUT_S:g} s"
+        raise TracekitError(msg)
+    return value
 
 
 def _pythonpath() -> str:
