@@ -137,7 +137,7 @@ def read_meta(db: ExportSource) -> TraceMeta:
     if meta.product_version is None:
         meta.version_inferred = _infer_version(db)
     if db.has_table("ANALYSIS_DETAILS"):
-        row = (db.rows("SELECT startTime, stopTime, duration FROM ANALYSIS_DETAILS") or [None])[0]
+        row = next(iter(db.rows("SELECT startTime, stopTime, duration FROM ANALYSIS_DETAILS")), None)
         if row:
             meta.start_ns, meta.end_ns, meta.duration_ns = (None if v is None else int(v) for v in row)
     epoch = db.scalar("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME") if db.has_table(
