@@ -300,7 +300,7 @@ def _as_trace(trace: Any) -> Any:
 
         path = Path(trace)
         trace = tracekit.open_many(path) if path.is_dir() else tracekit.open(path)
-    if type(trace).__name__ == "NcuReport" or not hasattr(trace, "kernels"):
+    if type(trace).__name__ == "NcuReport" or not hasattr(type(trace), "kernels"):
         msg = f"{type(trace).__name__} has no timeline to export; pass an Nsight Systems trace (tracekit.open) or a trace set (tracekit.open_many)"
         raise TracekitError(msg)
     return trace
@@ -376,6 +376,19 @@ class _Columns:
             del s
         return pl.DataFrame(out) if out else pl.DataFrame(schema={})
 
+    def distinct(self, columns: Sequence[str], rows: pl.Series | None = None) -> pl.DataFrame:
+        """The distinct values of ``columns`` (those the table has) at ``rows``: a column at a
+        time for ``report`` (0 in one export) and in blocks of rows, so that no hash table
+        of the whole table is built."""
+        report = "report" in columns and self.frame is None
+        cols = [c for c in columns if c in self.columns and not (report and c == "report")]
+        frame = self.take(cols, rows)
+        step = 1 << 19
+        out = pl.concat([frame.slice(i, step).unique() for i in range(0, frame.height, step)] or [frame.head(0)]).unique()
+        if report:
+            out = out.select(pl.lit(0, pl.Int64).alias("report"), *cols)
+        return out.select([c for c in columns if c in out.columns])
+
     def unique_names(self) -> pl.Series:
         """The distinct ``name`` values, as text."""
         if self.frame is not None or not self.by_id:
@@ -416,6 +429,9 @@ class _Kept:
     def take(self, columns: Sequence[str], positions: np.ndarray | None = None) -> pl.DataFrame:
         rows = self.rows if positions is None else self.rows.gather(positions)
         return self.table.take(columns, rows)
+
+    def distinct(self, columns: Sequence[str]) -> pl.DataFrame:
+        return self.table.distinct(columns, self.rows)
 
 
 def _keep_rows(table: _Columns, win: tuple[int, int] | None, keep_pids: pl.DataFrame | None,
@@ -479,6 +495,93 @@ def _slice_positions(start: pl.Series, bounds: np.ndarray) -> list[np.ndarray]:
 def _frame_slices(frame: pl.DataFrame, start: str, bounds: np.ndarray) -> list[pl.DataFrame]:
     """``frame``'s rows by the time slice they start in."""
     return [frame[p] for p in _slice_positions(frame[start], bounds)]
+
+
+def _flow_column(n: int, rows: np.ndarray, flows: np.ndarray) -> pl.Series:
+    """``n`` nulls with ``flows`` at ``rows``."""
+    out = pl.repeat(None, n, dtype=pl.Int64, eager=True)
+    return out.scatter(pl.Series(rows, dtype=pl.Int64), pl.Series(flows, dtype=pl.Int64)) if len(rows) else out
+
+
+def _pack(frame: pl.DataFrame) -> np.ndarray | None:
+    """``(report, pid, correlation_id)`` of each row as one int64 key, in the same order
+    (-1 where one is null); ``None`` when a value does not fit (report < 128, pid < 2²⁴,
+    correlation id < 2³²)."""
+    r, p, c = pl.col("report"), pl.col("pid"), pl.col("correlation_id")
+    bad = frame.select(((r < 0) | (r >= 1 << 7) | (p < 0) | (p >= 1 << 24) | (c < 0) | (c >= 1 << 32)).any()).item()
+    if bad:
+        return None
+    return frame.select((r * (1 << 56) + p * (1 << 32) + c).fill_null(-1).alias("k"))["k"].to_numpy()
+
+
+def _flows(ops: list[_Kept], api: _Kept) -> tuple[list[pl.Series], pl.Series]:
+    """Flow ids per kept row of each GPU-operation table and of the API calls: a launch call
+    (the outermost call of its correlation id: earliest, longest) → the first GPU operation of
+    that id (earliest; kernels before memcpys before memsets, then table order), both written;
+    ids 1…n in the order of (report, pid, correlation id). Sorts of packed int64 keys (one
+    array per table) rather than joins of key columns; joins when the keys do not pack."""
+    keys, starts, srcs, rows = [], [], [], []
+    for i, k in enumerate(ops):
+        key = _pack(k.take(["report", "pid", "correlation_id"]))
+        if key is None:
+            return _flows_joined(ops, api)
+        start = k.start.fill_null(-1).to_numpy()
+        pos = np.nonzero((key >= 0) & k.start.is_not_null().to_numpy())[0]
+        keys.append(key[pos])
+        starts.append(start[pos])
+        srcs.append(np.full(len(pos), i, dtype=np.int8))
+        rows.append(pos)
+        del key, start
+    key, start, src, row = (np.concatenate(x) for x in (keys, starts, srcs, rows))
+    del keys, starts, srcs, rows
+    order = np.lexsort((row, src, start, key))
+    del start
+    ks = key[order]
+    first = order[np.r_[True, ks[1:] != ks[:-1]]] if len(ks) else order
+    del ks, order
+    op_key, op_src, op_row = key[first], src[first], row[first]
+    del key, src, row, first
+
+    akey = _pack(api.take(["report", "pid", "correlation_id"]))
+    if akey is None:
+        return _flows_joined(ops, api)
+    at = np.searchsorted(op_key, akey).clip(0, max(len(op_key) - 1, 0))
+    cand = np.nonzero((akey >= 0) & (op_key[at] == akey))[0] if len(op_key) else np.zeros(0, dtype=np.int64)
+    del at
+    kc = akey[cand]
+    del akey
+    se = api.take(["start_ns", "end_ns"], cand)
+    order = np.lexsort((cand, -se["end_ns"].to_numpy(), se["start_ns"].to_numpy(), kc))
+    del se
+    ks = kc[order]
+    first = order[np.r_[True, ks[1:] != ks[:-1]]] if len(ks) else order
+    api_key, api_row = kc[first], cand[first]
+    del kc, cand, order, ks, first
+
+    _, io, ia = np.intersect1d(op_key, api_key, assume_unique=True, return_indices=True)
+    flow = np.arange(1, len(io) + 1, dtype=np.int64)
+    op_flows = [_flow_column(k.rows.len(), op_row[io][op_src[io] == i], flow[op_src[io] == i]) for i, k in enumerate(ops)]
+    return op_flows, _flow_column(api.rows.len(), api_row[ia], flow)
+
+
+def _flows_joined(ops: list[_Kept], api: _Kept) -> tuple[list[pl.Series], pl.Series]:
+    """:func:`_flows` with joins of the key columns (keys that do not pack into an int64)."""
+    keys = ["report", "pid", "correlation_id"]
+    ops_keys = pl.concat([k.take(keys).with_columns(k.start.alias("start_ns")).with_row_index("_row").select(
+        pl.lit(i).alias("_src"), "_row", *keys, "start_ns") for i, k in enumerate(ops)], how="vertical_relaxed").drop_nulls()
+    first_op = ops_keys.sort("start_ns", "_src", "_row").unique(keys, keep="first")
+    del ops_keys
+    first_api = api.take([*keys, "start_ns", "end_ns"]).with_row_index("_row").drop_nulls("correlation_id")
+    first_api = first_api.join(first_op.select(keys), on=keys, how="semi")  # only launches of a written operation
+    first_api = first_api.sort(["start_ns", "end_ns", "_row"], descending=[False, True, False]).unique(keys, keep="first")
+    linked = first_op.join(first_api.select(*keys, pl.col("_row").alias("_api_row")), on=keys, how="inner")
+    del first_op, first_api
+    linked = linked.sort(keys).with_row_index("_flow", offset=1)
+    op_flows = []
+    for i, k in enumerate(ops):
+        li = linked.filter(pl.col("_src") == i)
+        op_flows.append(_flow_column(k.rows.len(), li["_row"].to_numpy(), li["_flow"].to_numpy()))
+    return op_flows, _flow_column(api.rows.len(), linked["_api_row"].to_numpy(), linked["_flow"].to_numpy())
 
 
 @dataclass
@@ -587,7 +690,7 @@ def stream_model(
                                             "correlation_id", "start_ns", "address", "bytes", "mem_kind", "operation", "name"])
 
     # -- processes and ranks (every process of the trace, whatever the window)
-    procs = pl.concat([*(t.take(["report", "pid"]).unique() for t in (kt, ct, st, at)),
+    procs = pl.concat([*(t.distinct(["report", "pid"]) for t in (kt, ct, st, at)),
                        *(f.select("report", "pid") for f in (nvtx, nccl, memory))],
                       how="vertical_relaxed").drop_nulls().unique().sort("report", "pid")
     if hasattr(trace, "ranks") and isinstance(trace.ranks, pl.DataFrame) and "report" in trace.ranks.columns:
@@ -621,9 +724,7 @@ def stream_model(
     nvtx, nccl, memory = only(nvtx), only(nccl), only(memory)
     # kernels' devices and span over the whole (rank-filtered) table, for counters and notes
     kall, _ = _keep_rows(kt, None, keep_pids)
-    kd = kall.take(["report", "device_id"])
-    kernel_devices = kd.unique()
-    del kd
+    kernel_devices = kall.distinct(["report", "device_id"])
     span = kall.take(["start_ns", "end_ns"])
     kernel_span = span.select(pl.col("start_ns").min(), pl.col("end_ns").max()).row(0) if span.height else (None, None)
     del span, kall
@@ -672,7 +773,7 @@ def stream_model(
     del nccl
     marks = _keep_window(marks, win, end=None)
 
-    threads = pl.concat([api_k.take(["report", "pid", "tid"]).unique(), nv_ranges.select("report", "pid", "tid"),
+    threads = pl.concat([api_k.distinct(["report", "pid", "tid"]), nv_ranges.select("report", "pid", "tid"),
                          marks.select("report", "pid", "tid")], how="vertical_relaxed").drop_nulls().unique()
     threads = threads.join(tnames, on=["report", "pid", "tid"], how="left").sort("report", "pid", "tid")
     thread_rows = []
@@ -682,7 +783,7 @@ def stream_model(
         thread_rows.append((report, pid, tid, uuid))
     thread_map = pl.DataFrame(thread_rows, schema={"report": pl.Int64, "pid": pl.Int64, "tid": pl.Int64, "track": pl.Int64},
                               orient="row")
-    streams = pl.concat([k.take(["report", "pid", "device_id", "stream_id"]).unique() for k in ops],
+    streams = pl.concat([k.distinct(["report", "pid", "device_id", "stream_id"]) for k in ops],
                         how="vertical_relaxed").unique().sort("report", "pid", "device_id", "stream_id", nulls_last=True)
     stream_rows = []
     for report, pid, dev, stream in streams.iter_rows():
@@ -705,26 +806,7 @@ def stream_model(
 
     # flows: a launch call → the first GPU operation of its correlation id (both written);
     # ids 1…n in the order of the launches' processes and correlation ids, kept per row
-    keys = ["report", "pid", "correlation_id"]
-    ops_keys = pl.concat([k.take([*keys, "start_ns"]).with_row_index("_row").select(
-        pl.lit(i).alias("_src"), "_row", *keys, "start_ns") for i, k in enumerate(ops)], how="vertical_relaxed").drop_nulls()
-    first_op = ops_keys.sort("start_ns", "_src", "_row").unique(keys, keep="first")
-    del ops_keys
-    first_api = api_k.take([*keys, "start_ns", "end_ns"]).with_row_index("_row").drop_nulls("correlation_id")
-    first_api = first_api.join(first_op.select(keys), on=keys, how="semi")  # only launches of a written operation
-    first_api = first_api.sort(["start_ns", "end_ns", "_row"], descending=[False, True, False]).unique(keys, keep="first")
-    linked = first_op.join(first_api.select(*keys, pl.col("_row").alias("_api_row")), on=keys, how="inner")
-    del first_op, first_api
-    linked = linked.sort(keys).with_row_index("_flow", offset=1).with_columns(pl.col("_flow").cast(pl.Int64))
-
-    def flow_column(n: int, rows: pl.Series, flows: pl.Series) -> pl.Series:
-        out = pl.repeat(None, n, dtype=pl.Int64, eager=True)
-        return out.scatter(rows.cast(pl.Int64), flows) if rows.len() else out
-
-    op_flows = [flow_column(k.rows.len(), f["_row"], f["_flow"]) for k, f in
-                ((k, linked.filter(pl.col("_src") == i)) for i, k in enumerate(ops))]
-    api_flows = flow_column(api_k.rows.len(), linked["_api_row"], linked["_flow"])
-    del linked
+    op_flows, api_flows = _flows(ops, api_k)
 
     bounds = _bounds([api_k.start, *(k.start for k in ops), nv_ranges["start_ns"], nv_startend["start_ns"],
                       nccl_w["host_start_ns"]], slice_rows)
