@@ -18,6 +18,7 @@ import time
 from collections.abc import Sequence
 from typing import IO, Any
 
+import numpy as np
 import polars as pl
 
 from tracekit.export.events import (
@@ -121,7 +122,6 @@ class _Events:
 
 def _write(timeline: Timeline, f: IO[bytes], body: IO[bytes], chunk_rows: int, counts: Any) -> None:
     out = _Events(body)
-    us = 1000.0
     known = -1
     tmap = names = pl.DataFrame()
     for kind, frame in timeline.events:
@@ -135,21 +135,21 @@ def _write(timeline: Timeline, f: IO[bytes], body: IO[bytes], chunk_rows: int, c
                                             for t in timeline.tracks]}, schema={"track": pl.Int64, "cname": pl.Utf8})
         if kind == "slices":
             counts.slices(frame)
-            _slices(frame, out, tmap, chunk_rows, us)
+            _slices(frame, out, tmap, chunk_rows)
         elif kind == "instants":
             counts.instants += frame.height
             for chunk in frame.iter_slices(chunk_rows):
-                chunk = chunk.join(tmap, on="track", how="left", maintain_order="left")
+                chunk = chunk.join(tmap, on="track", how="left", maintain_order="left").with_columns(_us(chunk["ts_ns"], "_ts"))
                 out.frame(chunk.select(pl.lit("i").alias("ph"), pl.lit("t").alias("s"), "name", "cat", "pid", "tid",
-                                       (pl.col("ts_ns") / us).alias("ts"),
+                                       pl.col("_ts").alias("ts"),
                                        pl.struct(pl.col("a_domain").alias("domain")).alias("args")))
         elif kind == "counters":
             counts.counters += frame.height
             for chunk in frame.iter_slices(chunk_rows * 2):
                 chunk = chunk.join(tmap, on="track", how="left", maintain_order="left").join(
-                    names, on="track", how="left", maintain_order="left")
+                    names, on="track", how="left", maintain_order="left").with_columns(_us(chunk["ts_ns"], "_ts"))
                 out.frame(chunk.select(pl.lit("C").alias("ph"), pl.col("cname").alias("name"), "pid",
-                                       (pl.col("ts_ns") / us).alias("ts"), pl.struct(pl.col("value")).alias("args")))
+                                       pl.col("_ts").alias("ts"), pl.struct(pl.col("value")).alias("args")))
     # the head: process and thread names of every track, then the events
     ids = track_ids(timeline.tracks)
     f.write(b'{"displayTimeUnit": "ns", "otherData": {"producer": "tracekit"}, "traceEvents": [\n')
@@ -170,20 +170,21 @@ def _write(timeline: Timeline, f: IO[bytes], body: IO[bytes], chunk_rows: int, c
     f.write(b"\n]}\n")
 
 
-def _slices(part: pl.DataFrame, out: _Events, tmap: pl.DataFrame, chunk_rows: int, us: float) -> None:
+def _slices(part: pl.DataFrame, out: _Events, tmap: pl.DataFrame, chunk_rows: int) -> None:
     for chunk in part.iter_slices(chunk_rows):
         chunk = chunk.join(tmap, on="track", how="left", maintain_order="left").with_columns(pl.col(pl.Categorical).cast(pl.Utf8))
         # events in the slices' order (parents before children at one timestamp: readers keep
         # the file's order for equal times), each category with its own argument fields
-        chunk = chunk.with_row_index("_i")
+        chunk = chunk.with_row_index("_i").with_columns(
+            _us(chunk["start_ns"], "_ts"), _us(chunk["end_ns"] - chunk["start_ns"], "_dur"))
         pieces = []
         for cat, rows in chunk.group_by("cat", maintain_order=True):
             cols = [c for c in _CAT_ARGS.get(str(cat[0]), ()) if c in rows.columns]
             args = [pl.struct([pl.col(c).alias(_ARG_NAME[c]) for c in cols]).alias("args")] if cols else []
-            ts = (pl.col("start_ns") / us).alias("ts")
+            ts = pl.col("_ts").alias("ts")
             pieces.append(rows.select("_i", pl.lit(0).alias("_k"), pl.struct(
                 pl.lit("X").alias("ph"), "name", "cat", "pid", "tid", ts,
-                ((pl.col("end_ns") - pl.col("start_ns")) / us).alias("dur"), *args).struct.json_encode().alias("j")))
+                pl.col("_dur").alias("dur"), *args).struct.json_encode().alias("j")))
             fo = rows.filter(pl.col("flow_out").is_not_null())
             pieces.append(fo.select("_i", pl.lit(1).alias("_k"), pl.struct(
                 pl.lit("s").alias("ph"), pl.lit("launch").alias("name"), pl.lit("flow").alias("cat"),
@@ -195,3 +196,11 @@ def _slices(part: pl.DataFrame, out: _Events, tmap: pl.DataFrame, chunk_rows: in
         lines = pl.concat(pieces).sort("_i", "_k")["j"]
         if lines.len():
             out.lines("\n".join(lines.to_list()).encode())
+
+
+def _us(ns: pl.Series, name: str) -> pl.Series:
+    """Nanoseconds as microseconds, each the float nearest to ``ns / 1000`` (numpy's division;
+    polars multiplies by 0.001, which is one ulp off for some values: 91827.15000000001)."""
+    values = ns.to_numpy().astype(np.float64) / 1000.0
+    return pl.Series(name, values, dtype=pl.Float64).set(ns.is_null(), None) if ns.null_count() else pl.Series(
+        name, values, dtype=pl.Float64)
