@@ -191,9 +191,9 @@ def _write(timeline: Timeline, f: IO[bytes], body: IO[bytes], builder_cls: Any, 
     units: dict[int, str | None] | None = None
     for kind, part in timeline.events:
         if kind == "family":
-            for track, stack in stacks.items():
-                while stack:
-                    _end(b, stack.pop(), track)
+            for track, open_ends in stacks.items():
+                while open_ends:
+                    _end(b, open_ends.pop(), track)
             stacks = {}
             body.write(b.serialize())
             b = builder_cls()
@@ -255,9 +255,9 @@ def _write(timeline: Timeline, f: IO[bytes], body: IO[bytes], builder_cls: Any, 
                 stack.append(end)
             body.write(b.serialize())
             b = builder_cls()
-    for track, stack in stacks.items():
-        while stack:
-            _end(b, stack.pop(), track)
+    for track, open_ends in stacks.items():
+        while open_ends:
+            _end(b, open_ends.pop(), track)
     body.write(b.serialize())
 
     # -- the head: the first packet, then every track (overlap and counter tracks included)
