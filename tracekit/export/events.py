@@ -722,12 +722,14 @@ def stream_model(
         return frame.join(keep_pids, on=["report", "pid"], how="semi") if keep_pids is not None else frame
 
     nvtx, nccl, memory = only(nvtx), only(nccl), only(memory)
-    # kernels' devices and span over the whole (rank-filtered) table, for counters and notes
-    kall, _ = _keep_rows(kt, None, keep_pids)
-    kernel_devices = kall.distinct(["report", "device_id"])
-    span = kall.take(["start_ns", "end_ns"])
-    kernel_span = span.select(pl.col("start_ns").min(), pl.col("end_ns").max()).row(0) if span.height else (None, None)
-    del span, kall
+    # kernels' devices (for the counters of the GPUs the ranks ran on) and span (for a note)
+    # over the whole (rank-filtered) table
+    kernel_devices = (_keep_rows(kt, None, keep_pids)[0].distinct(["report", "device_id"]) if keep_pids is not None
+                      else pl.DataFrame(schema={"report": pl.Int64, "device_id": pl.Int64}))  # only used with ranks
+
+    def kernel_span() -> tuple[Any, Any]:
+        span = _keep_rows(kt, None, keep_pids)[0].take(["start_ns", "end_ns"])
+        return span.select(pl.col("start_ns").min(), pl.col("end_ns").max()).row(0) if span.height else (None, None)
 
     repeated = procs.group_by("pid").len().filter(pl.col("len") > 1).height > 0
     pname = trace.processes
@@ -947,7 +949,8 @@ def stream_model(
             yield "counters", part
         if not seen:
             if win is not None:
-                where = f"; its kernels run from {kernel_span[0]} to {kernel_span[1]} ns" if kernel_span[0] is not None else ""
+                k0, k1 = kernel_span()
+                where = f"; its kernels run from {k0} to {k1} ns" if k0 is not None else ""
                 tl.notes.append(f"no slice overlaps the window {win[0]}:{win[1]} ns (times since the session start){where}")
             else:
                 tl.notes.append("the trace has no CUDA, NVTX or NCCL events to draw (was it captured with --trace=cuda,nvtx?)")
