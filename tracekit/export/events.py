@@ -12,6 +12,9 @@ Track tree (see docs/export.md):
 
 A slice that partly overlaps a slice of its own track (it starts inside it and ends after it)
 cannot nest; it goes to a sibling track named ``… (overlap k)`` rather than being cut.
+
+:func:`stream_model` builds the timeline in time slices, in memory that grows with the window
+rather than the trace (the exporters use it); :func:`build_model` gathers it in memory.
 """
 
 from __future__ import annotations
@@ -586,11 +589,14 @@ def _flows_joined(ops: list[_Kept], api: _Kept) -> tuple[list[pl.Series], pl.Ser
 
 @dataclass
 class Timeline:
-    """The timeline streamed: :attr:`events` yields ``("slices", frame)`` chunks (one track
+    """The timeline streamed (read once): :attr:`events` yields ``("slices", frame)`` chunks
+    (frames of ``SLICE_SCHEMA``'s common columns and the argument columns they use; one track
     family after the other, each cut into time slices: within a track, slices in start order,
-    longest first), then ``("instants", frame)`` and ``("counters", frame)``. ``tracks`` grows
-    while the events are read (overlap tracks, counter tracks); ``skipped`` and ``notes`` are
-    final once they are all read."""
+    longest first, a slice that is still open going on into the next chunks), then
+    ``("family", empty frame)`` when a family ends (its tracks have no more slices: a writer
+    closes their open slices), then ``("instants", frame)`` and ``("counters", frame)`` (one
+    frame per memory timeline or GPU metric). ``tracks`` grows while the events are read
+    (overlap tracks, counter tracks); ``skipped`` and ``notes`` are final once they are all read."""
 
     tracks: list[Track]
     events: Iterator[tuple[str, pl.DataFrame]]
