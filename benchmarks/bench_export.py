@@ -24,7 +24,9 @@ VARIANTS: dict[str, list[str]] = {
     "perfetto, no GPU metrics": ["--metrics", "none"],
     "perfetto, default metrics": [],
     "perfetto, --window steady": ["--window", "steady", "--metrics", "none"],
+    "perfetto, --window 0:10s": ["--window", "0:10s", "--metrics", "none"],
     "perfetto, --window 0:100s": ["--window", "0:100s", "--metrics", "none"],
+    "perfetto, --window 0:500s": ["--window", "0:500s", "--metrics", "none"],
     "chrome-json, no GPU metrics": ["--format", "chrome-json", "--metrics", "none"],
 }
 

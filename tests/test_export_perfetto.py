@@ -411,6 +411,67 @@ def test_small_chunks_write_the_same_events(tmp_path: Path, exported: dict) -> N
     assert dict(rb2.counters) == dict(rb.counters)
 
 
+def _decoded(path: Path) -> tuple[object, ...]:
+    """The events a file decodes to, order aside: slices (with arguments and flows), instants,
+    counter samples and track descriptors."""
+    rb = read_back(path)
+    key = lambda s: (s.track, s.start, s.end, s.name, s.cat, tuple(sorted(s.args.items())), tuple(s.flows), tuple(s.terminating))  # noqa: E731
+    return (sorted(map(key, rb.slices)), sorted(rb.instants), {k: sorted(v) for k, v in rb.counters.items()},
+            {u: d.SerializeToString() for u, d in rb.tracks.items()})
+
+
+def _json_events(path: Path) -> list[str]:
+    return sorted(json.dumps(e, sort_keys=True) for e in json.loads(path.read_text())["traceEvents"])
+
+
+@pytest.mark.parametrize("key", SAMPLES)
+def test_time_slices_write_the_same_events(tmp_path: Path, exported: dict, key: str) -> None:
+    """Built and written in time slices of 50 rows per table (dozens of them, with NVTX ranges
+    and API calls open across their boundaries), the timeline decodes to the same events as in
+    one time slice, in both formats, with the same counts."""
+    from tracekit.export.events import stream_model
+
+    trace, path, summary, _ = exported[key]
+    n_slices = sum(1 for kind, _ in stream_model(trace, slice_rows=50).events if kind == "slices")
+    assert n_slices > 20
+    one, small = tmp_path / "one.pftrace", tmp_path / "small.pftrace"
+    s1 = perfetto(trace, one, slice_rows=10**9)
+    s2 = perfetto(trace, small, slice_rows=50, chunk_rows=7)
+    assert _decoded(small) == _decoded(one) == _decoded(path)
+    assert _nested(read_back(small).slices)
+    for s in (s1, s2):
+        assert (s.slices, s.flows, s.instants, s.counter_samples, s.tracks) == (
+            summary.slices, summary.flows, summary.instants, summary.counter_samples, summary.tracks)
+    j1, j2 = tmp_path / "one.json", tmp_path / "small.json"
+    chrome_json(trace, j1, slice_rows=10**9)
+    chrome_json(trace, j2, slice_rows=50, chunk_rows=11)
+    assert _json_events(j1) == _json_events(j2)
+
+
+@pytest.mark.parametrize("key", SAMPLES)
+def test_packed_flow_keys_match_the_joins(exported: dict, key: str) -> None:
+    """Flow ids from sorted packed (report, pid, correlation id) keys equal the ids the joins of
+    the key columns give (the way taken when keys do not pack), on every row."""
+    from tracekit.export import events as E
+
+    trace = exported[key][0]
+    ops = [E._keep_rows(E._Columns(trace, name, cols), None, None)[0] for name, cols in (
+        ("kernels", E._KERNEL_COLS), ("memcpys", E._MEMCPY_COLS), ("memsets", E._MEMSET_COLS))]
+    api = E._keep_rows(E._Columns(trace, "cuda_api", E._API_COLS), None, None, timed_only=True)[0]
+    (packed_ops, packed_api), (joined_ops, joined_api) = E._flows(ops, api), E._flows_joined(ops, api)
+    assert all(a.equals(b) for a, b in zip(packed_ops, joined_ops, strict=True)) and packed_api.equals(joined_api)
+    assert packed_api.drop_nulls().len() == packed_ops[0].drop_nulls().len() + packed_ops[1].drop_nulls().len() + (
+        packed_ops[2].drop_nulls().len()) > 0
+
+
+def test_one_export_is_read_a_column_at_a_time(tmp_path: Path) -> None:
+    """Exporting an export opened afresh builds none of its large tables (they are read a
+    column at a time and only the window's rows kept)."""
+    trace = tracekit.open(DECODE)
+    perfetto(trace, tmp_path / "w.pftrace", window=(100_000_000, 200_000_000))
+    assert not any(trace.is_loaded(name) for name in ("kernels", "memcpys", "memsets", "cuda_api"))
+
+
 def test_written_atomically(tmp_path: Path, decode: object) -> None:
     path = tmp_path / "out.pftrace"
     path.write_bytes(b"old")
@@ -443,14 +504,18 @@ def test_partly_overlapping_slices_go_to_an_overlap_track(tmp_path: Path) -> Non
         b = next(r for r in rows if r[1] > a[1] and r[3] == a[3])
         db.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET end = ? WHERE rowid = ?", (b[1] + (b[2] - b[1]) // 2, a[0]))
     trace = tracekit.open(copy, column_cache=False)
-    path = tmp_path / "d.pftrace"
-    s = perfetto(trace, path)
-    rb = read_back(path)
-    overlap = [u for u, d in rb.tracks.items() if d.name.endswith("(overlap 1)")]
-    assert len(overlap) == 1
-    assert [x.cat for x in rb.slices if x.track == overlap[0]] == ["kernel"]
-    assert s.slices["kernel"] == trace.kernels.height
-    assert _nested(rb.slices)
+    decoded = []
+    for slice_rows in (10**9, 5):  # one time slice; the crossing kernel on the next time slice
+        path = tmp_path / f"d{slice_rows}.pftrace"
+        s = perfetto(trace, path, slice_rows=slice_rows)
+        rb = read_back(path)
+        overlap = [u for u, d in rb.tracks.items() if d.name.endswith("(overlap 1)")]
+        assert len(overlap) == 1
+        assert [x.cat for x in rb.slices if x.track == overlap[0]] == ["kernel"]
+        assert s.slices["kernel"] == trace.kernels.height
+        assert _nested(rb.slices)
+        decoded.append(_decoded(path))
+    assert decoded[0] == decoded[1]
 
 
 def test_missing_package_says_which_extra(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, decode: object) -> None:
@@ -656,3 +721,22 @@ def test_nvtx_marks_and_start_end_ranges(tmp_path: Path) -> None:
     chrome_json(trace, out)
     ev = json.loads(out.read_text())["traceEvents"]
     assert sorted(e["name"] for e in ev if e["ph"] == "i") == sorted(marks["name"].to_list())
+
+
+def test_nsys_columnar_folders_export_like_their_sqlite(tmp_path: Path) -> None:
+    """nsys's parquetdir and arrowdir exports of one report (tests/data/nsys_columnar.tar.xz),
+    read a column at a time in 20-row time slices, give the events of its SQLite export."""
+    import tarfile
+
+    with tarfile.open(ROOT / "tests/data/nsys_columnar.tar.xz", "r:xz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    base = tmp_path / "nsys_columnar" / "memfusion_report1"
+    want = tmp_path / "sqlite.pftrace"
+    s = perfetto(tracekit.open(base.with_suffix(".sqlite"), column_cache=False), want)
+    assert s.slices["kernel"] > 0 and s.flows > 0
+    for kind in ("parquetdir", "arrowdir"):
+        got = tmp_path / f"{kind}.pftrace"
+        trace = tracekit.open(base.with_suffix(f".{kind}"))
+        perfetto(trace, got, slice_rows=20)
+        assert _decoded(got) == _decoded(want)
+        assert not trace.is_loaded("cuda_api")

@@ -12,12 +12,15 @@ Track tree (see docs/export.md):
 
 A slice that partly overlaps a slice of its own track (it starts inside it and ends after it)
 cannot nest; it goes to a sibling track named ``… (overlap k)`` rather than being cut.
+
+:func:`stream_model` builds the timeline in time slices, in memory that grows with the window
+rather than the trace (the exporters use it); :func:`build_model` gathers it in memory.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,8 +29,8 @@ import polars as pl
 
 from tracekit.errors import TracekitError
 
-__all__ = ["CATEGORIES", "DEFAULT_METRICS", "ExportModel", "ExportSummary", "Track", "build_model", "parse_window",
-           "steady_bounds"]
+__all__ = ["CATEGORIES", "DEFAULT_METRICS", "ExportModel", "ExportSummary", "Timeline", "Track", "build_model",
+           "parse_window", "steady_bounds", "stream_model"]
 
 #: GPU metrics exported by default (``gpu_metrics.metric`` names); ``metrics="all"`` takes every one.
 DEFAULT_METRICS: tuple[str, ...] = ("sms_active", "tensor_active", "dram_read_bandwidth", "dram_write_bandwidth")
@@ -241,12 +244,12 @@ def _by_unique_name(frame: pl.DataFrame, fn: Any) -> pl.DataFrame:
     return _lookup(frame, u, ["name"])
 
 
-def _may_use_nccl(trace: Any, kernels: pl.DataFrame, nvtx: pl.DataFrame) -> bool:
+def _may_use_nccl(trace: Any, kernel_names: pl.Series, nvtx: pl.DataFrame) -> bool:
     """Whether ``trace.nccl`` can have rows: it is built from the full kernel and NVTX tables,
-    worth it only when an NCCL kernel or NVTX range is there."""
+    worth it only when an NCCL kernel (``kernel_names``: the distinct names) or NVTX range is there."""
     if isinstance(getattr(trace, "ranks", None), pl.DataFrame) or getattr(trace, "is_loaded", lambda n: True)("nccl"):
         return True
-    names = kernels.select(pl.col("name").unique().cast(pl.Utf8))["name"]
+    names = kernel_names
     if names.str.contains("(?i)nccl").any():
         return True
     return bool(nvtx.select((pl.col("domain") == "NCCL").any() | pl.col("name").str.starts_with("nccl").any()).item())
@@ -300,10 +303,307 @@ def _as_trace(trace: Any) -> Any:
 
         path = Path(trace)
         trace = tracekit.open_many(path) if path.is_dir() else tracekit.open(path)
-    if type(trace).__name__ == "NcuReport" or not hasattr(trace, "kernels"):
+    if type(trace).__name__ == "NcuReport" or not hasattr(type(trace), "kernels"):
         msg = f"{type(trace).__name__} has no timeline to export; pass an Nsight Systems trace (tracekit.open) or a trace set (tracekit.open_many)"
         raise TracekitError(msg)
     return trace
+
+
+#: Slices read and built at a time (per table): the trace is cut into time slices holding at most
+#: this many rows of each large table, each written before the next is read.
+SLICE_ROWS = 500_000
+
+_KERNEL_COLS = ["report", "pid", "device_id", "stream_id", "correlation_id", "start_ns", "end_ns", "name", "grid_x", "grid_y",
+                "grid_z", "block_x", "block_y", "block_z", "registers_per_thread", "static_shared_memory_bytes",
+                "dynamic_shared_memory_bytes"]
+_MEMCPY_COLS = ["report", "pid", "device_id", "stream_id", "correlation_id", "start_ns", "end_ns", "bytes", "copy_kind",
+                "src_kind", "dst_kind"]
+_MEMSET_COLS = ["report", "pid", "device_id", "stream_id", "correlation_id", "start_ns", "end_ns", "bytes", "value", "mem_kind"]
+_API_COLS = ["report", "pid", "tid", "start_ns", "end_ns", "name", "correlation_id", "return_value"]
+
+
+class _Columns:
+    """Some columns of one event table, read a column at a time and gathered at the rows
+    asked for: from one export (an ``NsysTrace`` table not yet built), each column is read
+    whole (from the column cache on a large export), gathered, and let go, so what is held is
+    the rows kept, not the table; otherwise (a trace set, a table already in memory) a frame
+    of the columns (:func:`_table`)."""
+
+    def __init__(self, trace: Any, name: str, columns: Sequence[str]) -> None:
+        ranks = getattr(trace, "ranks", None)
+        self.name = name
+        self.frame: pl.DataFrame | None = None
+        lazy = (name in _NARROW and not isinstance(ranks, pl.DataFrame) and hasattr(trace, "table")
+                and hasattr(trace, "is_loaded") and not trace.is_loaded(name))
+        if not lazy:
+            self.frame = _table(trace, name, columns)
+            self.columns = list(self.frame.columns)
+            self.height = self.frame.height
+            return
+        from tracekit.nsys.schema import ON_REQUEST, TABLES
+
+        self.trace = trace
+        self.by_id = "name_id" in ON_REQUEST.get(name, {})
+        self.columns = [c for c in columns if c in TABLES[name] or c == "report"]
+        self.height = -1
+
+    def times(self) -> pl.DataFrame:
+        """``start_ns`` and ``end_ns`` of every row (one read: a damaged row warns as the eager table does)."""
+        if self.frame is not None:
+            return self.frame.select("start_ns", "end_ns")
+        frame = self.trace.table(self.name, ["start_ns", "end_ns"])
+        self.height = frame.height
+        return frame
+
+    def take(self, columns: Sequence[str], rows: pl.Series | None = None) -> pl.DataFrame:
+        """``columns`` (those the table has) at ``rows`` (row numbers; every row when ``None``)."""
+        cols = [c for c in columns if c in self.columns]
+        if self.frame is not None:
+            frame = self.frame.select(cols)
+            return frame if rows is None else frame[rows]
+        if rows is None and self.height < 0:
+            self.height = self.trace.table(self.name, ["start_ns"]).height
+        n = self.height if rows is None else rows.len()
+        out: list[pl.Series] = []
+        for c in cols:
+            if c == "report":
+                out.append(pl.repeat(0, n, dtype=pl.Int64, eager=True).alias("report"))
+                continue
+            if c == "name" and self.by_id:
+                ids = self.trace.table(self.name, ["name_id"])["name_id"]
+                ids = ids if rows is None else ids.gather(rows)
+                out.append(_names_of(self.trace, ids))
+                continue
+            s = self.trace.table(self.name, [c])[c]
+            out.append(s if rows is None else s.gather(rows))
+            del s
+        return pl.DataFrame(out) if out else pl.DataFrame(schema={})
+
+    def distinct(self, columns: Sequence[str], rows: pl.Series | None = None) -> pl.DataFrame:
+        """The distinct values of ``columns`` (those the table has) at ``rows``: a column at a
+        time for ``report`` (0 in one export) and in blocks of rows, so that no hash table
+        of the whole table is built."""
+        report = "report" in columns and self.frame is None
+        cols = [c for c in columns if c in self.columns and not (report and c == "report")]
+        frame = self.take(cols, rows)
+        step = 1 << 19
+        out = pl.concat([frame.slice(i, step).unique() for i in range(0, frame.height, step)] or [frame.head(0)]).unique()
+        if report:
+            out = out.select(pl.lit(0, pl.Int64).alias("report"), *cols)
+        return out.select([c for c in columns if c in out.columns])
+
+    def unique_names(self) -> pl.Series:
+        """The distinct ``name`` values, as text."""
+        if self.frame is not None or not self.by_id:
+            return self.take(["name"]).select(pl.col("name").unique().cast(pl.Utf8))["name"]
+        ids = self.trace.table(self.name, ["name_id"])["name_id"].unique()
+        return _names_of(self.trace, ids).cast(pl.Utf8)
+
+
+def _names_of(trace: Any, ids: pl.Series) -> pl.Series:
+    """``StringIds`` ids → their text, as a categorical ``name`` column (looked up once per id)."""
+    from tracekit.nsys.readers import lookup_strings
+
+    frame = ids.alias("name_id").to_frame()
+    u = frame.select(pl.col("name_id").unique())
+    u = u.with_columns(lookup_strings(pl.col("name_id"), trace.strings).cast(pl.Categorical).alias("name"))
+    return frame.join(u, on="name_id", how="left", maintain_order="left")["name"]
+
+
+def _window_mask(win: tuple[int, int] | None, start: str = "start_ns", end: str | None = "end_ns") -> pl.Expr | None:
+    """The rows :func:`_keep_window` keeps, as an expression (``None``: every row)."""
+    if win is None:
+        return None
+    lo, hi = win
+    if end is None:
+        return (pl.col(start) >= lo) & (pl.col(start) < hi)
+    return (pl.col(start) < hi) & ((pl.col(end) > lo) | (pl.col(start) >= lo))
+
+
+@dataclass
+class _Kept:
+    """The rows of one streamed table that are written: their row numbers in the table and
+    start times (for cutting the timeline into time slices)."""
+
+    table: _Columns
+    rows: pl.Series
+    start: pl.Series
+
+    def take(self, columns: Sequence[str], positions: np.ndarray | None = None) -> pl.DataFrame:
+        rows = self.rows if positions is None else self.rows.gather(positions)
+        return self.table.take(columns, rows)
+
+    def distinct(self, columns: Sequence[str]) -> pl.DataFrame:
+        return self.table.distinct(columns, self.rows)
+
+
+def _keep_rows(table: _Columns, win: tuple[int, int] | None, keep_pids: pl.DataFrame | None,
+               timed_only: bool = False) -> tuple[_Kept, int]:
+    """The rows of ``table`` in the window (and of the kept processes); with ``timed_only``
+    rows without a start or end are dropped first and counted (the second value)."""
+    times = table.times()
+    conds: list[pl.Expr] = []
+    untimed = 0
+    if timed_only:
+        timed = pl.col("start_ns").is_not_null() & pl.col("end_ns").is_not_null()
+        untimed = times.height - times.select(timed.sum()).item()
+        if untimed:
+            conds.append(timed)
+    mask = _window_mask(win)
+    if mask is not None:
+        conds.append(mask)
+    if keep_pids is not None:
+        keys = table.take(["report", "pid"])
+        keep = keys.join(keep_pids.with_columns(pl.lit(True).alias("_k")), on=["report", "pid"], how="left",
+                         maintain_order="left")["_k"].fill_null(False)
+        del keys
+        times = times.with_columns(keep.alias("_keep"))
+        conds.append(pl.col("_keep"))
+    if conds:
+        cond = conds[0]
+        for c in conds[1:]:
+            cond = cond & c
+        idx = times.select(pl.arg_where(cond.fill_null(False)).alias("rows"))["rows"]
+        start = times["start_ns"].gather(idx)
+    else:
+        idx = pl.int_range(0, times.height, dtype=pl.UInt32, eager=True).alias("rows")
+        start = times["start_ns"]
+    return _Kept(table, idx, start), untimed
+
+
+def _bounds(starts: Sequence[pl.Series], rows: int) -> np.ndarray:
+    """Time-slice boundaries: every ``rows``-th start of each table, merged, so that a slice
+    holds at most ``rows`` rows of any one table."""
+    cuts: list[np.ndarray] = []
+    for s in starts:
+        s = s.drop_nulls()
+        if s.len() > rows:
+            cuts.append(s.sort()[rows::rows].to_numpy())
+    return np.unique(np.concatenate(cuts)) if cuts else np.zeros(0, dtype=np.int64)
+
+
+def _slice_positions(start: pl.Series, bounds: np.ndarray) -> list[np.ndarray]:
+    """For each time slice, the positions of the rows starting in it (a row without a start
+    goes to the first: it is dropped as damaged when the slices are built)."""
+    n = len(bounds) + 1
+    if n == 1 or start.len() == 0:
+        return [np.arange(start.len())] + [np.zeros(0, dtype=np.int64)] * (n - 1)
+    lo = start.min()
+    which = np.searchsorted(bounds, start.fill_null(lo).to_numpy(), side="right")
+    order = np.argsort(which, kind="stable")
+    counts = np.bincount(which, minlength=n)
+    return np.split(order, np.cumsum(counts)[:-1])
+
+
+def _frame_slices(frame: pl.DataFrame, start: str, bounds: np.ndarray) -> list[pl.DataFrame]:
+    """``frame``'s rows by the time slice they start in."""
+    return [frame[p] for p in _slice_positions(frame[start], bounds)]
+
+
+def _flow_column(n: int, rows: np.ndarray, flows: np.ndarray) -> pl.Series:
+    """``n`` nulls with ``flows`` at ``rows``."""
+    out = pl.repeat(None, n, dtype=pl.Int64, eager=True)
+    return out.scatter(pl.Series(rows, dtype=pl.Int64), pl.Series(flows, dtype=pl.Int64)) if len(rows) else out
+
+
+def _pack(frame: pl.DataFrame) -> np.ndarray | None:
+    """``(report, pid, correlation_id)`` of each row as one int64 key, in the same order
+    (-1 where one is null); ``None`` when a value does not fit (report < 128, pid < 2²⁴,
+    correlation id < 2³²)."""
+    r, p, c = pl.col("report"), pl.col("pid"), pl.col("correlation_id")
+    bad = frame.select(((r < 0) | (r >= 1 << 7) | (p < 0) | (p >= 1 << 24) | (c < 0) | (c >= 1 << 32)).any()).item()
+    if bad:
+        return None
+    return frame.select((r * (1 << 56) + p * (1 << 32) + c).fill_null(-1).alias("k"))["k"].to_numpy()
+
+
+def _flows(ops: list[_Kept], api: _Kept) -> tuple[list[pl.Series], pl.Series]:
+    """Flow ids per kept row of each GPU-operation table and of the API calls: a launch call
+    (the outermost call of its correlation id: earliest, longest) → the first GPU operation of
+    that id (earliest; kernels before memcpys before memsets, then table order), both written;
+    ids 1…n in the order of (report, pid, correlation id). Sorts of packed int64 keys (one
+    array per table) rather than joins of key columns; joins when the keys do not pack."""
+    keys, starts, srcs, rows = [], [], [], []
+    for i, k in enumerate(ops):
+        key = _pack(k.take(["report", "pid", "correlation_id"]))
+        if key is None:
+            return _flows_joined(ops, api)
+        start = k.start.fill_null(-1).to_numpy()
+        pos = np.nonzero((key >= 0) & k.start.is_not_null().to_numpy())[0]
+        keys.append(key[pos])
+        starts.append(start[pos])
+        srcs.append(np.full(len(pos), i, dtype=np.int8))
+        rows.append(pos)
+        del key, start
+    key, start, src, row = (np.concatenate(x) for x in (keys, starts, srcs, rows))
+    del keys, starts, srcs, rows
+    order = np.lexsort((row, src, start, key))
+    del start
+    ks = key[order]
+    first = order[np.r_[True, ks[1:] != ks[:-1]]] if len(ks) else order
+    del ks, order
+    op_key, op_src, op_row = key[first], src[first], row[first]
+    del key, src, row, first
+
+    akey = _pack(api.take(["report", "pid", "correlation_id"]))
+    if akey is None:
+        return _flows_joined(ops, api)
+    at = np.searchsorted(op_key, akey).clip(0, max(len(op_key) - 1, 0))
+    cand = np.nonzero((akey >= 0) & (op_key[at] == akey))[0] if len(op_key) else np.zeros(0, dtype=np.int64)
+    del at
+    kc = akey[cand]
+    del akey
+    se = api.take(["start_ns", "end_ns"], cand)
+    order = np.lexsort((cand, -se["end_ns"].to_numpy(), se["start_ns"].to_numpy(), kc))
+    del se
+    ks = kc[order]
+    first = order[np.r_[True, ks[1:] != ks[:-1]]] if len(ks) else order
+    api_key, api_row = kc[first], cand[first]
+    del kc, cand, order, ks, first
+
+    _, io, ia = np.intersect1d(op_key, api_key, assume_unique=True, return_indices=True)
+    flow = np.arange(1, len(io) + 1, dtype=np.int64)
+    op_flows = [_flow_column(k.rows.len(), op_row[io][op_src[io] == i], flow[op_src[io] == i]) for i, k in enumerate(ops)]
+    return op_flows, _flow_column(api.rows.len(), api_row[ia], flow)
+
+
+def _flows_joined(ops: list[_Kept], api: _Kept) -> tuple[list[pl.Series], pl.Series]:
+    """:func:`_flows` with joins of the key columns (keys that do not pack into an int64)."""
+    keys = ["report", "pid", "correlation_id"]
+    ops_keys = pl.concat([k.take(keys).with_columns(k.start.alias("start_ns")).with_row_index("_row").select(
+        pl.lit(i).alias("_src"), "_row", *keys, "start_ns") for i, k in enumerate(ops)], how="vertical_relaxed").drop_nulls()
+    first_op = ops_keys.sort("start_ns", "_src", "_row").unique(keys, keep="first")
+    del ops_keys
+    first_api = api.take([*keys, "start_ns", "end_ns"]).with_row_index("_row").drop_nulls("correlation_id")
+    first_api = first_api.join(first_op.select(keys), on=keys, how="semi")  # only launches of a written operation
+    first_api = first_api.sort(["start_ns", "end_ns", "_row"], descending=[False, True, False]).unique(keys, keep="first")
+    linked = first_op.join(first_api.select(*keys, pl.col("_row").alias("_api_row")), on=keys, how="inner")
+    del first_op, first_api
+    linked = linked.sort(keys).with_row_index("_flow", offset=1)
+    op_flows = []
+    for i, k in enumerate(ops):
+        li = linked.filter(pl.col("_src") == i)
+        op_flows.append(_flow_column(k.rows.len(), li["_row"].to_numpy(), li["_flow"].to_numpy()))
+    return op_flows, _flow_column(api.rows.len(), linked["_api_row"].to_numpy(), linked["_flow"].to_numpy())
+
+
+@dataclass
+class Timeline:
+    """The timeline streamed (read once): :attr:`events` yields ``("slices", frame)`` chunks
+    (frames of ``SLICE_SCHEMA``'s common columns and the argument columns they use; one track
+    family after the other, each cut into time slices: within a track, slices in start order,
+    longest first, a slice that is still open going on into the next chunks), then
+    ``("family", empty frame)`` when a family ends (its tracks have no more slices: a writer
+    closes their open slices), then ``("instants", frame)`` and ``("counters", frame)`` (one
+    frame per memory timeline or GPU metric). ``tracks`` grows while the events are read
+    (overlap tracks, counter tracks); ``skipped`` and ``notes`` are final once they are all read."""
+
+    tracks: list[Track]
+    events: Iterator[tuple[str, pl.DataFrame]]
+    window: tuple[int, int] | None = None
+    window_source: str | None = None
+    skipped: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
 
 def build_model(
@@ -314,7 +614,8 @@ def build_model(
     metrics: Sequence[str] | str = DEFAULT_METRICS,
 ) -> ExportModel:
     """The timeline of ``trace`` (an ``NsysTrace``, a ``TraceSet``, or a path: an export, or a
-    folder of per-rank exports) that the exporters write.
+    folder of per-rank exports) that the exporters write, in memory (the exporters stream it:
+    :func:`stream_model`).
 
     Parameters
     ----------
@@ -329,6 +630,42 @@ def build_model(
     metrics
         ``gpu_metrics.metric`` names written as counters, or ``"all"``.
     """
+    tl = stream_model(trace, window=window, ranks=ranks, metrics=metrics)
+    families: dict[int, list[pl.DataFrame]] = {}
+    instants: list[pl.DataFrame] = []
+    counters: list[pl.DataFrame] = []
+    family = 0
+    for kind, frame in tl.events:
+        if kind == "family":
+            family += 1
+        elif kind == "slices":
+            families.setdefault(family, []).append(frame)
+        elif kind == "instants":
+            instants.append(frame)
+        else:
+            counters.append(frame)
+    parts = [pl.concat(f, how="vertical_relaxed").sort(["track", "start_ns", "end_ns"], descending=[False, False, True],
+                                                       maintain_order=True) for f in families.values()]
+    return ExportModel(tl.tracks, parts, _conform(instants, INSTANT_SCHEMA), _conform(counters, COUNTER_SCHEMA),
+                       tl.window, tl.window_source, tl.skipped, tl.notes)
+
+
+def stream_model(
+    trace: Any,
+    *,
+    window: tuple[int, int] | str | None = None,
+    ranks: Sequence[int] | None = None,
+    metrics: Sequence[str] | str = DEFAULT_METRICS,
+    slice_rows: int = SLICE_ROWS,
+) -> Timeline:
+    """:func:`build_model`'s timeline as a :class:`Timeline` whose events are built as they are
+    read, in bounded memory: the large tables (kernels, memcpys, memsets, CUDA API calls) of
+    one export are read a column at a time and only the rows in the window are kept (their row
+    numbers and start times), then the timeline is built and handed on in time slices of at
+    most ``slice_rows`` rows of each table. Launch flows are numbered over the whole window
+    first; a slice open at a time slice's end stays open (the nesting check carries each
+    track's open slices over). ``tracks`` up to the stream and NCCL tracks are known when this
+    returns; the events are the same as :func:`build_model`'s."""
     trace = _as_trace(trace)
     source = None
     if isinstance(window, str):
@@ -344,25 +681,23 @@ def build_model(
         source = "given"
     win = window if isinstance(window, tuple) else None
     skipped: dict[str, int] = {}
+    slice_rows = max(int(slice_rows), 1)
 
-    kernels = _table(trace, "kernels", ["report", "pid", "device_id", "stream_id", "correlation_id", "start_ns", "end_ns",
-                                         "name", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z",
-                                         "registers_per_thread", "static_shared_memory_bytes", "dynamic_shared_memory_bytes"])
-    memcpys = _table(trace, "memcpys", ["report", "pid", "device_id", "stream_id", "correlation_id", "start_ns", "end_ns",
-                                         "bytes", "copy_kind", "src_kind", "dst_kind"])
-    memsets = _table(trace, "memsets", ["report", "pid", "device_id", "stream_id", "correlation_id", "start_ns", "end_ns",
-                                         "bytes", "value", "mem_kind"])
-    api = _table(trace, "cuda_api", ["report", "pid", "tid", "start_ns", "end_ns", "name", "correlation_id", "return_value"])
+    kt = _Columns(trace, "kernels", _KERNEL_COLS)
+    ct = _Columns(trace, "memcpys", _MEMCPY_COLS)
+    st = _Columns(trace, "memsets", _MEMSET_COLS)
+    at = _Columns(trace, "cuda_api", _API_COLS)
     nvtx = _table(trace, "nvtx", ["report", "pid", "tid", "event_type", "start_ns", "end_ns", "name", "domain"])
-    nccl_source = trace if _may_use_nccl(trace, kernels, nvtx) else _NoNccl()
+    nccl_source = trace if _may_use_nccl(trace, kt.unique_names(), nvtx) else _NoNccl()
     nccl = _table(nccl_source, "nccl", ["report", "rank", "pid", "tid", "host_start_ns", "host_end_ns", "op", "api", "bytes",
                                         "peer", "root", "comm_id", "comm_rank", "comm_nranks", "dtype", "reduction",
                                         "algorithm", "protocol", "kernel_count", "gpu_duration_ns"])
     memory = _table(trace, "memory_usage", ["report", "pid", "global_pid", "device_id", "context_id", "stream_id",
                                             "correlation_id", "start_ns", "address", "bytes", "mem_kind", "operation", "name"])
 
-    # -- processes and ranks
-    procs = pl.concat([f.select("report", "pid") for f in (kernels, memcpys, memsets, api, nvtx, nccl, memory)],
+    # -- processes and ranks (every process of the trace, whatever the window)
+    procs = pl.concat([*(t.distinct(["report", "pid"]) for t in (kt, ct, st, at)),
+                       *(f.select("report", "pid") for f in (nvtx, nccl, memory))],
                       how="vertical_relaxed").drop_nulls().unique().sort("report", "pid")
     if hasattr(trace, "ranks") and isinstance(trace.ranks, pl.DataFrame) and "report" in trace.ranks.columns:
         rank_of = trace.ranks.select("report", "pid", "rank").drop_nulls("pid").unique(["report", "pid"])
@@ -375,6 +710,7 @@ def build_model(
                       else pl.DataFrame())
         procs = procs.join(nccl_ranks, on=["report", "pid"], how="left") if nccl_ranks.height else (
             procs.with_columns(pl.lit(None, pl.Int64).alias("rank")))
+    keep_pids = None
     if ranks is not None:
         wanted = sorted({int(r) for r in ranks})
         known = sorted(procs["rank"].drop_nulls().unique().to_list())
@@ -386,12 +722,20 @@ def build_model(
             msg = f"rank(s) {', '.join(map(str, missing))} not in this trace; it has rank(s) {', '.join(map(str, known))}"
             raise TracekitError(msg)
         procs = procs.filter(pl.col("rank").is_in(wanted))
-    keep_procs = procs.select("report", "pid")
+        keep_pids = procs.select("report", "pid")
 
     def only(frame: pl.DataFrame) -> pl.DataFrame:
-        return frame.join(keep_procs, on=["report", "pid"], how="semi") if ranks is not None else frame
+        return frame.join(keep_pids, on=["report", "pid"], how="semi") if keep_pids is not None else frame
 
-    kernels, memcpys, memsets, api, nvtx, nccl, memory = (only(f) for f in (kernels, memcpys, memsets, api, nvtx, nccl, memory))
+    nvtx, nccl, memory = only(nvtx), only(nccl), only(memory)
+    # kernels' devices (for the counters of the GPUs the ranks ran on) and span (for a note)
+    # over the whole (rank-filtered) table
+    kernel_devices = (_keep_rows(kt, None, keep_pids)[0].distinct(["report", "device_id"]) if keep_pids is not None
+                      else pl.DataFrame(schema={"report": pl.Int64, "device_id": pl.Int64}))  # only used with ranks
+
+    def kernel_span() -> tuple[Any, Any]:
+        span = _keep_rows(kt, None, keep_pids)[0].take(["start_ns", "end_ns"])
+        return span.select(pl.col("start_ns").min(), pl.col("end_ns").max()).row(0) if span.height else (None, None)
 
     repeated = procs.group_by("pid").len().filter(pl.col("len") > 1).height > 0
     pname = trace.processes
@@ -415,13 +759,11 @@ def build_model(
             label = f"rank {rank} · {label}"
         proc_uuid[(report, pid)] = tracks.add(label, "process", pid=ext(report, pid))
 
-    groups: dict[str, list[pl.DataFrame]] = {"stream": [], "thread": [], "nvtx": [], "nccl": []}
-    # -- CPU threads: CUDA API calls and NVTX push/pop ranges, nested; marks as instants
-    timed = pl.col("start_ns").is_not_null() & pl.col("end_ns").is_not_null()
-    untimed = api.height - api.select(timed.sum()).item()
-    if untimed:  # (filtering copies the table: only when there is something to drop)
+    # -- the rows written: row numbers of the streamed tables, frames of the others
+    api_k, untimed = _keep_rows(at, win, keep_pids, timed_only=True)
+    if untimed:
         skipped["CUDA API calls without a start or end time (damaged rows)"] = untimed
-        api = api.filter(timed)
+    ops = [_keep_rows(t, win, keep_pids)[0] for t in (kt, ct, st)]
     nv_ranges = nvtx.filter(pl.col("event_type") == "PushPop")
     open_ranges = nv_ranges.filter(pl.col("end_ns").is_null()).height
     if open_ranges:
@@ -432,16 +774,14 @@ def build_model(
     if skipped_se:
         skipped["nvtx ranges never closed"] = skipped.get("nvtx ranges never closed", 0) + skipped_se
     marks = nvtx.filter(pl.col("event_type") == "Mark")
-    api, nv_ranges, nv_startend, nccl_w = (
-        _keep_window(api, win), _keep_window(nv_ranges, win), _keep_window(nv_startend, win),
-        _keep_window(nccl.filter(pl.col("host_start_ns").is_not_null() & pl.col("host_end_ns").is_not_null()
-                                & pl.col("pid").is_not_null()), win,
-                     "host_start_ns", "host_end_ns"),
-    )
+    del nvtx
+    nv_ranges, nv_startend = _keep_window(nv_ranges, win), _keep_window(nv_startend, win)
+    nccl_w = _keep_window(nccl.filter(pl.col("host_start_ns").is_not_null() & pl.col("host_end_ns").is_not_null()
+                                      & pl.col("pid").is_not_null()), win, "host_start_ns", "host_end_ns")
+    del nccl
     marks = _keep_window(marks, win, end=None)
-    ops_k, ops_c, ops_s = _keep_window(kernels, win), _keep_window(memcpys, win), _keep_window(memsets, win)
 
-    threads = pl.concat([api.select("report", "pid", "tid"), nv_ranges.select("report", "pid", "tid"),
+    threads = pl.concat([api_k.distinct(["report", "pid", "tid"]), nv_ranges.select("report", "pid", "tid"),
                          marks.select("report", "pid", "tid")], how="vertical_relaxed").drop_nulls().unique()
     threads = threads.join(tnames, on=["report", "pid", "tid"], how="left").sort("report", "pid", "tid")
     thread_rows = []
@@ -451,7 +791,7 @@ def build_model(
         thread_rows.append((report, pid, tid, uuid))
     thread_map = pl.DataFrame(thread_rows, schema={"report": pl.Int64, "pid": pl.Int64, "tid": pl.Int64, "track": pl.Int64},
                               orient="row")
-    streams = pl.concat([f.select("report", "pid", "device_id", "stream_id") for f in (ops_k, ops_c, ops_s)],
+    streams = pl.concat([k.distinct(["report", "pid", "device_id", "stream_id"]) for k in ops],
                         how="vertical_relaxed").unique().sort("report", "pid", "device_id", "stream_id", nulls_last=True)
     stream_rows = []
     for report, pid, dev, stream in streams.iter_rows():
@@ -459,95 +799,110 @@ def build_model(
         stream_rows.append((report, pid, dev, stream, uuid))
     stream_map = pl.DataFrame(stream_rows, schema={"report": pl.Int64, "pid": pl.Int64, "device_id": pl.Int64,
                                                    "stream_id": pl.Int64, "track": pl.Int64}, orient="row")
-
-    # flows: a launch call → the first GPU operation of its correlation id (both written)
-    ops_k, ops_c, ops_s, api = (f.with_row_index("_row") for f in (ops_k, ops_c, ops_s, api))
-    ops_keys = pl.concat([f.select(pl.lit(i).alias("_src"), "_row", "report", "pid", "correlation_id", "start_ns")
-                          for i, f in enumerate((ops_k, ops_c, ops_s))], how="vertical_relaxed").drop_nulls()
-    first_op = ops_keys.sort("start_ns", "_src", "_row").unique(["report", "pid", "correlation_id"], keep="first")
-    # the outermost call of a correlation id (a runtime call before the driver call it makes)
-    first_api = api.select("_row", "report", "pid", "correlation_id", "start_ns", "end_ns").drop_nulls("correlation_id").sort(
-        ["start_ns", "end_ns", "_row"], descending=[False, True, False]).unique(["report", "pid", "correlation_id"], keep="first")
-    linked = first_op.join(first_api.select("report", "pid", "correlation_id", pl.col("_row").alias("_api_row")),
-                           on=["report", "pid", "correlation_id"], how="inner")
-    # flow ids 1…n in the order of the launches' processes and correlation ids
-    linked = linked.sort("report", "pid", "correlation_id").with_row_index("_flow", offset=1).with_columns(
-        pl.col("_flow").cast(pl.Int64))
-
-    def with_flow(frame: pl.DataFrame, rows: pl.DataFrame, column: str) -> pl.DataFrame:
-        return _lookup(frame, rows.select("_row", pl.col("_flow").alias(column)), ["_row"])
-
-    def op_rows(src: int) -> pl.DataFrame:
-        return linked.filter(pl.col("_src") == src)
-
-    if ops_k.height:
-        from tracekit.analysis.families import with_family
-
-        k = with_flow(_by_unique_name(ops_k, with_family), op_rows(0), "flow_in").pipe(
-            _lookup, stream_map, ["report", "pid", "device_id", "stream_id"])
-        groups["stream"].append(k.select(
-            "track", "start_ns", "end_ns", "name", pl.lit("kernel").alias("cat"), "flow_in",
-            pl.col("family").alias("a_family"), _dims("grid").alias("a_grid"), _dims("block").alias("a_block"),
-            pl.col("registers_per_thread").alias("a_registers"), pl.col("static_shared_memory_bytes").alias("a_static_smem"),
-            pl.col("dynamic_shared_memory_bytes").alias("a_dynamic_smem"), pl.col("device_id").alias("a_device"),
-            pl.col("stream_id").alias("a_stream"), pl.col("correlation_id").alias("a_correlation"),
-        ))
-        del k
-    # what is needed of the kernel table later, so that its frames can go now
-    kernel_devices = kernels.select("report", "device_id").unique()
-    kernel_span = kernels.select(pl.col("start_ns").min(), pl.col("end_ns").max()).row(0)
-    del kernels, ops_k
-    if ops_c.height:
-        c = with_flow(ops_c, op_rows(1), "flow_in").pipe(
-            _lookup, stream_map, ["report", "pid", "device_id", "stream_id"])
-        groups["stream"].append(c.select(
-            "track", "start_ns", "end_ns", pl.format("Memcpy {}", pl.col("copy_kind")).alias("name"),
-            pl.lit("memcpy").alias("cat"), "flow_in", pl.col("bytes").alias("a_bytes"), pl.col("copy_kind").alias("a_copy_kind"),
-            pl.col("src_kind").alias("a_src_kind"), pl.col("dst_kind").alias("a_dst_kind"), pl.col("device_id").alias("a_device"),
-            pl.col("stream_id").alias("a_stream"), pl.col("correlation_id").alias("a_correlation"),
-        ))
-    if ops_s.height:
-        s = with_flow(ops_s, op_rows(2), "flow_in").pipe(
-            _lookup, stream_map, ["report", "pid", "device_id", "stream_id"])
-        groups["stream"].append(s.select(
-            "track", "start_ns", "end_ns", pl.lit("Memset").alias("name"), pl.lit("memset").alias("cat"), "flow_in",
-            pl.col("bytes").alias("a_bytes"), pl.col("value").alias("a_value"), pl.col("mem_kind").alias("a_mem_kind"),
-            pl.col("device_id").alias("a_device"), pl.col("stream_id").alias("a_stream"),
-            pl.col("correlation_id").alias("a_correlation"),
-        ))
-    if api.height:
-        def clean(u: pl.DataFrame) -> pl.DataFrame:  # cudaLaunchKernel_v7000 → cudaLaunchKernel
-            return u.with_columns(pl.col("name").str.replace(r"_v\d+$", "").cast(pl.Categorical).alias("_clean"))
-
-        a = with_flow(_by_unique_name(api, clean), linked.with_columns(pl.col("_api_row").alias("_row")), "flow_out").pipe(
-            _lookup, thread_map, ["report", "pid", "tid"])
-        groups["thread"].append(a.select(
-            "track", "start_ns", "end_ns", pl.col("_clean").alias("name"),
-            pl.lit("cuda_api").alias("cat"), "flow_out", pl.col("correlation_id").alias("a_correlation"),
-            pl.col("return_value").alias("a_return"),
-        ))
-        del a
-    del api
-    if nv_ranges.height:
-        n = nv_ranges.join(thread_map, on=["report", "pid", "tid"], how="left")
-        groups["thread"].append(n.select("track", "start_ns", "end_ns", pl.col("name").fill_null("(unnamed)"), pl.lit("nvtx").alias("cat"),
-                              pl.col("domain").alias("a_domain")))
+    se_map = nc_map = None
     if nv_startend.height:
         se_rows = []
         for report, pid in nv_startend.select("report", "pid").unique().sort("report", "pid").iter_rows():
             se_rows.append((report, pid, tracks.add("NVTX start/end ranges", "nvtx", proc_uuid[(report, pid)])))
         se_map = pl.DataFrame(se_rows, schema={"report": pl.Int64, "pid": pl.Int64, "track": pl.Int64}, orient="row")
-        n = nv_startend.join(se_map, on=["report", "pid"], how="left")
-        groups["nvtx"].append(n.select("track", "start_ns", "end_ns", pl.col("name").fill_null("(unnamed)"), pl.lit("nvtx").alias("cat"),
-                              pl.col("domain").alias("a_domain")))
     if nccl_w.height:
         nc_rows = []
         for report, pid, tid in nccl_w.select("report", "pid", "tid").unique().sort("report", "pid", "tid").iter_rows():
             nc_rows.append((report, pid, tid, tracks.add(f"NCCL calls (thread {tid})", "nccl", proc_uuid[(report, pid)])))
         nc_map = pl.DataFrame(nc_rows, schema={"report": pl.Int64, "pid": pl.Int64, "tid": pl.Int64, "track": pl.Int64},
                               orient="row")
-        n = nccl_w.join(nc_map, on=["report", "pid", "tid"], how="left", nulls_equal=True)
-        groups["nccl"].append(n.select(
+
+    # flows: a launch call → the first GPU operation of its correlation id (both written);
+    # ids 1…n in the order of the launches' processes and correlation ids, kept per row
+    op_flows, api_flows = _flows(ops, api_k)
+
+    bounds = _bounds([api_k.start, *(k.start for k in ops), nv_ranges["start_ns"], nv_startend["start_ns"],
+                      nccl_w["host_start_ns"]], slice_rows)
+    op_pos = [_slice_positions(k.start, bounds) for k in ops]
+    api_pos = _slice_positions(api_k.start, bounds)
+    for k in (*ops, api_k):
+        k.start = k.start.clear()
+
+    def stream_slices(j: int) -> list[pl.DataFrame]:
+        from tracekit.analysis.families import with_family
+
+        out = []
+        for i, (k, pos) in enumerate(zip(ops, op_pos, strict=True)):
+            p = pos[j]
+            if not len(p):
+                continue
+            f = k.take(_KERNEL_COLS if i == 0 else _MEMCPY_COLS if i == 1 else _MEMSET_COLS, p).with_columns(
+                op_flows[i].gather(p).alias("flow_in"))
+            f = _lookup(f, stream_map, ["report", "pid", "device_id", "stream_id"])
+            if i == 0:
+                f = _by_unique_name(f, with_family)
+                out.append(f.select(
+                    "track", "start_ns", "end_ns", "name", pl.lit("kernel").alias("cat"), "flow_in",
+                    pl.col("family").alias("a_family"), _dims("grid").alias("a_grid"), _dims("block").alias("a_block"),
+                    pl.col("registers_per_thread").alias("a_registers"),
+                    pl.col("static_shared_memory_bytes").alias("a_static_smem"),
+                    pl.col("dynamic_shared_memory_bytes").alias("a_dynamic_smem"), pl.col("device_id").alias("a_device"),
+                    pl.col("stream_id").alias("a_stream"), pl.col("correlation_id").alias("a_correlation"),
+                ))
+            elif i == 1:
+                out.append(f.select(
+                    "track", "start_ns", "end_ns", pl.format("Memcpy {}", pl.col("copy_kind")).alias("name"),
+                    pl.lit("memcpy").alias("cat"), "flow_in", pl.col("bytes").alias("a_bytes"),
+                    pl.col("copy_kind").alias("a_copy_kind"), pl.col("src_kind").alias("a_src_kind"),
+                    pl.col("dst_kind").alias("a_dst_kind"), pl.col("device_id").alias("a_device"),
+                    pl.col("stream_id").alias("a_stream"), pl.col("correlation_id").alias("a_correlation"),
+                ))
+            else:
+                out.append(f.select(
+                    "track", "start_ns", "end_ns", pl.lit("Memset").alias("name"), pl.lit("memset").alias("cat"), "flow_in",
+                    pl.col("bytes").alias("a_bytes"), pl.col("value").alias("a_value"), pl.col("mem_kind").alias("a_mem_kind"),
+                    pl.col("device_id").alias("a_device"), pl.col("stream_id").alias("a_stream"),
+                    pl.col("correlation_id").alias("a_correlation"),
+                ))
+            del f
+        return out
+
+    nv_ranges_by = _frame_slices(nv_ranges, "start_ns", bounds)
+    nv_se_by = _frame_slices(nv_startend, "start_ns", bounds)
+    nccl_by = _frame_slices(nccl_w, "host_start_ns", bounds)
+    del nv_ranges, nv_startend, nccl_w
+
+    def thread_slices(j: int) -> list[pl.DataFrame]:
+        out = []
+        p = api_pos[j]
+        if len(p):
+            def clean(u: pl.DataFrame) -> pl.DataFrame:  # cudaLaunchKernel_v7000 → cudaLaunchKernel
+                return u.with_columns(pl.col("name").str.replace(r"_v\d+$", "").cast(pl.Categorical).alias("_clean"))
+
+            a = api_k.take(_API_COLS, p).with_columns(api_flows.gather(p).alias("flow_out"))
+            a = _lookup(_by_unique_name(a, clean), thread_map, ["report", "pid", "tid"])
+            out.append(a.select(
+                "track", "start_ns", "end_ns", pl.col("_clean").alias("name"),
+                pl.lit("cuda_api").alias("cat"), "flow_out", pl.col("correlation_id").alias("a_correlation"),
+                pl.col("return_value").alias("a_return"),
+            ))
+            del a
+        n = nv_ranges_by[j]
+        if n.height:
+            n = n.join(thread_map, on=["report", "pid", "tid"], how="left")
+            out.append(n.select("track", "start_ns", "end_ns", pl.col("name").fill_null("(unnamed)"), pl.lit("nvtx").alias("cat"),
+                                pl.col("domain").alias("a_domain")))
+        return out
+
+    def nvtx_slices(j: int) -> list[pl.DataFrame]:
+        n = nv_se_by[j]
+        if not n.height:
+            return []
+        n = n.join(se_map, on=["report", "pid"], how="left")  # type: ignore[arg-type]
+        return [n.select("track", "start_ns", "end_ns", pl.col("name").fill_null("(unnamed)"), pl.lit("nvtx").alias("cat"),
+                         pl.col("domain").alias("a_domain"))]
+
+    def nccl_slices(j: int) -> list[pl.DataFrame]:
+        n = nccl_by[j]
+        if not n.height:
+            return []
+        n = n.join(nc_map, on=["report", "pid", "tid"], how="left", nulls_equal=True)  # type: ignore[arg-type]
+        return [n.select(
             "track", pl.col("host_start_ns").alias("start_ns"), pl.col("host_end_ns").alias("end_ns"),
             pl.coalesce("api", pl.format("nccl{}", pl.col("op"))).alias("name"), pl.lit("nccl").alias("cat"),
             pl.col("op").alias("a_op"), pl.col("bytes").alias("a_bytes"), pl.col("peer").alias("a_peer"),
@@ -558,35 +913,56 @@ def build_model(
             pl.col("dtype").alias("a_dtype"), pl.col("reduction").alias("a_reduction"), pl.col("algorithm").alias("a_algorithm"),
             pl.col("protocol").alias("a_protocol"), pl.col("kernel_count").alias("a_kernel_count"),
             pl.col("gpu_duration_ns").alias("a_gpu_duration"),
-        ))
-    slice_parts = []
-    for key in list(groups):
-        frames = groups.pop(key)  # each family's inputs are let go once it is stacked
-        if frames:
-            part = _conform_part(frames)
-            del frames
-            # a timestamp before the session start has no place on the timeline (uint64), and a
-            # slice that ends before it starts (a damaged export) cannot be drawn
-            bad = (pl.col("start_ns") < 0) | (pl.col("end_ns") < pl.col("start_ns")) | pl.col("track").is_null()
-            n_bad = part.select(bad.fill_null(True).sum()).item()
-            if n_bad:
-                skipped["slices with a negative time, or ending before they start"] = (
-                    skipped.get("slices with a negative time, or ending before they start", 0) + n_bad)
-                part = part.filter(~bad.fill_null(True))
-            slice_parts.append(_nest(part, tracks))
+        )]
 
     instants = _conform([marks.join(thread_map, on=["report", "pid", "tid"], how="left").select(
         "track", pl.col("start_ns").alias("ts_ns"), pl.col("name").fill_null("(unnamed)"), pl.lit("nvtx").alias("cat"),
         pl.col("domain").alias("a_domain"))] if marks.height else [], INSTANT_SCHEMA).sort("track", "ts_ns")
+    del marks
+    tl = Timeline(tracks.items, iter(()), win, source, skipped, [])
+    n_slices = len(bounds) + 1
+    bad_what = "slices with a negative time, or ending before they start"
 
-    counters = _counters(trace, memory, kernel_devices, procs, proc_uuid, tracks, win, metrics, ranks is not None)
-    notes = []
-    if win is not None and not any(part.height for part in slice_parts):
-        where = f"; its kernels run from {kernel_span[0]} to {kernel_span[1]} ns" if kernel_span[0] is not None else ""
-        notes.append(f"no slice overlaps the window {win[0]}:{win[1]} ns (times since the session start){where}")
-    elif not any(part.height for part in slice_parts):
-        notes.append("the trace has no CUDA, NVTX or NCCL events to draw (was it captured with --trace=cuda,nvtx?)")
-    return ExportModel(tracks.items, slice_parts, instants, counters, win, source, skipped, notes)
+    def events() -> Iterator[tuple[str, pl.DataFrame]]:
+        seen = False
+        for builder in (stream_slices, thread_slices, nvtx_slices, nccl_slices):
+            nester = _Nester(tracks)
+            for j in range(n_slices):
+                frames = builder(j)
+                if not frames:
+                    continue
+                part = _conform_part(frames)
+                del frames
+                # a timestamp before the session start has no place on the timeline (uint64), and a
+                # slice that ends before it starts (a damaged export) cannot be drawn
+                bad = (pl.col("start_ns") < 0) | (pl.col("end_ns") < pl.col("start_ns")) | pl.col("track").is_null()
+                n_bad = part.select(bad.fill_null(True).sum()).item()
+                if n_bad:
+                    skipped[bad_what] = skipped.get(bad_what, 0) + n_bad
+                    part = part.filter(~bad.fill_null(True))
+                part = nester.step(part)
+                if part.height:
+                    seen = True
+                    yield "slices", part
+                del part
+            moved = nester.finish()
+            if moved is not None and moved.height:
+                yield "slices", moved
+            yield "family", pl.DataFrame()
+        if instants.height:
+            yield "instants", instants
+        for part in _counters(trace, memory, kernel_devices, procs, proc_uuid, tracks, win, metrics, ranks is not None):
+            yield "counters", part
+        if not seen:
+            if win is not None:
+                k0, k1 = kernel_span()
+                where = f"; its kernels run from {k0} to {k1} ns" if k0 is not None else ""
+                tl.notes.append(f"no slice overlaps the window {win[0]}:{win[1]} ns (times since the session start){where}")
+            else:
+                tl.notes.append("the trace has no CUDA, NVTX or NCCL events to draw (was it captured with --trace=cuda,nvtx?)")
+
+    tl.events = events()
+    return tl
 
 
 _COMMON = ("track", "start_ns", "end_ns", "name", "cat", "flow_out", "flow_in")
@@ -596,7 +972,7 @@ def _conform_part(frames: list[pl.DataFrame]) -> pl.DataFrame:
     """Stack the slices of one track family with the common columns and only the argument
     columns they use (a column of nulls still costs 8 bytes a row); text as categoricals."""
     out = pl.concat(frames, how="diagonal_relaxed")
-    cols = [*_COMMON, *(c for c, _, _ in ARGS if c in out.columns)]
+    cols = [*_COMMON, *(c for c, _, _ in ARGS if c in out.columns)]  # the same order whatever the frames
     text = pl.Categorical
     return out.select(
         (pl.col(c).cast(text if SLICE_SCHEMA[c] == pl.Utf8 else SLICE_SCHEMA[c]) if c in out.columns
@@ -611,13 +987,77 @@ def _conform(parts: list[pl.DataFrame], schema: dict[str, Any]) -> pl.DataFrame:
     return out.select(pl.col(c).cast(t) if c in out.columns else pl.lit(None, t).alias(c) for c, t in schema.items())
 
 
-def _nest(slices: pl.DataFrame, tracks: _Tracks) -> pl.DataFrame:
+_ORDER, _DESC = ["track", "start_ns", "end_ns"], [False, False, True]
+
+
+class _Nester:
+    """:func:`_nest` over a track family handed on in time slices: each slice's rows that
+    cross the end of an open slice of their track (open slices carried over from the earlier
+    time slices) are held back; :meth:`finish` moves them to ``(overlap k)`` tracks."""
+
+    def __init__(self, tracks: _Tracks) -> None:
+        self.tracks = tracks
+        self.stacks: dict[int, list[int]] = {}
+        self.max_end: dict[int, int] = {}
+        self.held: list[pl.DataFrame] = []
+
+    def step(self, slices: pl.DataFrame) -> pl.DataFrame:
+        """``slices`` (the next time slice) sorted by track, start, longest first, less the
+        rows that cross (held back)."""
+        slices = slices.filter(pl.col("track").is_not_null()).sort(_ORDER, descending=_DESC)
+        if slices.height == 0:
+            return slices
+        carried = pl.DataFrame({"track": list(self.max_end), "_carry": list(self.max_end.values())},
+                               schema={"track": pl.Int64, "_carry": pl.Int64})
+        carry = slices.select("track").join(carried, on="track", how="left", maintain_order="left")["_carry"]
+        # fast path: a track whose slices start after every earlier end (of this time slice
+        # and the ones before) has nothing open but its last slice
+        prev_end = pl.max_horizontal(pl.col("end_ns").cum_max().shift(1).over("track"), carry)
+        stats = slices.with_columns(((pl.col("start_ns") < prev_end).fill_null(False)).alias("_ov")).group_by(
+            "track", maintain_order=True).agg(pl.col("_ov").any(), pl.col("end_ns").max(), pl.col("end_ns").last().alias("_last"))
+        walk = set()
+        for track, ov, mx, last in stats.iter_rows():
+            self.max_end[track] = max(mx, self.max_end.get(track, mx))
+            if ov:
+                walk.add(track)
+            else:
+                self.stacks[track] = [last]
+        if not walk:
+            return slices
+        mask = slices["track"].is_in(list(walk)).to_numpy()
+        idx = np.nonzero(mask)[0]
+        sub = slices[idx]
+        crossing = _crossing(sub["track"].to_numpy(), sub["start_ns"].to_numpy(), sub["end_ns"].to_numpy(), self.stacks)
+        if not crossing.any():
+            return slices
+        drop = np.zeros(slices.height, dtype=bool)
+        drop[idx[crossing]] = True
+        keep = pl.Series(drop)
+        self.held.append(slices.filter(keep))
+        return slices.filter(~keep)
+
+    def finish(self) -> pl.DataFrame | None:
+        """The held-back rows on ``(overlap 1)`` tracks (one per track they came from), and
+        further lanes where those cross each other, sorted; ``None`` when none."""
+        if not self.held:
+            return None
+        held = pl.concat(self.held, how="diagonal_relaxed").sort(_ORDER, descending=_DESC, maintain_order=True)
+        self.held = []
+        lane1: dict[int, int] = {}
+        for base in held["track"].unique(maintain_order=True).to_list():
+            t = next(x for x in self.tracks.items if x.uuid == base)
+            lane1[base] = self.tracks.add(f"{t.name} (overlap 1)", "overlap", t.parent)
+        moved = held.with_columns(pl.col("track").replace_strict(lane1, return_dtype=pl.Int64))
+        return _nest(moved, self.tracks, lane=1)
+
+
+def _nest(slices: pl.DataFrame, tracks: _Tracks, lane: int = 0) -> pl.DataFrame:
     """Sort by track, start, longest first; move slices that cross the end of an enclosing
-    slice of their track to ``(overlap k)`` sibling tracks until every track nests."""
-    order = ["track", "start_ns", "end_ns"]
-    desc = [False, False, True]
+    slice of their track to ``(overlap k)`` sibling tracks (from ``lane + 1`` on) until every
+    track nests."""
+    order = _ORDER
+    desc = _DESC
     slices = slices.filter(pl.col("track").is_not_null()).sort(order, descending=desc)
-    lane = 0
     by_uuid = {t.uuid: t for t in tracks.items}
     overlap_of: dict[tuple[int, int], int] = {}
     while slices.height:
@@ -650,15 +1090,18 @@ def _nest(slices: pl.DataFrame, tracks: _Tracks) -> pl.DataFrame:
     return slices
 
 
-def _crossing(track: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+def _crossing(track: np.ndarray, start: np.ndarray, end: np.ndarray,
+              stacks: dict[int, list[int]] | None = None) -> np.ndarray:
     """Rows (sorted by track, start, longest first) that start inside an open slice of their
-    track and end after it."""
+    track and end after it. ``stacks``: each track's open slices (their ends) before these
+    rows, updated in place."""
     out = np.zeros(track.size, dtype=bool)
+    stacks = {} if stacks is None else stacks
     stack: list[int] = []
     cur = None
     for i, (t, s, e) in enumerate(zip(track.tolist(), start.tolist(), end.tolist(), strict=True)):
         if t != cur:
-            stack.clear()
+            stack = stacks.setdefault(t, [])
             cur = t
         while stack and stack[-1] <= s:
             stack.pop()
@@ -704,10 +1147,11 @@ def _metric_samples(trace: Any, metrics: Sequence[str] | str, win: tuple[int, in
 
 def _counters(trace: Any, memory: pl.DataFrame, kernel_devices: pl.DataFrame, procs: pl.DataFrame,
               proc_uuid: dict[tuple[int, int], int], tracks: _Tracks, win: tuple[int, int] | None,
-              metrics: Sequence[str] | str, by_rank: bool) -> pl.DataFrame:
+              metrics: Sequence[str] | str, by_rank: bool) -> Iterator[pl.DataFrame]:
+    """Counter samples (``COUNTER_SCHEMA``): the memory counters, then one GPU metric at a
+    time (its tracks are added when it is reached), each frame sorted by track and time."""
     from tracekit.analysis.memory import memory_timeline
 
-    parts: list[pl.DataFrame] = []
     if memory.height:
         # one timeline per process and device: the process index stands in for a rank key
         index = procs.select("report", "pid").with_row_index("rank").with_columns(pl.col("rank").cast(pl.Int64))
@@ -731,8 +1175,9 @@ def _counters(trace: Any, memory: pl.DataFrame, kernel_devices: pl.DataFrame, pr
                 inside = tl.filter((pl.col("start_ns") >= lo) & (pl.col("start_ns") < hi))
                 tl = pl.concat([before.select(inside.columns), inside]).unique(["track", "start_ns"], keep="last",
                                                                                maintain_order=True)
-            parts.append(tl.select("track", pl.col("start_ns").alias("ts_ns"), pl.col("in_use_bytes").cast(pl.Float64).alias("value")).sort(
-                "track", "ts_ns", maintain_order=True))
+            yield _conform([tl.select("track", pl.col("start_ns").alias("ts_ns"),
+                                      pl.col("in_use_bytes").cast(pl.Float64).alias("value")).sort(
+                "track", "ts_ns", maintain_order=True)], COUNTER_SCHEMA)
     # one metric at a time: a long capture's samples carry two text columns per row
     multi = procs["report"].n_unique() > 1
     gpu_uuid: dict[tuple[int, int], int] = {}
@@ -759,7 +1204,8 @@ def _counters(trace: Any, memory: pl.DataFrame, kernel_devices: pl.DataFrame, pr
         gmap = pl.DataFrame(metric_rows, schema={"report": pl.Int64, "device_id": pl.Int64, "track": pl.Int64}, orient="row")
         g = gm.select("report", "device_id", "timestamp_ns", "value").join(gmap, on=["report", "device_id"], how="left")
         del gm
-        parts.append(g.select("track", pl.col("timestamp_ns").alias("ts_ns"), pl.col("value").cast(pl.Float64)).sort(
-            "track", "ts_ns", maintain_order=True))
-    # each part is sorted and holds tracks made after the previous part's: no global sort
-    return _conform(parts, COUNTER_SCHEMA)
+        counts = g.select("track", pl.col("timestamp_ns").alias("ts_ns"), pl.col("value").cast(pl.Float64)).sort(
+            "track", "ts_ns", maintain_order=True)
+        del g
+        # each frame is sorted and holds tracks made after the previous frame's: no global sort
+        yield _conform([counts], COUNTER_SCHEMA)

@@ -2,12 +2,16 @@
 the ``perfetto`` package's trace builder (TrackEvent packets), streamed to disk in chunks.
 
 Every packet is on one sequence; names, categories, argument names and repeated argument
-strings are interned (``InternedData``), emitted in the chunk that first uses them.
+strings are interned (``InternedData``), emitted in the chunk that first uses them. The events
+are encoded as the timeline is built, time slice by time slice, into a temporary body file; the
+first packet and the track descriptors (known only once every overlap and counter track is
+found) are then written to the output's temporary file, the body appended, and the file renamed.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,9 +22,11 @@ from tracekit.export.events import (
     ARGS,
     CATEGORIES,
     DEFAULT_METRICS,
+    SLICE_ROWS,
     ExportModel,
     ExportSummary,
-    build_model,
+    Timeline,
+    stream_model,
 )
 
 __all__ = ["SEQUENCE_ID", "perfetto", "write_perfetto"]
@@ -49,6 +55,7 @@ def perfetto(
     ranks: Sequence[int] | None = None,
     metrics: Sequence[str] | str = DEFAULT_METRICS,
     chunk_rows: int = 20_000,
+    slice_rows: int = SLICE_ROWS,
 ) -> ExportSummary:
     """Write ``trace`` (an ``NsysTrace`` from :func:`tracekit.open`, or a ``TraceSet`` from
     :func:`tracekit.open_many`) to ``path`` as a Perfetto protobuf trace (open it in
@@ -61,15 +68,17 @@ def perfetto(
 
     ``window`` (``(start_ns, end_ns)``, ``"START:END"`` or ``"steady"``), ``ranks`` and
     ``metrics`` restrict what is written (:func:`tracekit.export.events.build_model`). The
-    file is written under a temporary name and renamed; ``chunk_rows`` slices are encoded at a
-    time, so memory does not grow with the output.
+    file is written under a temporary name and renamed. The timeline is built and written in
+    time slices of at most ``slice_rows`` rows of each large table
+    (:func:`~tracekit.export.events.stream_model`), ``chunk_rows`` slices encoded at a time, so
+    memory grows with neither the trace nor the output.
 
     Returns an :class:`~tracekit.export.events.ExportSummary` (counts written, bytes, seconds).
     """
     _builder()  # fail before the tables are read when the package is missing
     t0 = time.perf_counter()
-    model = build_model(trace, window=window, ranks=ranks, metrics=metrics)
-    return write_perfetto(model, path, chunk_rows=chunk_rows, started=t0)
+    timeline = stream_model(trace, window=window, ranks=ranks, metrics=metrics, slice_rows=slice_rows)
+    return write_perfetto(timeline, path, chunk_rows=chunk_rows, started=t0)
 
 
 class _Interner:
@@ -91,85 +100,120 @@ class _Interner:
         return out
 
 
-def write_perfetto(model: ExportModel, path: str | os.PathLike[str], *, chunk_rows: int = 20_000,
+def write_perfetto(model: ExportModel | Timeline, path: str | os.PathLike[str], *, chunk_rows: int = 20_000,
                    started: float | None = None) -> ExportSummary:
-    """Write an :class:`~tracekit.export.events.ExportModel` as a Perfetto protobuf trace."""
+    """Write an :class:`~tracekit.export.events.ExportModel` (or a streamed
+    :class:`~tracekit.export.events.Timeline`) as a Perfetto protobuf trace."""
     builder_cls = _builder()
     t0 = time.perf_counter() if started is None else started
+    timeline = as_timeline(model)
+    counts = _Counts()
+    target = _write_atomically(path, lambda f, body: _write(timeline, f, body, builder_cls, max(chunk_rows, 1), counts))
+    return counts.summary(timeline, target, "perfetto", t0)
+
+
+def as_timeline(model: ExportModel | Timeline) -> Timeline:
+    """A built :class:`ExportModel` as the :class:`Timeline` the writers read (one family per part)."""
+    if isinstance(model, Timeline):
+        return model
+
+    def events() -> Any:
+        for part in model.parts:
+            yield "slices", part
+            yield "family", part.head(0)
+        if model.instants.height:
+            yield "instants", model.instants
+        if model.counters.height:
+            yield "counters", model.counters
+
+    return Timeline(model.tracks, events(), model.window, model.window_source, model.skipped, model.notes)
+
+
+def _write_atomically(path: str | os.PathLike[str], write: Any) -> Path:
+    """Run ``write(file, body)`` on a temporary file beside ``path`` (and a temporary body
+    file, appended by ``write`` when the head is written), then rename it to ``path``."""
     target = Path(path)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    body_path = target.with_name(f".{target.name}.{os.getpid()}.body.tmp")
     try:
-        with open(tmp, "wb") as f:
-            _write(model, f, builder_cls, max(chunk_rows, 1))
+        with open(body_path, "w+b") as body, open(tmp, "wb") as f:
+            write(f, body)
         os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    return _summary(model, target, "perfetto", t0)
+    finally:
+        body_path.unlink(missing_ok=True)
+    return target
 
 
-def _summary(model: ExportModel, target: Path, fmt: str, t0: float) -> ExportSummary:
-    by_cat: dict[str, int] = {}
-    flows = 0
-    for part in model.parts:
+class _Counts:
+    """What was written, counted as it is written."""
+
+    def __init__(self) -> None:
+        self.by_cat: dict[str, int] = {}
+        self.flows = 0
+        self.instants = 0
+        self.counters = 0
+
+    def slices(self, part: Any) -> None:
         for cat, n in part.group_by("cat").len().iter_rows():
-            by_cat[str(cat)] = by_cat.get(str(cat), 0) + n
-        flows += int(part["flow_out"].is_not_null().sum())
-    return ExportSummary(
-        path=str(target), format=fmt, bytes=target.stat().st_size, tracks=len(model.tracks),
-        slices={c: int(by_cat.get(c, 0)) for c in CATEGORIES}, flows=int(flows),
-        instants=model.instants.height, counter_samples=model.counters.height, window=model.window,
-        window_source=model.window_source, skipped=dict(model.skipped), seconds=time.perf_counter() - t0,
-        notes=list(model.notes),
-    )
+            self.by_cat[str(cat)] = self.by_cat.get(str(cat), 0) + n
+        self.flows += int(part["flow_out"].is_not_null().sum())
+
+    def summary(self, timeline: Timeline, target: Path, fmt: str, t0: float) -> ExportSummary:
+        return ExportSummary(
+            path=str(target), format=fmt, bytes=target.stat().st_size, tracks=len(timeline.tracks),
+            slices={c: int(self.by_cat.get(c, 0)) for c in CATEGORIES}, flows=int(self.flows),
+            instants=self.instants, counter_samples=self.counters, window=timeline.window,
+            window_source=timeline.window_source, skipped=dict(timeline.skipped), seconds=time.perf_counter() - t0,
+            notes=list(timeline.notes),
+        )
 
 
-def _write(model: ExportModel, f: IO[bytes], builder_cls: Any, chunk_rows: int) -> None:
+def _write(timeline: Timeline, f: IO[bytes], body: IO[bytes], builder_cls: Any, chunk_rows: int, counts: _Counts) -> None:
     names, cats, arg_names, arg_strings = _Interner(), _Interner(), _Interner(), _Interner()
     cats.add(list(CATEGORIES))
     arg_names.add([name for _, name, _ in ARGS])
-    b = builder_cls()
-    p = b.add_packet()
+    first = builder_cls()  # the first packet: clears the sequence's state, interns the fixed strings
+    p = first.add_packet()
     p.trusted_packet_sequence_id = SEQUENCE_ID
     p.sequence_flags = _CLEARED
     p.first_packet_on_sequence = True
     p.incremental_state_cleared = True
     _interned(p, names, cats, arg_names, arg_strings)
-    units = {}
-    for t in model.tracks:
-        p = b.add_packet()
-        p.trusted_packet_sequence_id = SEQUENCE_ID
-        d = p.track_descriptor
-        d.uuid = t.uuid
-        if t.parent is not None:
-            d.parent_uuid = t.parent
-        if t.kind == "process":
-            d.process.pid = t.pid
-            d.process.process_name = t.name
-        elif t.kind == "thread":
-            d.thread.pid = t.pid
-            d.thread.tid = t.tid
-            d.thread.thread_name = t.name
-            d.name = t.name
-        else:
-            d.name = t.name
-        if t.kind == "counter":
-            units[t.uuid] = t.unit
-            d.counter.SetInParent()  # a counter track even without a unit
-            if t.unit == "bytes":
-                d.counter.unit = _UNIT_BYTES
-            elif t.unit:
-                d.counter.unit_name = t.unit
-    f.write(b.serialize())
 
     kinds = {c: (name, kind) for c, name, kind in ARGS}
-    # -- slices: BEGIN/END pairs in nesting order, per track
+    # -- slices: BEGIN/END pairs in nesting order, per track (a track's open slices carried
+    # from one time slice to the next, closed at the end of its family)
     b = builder_cls()
-    for part in model.parts:
-        stack: list[int] = []
-        cur = None
+    stacks: dict[int, list[int]] = {}
+    units: dict[int, str | None] | None = None
+    for kind, part in timeline.events:
+        if kind == "family":
+            for track, open_ends in stacks.items():
+                while open_ends:
+                    _end(b, open_ends.pop(), track)
+            stacks = {}
+            body.write(b.serialize())
+            b = builder_cls()
+            continue
+        if kind == "instants":
+            counts.instants += part.height
+            b = _instants(part, body, b, builder_cls, chunk_rows, names, cats, arg_names, arg_strings)
+            continue
+        if kind == "counters":
+            if units is None:
+                units = {}
+            counts.counters += part.height
+            units.update({t.uuid: t.unit for t in timeline.tracks if t.kind == "counter"})
+            b = _counter_packets(part, body, b, builder_cls, chunk_rows, units)
+            continue
+        counts.slices(part)
         args = [(i, c) for i, c in enumerate(part.columns) if c in kinds]
         str_args = [c for _, c in args if kinds[c][1] == "str"]
+        cur = None
+        stack: list[int] = []
         for chunk in part.iter_slices(chunk_rows):
             names.add(chunk["name"].unique().to_list())
             for col in str_args:
@@ -181,8 +225,7 @@ def _write(model: ExportModel, f: IO[bytes], builder_cls: Any, chunk_rows: int) 
             for row in chunk.iter_rows():
                 track, start, end = row[0], row[1], row[2]
                 if track != cur:
-                    while stack:
-                        _end(b, stack.pop(), cur)
+                    stack = stacks.setdefault(track, [])
                     cur = track
                 while stack and stack[-1] <= start:
                     _end(b, stack.pop(), track)
@@ -210,13 +253,48 @@ def _write(model: ExportModel, f: IO[bytes], builder_cls: Any, chunk_rows: int) 
                     else:
                         a.int_value = v
                 stack.append(end)
-            f.write(b.serialize())
+            body.write(b.serialize())
             b = builder_cls()
-        while stack:
-            _end(b, stack.pop(), cur)
+    for track, open_ends in stacks.items():
+        while open_ends:
+            _end(b, open_ends.pop(), track)
+    body.write(b.serialize())
 
-    # -- instants (NVTX marks)
-    for chunk in model.instants.iter_slices(chunk_rows):
+    # -- the head: the first packet, then every track (overlap and counter tracks included)
+    f.write(first.serialize())
+    b = builder_cls()
+    for t in timeline.tracks:
+        p = b.add_packet()
+        p.trusted_packet_sequence_id = SEQUENCE_ID
+        d = p.track_descriptor
+        d.uuid = t.uuid
+        if t.parent is not None:
+            d.parent_uuid = t.parent
+        if t.kind == "process":
+            d.process.pid = t.pid
+            d.process.process_name = t.name
+        elif t.kind == "thread":
+            d.thread.pid = t.pid
+            d.thread.tid = t.tid
+            d.thread.thread_name = t.name
+            d.name = t.name
+        else:
+            d.name = t.name
+        if t.kind == "counter":
+            d.counter.SetInParent()  # a counter track even without a unit
+            if t.unit == "bytes":
+                d.counter.unit = _UNIT_BYTES
+            elif t.unit:
+                d.counter.unit_name = t.unit
+    f.write(b.serialize())
+    body.seek(0)
+    shutil.copyfileobj(body, f, 1 << 20)
+
+
+def _instants(frame: Any, out: IO[bytes], b: Any, builder_cls: Any, chunk_rows: int, names: _Interner, cats: _Interner,
+              arg_names: _Interner, arg_strings: _Interner) -> Any:
+    """NVTX marks as INSTANT events; returns the builder to go on with."""
+    for chunk in frame.iter_slices(chunk_rows):
         names.add(chunk["name"].unique().to_list())
         arg_strings.add(chunk["a_domain"].unique().to_list())
         _interned(b.add_packet(), names, cats, arg_names, arg_strings)
@@ -235,11 +313,15 @@ def _write(model: ExportModel, f: IO[bytes], builder_cls: Any, chunk_rows: int) 
                 a = te.debug_annotations.add()
                 a.name_iid = domain_iid
                 a.string_value_iid = arg_strings.ids[domain]
-        f.write(b.serialize())
+        out.write(b.serialize())
         b = builder_cls()
+    return b
 
-    # -- counters
-    for chunk in model.counters.iter_slices(chunk_rows * 2):
+
+def _counter_packets(frame: Any, out: IO[bytes], b: Any, builder_cls: Any, chunk_rows: int,
+                     units: dict[int, str | None]) -> Any:
+    """Counter samples as COUNTER events (integers on a bytes track); returns the builder."""
+    for chunk in frame.iter_slices(chunk_rows * 2):
         for track, ts, value in chunk.iter_rows():
             p = b.add_packet()
             p.timestamp = ts
@@ -251,9 +333,9 @@ def _write(model: ExportModel, f: IO[bytes], builder_cls: Any, chunk_rows: int) 
                 te.counter_value = int(value)
             else:
                 te.double_counter_value = value
-        f.write(b.serialize())
+        out.write(b.serialize())
         b = builder_cls()
-    f.write(b.serialize())
+    return b
 
 
 def _end(b: Any, ts: int, track: int | None) -> None:
