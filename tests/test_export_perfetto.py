@@ -570,6 +570,16 @@ def test_cli_chrome_json_and_errors(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "choose perfetto or chrome-json" in capsys.readouterr().err
 
 
+def test_cli_unknown_metric_names_are_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--metrics foo`` wrote the same file as ``--metrics none`` without a word (review finding)."""
+    out = tmp_path / "m.pftrace"
+    assert main(["export", "perfetto", str(DECODE), "-o", str(out), "--metrics", "tensor_active,foo"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tracekit: error: --metrics: 'foo' not in the trace; its GPU metrics: ")
+    assert "'tensor_active'" in err and err.count("\n") == 1 and not out.exists()
+    assert main(["export", "perfetto", str(DECODE), "-o", str(out), "--metrics", "tensor_active"]) == 0
+
+
 def test_cli_help_lists_export(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--help"]) == 0
     assert "export" in capsys.readouterr().out

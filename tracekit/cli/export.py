@@ -107,6 +107,8 @@ def perfetto(
         trace = tracekit.open_many(traces[0] if len(traces) == 1 else traces)
     chosen: Sequence[str] | str = DEFAULT_METRICS if metrics is None else (
         "all" if metrics.strip() == "all" else [m.strip() for m in metrics.split(",") if m.strip() not in ("", "none")])
+    if not isinstance(chosen, str) and chosen:
+        _check_metrics(trace, chosen)
     fn = write if fmt == "perfetto" else chrome_json
     summary = fn(trace, out, window=win, ranks=chosen_ranks, metrics=chosen)
     typer.echo(str(summary))
@@ -114,3 +116,26 @@ def perfetto(
         typer.echo(f"left out: {n} {what}")
     for note in summary.notes:
         typer.echo(f"note: {note}")
+
+
+def _check_metrics(trace: object, chosen: Sequence[str]) -> None:
+    """Names given with --metrics that no report has are an error listing the ones there
+    (they were left out without a word)."""
+    import tracekit
+    from tracekit.errors import TracekitError
+    from tracekit.export.events import _metric_names
+
+    paths = getattr(trace, "_paths", None)
+    available: set[str] = set()
+    if paths is None:
+        available.update(_metric_names(trace, "all"))
+    else:  # a per-rank set: each report's metric list, one report open at a time
+        for path in paths:
+            with tracekit.open(path) as one:
+                available.update(_metric_names(one, "all"))
+    unknown = [m for m in chosen if m not in available]
+    if unknown:
+        have = ", ".join(repr(m) for m in sorted(available)) or "none: the trace has no GPU metrics"
+        msg = f"--metrics: {', '.join(repr(m) for m in unknown)} not in the trace; its GPU metrics: {have}"
+        raise TracekitError(msg)
+
