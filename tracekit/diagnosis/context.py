@@ -16,8 +16,23 @@ from tracekit.diagnosis.result import Window
 __all__ = ["Context"]
 
 
-def _table(trace: Any, name: str) -> pl.DataFrame:
+#: The columns of the big event tables that the rules and the analyses they call read. Of a
+#: single export only these are read (``NsysTrace.table(name, columns)``, not kept on the trace):
+#: mangled kernel names, launch configurations, graph ids, return values and call chains are
+#: most of these tables' bytes and no rule looks at them. A table the trace already holds is
+#: used as it is; with ``ncu=`` the kernels are read whole (the ncu match uses launch configs).
+_COLUMNS: dict[str, tuple[str, ...]] = {
+    "kernels": ("pid", "global_pid", "device_id", "context_id", "stream_id", "correlation_id",
+                "start_ns", "end_ns", "duration_ns", "name", "short_name"),
+    "cuda_api": ("pid", "tid", "global_tid", "start_ns", "end_ns", "duration_ns", "name", "api",
+                 "correlation_id"),
+}
+
+
+def _table(trace: Any, name: str, *, whole: bool = False) -> pl.DataFrame:
     try:
+        if not whole and name in _COLUMNS and hasattr(trace, "is_loaded") and not trace.is_loaded(name):
+            return trace.table(name, _COLUMNS[name])  # type: ignore[no-any-return]
         return getattr(trace, name)  # type: ignore[no-any-return]
     except AttributeError:
         return pl.DataFrame()
@@ -43,7 +58,7 @@ class Context:
     # -- whole-trace tables -------------------------------------------------------------
     @cached_property
     def kernels(self) -> pl.DataFrame:
-        return _table(self.trace, "kernels")
+        return _table(self.trace, "kernels", whole=self.ncu is not None)
 
     @cached_property
     def memcpys(self) -> pl.DataFrame:
