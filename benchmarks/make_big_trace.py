@@ -93,8 +93,17 @@ def build(
     kernels: int,
     gap_ns: int = 1_000_000,
     skip: set[str] | None = None,
+    gpu_metrics_every: int = 1,
 ) -> dict[str, object]:
-    """Write ``output`` with at least ``kernels`` kernel rows; return what was done."""
+    """Write ``output`` with at least ``kernels`` kernel rows; return what was done.
+
+    ``gpu_metrics_every`` = K repeats ``GPU_METRICS`` only in the copies k with k % K == 0 (the
+    seed's copy 0 included), so a many-kernel export keeps a realistic GPU-metrics share without
+    its size growing 13× (sampled metrics are ~93 % of a fully repeated export's bytes).
+    """
+    if gpu_metrics_every < 1:
+        msg = "--gpu-metrics-every must be ≥ 1"
+        raise SystemExit(msg)
     t0 = time.perf_counter()
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.with_name(output.name + ".partial")
@@ -145,12 +154,15 @@ def build(
             con.execute(
                 f'CREATE TEMP TABLE _o AS SELECT {quoted} FROM main."{table}" ORDER BY rowid'
             )
+            every = gpu_metrics_every if table == "GPU_METRICS" else 1
+            where = f"WHERE _k.k % {every} = 0 " if every > 1 else ""
             con.execute(
                 f'INSERT INTO main."{table}" ({quoted}) SELECT {", ".join(exprs)} '
-                f"FROM _k CROSS JOIN _o AS o ORDER BY _k.k, o.rowid"
+                f"FROM _k CROSS JOIN _o AS o {where}ORDER BY _k.k, o.rowid"
             )
             con.execute("DROP TABLE _o")
-            counts[table] = {"seed": before, "total": before * copies}
+            n_copies = 1 + (copies - 1) // every
+            counts[table] = {"seed": before, "total": before * n_copies}
         end = hi + (copies - 1) * time_stride
         cols = _columns(con, "ANALYSIS_DETAILS") if "ANALYSIS_DETAILS" in _table_names(con) else []
         if {"startTime", "stopTime", "duration"} <= set(cols):
@@ -181,6 +193,7 @@ def build(
         "timeline_ns": [lo, end],
         "rows": counts,
         "skipped_tables": sorted(skip or ()),
+        "gpu_metrics_every": gpu_metrics_every,
         "seconds": round(time.perf_counter() - t0, 1),
     }
     output.with_name(output.name + ".json").write_text(json.dumps(info, indent=2) + "\n")
@@ -226,6 +239,13 @@ def main(argv: list[str] | None = None) -> int:
         help="keep GPU_METRICS at the seed's rows (it is the largest table when repeated)",
     )
     parser.add_argument(
+        "--gpu-metrics-every",
+        type=int,
+        default=1,
+        metavar="K",
+        help="repeat GPU_METRICS only in every K-th copy (default 1: every copy)",
+    )
+    parser.add_argument(
         "--force", action="store_true", help="rebuild even if the output is up to date"
     )
     args = parser.parse_args(argv)
@@ -240,11 +260,19 @@ def main(argv: list[str] | None = None) -> int:
             and k >= args.kernels
             and info.get("gap_ns") == args.gap_ns
             and sorted(info.get("skipped_tables", [])) == sorted(skip)
+            and info.get("gpu_metrics_every", 1) == args.gpu_metrics_every
             and info.get("output_bytes") == args.output.stat().st_size
         ):
             print(f"{args.output} is up to date ({k:,} kernels); --force rebuilds it")
             return 0
-    info = build(seed, args.output, kernels=args.kernels, gap_ns=args.gap_ns, skip=skip)
+    info = build(
+        seed,
+        args.output,
+        kernels=args.kernels,
+        gap_ns=args.gap_ns,
+        skip=skip,
+        gpu_metrics_every=args.gpu_metrics_every,
+    )
     rows = info["rows"]
     assert isinstance(rows, dict)
     print(

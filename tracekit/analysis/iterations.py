@@ -98,10 +98,11 @@ def iterations(
         return pl.DataFrame(schema={**({"rank": nvtx.schema["rank"]} if keys else {}), **_SCHEMA})
     its = its.with_columns(process_key("global_tid").alias("_proc"))
     kind = (pl.col("op_kind") == "kernel") if "op_kind" in ops_with_launch.columns else pl.lit(True)
-    ops = ops_with_launch.filter(pl.col("api_start_ns").is_not_null()).select(
+    # lazily, so that only these columns of the (possibly many-million-row) ops are filtered
+    ops = ops_with_launch.lazy().filter(pl.col("api_start_ns").is_not_null()).select(
         *keys, process_key("global_tid").alias("_proc"), "api_start_ns", "device_id", "start_ns", "end_ns",
         "duration_ns", kind.alias("_is_kernel"),
-    )
+    ).collect()
     win = its.select(*keys, "_proc", pl.col("start_ns").alias("api_start_ns"), "iteration", pl.col("end_ns").alias("_iend"), "pid")
     j = ops.sort([*keys, "_proc", "api_start_ns"]).join_asof(
         win.sort([*keys, "_proc", "api_start_ns"]), on="api_start_ns", by=[*keys, "_proc"], strategy="backward", check_sortedness=False,

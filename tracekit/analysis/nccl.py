@@ -28,6 +28,7 @@ from typing import Any
 
 import polars as pl
 
+from tracekit.analysis._frames import ColumnSource
 from tracekit.analysis.attribution import launch_info
 from tracekit.analysis.nccl_payloads import (
     PayloadSchemas,
@@ -322,14 +323,41 @@ def nccl_calls(trace: Any) -> pl.DataFrame:
     has_payload = "binary_data" in nvtx.columns and nvtx["binary_data"].null_count() < nvtx.height
     schemas = read_payload_schemas(trace.db) if has_payload else PayloadSchemas()
     meta = trace.meta
+    kernels, cuda_api, devices = _nccl_inputs(trace)
     return build_nccl_calls(
-        trace.kernels,
-        trace.cuda_api,
+        kernels,
+        cuda_api,
         nvtx,
         schemas,
         environments=[p.environment for p in meta.processes],
         file_name=Path(trace.path).name,
+        process_devices=devices,
     )
+
+
+#: The kernel and CUDA API columns :func:`build_nccl_calls` reads.
+_KERNEL_COLUMNS = ("pid", "global_pid", "device_id", "context_id", "stream_id", "correlation_id",
+                   "start_ns", "end_ns", "duration_ns", "name", "short_name")
+_API_COLUMNS = ("pid", "tid", "global_tid", "start_ns", "end_ns", "duration_ns", "name", "api", "correlation_id")
+
+
+def _nccl_inputs(trace: Any) -> tuple[pl.DataFrame, Any, pl.DataFrame | None]:
+    """``(kernels, cuda_api, process_devices)`` for :func:`build_nccl_calls`: the trace's
+    tables when it holds them; else only its NCCL kernels (filtered as they are read), the
+    API columns one at a time (:meth:`~tracekit.nsys.trace.NsysTrace.columns_on_demand`) and
+    each process's lowest device, so that a big trace is never held whole for a few NCCL rows."""
+    if not hasattr(trace, "scan") or trace.is_loaded("kernels"):
+        return trace.kernels, trace.cuda_api, None
+    name = pl.coalesce(pl.col("short_name"), pl.col("name"))
+    kernels = (
+        trace.scan("kernels")
+        .select(_KERNEL_COLUMNS)
+        .filter(is_nccl_kernel(name) | is_nccl_kernel(pl.col("name")))
+        .collect()
+    )
+    devices = trace.table("kernels", ["pid", "device_id"]).group_by("pid").agg(pl.col("device_id").min())
+    cuda_api = trace.cuda_api if trace.is_loaded("cuda_api") else trace.columns_on_demand("cuda_api", list(_API_COLUMNS))
+    return kernels, cuda_api, devices
 
 
 def comm_init_payloads(trace: Any) -> pl.DataFrame:
@@ -343,12 +371,13 @@ def comm_init_payloads(trace: Any) -> pl.DataFrame:
 
 def build_nccl_calls(
     kernels: pl.DataFrame,
-    cuda_api: pl.DataFrame,
+    cuda_api: pl.DataFrame | ColumnSource,
     nvtx: pl.DataFrame,
     schemas: PayloadSchemas | None = None,
     *,
     environments: list[dict[str, str]] | tuple[dict[str, str], ...] = (),
     file_name: str | None = None,
+    process_devices: pl.DataFrame | None = None,
 ) -> pl.DataFrame:
     """One row per NCCL collective or point-to-point call per rank.
 
@@ -361,6 +390,11 @@ def build_nccl_calls(
         or empty when the export has none.
     environments, file_name
         Capture environment(s) and report file name, for the rank (:mod:`.ranks`).
+    process_devices
+        ``pid``, ``device_id``: the lowest device each process ran kernels on (for the rank
+        order). When given, ``kernels`` may hold only the NCCL kernels (``cuda_api`` may then
+        also be a column source, see :func:`~tracekit.analysis.attribution.launch_info`);
+        otherwise it is computed from ``kernels``.
 
     Returns
     -------
@@ -412,11 +446,12 @@ def build_nccl_calls(
         "pid", "comm_id", "comm_nranks", "comm_rank"
     )
     rows = _with_comm_info(rows, inits)
-    rows = _with_ranks(rows, kernels, inits, environments, file_name)
+    devices = process_devices if process_devices is not None else kernels.group_by("pid").agg(pl.col("device_id").min())
+    rows = _with_ranks(rows, devices, inits, environments, file_name)
     return _finish(rows)
 
 
-def _attach_ranges(kern: pl.DataFrame, cuda_api: pl.DataFrame, ranges: pl.DataFrame) -> pl.DataFrame:
+def _attach_ranges(kern: pl.DataFrame, cuda_api: pl.DataFrame | ColumnSource, ranges: pl.DataFrame) -> pl.DataFrame:
     """Add the launching call (:func:`~tracekit.analysis.attribution.launch_info`) and
     ``_ridx``, the innermost NCCL range on the launching thread that contains the call.
 
@@ -599,13 +634,12 @@ def _with_comm_info(rows: pl.DataFrame, inits: pl.DataFrame) -> pl.DataFrame:
 
 def _with_ranks(
     rows: pl.DataFrame,
-    kernels: pl.DataFrame,
+    devices: pl.DataFrame,
     inits: pl.DataFrame,
     environments: Any,
     file_name: str | None,
 ) -> pl.DataFrame:
     pids = rows.select("pid").drop_nulls().unique()
-    devices = kernels.group_by("pid").agg(pl.col("device_id").min())
     procs = pids.join(devices, on="pid", how="left")
     if procs.height == 0:
         return rows.with_columns(pl.lit(None, pl.Int64).alias("rank"), pl.lit(None, pl.Utf8).alias("rank_source"))

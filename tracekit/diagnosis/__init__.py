@@ -43,7 +43,7 @@ def _missing(ctx: Any) -> list[Finding]:
         out.append(Finding("low_gpu_utilization", "info", "Not checked: the trace holds no kernels",
                            advice="Trace CUDA (nsys --trace=cuda) over the part of the program that runs on the GPU."))
         return out
-    if ctx.cuda_api.height == 0:
+    if ctx.api_count == 0:
         out.append(Finding("host_bound", "info",
                            "host_bound, launch_bound, sync_stall not checked: no CUDA API calls in the trace",
                            advice="Capture with nsys --trace=cuda (API calls are what tie GPU idle time to the host)."))

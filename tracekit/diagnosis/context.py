@@ -16,8 +16,23 @@ from tracekit.diagnosis.result import Window
 __all__ = ["Context"]
 
 
-def _table(trace: Any, name: str) -> pl.DataFrame:
+#: The columns of the big event tables that the rules and the analyses they call read. Of a
+#: single export only these are read (``NsysTrace.table(name, columns)``, not kept on the trace):
+#: mangled kernel names, launch configurations, graph ids, return values and call chains are
+#: most of these tables' bytes and no rule looks at them. A table the trace already holds is
+#: used as it is; with ``ncu=`` the kernels are read whole (the ncu match uses launch configs).
+_COLUMNS: dict[str, tuple[str, ...]] = {
+    "kernels": ("pid", "global_pid", "device_id", "context_id", "stream_id", "correlation_id",
+                "start_ns", "end_ns", "duration_ns", "name", "short_name"),
+    "cuda_api": ("pid", "tid", "global_tid", "start_ns", "end_ns", "duration_ns", "name", "api",
+                 "correlation_id"),
+}
+
+
+def _table(trace: Any, name: str, *, whole: bool = False) -> pl.DataFrame:
     try:
+        if not whole and name in _COLUMNS and hasattr(trace, "is_loaded") and not trace.is_loaded(name):
+            return trace.table(name, _COLUMNS[name])  # type: ignore[no-any-return]
         return getattr(trace, name)  # type: ignore[no-any-return]
     except AttributeError:
         return pl.DataFrame()
@@ -43,7 +58,7 @@ class Context:
     # -- whole-trace tables -------------------------------------------------------------
     @cached_property
     def kernels(self) -> pl.DataFrame:
-        return _table(self.trace, "kernels")
+        return _table(self.trace, "kernels", whole=self.ncu is not None)
 
     @cached_property
     def memcpys(self) -> pl.DataFrame:
@@ -56,6 +71,22 @@ class Context:
     @cached_property
     def cuda_api(self) -> pl.DataFrame:
         return _table(self.trace, "cuda_api")
+
+    @cached_property
+    def api_source(self) -> Any:
+        """The CUDA API calls as a column source (``source[name]``, ``columns``,
+        ``gather_columns``): of a single export not yet loaded, :data:`_COLUMNS`'s columns read
+        one at a time and not kept (``NsysTrace.columns_on_demand``), so that the launch join
+        and the window's calls never hold the whole API table; else :attr:`cuda_api`."""
+        if "cuda_api" in self.__dict__ or not hasattr(self.trace, "columns_on_demand") or self.trace.is_loaded("cuda_api"):
+            return self.cuda_api
+        return self.trace.columns_on_demand("cuda_api", list(_COLUMNS["cuda_api"]))
+
+    @cached_property
+    def api_count(self) -> int:
+        """Number of CUDA API calls in the trace."""
+        src = self.api_source
+        return src.height if isinstance(src, pl.DataFrame) else len(src["correlation_id"])
 
     @cached_property
     def nvtx(self) -> pl.DataFrame:
@@ -72,26 +103,34 @@ class Context:
 
     @cached_property
     def ops_with_launch(self) -> pl.DataFrame:
-        if self.cuda_api.height == 0 or "correlation_id" not in self.ops.columns:
+        if self.api_count == 0 or "correlation_id" not in self.ops.columns:
             return self.ops.with_columns(
                 pl.lit(None, pl.Int64).alias("global_tid"), pl.lit(None, pl.Utf8).alias("api_name"),
                 pl.lit(None, pl.Int64).alias("api_start_ns"),
             )
-        return launch_info(self.ops, self.cuda_api)
+        return launch_info(self.ops, self.api_source)
 
     @cached_property
     def api_near(self) -> pl.DataFrame:
         """The CUDA API calls rules join with: all of them, or on a sampled window those that
         overlap it (with a margin of one step) or launched an operation that runs in it."""
-        api = self.cuda_api
-        if not self.full_window.sampled or api.height == 0:
-            return api
+        if not self.full_window.sampled or self.api_count == 0:
+            return self.cuda_api
         lo, hi = self._margin()
         ops = self.ops.filter((pl.col("end_ns") > lo) & (pl.col("start_ns") < hi))
-        keep = (pl.col("end_ns") > lo) & (pl.col("start_ns") < hi)
-        if "correlation_id" in api.columns and "correlation_id" in ops.columns:
-            keep = keep | pl.col("correlation_id").is_in(ops["correlation_id"].unique().implode())
-        return api.filter(keep)
+        api = self.api_source
+        if isinstance(api, pl.DataFrame):
+            keep = (pl.col("end_ns") > lo) & (pl.col("start_ns") < hi)
+            if "correlation_id" in api.columns and "correlation_id" in ops.columns:
+                keep = keep | pl.col("correlation_id").is_in(ops["correlation_id"].unique().implode())
+            return api.filter(keep)
+        # one column at a time: the mask, then the kept rows of each column
+        mask = api["end_ns"] > lo
+        mask = mask & (api["start_ns"] < hi)
+        if "correlation_id" in ops.columns:
+            mask = mask | api["correlation_id"].is_in(ops["correlation_id"].unique().implode())
+        rows = mask.fill_null(False).arg_true()
+        return pl.DataFrame(api.gather_columns(list(api.columns), rows))
 
     def _margin(self) -> tuple[int, int]:
         step = self.full_window.step_ns or 0

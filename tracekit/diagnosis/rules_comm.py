@@ -15,6 +15,7 @@ from tracekit.analysis.comm import (
     overlap_breakdown,
     peer_copy_expr,
 )
+from tracekit.analysis.nccl import is_nccl_kernel, nccl_ranges
 from tracekit.analysis.ranks import collective_skew, match_collectives
 from tracekit.diagnosis.context import Context
 from tracekit.diagnosis.result import Finding, fmt_ns
@@ -72,7 +73,29 @@ def exposed_communication(ctx: Context) -> list[Finding]:
     )]
 
 
+def _surely_no_nccl(ctx: Context) -> bool:
+    """Whether a single export that has not built ``trace.nccl`` yet has neither an NCCL
+    kernel nor an NCCL NVTX range, so its NCCL table would be empty: checked on the frames the
+    rules already hold instead of reading the kernel and API tables again to build it."""
+    tr = ctx.trace
+    if not hasattr(tr, "scan") or "nccl" in getattr(tr, "__dict__", {}):
+        return False
+    k = ctx.kernels
+    if k.height and {"name", "short_name"} <= set(k.columns):
+        # nccl_kernels tests coalesce(short_name, name) and name: any NCCL short name or name
+        # (distinct values only: a few hundred, where the table has millions of rows)
+        for col in ("short_name", "name"):
+            if k[col].unique().to_frame().select(is_nccl_kernel(pl.col(col)).any()).item():
+                return False
+    elif k.height:
+        return False
+    nv = ctx.nvtx
+    return nv.height == 0 or ("domain" in nv.columns and nccl_ranges(nv).height == 0)
+
+
 def _skew(ctx: Context) -> pl.DataFrame:
+    if _surely_no_nccl(ctx):
+        return pl.DataFrame()
     nccl = getattr(ctx.trace, "nccl", None)
     if nccl is None or nccl.height == 0 or "rank" not in nccl.columns or nccl["rank"].n_unique() < 2:
         return pl.DataFrame()

@@ -151,7 +151,7 @@ def _stretches(ctx: Context) -> pl.DataFrame:
     if cached is not None:
         return cached  # type: ignore[no-any-return]
     k = ctx.kernels_w
-    if k.height == 0 or ctx.cuda_api.height == 0:
+    if k.height == 0 or ctx.api_count == 0:
         out = pl.DataFrame()
     else:
         out = launch_bound_stretches(

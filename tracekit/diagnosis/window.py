@@ -157,8 +157,11 @@ def _nvtx_iterations(ops_with_launch: pl.DataFrame, nvtx: pl.DataFrame, config: 
         chosen = ranges.filter(pl.col("iteration").is_in(keep))
         keys = [c for c in ("rank",) if c in ops.columns and c in chosen.columns]
         win = chosen.select(*keys, pl.col("start_ns").alias("api_start_ns"), pl.col("end_ns").alias("_iend")).sort([*keys, "api_start_ns"])
+        # only the columns ``iterations`` reads are filtered and sorted (not every op column)
+        needed = [c for c in ("rank", "global_tid", "api_start_ns", "device_id", "start_ns", "end_ns", "duration_ns", "op_kind")
+                  if c in ops.columns]
         ops = (
-            ops.filter(pl.col("api_start_ns").is_not_null()).sort([*keys, "api_start_ns"])
+            ops.lazy().select(needed).filter(pl.col("api_start_ns").is_not_null()).collect().sort([*keys, "api_start_ns"])
             .join_asof(win, on="api_start_ns", by=keys or None, strategy="backward", check_sortedness=False)
             .filter(pl.col("_iend").is_not_null() & (pl.col("api_start_ns") <= pl.col("_iend"))).drop("_iend")
         )

@@ -116,6 +116,11 @@ class ExportSource(Protocol):
     def close(self) -> None: ...
 
 
+#: The most bytes of columns :meth:`ExportDatabase.cache_integer_columns` reads in one scan
+#: of a table (more columns take more scans).
+CACHE_FILL_BYTES = 1 << 30
+
+
 class ExportDatabase:
     """A read-only Nsight Systems SQLite export.
 
@@ -346,9 +351,16 @@ class ExportDatabase:
         exprs = [f'"{r[1]}"' for r in declared if str(r[2]).upper() == "INTEGER"]
         missing = [e for e in exprs if not cache.has(table, e)]
         if missing:
-            fresh = self._read_table(table, missing, {e: pl.Int64 for e in missing})
-            for expr in missing:
-                cache.put(table, expr, fresh.get_column(expr))
+            # as many columns per scan as fit in CACHE_FILL_BYTES (all of them on tables up to
+            # ~16 M rows): a 76 M-row API table's eight columns would be 4.9 GB in one read
+            rows = max(min(self._row_span(table), self._file_bytes), 1)
+            per_scan = max(1, CACHE_FILL_BYTES // (rows * 8))
+            for i in range(0, len(missing), per_scan):
+                group = missing[i : i + per_scan]
+                fresh = self._read_table(table, group, {e: pl.Int64 for e in group})
+                for expr in group:
+                    cache.put(table, expr, fresh.get_column(expr))
+                del fresh
         return all(cache.has(table, e) for e in exprs)
 
     def caches(self, table: str) -> bool:

@@ -1,0 +1,68 @@
+"""Filling the column cache of a big table reads a bounded number of columns per scan
+(``CACHE_FILL_BYTES``), and the columns come back equal to an uncached read (issue 14 §1: a
+76 M-row API table's eight integer columns were 4.9 GB in one read). The export is built by
+repeating a real one (``benchmarks/make_big_trace.py``, decode sample, 100 k kernels)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+from polars.testing import assert_series_equal
+
+import tracekit
+from tracekit.nsys import database
+
+from .conftest import ROOT, SAMPLES
+
+SEED = SAMPLES / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite"
+API = "CUPTI_ACTIVITY_KIND_RUNTIME"
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("fill") / "big.sqlite"
+    subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "make_big_trace.py"), "--kernels", "100000", "--no-gpu-metrics",
+         "--seed", str(SEED), "-o", str(out)],
+        check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    return out
+
+
+def test_cache_fill_reads_a_few_columns_per_scan(big: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRACEKIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("TRACEKIT_COLUMN_CACHE", "1")
+    trace = tracekit.open(big)
+    db = trace.db
+    rows = db.scalar(f"SELECT count(*) FROM {API}")
+    assert rows >= database.CACHE_MIN_ROWS  # else nothing is cached
+    integer = [r[1] for r in db.rows(f'PRAGMA table_info("{API}")') if str(r[2]).upper() == "INTEGER"]
+    monkeypatch.setattr(database, "CACHE_FILL_BYTES", rows * 8 * 3)  # three columns per scan
+    scans: list[int] = []
+    real = database.ExportDatabase._read_table
+
+    def counted(self, table, exprs, schema, where=""):  # type: ignore[no-untyped-def]
+        if table == API:
+            scans.append(len(exprs))
+        return real(self, table, exprs, schema, where)
+
+    monkeypatch.setattr(database.ExportDatabase, "_read_table", counted)
+    assert db.cache_integer_columns(API)
+    assert scans == [min(3, len(integer) - i) for i in range(0, len(integer), 3)]
+    assert len(scans) >= 2
+    cols = ["pid", "tid", "global_tid", "start_ns", "end_ns", "duration_ns", "name", "correlation_id"]
+    cached = trace.columns_on_demand("cuda_api", cols)
+    monkeypatch.setenv("TRACEKIT_COLUMN_CACHE", "0")
+    plain = tracekit.open(big).cuda_api
+    assert plain.height == rows
+    for c in cols:
+        assert_series_equal(cached[c], plain[c], check_names=False)
+    # a second fill finds every column cached and reads nothing
+    scans.clear()
+    assert db.cache_integer_columns(API)
+    assert scans == []
+    assert isinstance(plain, pl.DataFrame)
