@@ -427,7 +427,10 @@ class ExportDatabase:
         :class:`~tracekit.errors.TraceMemoryError` that names the table and the ways around it."""
         columns = sum(e != "NULL" for e in exprs)
         rows = min(self._row_span(table), _rowid_span(where), self._file_bytes) if columns else 0  # a damaged rowid cannot inflate it
-        need = rows * columns * 8  # Int64/Float64 values only: strings need more
+        # Int64/Float64 values only (strings need more), twice: the reader's record batches and
+        # the frame made of them are alive together for a moment. polars aborts the process
+        # when an allocation fails, so a read that would just fit is refused instead
+        need = 2 * rows * columns * 8
         free = free_memory()
         if free is not None and need > free:
             raise _out_of_memory(self.path, table, rows, columns, f"needs about {_gb(need)} and {_gb(free)} is left")
