@@ -15,13 +15,14 @@ from .conftest import ROOT, SAMPLES
 
 SEED = SAMPLES / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite"
 
-#: run in the subprocess: import everything the command needs, then allow only ``headroom``
-#: more bytes of address space than are mapped, then run the API or the CLI
+#: run in the subprocess: import everything the command needs and start the process as main()
+#: does, then allow only ``headroom`` more bytes of address space than are mapped, then run
+#: the API or the CLI
 SCRIPT = """
 import resource, sys
 import tracekit
-from tracekit.cli.main import main
-import tracekit.cli.summary, tracekit.nsys.summary  # noqa: F401  (imported before the limit)
+from tracekit.cli.main import main, prepare_process
+import tracekit.cli.summary, tracekit.nsys.summary, tracekit.cli.stats, tracekit.stats  # noqa: F401  (imported before the limit)
 from tracekit.errors import TraceMemoryError
 
 def mapped():
@@ -31,6 +32,7 @@ def mapped():
 
 path, headroom, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 trace = tracekit.open(path) if mode == "api" else None
+prepare_process()  # what main() does first, while the process still has room
 resource.setrlimit(resource.RLIMIT_AS, (mapped() + headroom, resource.RLIM_INFINITY))
 if mode == "api":
     try:
@@ -166,3 +168,59 @@ def test_a_short_window_of_a_large_table_is_not_refused(tmp_path: Path) -> None:
                          capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.splitlines() == [f"read {want}"]
+
+
+def _last_line(stderr: str) -> str:
+    # jemalloc (polars' allocator) may note a failed background thread, even after the error
+    return [line for line in stderr.splitlines() if line and not line.startswith("<jemalloc>")][-1]
+
+
+def test_a_cached_table_that_cannot_fit_is_one_error_naming_it(big: Path, tmp_path: Path) -> None:
+    """Cached columns (the column cache's Arrow files) were read without the check: with the
+    cache warm, reading all 23 kernel columns (~55 MB) with 40 MB of address space left
+    aborted the process inside polars ("memory allocation of N bytes failed", SIGABRT).
+    Their size is known from their files: the read is refused before it starts."""
+    warm = _run(big, 8 << 30, "api", tmp_path=tmp_path, cache=True)
+    assert warm.returncode == 0 and warm.stdout == "", warm.stderr[-2000:]
+    assert len(list((tmp_path / "cache" / "columns").glob("*/CUPTI_ACTIVITY_KIND_KERNEL.*.arrow"))) >= 20
+    run = _run(big, 40 << 20, "api", tmp_path=tmp_path, cache=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    (line,) = run.stdout.splitlines()
+    assert line.startswith("refused: big.sqlite: reading CUPTI_ACTIVITY_KIND_KERNEL (300,000 rows x ")
+    assert "needs about" in line and "columns_on_demand" in line
+
+
+@pytest.mark.parametrize("headroom_mb", [10, 40, 100])
+def test_warm_stats_fits_or_is_one_error_never_an_abort(big: Path, tmp_path: Path, headroom_mb: int) -> None:
+    """``tracekit stats`` with the column cache warm (benchmarks/README.md, s30x: SIGABRT in
+    polars). Here, with 40 or 100 MB left it aborted while reading a cached column (the first
+    read started polars' threads: ~390 MB of address space at once, after the check had let
+    the read through); with 10 MB left the cached read itself failed. Now the engine starts
+    first (prepare_process) and cached reads are checked: 40 and 100 MB are enough, 10 MB is
+    the one-line error naming the table, exit 2."""
+    warm = _run(big, 8 << 30, "cli", "stats", str(big), tmp_path=tmp_path, cache=True)
+    assert warm.returncode == 0, warm.stderr[-2000:]
+    run = _run(big, headroom_mb << 20, "cli", "stats", str(big), tmp_path=tmp_path, cache=True)
+    assert run.returncode in (0, 2), run.stderr[-3000:]
+    if headroom_mb >= 40:
+        assert run.returncode == 0, run.stderr[-2000:]
+        assert run.stdout == warm.stdout
+    else:
+        assert run.returncode == 2, run.stderr[-3000:]
+        line = _last_line(run.stderr)
+        assert line.startswith("tracekit: error: big.sqlite: reading CUPTI_ACTIVITY_KIND_KERNEL (300,000 rows x ")
+        assert "needs about" in line
+    assert "Traceback" not in run.stderr and "panicked" not in run.stderr
+
+
+def test_openblas_threads_default_to_one(tmp_path: Path) -> None:
+    """prepare_process sets OPENBLAS_NUM_THREADS=1 when unset (its per-thread buffers are
+    address space under ``ulimit -v``) and leaves a value the user set."""
+    code = "import os, sys; from tracekit.cli.main import prepare_process; prepare_process(); print(os.environ.get('OPENBLAS_NUM_THREADS'))"
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    env["PYTHONPATH"] = str(ROOT)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "1"
+    out = subprocess.run([sys.executable, "-c", code], env={**env, "OPENBLAS_NUM_THREADS": "4"}, capture_output=True,
+                         text=True, check=True, timeout=120)  # fmt: skip
+    assert out.stdout.strip() == "4"

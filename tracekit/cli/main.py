@@ -61,11 +61,63 @@ def build_app(argv: Sequence[str] | None = None) -> typer.Typer:
     return app
 
 
+_prepared = {"done": False}
+
+
+def prepare_process() -> None:
+    """Set up the process so that running out of memory is the one-line error, not an abort
+    (run once, by :func:`main`, before any table is read):
+
+    - ``OPENBLAS_NUM_THREADS=1`` when it is unset and numpy is not imported yet: OpenBLAS
+      maps a buffer and a stack for each of its threads when numpy is imported (one per
+      core): 41 MB less address space here (2 cores; numpy import +129 MB → +88 MB), a few
+      hundred MB on a 16-core machine, and its "Memory allocation still failed" exit under
+      ``ulimit -v`` came from those buffers. tracekit's only BLAS call (``np.polyfit`` of a
+      two-column fit in diagnose) is too small for OpenBLAS to thread, so no result changes.
+    - the table engine (polars) started: its first read starts its threads and their
+      allocator arenas, ~390 MB of address space here, all at once. Started later, under
+      ``ulimit -v``, that happened in the middle of a read the memory check had let through
+      and the process aborted ("memory allocation of 384 bytes failed"); started first, the
+      check before each read (:func:`tracekit.nsys.database.free_memory`) sees what is left.
+      It takes ~7 ms. The same for the ADBC SQLite driver (loaded, one in-memory connection).
+    """
+    if _prepared["done"]:
+        return
+    _prepared["done"] = True
+    if "numpy" not in sys.modules:
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    import io
+
+    import polars as pl
+
+    try:  # an IPC read: what reading a cached column starts (a lazy collect starts most of it)
+        buf = io.BytesIO()
+        pl.DataFrame({"a": [0]}).write_ipc(buf)
+        pl.read_ipc(io.BytesIO(buf.getvalue()))
+    except BaseException as exc:  # best effort (polars panics are BaseExceptions): a real read reports it
+        if isinstance(exc, KeyboardInterrupt | SystemExit):
+            raise
+        logging.getLogger(__name__).debug("starting the table engine failed: %s", exc)
+    try:  # the SQLite reader's driver loaded (it crashed, SIGSEGV, when loaded with no room left)
+        import adbc_driver_manager
+        import adbc_driver_sqlite
+
+        db = adbc_driver_sqlite.connect(":memory:")
+        adbc_driver_manager.AdbcConnection(db).close()
+        db.close()
+    except Exception as exc:  # not installed (sqlite3 is used then) or failing: a real read reports it
+        logging.getLogger(__name__).debug("loading the ADBC SQLite driver failed: %s", exc)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; a TracekitError prints one line on stderr and exits with code 2."""
     import warnings
 
     from tracekit.errors import TracekitError
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if any(a in COMMANDS for a in args) and not {"--help", "-h"} & set(args):  # --help stays light
+        prepare_process()
 
     # a warning is one line on stderr ("tracekit: warning: …"), not file:line plus source; the
     # lines are collected and printed when the command ends well, so that an error is the one

@@ -109,6 +109,16 @@ class ColumnCache:
         path = self._path(table, expr)
         return self.usable and path.is_file() and _sum_path(path).is_file()
 
+    def size(self, table: str, expr: str) -> int | None:
+        """Bytes of the cached file of column ``expr`` of ``table`` (about the column's size in
+        memory once read: the file is uncompressed Arrow), or None when it is not cached."""
+        if not self.has(table, expr):
+            return None
+        try:
+            return self._path(table, expr).stat().st_size
+        except OSError:
+            return None
+
     def _drop(self, path: Path, why: str) -> None:
         if not self._warned:
             self._warned = True

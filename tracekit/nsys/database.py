@@ -313,7 +313,12 @@ class ExportDatabase:
             return self._read_table(table, exprs, schema, where)
         names = list(schema)
         wanted = [(n, e) for n, e in zip(names, exprs, strict=True) if e != "NULL"]  # NULL: built below
-        hits = self._cached_columns(cache, table, [e for _, e in wanted])
+        try:
+            hits = self._cached_columns(cache, table, [e for _, e in wanted])
+        except MemoryError as exc:
+            if isinstance(exc, TraceMemoryError):
+                raise
+            raise _out_of_memory(self.path, table, self._row_span(table), len(wanted), "ran out of memory") from exc
         columns = {n: hit for (n, _), hit in zip(wanted, hits, strict=True) if hit is not None}
         missing = [(n, e) for (n, e), hit in zip(wanted, hits, strict=True) if hit is None]
         if missing:
@@ -375,13 +380,35 @@ class ExportDatabase:
         cache = self._cache_for(table)
         return cache is not None and all(e == "NULL" or cache.has(table, e) for e in exprs)
 
-    @staticmethod
-    def _cached_columns(cache: ColumnCache, table: str, exprs: list[str]) -> list[pl.Series | None]:
+    def _cached_columns(self, cache: ColumnCache, table: str, exprs: list[str]) -> list[pl.Series | None]:
         """``cache.get`` of each expression, one after the other: since cached columns are one
         record batch (no copy to make them contiguous), two reader threads saved no time on a
         1 M-kernel export and held two columns' read buffers at once (15–60 MB more peak RSS
-        per report, measured on the stats reports)."""
-        return [cache.get(table, e) for e in exprs]
+        per report, measured on the stats reports).
+
+        Refused up front (:class:`~tracekit.errors.TraceMemoryError`) when the cached columns
+        cannot fit in the memory left: all of them together, plus one file's bytes (the file
+        and the column read from it live together for a moment); and again before each
+        column, against what is left then. polars aborts the process when an allocation
+        fails, so this check is what keeps a warm read from ending in ``SIGABRT``."""
+        sizes = [cache.size(table, e) for e in exprs]
+        known = [s for s in sizes if s is not None]
+        if known:
+            self._check_fits(table, len(exprs), sum(known) + max(known))
+        out = []
+        for expr, size in zip(exprs, sizes, strict=True):
+            if size is not None:
+                self._check_fits(table, len(exprs), 2 * size)
+            out.append(cache.get(table, expr))
+        return out
+
+    def _check_fits(self, table: str, columns: int, need: int) -> None:
+        """Raise :class:`~tracekit.errors.TraceMemoryError` naming ``table`` when ``need``
+        bytes exceed :func:`free_memory`."""
+        free = free_memory()
+        if free is not None and need > free:
+            rows = self._row_span(table)
+            raise _out_of_memory(self.path, table, rows, columns, f"needs about {_gb(need)} and {_gb(free)} is left")
 
     def _row_bounds(self, table: str) -> tuple[int, int]:
         """``(min(rowid), max(rowid))`` of an ordinary table; ``(0, -1)`` for views, absent
@@ -431,6 +458,12 @@ class ExportDatabase:
         # the frame made of them are alive together for a moment. polars aborts the process
         # when an allocation fails, so a read that would just fit is refused instead
         need = 2 * rows * columns * 8
+        slices = len(self._rowid_slices(table))
+        if slices > 1:
+            # a split read starts a thread per slice, each with its stack (``ulimit -s``, 8 MB
+            # by default) and the reader's buffers: with 40 MB left, a 24 MB read on two
+            # threads passed the check and the SQLite reader crashed (SIGSEGV) in a thread
+            need += slices * _thread_stack_bytes()
         free = free_memory()
         if free is not None and need > free:
             raise _out_of_memory(self.path, table, rows, columns, f"needs about {_gb(need)} and {_gb(free)} is left")
@@ -637,6 +670,19 @@ def _rowid_span(where: str) -> int:
     for m in _ROWID_ABOVE.finditer(top):
         span = min(span, int(m.group(2)) - int(m.group(1)))
     return max(span, 0)
+
+
+def _thread_stack_bytes() -> int:
+    """Address space a new thread's stack takes: ``threading.stack_size()`` when set, else
+    the soft ``RLIMIT_STACK`` (glibc's default for new threads), else 8 MB."""
+    import resource
+    import threading
+
+    size = threading.stack_size()
+    if size:
+        return size
+    soft = resource.getrlimit(resource.RLIMIT_STACK)[0]
+    return soft if 0 < soft != resource.RLIM_INFINITY and soft < 1 << 30 else 8 << 20
 
 
 def _gb(n: int) -> str:
