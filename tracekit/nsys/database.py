@@ -405,10 +405,7 @@ class ExportDatabase:
     def _check_fits(self, table: str, columns: int, need: int) -> None:
         """Raise :class:`~tracekit.errors.TraceMemoryError` naming ``table`` when ``need``
         bytes exceed :func:`free_memory`."""
-        free = free_memory()
-        if free is not None and need > free:
-            rows = self._row_span(table)
-            raise _out_of_memory(self.path, table, rows, columns, f"needs about {_gb(need)} and {_gb(free)} is left")
+        ensure_memory(self.path, table, self._row_span(table), columns, need)
 
     def _row_bounds(self, table: str) -> tuple[int, int]:
         """``(min(rowid), max(rowid))`` of an ordinary table; ``(0, -1)`` for views, absent
@@ -672,6 +669,16 @@ def _rowid_span(where: str) -> int:
     return max(span, 0)
 
 
+def ensure_memory(path: Path, table: str, rows: int, columns: int, need: int, what: str = "reading") -> None:
+    """Raise :class:`~tracekit.errors.TraceMemoryError` (one line naming the export, the
+    table, its rows and columns and the ways around it) when ``need`` bytes exceed
+    :func:`free_memory`. polars aborts the process when an allocation fails, so a step that
+    cannot fit has to be refused before it starts."""
+    free = free_memory()
+    if free is not None and need > free:
+        raise _out_of_memory(path, table, rows, columns, f"needs about {_gb(need)} and {_gb(free)} is left", what)
+
+
 def _thread_stack_bytes() -> int:
     """Address space a new thread's stack takes: ``threading.stack_size()`` when set, else
     the soft ``RLIMIT_STACK`` (glibc's default for new threads), else 8 MB."""
@@ -751,9 +758,9 @@ def _kb_fields(path: str) -> dict[str, int]:
     return out
 
 
-def _out_of_memory(path: Path, table: str, rows: int, columns: int, what: str) -> TraceMemoryError:
+def _out_of_memory(path: Path, table: str, rows: int, columns: int, what: str, doing: str = "reading") -> TraceMemoryError:
     msg = (
-        f"{path.name}: reading {table} ({rows:,} rows x {columns} column(s)) {what}; read fewer columns "
+        f"{path.name}: {doing} {table} ({rows:,} rows x {columns} column(s)) {what}; read fewer columns "
         "(trace.table(name, columns=[...])), one column at a time (trace.columns_on_demand(name, columns)), "
         "with the column cache on (TRACEKIT_COLUMN_CACHE, the default: cached columns come back one at a time), "
         "or on a machine with more memory"

@@ -22,7 +22,12 @@ import polars as pl
 from tracekit.errors import DamagedRowsWarning
 from tracekit.nsys import enums
 from tracekit.nsys import schema as S
-from tracekit.nsys.database import ExportSource, InvalidTextWarning, TypeMismatchWarning
+from tracekit.nsys.database import (
+    ExportSource,
+    InvalidTextWarning,
+    TypeMismatchWarning,
+    ensure_memory,
+)
 
 PID_MASK = 0xFFFFFF
 PROCESS_KEY_MASK = -0x1000000  # == 0xFFFFFFFFFF000000 as a signed 64-bit mask
@@ -184,7 +189,23 @@ def read_projected(
                 "an integer (a damaged export); read as null"
             )
             warnings.warn(msg, TypeMismatchWarning, stacklevel=3)
-    return S.conform(frame.with_columns(**exprs), table, wanted)
+    # the derived columns, then the casts to the documented dtypes: each a new column (16
+    # bytes a row for a string, a view, else 8) and as much again that its expression works
+    # in (a name lookup, a code map), plus an 8-byte column to spare; checked first, since
+    # polars aborts the process when one of them cannot be allocated (warm diagnose on
+    # 300 k kernels with 40-60 MB of address space left: SIGABRT here; counting 8 bytes a
+    # row for the names, 60 MB still did)
+    if exprs:
+        out = frame.lazy().select(**exprs).collect_schema()  # the dtypes only: nothing computed
+        width = sum(16 if dtype in (pl.String, pl.Binary) else 8 for dtype in out.values())
+        need = (2 * width + 8) * frame.height
+        ensure_memory(db.path, source, frame.height, len(exprs), need, "deriving columns of")
+        frame = frame.with_columns(**exprs)
+    documented = S.columns_of(table)
+    casts = sum(n in documented and (n not in frame.columns or frame.schema[n] != documented[n]) for n in wanted)
+    if casts:
+        ensure_memory(db.path, source, frame.height, casts, (casts + 1) * frame.height * 8, "converting")
+    return S.conform(frame, table, wanted)
 
 
 #: How far past the latest start of a table an end may lie, at least (the table's own span
