@@ -133,8 +133,19 @@ class TableColumns:
 
     def gather_columns(self, names: Sequence[str], rows: pl.Series) -> list[pl.Series]:
         """``self[name].gather(rows)`` for each name, one column after the other (so one whole
-        column is in memory at a time; reading cached columns on two threads saved no time)."""
-        return [self[n].gather(rows) for n in names]
+        column is in memory at a time; reading cached columns on two threads saved no time).
+
+        Each gather is checked first (:func:`~tracekit.nsys.database.ensure_memory`): its
+        result (16 bytes a row for a string, a view, else 8) twice over, since polars aborts
+        the process when the allocation fails (warm diagnose's launch join on 300 k kernels
+        with 150 MB of address space left: SIGABRT in the gather)."""
+        out = []
+        for name in names:
+            column = self[name]
+            width = 16 if column.dtype in (pl.String, pl.Binary) else 8
+            ensure_memory(self._db.path, self._table, len(rows), 1, 2 * width * len(rows), "gathering rows of")
+            out.append(column.gather(rows))
+        return out
 
 
 def wanted_columns(table: str, columns: Collection[str] | None) -> list[str]:
