@@ -97,6 +97,32 @@ def api_rows(trace: NsysTrace, *, names: bool = True) -> pl.DataFrame | readers.
     )
 
 
+class _Unpinned:
+    """The CUDA API columns of :func:`api_rows`, each read afresh when asked for and kept by
+    no one but the caller (a :class:`~tracekit.nsys.readers.TableColumns` keeps the last column
+    read: in the launch join that pinned the whole ``globalTid`` column, 160 MB on 20 M calls,
+    through the merge). Used only where the columns come from the column cache, so that a
+    second read of a column is a file read, not a scan of the export."""
+
+    def __init__(self, trace: NsysTrace, names: bool) -> None:
+        self._trace, self._names = trace, names
+        self.columns = ["global_tid", "correlation_id", "start_ns", "end_ns", *(["name"] if names else [])]
+
+    def __getitem__(self, name: str) -> pl.Series:
+        return api_rows(self._trace, names=self._names)[name]
+
+    def gather_columns(self, names: list[str], rows: pl.Series) -> list[pl.Series]:
+        return [self[n].gather(rows) for n in names]
+
+
+def lean_api_rows(trace: NsysTrace, *, names: bool = True) -> pl.DataFrame | readers.TableColumns | _Unpinned:
+    """:func:`api_rows`, with no column pinned between reads where the column cache serves them."""
+    source = api_rows(trace, names=names)
+    if isinstance(source, readers.TableColumns) and trace.db.caches("CUPTI_ACTIVITY_KIND_RUNTIME"):
+        return _Unpinned(trace, names)
+    return source
+
+
 def resolve_names(frame: pl.DataFrame, trace: NsysTrace, *columns: str) -> pl.DataFrame:
     """``frame`` with its string-id ``columns`` turned into text (text columns pass through)."""
     ids = [c for c in columns if frame.schema[c] != pl.Utf8]
@@ -204,7 +230,7 @@ def projection_for_totals(trace: NsysTrace) -> Projection:
         return pl.concat([op_rows(trace, t, [column], duration=False) for t in tables], how="vertical_relaxed").to_series()
 
     keys = pl.DataFrame([op_column("global_pid"), op_column("correlation_id")])
-    pairs = launch_pairs(keys, api_rows(trace, names=False), how="inner")
+    pairs = launch_pairs(keys, lean_api_rows(trace, names=False), how="inner")
     del keys
     lrow, arow = pairs["_lrow"], pairs["_arow"]
     del pairs
@@ -220,10 +246,14 @@ def projection_for_totals(trace: NsysTrace) -> Projection:
     calls = calls.with_columns(api_column("start_ns").gather(rows).alias("_s"))
     calls = calls.with_columns(api_column("end_ns").gather(rows).alias("_e")).filter(pl.col("_s").is_not_null())
     del rows
-    inner = pl.concat(
-        [_innermost(calls.slice(at, INNERMOST_CHUNK), tree) for at in range(0, max(calls.height, 1), INNERMOST_CHUNK)]
-    )
-    extra = _boundary_memberships(calls, tree, inner)
+    inners, extras = [], []
+    for at in range(0, max(calls.height, 1), INNERMOST_CHUNK):  # each call's ranges depend on it alone
+        part = calls.slice(at, INNERMOST_CHUNK)
+        inners.append(_innermost(part, tree))
+        extras.append(_boundary_memberships(part, tree, inners[-1]))
+    inner = pl.concat(inners)
+    extra = pl.concat(extras)
+    del inners, extras
     keep_calls = bool(tree["_crossing"].any() or extra.height)
     if not keep_calls:
         calls = calls.clear()
