@@ -14,6 +14,7 @@ an empty range name, in both.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -195,7 +196,7 @@ def projection(trace: NsysTrace, *, kernels_only: bool = False) -> Projection:
     launch = ["tid", "global_tid", "api_start_ns", "api_end_ns"]
     ops = _launch_join(ops.with_row_index("_gpu"), api_rows(trace, names=False), dedupe=False, columns=launch)
     ops = ops.with_row_index("_op")
-    tree = _nvtx_tree(trace.table("nvtx", _TREE_COLUMNS), [])
+    tree = _nvtx_tree(trace.table("nvtx", _TREE_COLUMNS), [], paths=False)
     threads = tree.select("global_tid", "_thr").unique(subset=["global_tid"], keep="first")
     calls = (
         ops.select("_op", "global_tid", pl.col("api_start_ns").alias("_s"), pl.col("api_end_ns").alias("_e"))
@@ -234,8 +235,9 @@ def projection_for_totals(trace: NsysTrace) -> Projection:
     del keys
     lrow, arow = pairs["_lrow"], pairs["_arow"]
     del pairs
-    tree = _nvtx_tree(trace.table("nvtx", _TREE_COLUMNS), [])
+    tree = _nvtx_tree(trace.table("nvtx", _TREE_COLUMNS), [], paths=False)
     threads = tree.select("global_tid", "_thr").unique(subset=["global_tid"], keep="first")
+    tree = tree.drop("global_tid", "is_open", "event_type_id")
 
     def api_column(column: str) -> pl.Series:
         return api_rows(trace, names=False)[column].gather(arow)
@@ -257,8 +259,20 @@ def projection_for_totals(trace: NsysTrace) -> Projection:
     keep_calls = bool(tree["_crossing"].any() or extra.height)
     if not keep_calls:
         calls = calls.clear()
-    ops = pl.DataFrame([op_column(c).gather(lrow) for c in ("start_ns", "end_ns", "correlation_id", "global_pid")])
-    return Projection(tree, ops, calls, inner, pl.Series("inside", [], pl.Boolean), extra)
+    ops = _OpColumns(op_column, lrow)
+    return Projection(tree, ops, calls, inner, pl.Series("inside", [], pl.Boolean), extra)  # type: ignore[arg-type]
+
+
+class _OpColumns:
+    """The matched operations' columns (``ops[name]``, aligned with the launch pairs), each
+    read when asked for and not kept: :func:`_range_totals` gathers them one at a time, so
+    the four whole columns are never held together (8.3 M operations: ~0.27 GB)."""
+
+    def __init__(self, read: Callable[[str], pl.Series], rows: pl.Series) -> None:
+        self._read, self._rows = read, rows
+
+    def __getitem__(self, name: str) -> pl.Series:
+        return self._read(name).gather(self._rows)
 
 
 def _boundary_memberships(calls: pl.DataFrame, tree: pl.DataFrame, inner: pl.DataFrame) -> pl.DataFrame:
@@ -313,12 +327,16 @@ def _range_totals(p: Projection) -> pl.DataFrame:
         ops["global_pid"].gather(inner["_op"]).alias("_proc"),
     )
     per = own.group_by("_idx").agg(pl.col("_ps").min(), pl.col("_pe").max(), pl.len().cast(pl.Int64).alias("_n"))
-    if own["_corr"].n_unique() != own.height:  # processes reuse ids; CUDA graphs launch many kernels with one
-        distinct = own.select(pl.struct("_proc", "_corr").n_unique()).item()
-        once = own.unique(["_proc", "_corr", "_idx"])
-        if once.height != distinct:
+    key = _op_key(own["_proc"], own["_corr"])
+    own = own.select("_idx")
+    if not _all_distinct(key):  # processes reuse ids; CUDA graphs launch many kernels with one
+        pairs = pl.DataFrame({"_k": key, "_idx": own["_idx"]}).sort("_k", "_idx")
+        del key
+        new_op = pairs["_k"].ne_missing(pairs["_k"].shift(1))
+        new_pair = new_op | pairs["_idx"].ne_missing(pairs["_idx"].shift(1))
+        if new_pair.sum() != new_op.sum():  # an operation under two innermost ranges
             return _range_totals_from_pairs(p)
-        counts = once.group_by("_idx").agg(pl.len().cast(pl.Int64).alias("_n"))
+        counts = pairs.filter(new_pair).group_by("_idx").agg(pl.len().cast(pl.Int64).alias("_n"))
         per = per.drop("_n").join(counts, on="_idx")
     # dense per-range columns, children folded into parents from the deepest level up
     n = tree.height
@@ -340,6 +358,30 @@ def _range_totals(p: Projection) -> pl.DataFrame:
         count.scatter(at, merged["_n"])
     totals = pl.DataFrame({"_idx": tree["_idx"], "_ps": ps, "_pe": pe, "_n": count})
     return totals.filter(pl.col("_ps").is_not_null())
+
+
+def _op_key(proc: pl.Series, corr: pl.Series) -> pl.Series:
+    """One value per operation, equal exactly when (process, correlation id) are: the id times
+    the number of processes plus the process's index when that fits an Int64, else a struct."""
+    procs = proc.unique(maintain_order=True)
+    if proc.null_count() == 0 and corr.null_count() == 0 and corr.len():
+        lo, hi = corr.min(), corr.max()
+        n = procs.len()
+        if lo >= 0 and hi < (1 << 62) // max(n, 1):  # type: ignore[operator]
+            code = proc.replace_strict(procs, pl.int_range(n, dtype=pl.Int64, eager=True), return_dtype=pl.Int64)
+            return corr * n + code
+    return pl.DataFrame({"p": proc, "c": corr}).select(pl.struct("p", "c")).to_series()
+
+
+def _all_distinct(key: pl.Series) -> bool:
+    """Whether no two values of ``key`` are equal (integers: sorted and neighbours compared,
+    lighter than a hash set of millions)."""
+    if key.len() < 2:
+        return True
+    if key.dtype != pl.Int64:
+        return key.n_unique() == key.len()
+    ordered = key.sort()
+    return not ordered.slice(1).eq_missing(ordered.slice(0, ordered.len() - 1)).any()
 
 
 def _range_totals_from_pairs(p: Projection) -> pl.DataFrame:
