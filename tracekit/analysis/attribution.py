@@ -159,10 +159,13 @@ def launch_pairs(ops: pl.DataFrame, cuda_api: pl.DataFrame | ColumnSource, *, ho
         folded = ops["correlation_id"], api_corr
     else:
         left = ops.select(*keys, "correlation_id", pl.col("global_pid").alias("_process"))
-        right = pl.DataFrame([cuda_api[c] for c in (*keys, "correlation_id", "global_tid")]).select(
-            *keys, "correlation_id", process_key("global_tid").alias("_process")
-        )
+        # the correlation ids already read, not a second copy (20 M calls: 160 MB)
+        right = pl.DataFrame([api_corr if c == "correlation_id" else cuda_api[c] for c in (*keys, "correlation_id", "global_tid")])
+        right = right.select(*keys, "correlation_id", process_key("global_tid").alias("_process"))
         folded = _fold_keys(left, right, [*keys, "_process"])
+        if folded is not None:  # the key columns are all the join needs
+            left = right = pl.DataFrame()
+    del api_corr
     if folded is None:  # keys too wide for one integer: a hash join on the columns
         lk = _without_nulls(left.with_row_index("_lrow"), cols)
         rk = _without_nulls(right.with_row_index("_arow"), cols)
@@ -200,7 +203,9 @@ def _merge_join(left: pl.DataFrame, right: pl.DataFrame) -> pl.DataFrame:
     if not right["_key"].is_sorted():
         right = right.sort("_key", maintain_order=True)
     keys = right["_key"]
-    if not left["_key"].is_sorted() and keys.n_unique() == keys.len():
+    # sorted: unique when no two neighbours are equal (a hash set of 20 M keys took ~0.2 GB)
+    unique = keys.len() < 2 or not (keys.slice(1) == keys.slice(0, keys.len() - 1)).any()
+    if not left["_key"].is_sorted() and unique:
         at = keys.search_sorted(left["_key"], side="left")
         found = keys.gather(at.clip(upper_bound=max(keys.len() - 1, 0))) == left["_key"] if keys.len() else at != at
         return pl.DataFrame({"_lrow": left["_lrow"].filter(found), "_arow": right["_arow"].gather(at.filter(found))})
@@ -238,7 +243,8 @@ def _fold_keys(left: pl.DataFrame, right: pl.DataFrame, proc_cols: list[str]) ->
     if proc_cols == ["_process"]:
         # one process column: map it in place (a join would copy the whole frame)
         pidx = pl.col("_process").replace_strict(procs["_process"], procs["_pidx"], return_dtype=pl.Int64).alias("_pidx")
-        return tuple(side.select(pidx, "correlation_id").select(key).to_series() for side in (left, right))  # type: ignore[return-value]
+        inline = (pl.col("correlation_id") * n + pidx).alias("_key")
+        return tuple(side.select(inline).to_series() for side in (left, right))  # type: ignore[return-value]
     return tuple(  # type: ignore[return-value]
         side.join(procs, on=proc_cols, how="left", maintain_order="left").select(key).to_series() for side in (left, right)
     )
@@ -290,9 +296,9 @@ def _thread_ids(frame: pl.DataFrame, thread_keys: list[str]) -> pl.Expr:
     return changed.cast(pl.Int64).cum_sum() - 1
 
 
-def _range_tree(ranges: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
+def _range_tree(ranges: pl.DataFrame, keys: list[str], *, paths: bool = True) -> pl.DataFrame:
     """Sort ranges per thread and add ``_thr``, ``_idx``, ``_parent_idx``, ``parent_id``,
-    ``level`` and ``path``."""
+    ``level`` and (with ``paths``) ``path``."""
     tkeys = [*keys, "global_tid"]
     r = ranges.sort([*tkeys, "start_ns", "end_ns", "range_id"], descending=[*([False] * len(tkeys)), False, True, False])
     r = r.with_columns(_thread_ids(r, tkeys).alias("_thr")).with_row_index("_idx").with_columns(pl.col("_idx").cast(pl.Int64))
@@ -305,7 +311,7 @@ def _range_tree(ranges: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
         r = _exact_parents(r, bad)
     r = r.with_columns(pl.col("_thr").is_in(bad.implode()).alias("_crossing"))
     r = r.with_columns(pl.col("range_id").gather(pl.col("_parent_idx")).alias("parent_id"))
-    return r.with_columns(_paths(r).alias("path"))
+    return r.with_columns(_paths(r).alias("path")) if paths else r
 
 
 def _pointer_jump_parents(prev: pl.Series, end: pl.Series) -> pl.Series:
@@ -497,8 +503,10 @@ def _possible(ranges: pl.DataFrame) -> pl.DataFrame:
     return ranges
 
 
-def _nvtx_tree(nvtx: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
-    """:func:`nvtx_ranges` with the internal ``_thr``, ``_idx``, ``_parent_idx`` and ``_crossing``."""
+def _nvtx_tree(nvtx: pl.DataFrame, keys: list[str], *, paths: bool = True) -> pl.DataFrame:
+    """:func:`nvtx_ranges` with the internal ``_thr``, ``_idx``, ``_parent_idx`` and ``_crossing``;
+    without ``paths``, no ``label`` and ``path`` text (the nsys projection reports print
+    neither; on 6.5 M ranges they took ~0.3 GB)."""
     rid = pl.int_range(1, pl.len() + 1, dtype=pl.Int64)
     events = nvtx.with_columns((rid.over(keys) if keys else rid).alias("range_id"))
     ranges = events.filter(
@@ -511,11 +519,11 @@ def _nvtx_tree(nvtx: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
         pl.col("end_ns").fill_null(last.over(keys) if keys else last).alias("end_ns"),
     ).select(
         *keys, "range_id", "pid", "tid", "global_tid", "start_ns", "end_ns", "is_open", "name", "domain",
-        range_label(pl.col("name"), pl.col("domain")).alias("label"),
+        *([range_label(pl.col("name"), pl.col("domain")).alias("label")] if paths else []),
         pl.when(pl.col("event_type_id").is_in(list(PUSHPOP_TYPES))).then(pl.lit("PushPop")).otherwise(pl.lit("StartEnd")).alias("style"),
         "event_type_id",
     )
-    return _range_tree(ranges, keys)
+    return _range_tree(ranges, keys, paths=paths)
 
 
 def _enclosing(calls: pl.DataFrame, tree: pl.DataFrame, inner: pl.DataFrame | None = None) -> pl.DataFrame:
