@@ -113,7 +113,7 @@ def diagnose(
     if window is not None:
         full = Window(int(window[0]), int(window[1]), "given", "window given by the caller")
     else:
-        full = steady_window(ctx.ops, ctx.ops_with_launch, ctx.nvtx, cfg)
+        full = steady_window(ctx.ops, ctx.launched_ops, ctx.nvtx, cfg)
     ctx.full_window = full
     ctx.window = full.analysed()
     findings: list[Finding] = []

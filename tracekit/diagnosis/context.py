@@ -5,6 +5,7 @@ from __future__ import annotations
 from functools import cached_property
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from tracekit.analysis._frames import gpu_ops, interval_union, rank_keys
@@ -36,6 +37,21 @@ def _table(trace: Any, name: str, *, whole: bool = False) -> pl.DataFrame:
         return getattr(trace, name)  # type: ignore[no-any-return]
     except AttributeError:
         return pl.DataFrame()
+
+
+def _within_any(values: pl.Series, starts: pl.Series, ends: pl.Series) -> pl.Series:
+    """Boolean mask: ``values[i]`` lies in some ``[starts[j], ends[j]]`` (nulls never do).
+    One binary search per value over the ranges sorted by start, with the running maximum of
+    their ends, so overlapping ranges are handled and no value is sorted."""
+    lo = np.iinfo(np.int64).min
+    order = np.argsort(starts.fill_null(lo).to_numpy(), kind="stable")
+    s = starts.fill_null(lo).to_numpy()[order]
+    e = np.maximum.accumulate(ends.fill_null(lo).to_numpy()[order]) if order.size else np.empty(0, np.int64)
+    v = values.fill_null(lo).to_numpy()
+    idx = np.searchsorted(s, v, side="right") - 1
+    ok = (idx >= 0) & values.is_not_null().to_numpy()
+    ok[ok] &= v[ok] <= e[idx[ok]]
+    return pl.Series(values.name, ok)
 
 
 class Context:
@@ -109,6 +125,41 @@ class Context:
                 pl.lit(None, pl.Int64).alias("api_start_ns"),
             )
         return launch_info(self.ops, self.api_source)
+
+    def launched_ops(self, ranges: pl.DataFrame | None = None) -> pl.DataFrame:
+        """:attr:`ops_with_launch`, or with ``ranges`` (``start_ns``, ``end_ns``: CPU ranges,
+        e.g. the sampled steps) only a part of it that holds at least every operation whose
+        launching call starts inside one of them (``start <= call start <= end``), rows in
+        :attr:`ops_with_launch`'s order and with its values.
+
+        The part is joined from the calls that start in a range and every call that shares
+        a correlation id with one of them (so the join picks the same call as on the whole
+        table): the launch columns of the other operations (millions on a big trace) are
+        never built."""
+        if ranges is None or "ops_with_launch" in self.__dict__ or self.api_count == 0 or "correlation_id" not in self.ops.columns:
+            return self.ops_with_launch
+        api = self.api_source
+        ids = api["correlation_id"].filter(_within_any(api["start_ns"], ranges["start_ns"], ranges["end_ns"])).unique()
+        ops = self.ops.filter(pl.col("correlation_id").is_in(ids.implode()))
+        return launch_info(ops, self._calls_with_ids(ids))
+
+    def _calls_with_ids(self, ids: pl.Series) -> pl.DataFrame:
+        """The CUDA API calls (all of :attr:`api_source`'s columns, in table order) whose
+        ``correlation_id`` is one of ``ids``."""
+        api = self.api_source
+        mask = api["correlation_id"].is_in(ids.implode()).fill_null(False)
+        if isinstance(api, pl.DataFrame):
+            return api.filter(mask)
+        return pl.DataFrame(api.gather_columns(list(api.columns), mask.arg_true()))
+
+    @cached_property
+    def ops_with_launch_w(self) -> pl.DataFrame:
+        """:attr:`ops_with_launch` of the operations that start in the window; unless that
+        table was built already, joined for these operations only (same rows, same values)."""
+        if "ops_with_launch" in self.__dict__ or self.api_count == 0 or "correlation_id" not in self.ops.columns:
+            return self._in_window(self.ops_with_launch)
+        ops = self.ops_w
+        return launch_info(ops, self._calls_with_ids(ops["correlation_id"].drop_nulls().unique()))
 
     @cached_property
     def api_near(self) -> pl.DataFrame:

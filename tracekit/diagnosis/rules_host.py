@@ -92,7 +92,7 @@ def _mark_sync_gaps(ctx: Context, gaps: pl.DataFrame) -> pl.DataFrame:
             pl.lit(None, pl.Int64).alias("sync_end_ns"),
         )
     keys = ctx.rk
-    ops = ctx._in_window(ctx.ops_with_launch).sort([*keys, "start_ns"])
+    ops = ctx.ops_with_launch_w.sort([*keys, "start_ns"])
     prev_end = pl.col("end_ns").cum_max().shift(1)
     if keys:
         prev_end = prev_end.over(keys)

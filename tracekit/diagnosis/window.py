@@ -13,6 +13,7 @@ or GPU span, whichever is longer) is warm-up; at most half of them are dropped.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -21,11 +22,16 @@ import polars as pl
 
 from tracekit.analysis.iterations import iteration_ranges, iterations
 from tracekit.diagnosis.config import DiagnoseConfig
+from tracekit.diagnosis.context import _within_any
 from tracekit.diagnosis.result import Window
 
 __all__ = ["find_period", "kernel_period_iterations", "steady_ops", "steady_window"]
 
 _TAIL = 50_000
+
+#: The operations with their launch columns, or a function of CPU ranges (``start_ns``,
+#: ``end_ns``; ``None`` for all) that gives at least those launched inside them.
+OpsWithLaunch = pl.DataFrame | Callable[[pl.DataFrame | None], pl.DataFrame]
 
 
 def find_period(
@@ -137,10 +143,13 @@ def _warmup_count(lengths: list[int], factor: float) -> int:
     return count
 
 
-def _nvtx_iterations(ops_with_launch: pl.DataFrame, nvtx: pl.DataFrame, config: DiagnoseConfig) -> pl.DataFrame:
+def _nvtx_iterations(ops_with_launch: OpsWithLaunch, nvtx: pl.DataFrame, config: DiagnoseConfig) -> pl.DataFrame:
     """``iterations`` of the process with the most iteration ranges; with more than
     ``exact_steps`` of them, measured only for the first 50, a middle stretch of
-    ``sample_steps`` + some and the last two (the others keep their CPU range, null GPU times)."""
+    ``sample_steps`` + some and the last two (the others keep their CPU range, null GPU times).
+    ``ops_with_launch`` may be a function of the measured ranges (``None``: all of them)
+    giving the operations with their launch columns, at least those launched in the ranges
+    (:meth:`tracekit.diagnosis.context.Context.launched_ops`)."""
     ranges = iteration_ranges(nvtx, pattern=config.iteration_pattern)
     if ranges.height == 0:
         return pl.DataFrame()
@@ -149,12 +158,16 @@ def _nvtx_iterations(ops_with_launch: pl.DataFrame, nvtx: pl.DataFrame, config: 
                                               nulls_last=True).head(1).select(proc)
     ranges = ranges.join(main, on=proc).sort("iteration")
     n = ranges.height
-    ops = ops_with_launch
     if n > config.exact_steps:
         mid = n // 2
         half = config.sample_steps // 2 + 5
         keep = sorted({*range(min(50, n // 2)), *range(max(mid - half, 0), min(mid + half, n)), n - 2, n - 1})
         chosen = ranges.filter(pl.col("iteration").is_in(keep))
+        ops = ops_with_launch(chosen) if callable(ops_with_launch) else ops_with_launch
+        # first the operations launched inside some chosen range (of any rank: a superset of
+        # those the join below keeps), so that only these few are sorted and joined
+        if "api_start_ns" in ops.columns:
+            ops = ops.filter(_within_any(ops["api_start_ns"], chosen["start_ns"], chosen["end_ns"]))
         keys = [c for c in ("rank",) if c in ops.columns and c in chosen.columns]
         win = chosen.select(*keys, pl.col("start_ns").alias("api_start_ns"), pl.col("end_ns").alias("_iend")).sort([*keys, "api_start_ns"])
         # only the columns ``iterations`` reads are filtered and sorted (not every op column)
@@ -165,6 +178,8 @@ def _nvtx_iterations(ops_with_launch: pl.DataFrame, nvtx: pl.DataFrame, config: 
             .join_asof(win, on="api_start_ns", by=keys or None, strategy="backward", check_sortedness=False)
             .filter(pl.col("_iend").is_not_null() & (pl.col("api_start_ns") <= pl.col("_iend"))).drop("_iend")
         )
+    else:
+        ops = ops_with_launch(None) if callable(ops_with_launch) else ops_with_launch
     its = iterations(ops, nvtx, pattern=config.iteration_pattern)
     its = its.join(main, on=proc).sort("iteration")
     if n > config.exact_steps:
@@ -194,7 +209,7 @@ def _sample(it: pl.DataFrame, warm: int, n_steady: int, config: DiagnoseConfig) 
 
 def steady_window(
     kernels: pl.DataFrame,
-    ops_with_launch: pl.DataFrame,
+    ops_with_launch: OpsWithLaunch,
     nvtx: pl.DataFrame,
     config: DiagnoseConfig,
     *,
@@ -202,7 +217,9 @@ def steady_window(
     trace_end_ns: int | None = None,
 ) -> Window:
     """The analysed window of a trace (see the module doc). ``kernels`` is the sequence
-    searched for a period: the busiest GPU's operations (``gpu_ops``) or kernels."""
+    searched for a period: the busiest GPU's operations (``gpu_ops``) or kernels.
+    ``ops_with_launch``: the operations with their launch columns (``launch_info``), or a
+    function that gives them for some CPU ranges (see :func:`_nvtx_iterations`)."""
     its = _nvtx_iterations(ops_with_launch, nvtx, config) if nvtx.height else pl.DataFrame()
     method, why = "nvtx", f"NVTX iteration ranges matching {config.iteration_pattern!r}"
     n_total = its.height

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import polars as pl
 
 from tracekit.nsys.nvtx import qualified_name
-from tracekit.nsys.readers import implausible_end
+from tracekit.nsys.readers import implausible_end, lookup_strings
 
 if TYPE_CHECKING:
     from tracekit.nsys.trace import NsysTrace
@@ -84,6 +84,78 @@ def top_nvtx(nvtx: pl.DataFrame, top: int = 10) -> pl.DataFrame:
     )
 
 
+def _kernel_figures(trace: NsysTrace, top: int) -> tuple[int, list[int], int, pl.DataFrame]:
+    """Kernel launches, devices with kernels, GPU time (ns) and :func:`top_kernels`, from a
+    frame of the five columns they need."""
+    k = trace.table("kernels", ["device_id", "name", "short_name", "start_ns", "duration_ns"])
+    used = sorted(k["device_id"].drop_nulls().unique().to_list())
+    launches = k.height
+    if k.height:  # ends of INT64_MAX (damage) would make the GPU time 9.2e15 ms; the loader warned
+        ends = k.select("start_ns", (pl.col("start_ns") + pl.col("duration_ns")).alias("end_ns"))
+        k = k.filter(~ends.select(implausible_end()).to_series())
+    k = k.drop("start_ns")
+    return launches, used, int(k["duration_ns"].sum()) if k.height else 0, top_kernels(k, top)
+
+
+def _kernel_figures_by_id(trace: NsysTrace, top: int) -> tuple[int, list[int], int, pl.DataFrame]:
+    """:func:`_kernel_figures` of a trace whose kernel table is not built, from the same
+    export columns read as integers: the name ids, not a name per row.
+
+    Kernels are grouped by a code of ``coalesce(short_name, name)`` made from the distinct
+    name ids (a few hundred), so that what is held per kernel is five integers, not three
+    integers and two names (s8x: 0.9 GB where it was 1.2 GB). Same rows, groups and
+    aggregations as :func:`top_kernels`, so the same table."""
+    src = trace.table("kernels", ["device_id", "start_ns", "duration_ns", "name_id", "short_name_id"])
+    dev = src["device_id"]
+    launches = src.height
+    if launches == 0:
+        return _kernel_figures(trace, top)
+    used = sorted(dev.drop_nulls().unique().to_list())
+    del dev
+    start, dur = src["start_ns"], src["duration_ns"]
+    # ends of INT64_MAX (damage) would make the GPU time 9.2e15 ms; the loader warned
+    bad = pl.DataFrame([start, (start + dur).alias("end_ns")]).select(implausible_end()).to_series()
+    del start
+    keep = ~bad if bad.any() else None
+    if keep is not None:
+        dur = dur.filter(keep)
+    strings = trace.strings
+
+    def column(name: str) -> pl.Series:
+        values = src[name]
+        return values.filter(keep) if keep is not None else values
+
+    def texts(ids: pl.Series) -> pl.DataFrame:  # each distinct id (nulls left out) and its text
+        return ids.drop_nulls().unique().to_frame("id").with_columns(lookup_strings(pl.col("id"), strings).alias("text"))
+
+    sid, nid = column("short_name_id"), column("name_id")
+    short, name = texts(sid), texts(nid)
+    labels = pl.concat([short["text"], name["text"]]).drop_nulls().unique().sort()
+    codes = pl.int_range(labels.len(), dtype=pl.Int64, eager=True)
+
+    def coded(ids: pl.Series, table: pl.DataFrame) -> pl.Series:  # each row's label code (null: no text)
+        code = table["text"].replace_strict(labels, codes, default=None, return_dtype=pl.Int64)
+        return ids.replace_strict(table["id"], code, default=None, return_dtype=pl.Int64)
+
+    kernel = coded(sid, short).fill_null(coded(nid, name))  # coalesce(short_name, name)
+    del sid, nid
+    total = dur.sum()
+    per = (
+        pl.DataFrame([kernel.alias("_code"), dur.alias("duration_ns")])
+        .group_by("_code")
+        .agg(pl.len().cast(pl.Int64).alias("calls"), pl.col("duration_ns").sum().alias("_t"),
+             pl.col("duration_ns").mean().alias("_m"))
+    )
+    per = per.with_columns(pl.col("_code").replace_strict(codes, labels, default=None, return_dtype=pl.Utf8).alias("kernel"))
+    table = (
+        per.sort(["_t", "kernel"], descending=[True, False])
+        .head(top)
+        .select("kernel", "calls", (pl.col("_t") / 1e6).alias("total_ms"), (pl.col("_m") / 1e3).alias("mean_us"),
+                (pl.col("_t") * 100.0 / total).alias("gpu_time_pct"))
+    )
+    return launches, used, int(total) if dur.len() else 0, table
+
+
 def trace_summary(trace: NsysTrace, *, top: int = 10) -> TraceSummary:
     """Collect what ``tracekit summary`` shows for ``trace``."""
     meta = trace.meta
@@ -95,24 +167,19 @@ def trace_summary(trace: NsysTrace, *, top: int = 10) -> TraceSummary:
         s.info.setdefault("command", " ".join(proc.command))
     s.info["time window"] = f"{_ms(meta.duration_ns)} ({meta.start_ns} → {meta.end_ns} ns)"
     gpus = trace.gpus
-    # only the columns shown are read (not kept on the trace): the whole kernel table of a
-    # 30 M-kernel export is ~16 GB, these four columns a fraction of it
-    k = trace.table("kernels", ["device_id", "name", "short_name", "start_ns", "duration_ns"])
-    used = sorted(k["device_id"].drop_nulls().unique().to_list())
+    if trace.is_loaded("kernels"):
+        launches, used, gpu_ns, top_k = _kernel_figures(trace, top)
+    else:
+        launches, used, gpu_ns, top_k = _kernel_figures_by_id(trace, top)
     if not gpus.is_empty():
         names = ", ".join(f"{r['device_id']}: {r['name']}" for r in gpus.iter_rows(named=True))
         s.info["GPUs"] = names
     s.info["GPUs with kernels"] = ", ".join(map(str, used)) or "none"
-    launches = k.height
-    if k.height:  # ends of INT64_MAX (damage) would make the GPU time 9.2e15 ms; the loader warned
-        ends = k.select("start_ns", (pl.col("start_ns") + pl.col("duration_ns")).alias("end_ns"))
-        k = k.filter(~ends.select(implausible_end()).to_series())
-    k = k.drop("start_ns")
-    s.info["kernels"] = f"{launches:,} launches, {_ms(int(k['duration_ns'].sum()) if k.height else 0)} GPU time"
+    s.info["kernels"] = f"{launches:,} launches, {_ms(gpu_ns)} GPU time"
     api_calls = trace.cuda_api.height if trace.is_loaded("cuda_api") else trace.table("cuda_api", ["correlation_id"]).height
     s.info["CUDA API calls"] = f"{api_calls:,}"
     s.info["NVTX events"] = f"{trace.nvtx.height:,}"
-    s.tables["top kernels"] = top_kernels(k, top)
+    s.tables["top kernels"] = top_k
     s.tables["memory operations"] = memcpy_totals(trace.memcpys, trace.memsets)
     if trace.nvtx.height:
         s.tables["top NVTX ranges"] = top_nvtx(trace.nvtx, top)
