@@ -353,20 +353,22 @@ def run_process(
             os.close(fd)
         msg = f"cannot start {argv[0]!r}: {exc.strerror or exc}; check the program name and that it is executable"
         raise CaptureError(msg) from exc
-    os.close(out_w)
-    os.close(err_w)
-    readers = [
-        _Reader(out_r, "stdout", _path(stdout_path), emit),
-        _Reader(err_r, "stderr", _path(stderr_path), emit),
-    ]
-    for reader in readers:
-        reader.start()
-
     status: str | None = None
     signals: list[str] = []
     interrupted: str | None = None
     deadline = started + timeout_s if timeout_s else None
+    readers: list[_Reader] = []
+    # from here on the program runs: an interrupt (Ctrl-C, SIGTERM, SIGHUP), even one that comes
+    # before the readers are started, stops its tree (it was left running when it came earlier)
     try:
+        os.close(out_w)
+        os.close(err_w)
+        readers = [
+            _Reader(out_r, "stdout", _path(stdout_path), emit),
+            _Reader(err_r, "stderr", _path(stderr_path), emit),
+        ]
+        for reader in readers:
+            reader.start()
         while proc.poll() is None:
             if deadline is not None and time.monotonic() >= deadline:
                 status = "timeout"

@@ -191,7 +191,10 @@ def _group_numbers(keys: pl.DataFrame) -> tuple[pl.Series, pl.DataFrame]:
     for name in keys.columns:
         column = keys[name]
         distinct = column.drop_nulls().unique(maintain_order=True)
-        code = column.replace_strict(distinct, pl.int_range(distinct.len(), dtype=pl.Int64, eager=True), return_dtype=pl.Int64)
+        if distinct.len():
+            code = column.replace_strict(distinct, pl.int_range(distinct.len(), dtype=pl.Int64, eager=True), return_dtype=pl.Int64)
+        else:  # all null (e.g. names of an export whose StringIds is empty): one code
+            code = pl.zeros(column.len(), pl.Int64, eager=True)
         codes.append(code.fill_null(distinct.len()))
         values.append(pl.concat([distinct, pl.Series([None], dtype=column.dtype)]))
     radix = [v.len() for v in values]
