@@ -7,8 +7,9 @@ Run it once with each checkout first on ``PYTHONPATH`` and diff the two folders 
     diff -r /tmp/cmp_main /tmp/cmp_new
 
 Per export: ``diagnose(...).to_json()`` with the default thresholds and with tiny sampling
-thresholds (``exact_steps=8``, ``sample_steps=4``, ``max_window_ops=50``: the sampled-window
-code paths run on small traces too), and ``trace_summary``'s info, tables and notes.
+thresholds (``exact_steps=8``, ``sample_steps=4``, ``max_window_ops=50``; and ``3``, ``2``, ``50``,
+which samples the steps of 8-step traces: the sampled-window code paths run on small traces
+too), and ``trace_summary``'s info, tables and notes.
 """
 
 from __future__ import annotations
@@ -26,7 +27,11 @@ def main() -> int:
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
     warnings.simplefilter("ignore")
-    configs = {"default": DiagnoseConfig(), "sampled": DiagnoseConfig(exact_steps=8, sample_steps=4, max_window_ops=50)}
+    configs = {
+        "default": DiagnoseConfig(),
+        "sampled": DiagnoseConfig(exact_steps=8, sample_steps=4, max_window_ops=50),
+        "sampled_steps": DiagnoseConfig(exact_steps=3, sample_steps=2, max_window_ops=50),
+    }
     for f in sys.argv[2:]:
         name = Path(f).stem
         for label, cfg in configs.items():

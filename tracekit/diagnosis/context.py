@@ -159,7 +159,16 @@ class Context:
         if "ops_with_launch" in self.__dict__ or self.api_count == 0 or "correlation_id" not in self.ops.columns:
             return self._in_window(self.ops_with_launch)
         ops = self.ops_w
-        return launch_info(ops, self._calls_with_ids(ops["correlation_id"].drop_nulls().unique()))
+        ids = ops["correlation_id"].drop_nulls().unique()
+        if self.full_window.sampled:
+            lo, hi = self._margin()
+            near_ops = ((pl.col("end_ns") > lo) & (pl.col("start_ns") < hi)).fill_null(False)  # api_near's test
+            if ops.filter(~near_ops).height == 0:
+                # every one of these operations is among those api_near took the calls of:
+                # its calls with these ids are all there, in table order (no second read)
+                near = self.api_near
+                return launch_info(ops, near.filter(pl.col("correlation_id").is_in(ids.implode())))
+        return launch_info(ops, self._calls_with_ids(ids))
 
     @cached_property
     def api_near(self) -> pl.DataFrame:
