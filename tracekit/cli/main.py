@@ -84,7 +84,8 @@ def prepare_process(command: str | None = None) -> None:
       ``ulimit -v``, that happened in the middle of a read the memory check had let through
       and the process aborted ("memory allocation of 384 bytes failed"); started first, the
       check before each read (:func:`tracekit.nsys.database.free_memory`) sees what is left.
-      It takes ~7 ms. The same for the ADBC SQLite driver (loaded, one in-memory connection).
+      It takes ~7 ms; skipped when less memory than the threads' share is left. The same for
+      the ADBC SQLite driver (loaded, one in-memory connection).
     - numpy imported for the commands that use it (:data:`NUMPY_COMMANDS`; ~90 ms they spend
       anyway).
     """
@@ -99,14 +100,22 @@ def prepare_process(command: str | None = None) -> None:
 
     import polars as pl
 
-    try:  # an IPC read: what reading a cached column starts (a lazy collect starts most of it)
-        buf = io.BytesIO()
-        pl.DataFrame({"a": [0]}).write_ipc(buf)
-        pl.read_ipc(io.BytesIO(buf.getvalue()))
-    except BaseException as exc:  # best effort (polars panics are BaseExceptions): a real read reports it
-        if isinstance(exc, KeyboardInterrupt | SystemExit):
-            raise
-        logging.getLogger(__name__).debug("starting the table engine failed: %s", exc)
+    from tracekit.nsys.database import free_memory, thread_start_bytes
+
+    log = logging.getLogger(__name__)
+    # polars' first read starts its pool, its I/O threads and jemalloc's background threads
+    # (5 more threads with a pool of 1 here, +390 MB); with less room than that, starting
+    # them here aborted the process (``ulimit -v`` 0.8 GB): then a read's check comes first
+    free = free_memory()
+    if free is None or free > (pl.thread_pool_size() + 4) * thread_start_bytes():
+        try:  # an IPC read: what reading a cached column starts (a lazy collect starts most of it)
+            buf = io.BytesIO()
+            pl.DataFrame({"a": [0]}).write_ipc(buf)
+            pl.read_ipc(io.BytesIO(buf.getvalue()))
+        except BaseException as exc:  # best effort (polars panics are BaseExceptions): a real read reports it
+            if isinstance(exc, KeyboardInterrupt | SystemExit):
+                raise
+            log.debug("starting the table engine failed: %s", exc)
     try:  # the SQLite reader's driver loaded (it crashed, SIGSEGV, when loaded with no room left)
         import adbc_driver_manager
         import adbc_driver_sqlite
@@ -115,7 +124,7 @@ def prepare_process(command: str | None = None) -> None:
         adbc_driver_manager.AdbcConnection(db).close()
         db.close()
     except Exception as exc:  # not installed (sqlite3 is used then) or failing: a real read reports it
-        logging.getLogger(__name__).debug("loading the ADBC SQLite driver failed: %s", exc)
+        log.debug("loading the ADBC SQLite driver failed: %s", exc)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -458,9 +458,12 @@ class ExportDatabase:
         slices = len(self._rowid_slices(table))
         if slices > 1:
             # a split read starts a thread per slice, each with its stack (``ulimit -s``, 8 MB
-            # by default) and the reader's buffers: with 40 MB left, a 24 MB read on two
-            # threads passed the check and the SQLite reader crashed (SIGSEGV) in a thread
-            need += slices * _thread_stack_bytes()
+            # by default): with 40 MB left, a 24 MB read on two threads passed the check and
+            # the SQLite reader crashed (SIGSEGV) in a thread. The first time, each thread's
+            # malloc arena too (64 MB of address space, kept for later threads): under
+            # ``ulimit -v`` 1.1 GB a 3 M-row read passed the check and then aborted
+            first = slices > _split_threads_started[0]
+            need += slices * (thread_start_bytes() if first else _thread_stack_bytes())
         free = free_memory()
         if free is not None and need > free:
             raise _out_of_memory(self.path, table, rows, columns, f"needs about {_gb(need)} and {_gb(free)} is left")
@@ -490,6 +493,7 @@ class ExportDatabase:
             return self.query(whole, schema)
         sqls = [f"{base} WHERE rowid > {lo} AND rowid <= {hi}{cond}" for lo, hi in slices]
         try:
+            _split_threads_started[0] = max(_split_threads_started[0], len(sqls))
             with ThreadPoolExecutor(len(sqls), thread_name_prefix="tracekit-read") as pool:
                 parts = list(pool.map(lambda sql: self._query_adbc(sql, schema, rechunk=False), sqls))
         except Exception as exc:  # ADBC mis-typing in a slice: the exact single-threaded path
@@ -677,6 +681,17 @@ def ensure_memory(path: Path, table: str, rows: int, columns: int, need: int, wh
     free = free_memory()
     if free is not None and need > free:
         raise _out_of_memory(path, table, rows, columns, f"needs about {_gb(need)} and {_gb(free)} is left", what)
+
+
+#: Address space glibc reserves for a thread's malloc arena (64-bit: 2 × 32 MB).
+MALLOC_ARENA_BYTES = 64 << 20
+#: The most threads one split read of this process has started (their arenas are kept).
+_split_threads_started = [0]
+
+
+def thread_start_bytes() -> int:
+    """Address space a new thread can take: its stack and a malloc arena of its own."""
+    return _thread_stack_bytes() + MALLOC_ARENA_BYTES
 
 
 def _thread_stack_bytes() -> int:
