@@ -16,8 +16,8 @@ from .conftest import ROOT, SAMPLES
 SEED = SAMPLES / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite"
 
 #: run in the subprocess: import everything the command needs and start the process as main()
-#: does, then allow only ``headroom`` more bytes of address space than are mapped, then run
-#: the API or the CLI
+#: does (polars' reader threads included), then allow only ``headroom`` more bytes of
+#: address space than are mapped, then run the API or the CLI
 SCRIPT = """
 import resource, sys
 import tracekit
@@ -193,11 +193,10 @@ def test_a_cached_table_that_cannot_fit_is_one_error_naming_it(big: Path, tmp_pa
 @pytest.mark.parametrize("headroom_mb", [10, 40, 100])
 def test_warm_stats_fits_or_is_one_error_never_an_abort(big: Path, tmp_path: Path, headroom_mb: int) -> None:
     """``tracekit stats`` with the column cache warm (benchmarks/README.md, s30x: SIGABRT in
-    polars). Here, with 40 or 100 MB left it aborted while reading a cached column (the first
-    read started polars' threads: ~390 MB of address space at once, after the check had let
-    the read through); with 10 MB left the engine failed to start a thread. Now the engine
-    starts first (prepare_process) and cached reads are checked: 40 and 100 MB are enough,
-    10 MB is the one-line error, exit 2."""
+    polars). With 40 or 100 MB left it aborted while reading a cached column when that read
+    started polars' reader threads (~390 MB of address space at once, after the check had
+    let the read through): now the CLI starts them first (prepare_process → start_reader).
+    40 and 100 MB are enough; 10 MB is the one-line error, exit 2."""
     warm = _run(big, 8 << 30, "cli", "stats", str(big), tmp_path=tmp_path, cache=True)
     assert warm.returncode == 0, warm.stderr[-2000:]
     run = _run(big, headroom_mb << 20, "cli", "stats", str(big), tmp_path=tmp_path, cache=True)

@@ -79,13 +79,11 @@ def prepare_process(command: str | None = None) -> None:
       hundred MB on a 16-core machine, and its "Memory allocation still failed" exit under
       ``ulimit -v`` came from those buffers. tracekit's only BLAS call (``np.polyfit`` of a
       two-column fit in diagnose) is too small for OpenBLAS to thread, so no result changes.
-    - the table engine (polars) started: its first read starts its threads and their
-      allocator arenas, ~390 MB of address space here, all at once. Started later, under
-      ``ulimit -v``, that happened in the middle of a read the memory check had let through
-      and the process aborted ("memory allocation of 384 bytes failed"); started first, the
-      check before each read (:func:`tracekit.nsys.database.free_memory`) sees what is left.
-      It takes ~7 ms; skipped when less memory than the threads' share is left. The same for
-      the ADBC SQLite driver (loaded, one in-memory connection).
+    - polars' reader threads started (:func:`tracekit.nsys.column_cache.start_reader`:
+      ~370 MB of address space at once here, 7 ms), so that the check before each read
+      sees what is left; skipped without room for them.
+    - the ADBC SQLite driver loaded (6 MB of address space; loaded with no room left, it
+      crashed with SIGSEGV instead of failing).
     - numpy imported for the commands that use it (:data:`NUMPY_COMMANDS`; ~90 ms they spend
       anyway).
     """
@@ -96,26 +94,10 @@ def prepare_process(command: str | None = None) -> None:
         os.environ["OPENBLAS_NUM_THREADS"] = "1"
     if command in NUMPY_COMMANDS:
         import numpy  # noqa: F401
-    import io
-
-    import polars as pl
-
-    from tracekit.nsys.database import free_memory, thread_start_bytes
-
     log = logging.getLogger(__name__)
-    # polars' first read starts its pool, its I/O threads and jemalloc's background threads
-    # (5 more threads with a pool of 1 here, +390 MB); with less room than that, starting
-    # them here aborted the process (``ulimit -v`` 0.8 GB): then a read's check comes first
-    free = free_memory()
-    if free is None or free > (pl.thread_pool_size() + 4) * thread_start_bytes():
-        try:  # an IPC read: what reading a cached column starts (a lazy collect starts most of it)
-            buf = io.BytesIO()
-            pl.DataFrame({"a": [0]}).write_ipc(buf)
-            pl.read_ipc(io.BytesIO(buf.getvalue()))
-        except BaseException as exc:  # best effort (polars panics are BaseExceptions): a real read reports it
-            if isinstance(exc, KeyboardInterrupt | SystemExit):
-                raise
-            log.debug("starting the table engine failed: %s", exc)
+    from tracekit.nsys.column_cache import start_reader
+
+    start_reader()
     try:  # the SQLite reader's driver loaded (it crashed, SIGSEGV, when loaded with no room left)
         import adbc_driver_manager
         import adbc_driver_sqlite

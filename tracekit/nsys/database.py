@@ -37,7 +37,7 @@ from typing import Any, Protocol
 import polars as pl
 
 from tracekit.errors import TraceFormatError, TraceMemoryError
-from tracekit.nsys.column_cache import ColumnCache
+from tracekit.nsys.column_cache import ColumnCache, reader_start_bytes, start_reader
 from tracekit.nsys.column_cache import enabled_by_default as column_cache_enabled_by_default
 
 log = logging.getLogger(__name__)
@@ -394,7 +394,10 @@ class ExportDatabase:
         sizes = [cache.size(table, e) for e in exprs]
         known = [s for s in sizes if s is not None]
         if known:
-            self._check_fits(table, len(exprs), sum(known) + max(known))
+            # polars' reader threads, started now unless there is no room for them: then
+            # the read needs that room too (it would start them itself)
+            extra = 0 if start_reader() else reader_start_bytes()
+            self._check_fits(table, len(exprs), sum(known) + max(known) + extra)
         out = []
         for expr, size in zip(exprs, sizes, strict=True):
             if size is not None:
