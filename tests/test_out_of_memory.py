@@ -247,6 +247,7 @@ PUT_SCRIPT = """
 import resource, sys
 import tracekit
 from tracekit.nsys.column_cache import ColumnCache
+from tracekit.nsys.database import free_memory
 
 def mapped():
     for line in open("/proc/self/status"):
@@ -256,7 +257,7 @@ def mapped():
 path, cache_root, headroom = sys.argv[1], sys.argv[2], int(sys.argv[3])
 column = tracekit.open(path, column_cache=False).table("kernels", columns=["start_ns"])["start_ns"]
 from pathlib import Path
-cache = ColumnCache(Path(path), root=Path(cache_root))
+cache = ColumnCache(Path(path), root=Path(cache_root), free_memory=free_memory)
 resource.setrlimit(resource.RLIMIT_AS, (mapped() + headroom, resource.RLIM_INFINITY))
 cache.put("CUPTI_ACTIVITY_KIND_KERNEL", '"start"', column)
 print("cached" if cache.has("CUPTI_ACTIVITY_KIND_KERNEL", '"start"') else "not cached")

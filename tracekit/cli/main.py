@@ -79,7 +79,7 @@ def prepare_process(command: str | None = None) -> None:
       hundred MB on a 16-core machine, and its "Memory allocation still failed" exit under
       ``ulimit -v`` came from those buffers. tracekit's only BLAS call (``np.polyfit`` of a
       two-column fit in diagnose) is too small for OpenBLAS to thread, so no result changes.
-    - polars' reader threads started (:func:`tracekit.nsys.column_cache.start_reader`:
+    - polars' reader threads started (:func:`tracekit.nsys.database.start_reader`:
       ~370 MB of address space at once here, 7 ms), so that the check before each read
       sees what is left; skipped without room for them.
     - the ADBC SQLite driver loaded (6 MB of address space; loaded with no room left, it
@@ -95,7 +95,7 @@ def prepare_process(command: str | None = None) -> None:
     if command in NUMPY_COMMANDS:
         import numpy  # noqa: F401
     log = logging.getLogger(__name__)
-    from tracekit.nsys.column_cache import start_reader
+    from tracekit.nsys.database import start_reader
 
     start_reader()
     try:  # the SQLite reader's driver loaded (it crashed, SIGSEGV, when loaded with no room left)

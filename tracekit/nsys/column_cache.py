@@ -39,6 +39,7 @@ import math
 import os
 import shutil
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import polars as pl
@@ -77,8 +78,13 @@ class CacheIntegrityWarning(UserWarning):
 class ColumnCache:
     """Cached columns of one export (see the module docstring)."""
 
-    def __init__(self, export: Path, root: Path | None = None) -> None:
+    def __init__(
+        self, export: Path, root: Path | None = None, free_memory: Callable[[], int | None] | None = None
+    ) -> None:
+        """``free_memory``: bytes the process can still allocate (None: unknown), checked
+        before a column is written (:meth:`put`); without it columns are written regardless."""
         st = export.stat()
+        self._free_memory = free_memory
         max_bytes()  # a nonsense size limit is one clear error now, not a failure later
         self.key = export_key(export, FORMAT)
         self.root = root or cache_dir() / "columns"
@@ -165,15 +171,13 @@ class ColumnCache:
         little memory to write it only logs).
 
         Not written when less than three times the column's size is left in memory
-        (:func:`~tracekit.nsys.database.free_memory`): the Arrow IPC buffer it is written to
+        (the ``free_memory`` given to the cache): the Arrow IPC buffer it is written to
         grows by doubling, so the old and the new buffer live together for a moment. A cold
         ``tracekit stats`` on 3 M kernels under ``ulimit -v`` 1.3 GB failed with
         ``ArrowMemoryError`` while caching a column although the report itself fitted."""
         if not self.usable:
             return
-        from tracekit.nsys.database import free_memory  # database imports this module
-
-        free = free_memory()
+        free = self._free_memory() if self._free_memory is not None else None
         if free is not None and 3 * column.estimated_size() > free:
             log.debug("not caching %s.%s: %d bytes and %d left", table, expr, column.estimated_size(), free)
             return
@@ -197,49 +201,6 @@ class ColumnCache:
     def clear(self) -> None:
         """Delete this export's cached columns."""
         shutil.rmtree(self.folder, ignore_errors=True)
-
-
-_reader = {"started": False}
-
-
-def reader_start_bytes() -> int:
-    """Address space :func:`start_reader` may take: 3 threads per pool thread + 2 (5 with a
-    pool of 1, 8 with 2, measured), each with a stack and a malloc arena (+370 MB with a pool
-    of 1, +586 MB with 2, measured; this gives 360 and 576 MB)."""
-    from tracekit.nsys.database import thread_start_bytes
-
-    return (3 * pl.thread_pool_size() + 2) * thread_start_bytes()
-
-
-def start_reader() -> bool:
-    """Start what polars' first IPC read starts (its thread pool, I/O threads and jemalloc's
-    background threads: +370 MB of address space here, all at once), with a read of one
-    value, so that the memory check before a cached column's read sees what is really left.
-    Started inside the first real read under ``ulimit -v``, after the check had let it
-    through, it aborted the process ("memory allocation of 384 bytes failed"). The CLI
-    calls it at start-up (:func:`tracekit.cli.main.prepare_process`), where there is the most
-    room; a cached read calls it again (nothing to do once started). Skipped when less than
-    :func:`reader_start_bytes` is left, where starting them aborted too (``ulimit -v``
-    0.8 GB): False then, and the cached read's check counts those bytes, so it refuses.
-    (Started lazily, at the first cached read, some runs under ``ulimit -v`` aborted in it
-    although the estimate said it fitted.)"""
-    if _reader["started"]:
-        return True
-    from tracekit.nsys.database import free_memory  # database imports this module
-
-    free = free_memory()
-    if free is not None and free <= reader_start_bytes():
-        return False
-    _reader["started"] = True
-    try:
-        buf = io.BytesIO()
-        pl.DataFrame({"a": [0]}).write_ipc(buf)
-        pl.read_ipc(io.BytesIO(buf.getvalue()))
-    except BaseException as exc:  # polars' panics are BaseExceptions; the real read reports the problem
-        if isinstance(exc, KeyboardInterrupt | SystemExit):
-            raise
-        log.debug("starting polars' IPC reader failed: %s", exc)
-    return True
 
 
 def _ipc_one_batch(column: pl.Series) -> memoryview:

@@ -37,7 +37,7 @@ from typing import Any, Protocol
 import polars as pl
 
 from tracekit.errors import TraceFormatError, TraceMemoryError
-from tracekit.nsys.column_cache import ColumnCache, reader_start_bytes, start_reader
+from tracekit.nsys.column_cache import ColumnCache
 from tracekit.nsys.column_cache import enabled_by_default as column_cache_enabled_by_default
 
 log = logging.getLogger(__name__)
@@ -155,7 +155,7 @@ class ExportDatabase:
         self._check_readable()
         use_cache = column_cache_enabled_by_default() if column_cache is None else column_cache
         use_cache = use_cache and self._immutable  # a WAL's rows are not in the cache's fingerprint
-        self.column_cache: ColumnCache | None = ColumnCache(self.path) if use_cache else None
+        self.column_cache: ColumnCache | None = ColumnCache(self.path, free_memory=free_memory) if use_cache else None
 
     # -- connections -------------------------------------------------------------
     def _stdlib(self) -> sqlite3.Connection:
@@ -695,6 +695,47 @@ _split_threads_started = [0]
 def thread_start_bytes() -> int:
     """Address space a new thread can take: its stack and a malloc arena of its own."""
     return _thread_stack_bytes() + MALLOC_ARENA_BYTES
+
+
+_reader = {"started": False}
+
+
+def reader_start_bytes() -> int:
+    """Address space :func:`start_reader` may take: 3 threads per pool thread + 2 (5 with a
+    pool of 1, 8 with 2, measured), each with a stack and a malloc arena (+370 MB with a pool
+    of 1, +586 MB with 2, measured; this gives 360 and 576 MB)."""
+    return (3 * pl.thread_pool_size() + 2) * thread_start_bytes()
+
+
+def start_reader() -> bool:
+    """Start what polars' first IPC read starts (its thread pool, I/O threads and jemalloc's
+    background threads: +370 MB of address space here, all at once), with a read of one
+    value, so that the memory check before a cached column's read sees what is really left.
+    Started inside the first real read under ``ulimit -v``, after the check had let it
+    through, it aborted the process ("memory allocation of 384 bytes failed"). The CLI
+    calls it at start-up (:func:`tracekit.cli.main.prepare_process`), where there is the most
+    room; a cached read calls it again (nothing to do once started). Skipped when less than
+    :func:`reader_start_bytes` is left, where starting them aborted too (``ulimit -v``
+    0.8 GB): False then, and the cached read's check counts those bytes, so it refuses.
+    (Started lazily, at the first cached read, some runs under ``ulimit -v`` aborted in it
+    although the estimate said it fitted.)"""
+    if _reader["started"]:
+        return True
+    free = free_memory()
+    if free is not None and free <= reader_start_bytes():
+        return False
+    _reader["started"] = True
+    import io
+
+    try:
+        buf = io.BytesIO()
+        pl.DataFrame({"a": [0]}).write_ipc(buf)
+        pl.read_ipc(io.BytesIO(buf.getvalue()))
+    except BaseException as exc:  # polars' panics are BaseExceptions; the real read reports the problem
+        if isinstance(exc, KeyboardInterrupt | SystemExit):
+            raise
+        log.debug("starting polars' IPC reader failed: %s", exc)
+    return True
 
 
 def _thread_stack_bytes() -> int:
