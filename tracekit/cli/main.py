@@ -79,12 +79,11 @@ def prepare_process(command: str | None = None) -> None:
       hundred MB on a 16-core machine, and its "Memory allocation still failed" exit under
       ``ulimit -v`` came from those buffers. tracekit's only BLAS call (``np.polyfit`` of a
       two-column fit in diagnose) is too small for OpenBLAS to thread, so no result changes.
-    - the table engine (polars) started: its first read starts its threads and their
-      allocator arenas, ~390 MB of address space here, all at once. Started later, under
-      ``ulimit -v``, that happened in the middle of a read the memory check had let through
-      and the process aborted ("memory allocation of 384 bytes failed"); started first, the
-      check before each read (:func:`tracekit.nsys.database.free_memory`) sees what is left.
-      It takes ~7 ms. The same for the ADBC SQLite driver (loaded, one in-memory connection).
+    - polars' reader threads started (:func:`tracekit.nsys.database.start_reader`:
+      ~370 MB of address space at once here, 7 ms), so that the check before each read
+      sees what is left; skipped without room for them.
+    - the ADBC SQLite driver loaded (6 MB of address space; loaded with no room left, it
+      crashed with SIGSEGV instead of failing).
     - numpy imported for the commands that use it (:data:`NUMPY_COMMANDS`; ~90 ms they spend
       anyway).
     """
@@ -95,18 +94,10 @@ def prepare_process(command: str | None = None) -> None:
         os.environ["OPENBLAS_NUM_THREADS"] = "1"
     if command in NUMPY_COMMANDS:
         import numpy  # noqa: F401
-    import io
+    log = logging.getLogger(__name__)
+    from tracekit.nsys.database import start_reader
 
-    import polars as pl
-
-    try:  # an IPC read: what reading a cached column starts (a lazy collect starts most of it)
-        buf = io.BytesIO()
-        pl.DataFrame({"a": [0]}).write_ipc(buf)
-        pl.read_ipc(io.BytesIO(buf.getvalue()))
-    except BaseException as exc:  # best effort (polars panics are BaseExceptions): a real read reports it
-        if isinstance(exc, KeyboardInterrupt | SystemExit):
-            raise
-        logging.getLogger(__name__).debug("starting the table engine failed: %s", exc)
+    start_reader()
     try:  # the SQLite reader's driver loaded (it crashed, SIGSEGV, when loaded with no room left)
         import adbc_driver_manager
         import adbc_driver_sqlite
@@ -115,7 +106,7 @@ def prepare_process(command: str | None = None) -> None:
         adbc_driver_manager.AdbcConnection(db).close()
         db.close()
     except Exception as exc:  # not installed (sqlite3 is used then) or failing: a real read reports it
-        logging.getLogger(__name__).debug("loading the ADBC SQLite driver failed: %s", exc)
+        log.debug("loading the ADBC SQLite driver failed: %s", exc)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -39,6 +39,7 @@ import math
 import os
 import shutil
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import polars as pl
@@ -77,8 +78,13 @@ class CacheIntegrityWarning(UserWarning):
 class ColumnCache:
     """Cached columns of one export (see the module docstring)."""
 
-    def __init__(self, export: Path, root: Path | None = None) -> None:
+    def __init__(
+        self, export: Path, root: Path | None = None, free_memory: Callable[[], int | None] | None = None
+    ) -> None:
+        """``free_memory``: bytes the process can still allocate (None: unknown), checked
+        before a column is written (:meth:`put`); without it columns are written regardless."""
         st = export.stat()
+        self._free_memory = free_memory
         max_bytes()  # a nonsense size limit is one clear error now, not a failure later
         self.key = export_key(export, FORMAT)
         self.root = root or cache_dir() / "columns"
@@ -161,8 +167,19 @@ class ColumnCache:
             return None
 
     def put(self, table: str, expr: str, column: pl.Series) -> None:
-        """Store ``column`` with its checksum (best effort: a full disk or read-only cache only logs)."""
+        """Store ``column`` with its checksum (best effort: a full disk, a read-only cache or too
+        little memory to write it only logs).
+
+        Not written when less than three times the column's size is left in memory
+        (the ``free_memory`` given to the cache): the Arrow IPC buffer it is written to
+        grows by doubling, so the old and the new buffer live together for a moment. A cold
+        ``tracekit stats`` on 3 M kernels under ``ulimit -v`` 1.3 GB failed with
+        ``ArrowMemoryError`` while caching a column although the report itself fitted."""
         if not self.usable:
+            return
+        free = self._free_memory() if self._free_memory is not None else None
+        if free is not None and 3 * column.estimated_size() > free:
+            log.debug("not caching %s.%s: %d bytes and %d left", table, expr, column.estimated_size(), free)
             return
         path = self._path(table, expr)
         tmp_names: list[str] = []
@@ -175,7 +192,7 @@ class ColumnCache:
             write_atomic(_sum_path(path), checksum(data).encode(), tmp_names)
             write_atomic(path, data, tmp_names)
             evict(self.root, keep=self.folder, limit_bytes=max_bytes())
-        except OSError as exc:
+        except (OSError, MemoryError) as exc:  # pyarrow's ArrowMemoryError is a MemoryError
             log.debug("not caching %s.%s (%s)", table, expr, exc)
             for name in tmp_names:
                 with contextlib.suppress(OSError):

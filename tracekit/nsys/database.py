@@ -155,7 +155,7 @@ class ExportDatabase:
         self._check_readable()
         use_cache = column_cache_enabled_by_default() if column_cache is None else column_cache
         use_cache = use_cache and self._immutable  # a WAL's rows are not in the cache's fingerprint
-        self.column_cache: ColumnCache | None = ColumnCache(self.path) if use_cache else None
+        self.column_cache: ColumnCache | None = ColumnCache(self.path, free_memory=free_memory) if use_cache else None
 
     # -- connections -------------------------------------------------------------
     def _stdlib(self) -> sqlite3.Connection:
@@ -394,7 +394,10 @@ class ExportDatabase:
         sizes = [cache.size(table, e) for e in exprs]
         known = [s for s in sizes if s is not None]
         if known:
-            self._check_fits(table, len(exprs), sum(known) + max(known))
+            # polars' reader threads, started now unless there is no room for them: then
+            # the read needs that room too (it would start them itself)
+            extra = 0 if start_reader() else reader_start_bytes()
+            self._check_fits(table, len(exprs), sum(known) + max(known) + extra)
         out = []
         for expr, size in zip(exprs, sizes, strict=True):
             if size is not None:
@@ -458,9 +461,12 @@ class ExportDatabase:
         slices = len(self._rowid_slices(table))
         if slices > 1:
             # a split read starts a thread per slice, each with its stack (``ulimit -s``, 8 MB
-            # by default) and the reader's buffers: with 40 MB left, a 24 MB read on two
-            # threads passed the check and the SQLite reader crashed (SIGSEGV) in a thread
-            need += slices * _thread_stack_bytes()
+            # by default): with 40 MB left, a 24 MB read on two threads passed the check and
+            # the SQLite reader crashed (SIGSEGV) in a thread. The first time, each thread's
+            # malloc arena too (64 MB of address space, kept for later threads): under
+            # ``ulimit -v`` 1.1 GB a 3 M-row read passed the check and then aborted
+            first = slices > _split_threads_started[0]
+            need += slices * (thread_start_bytes() if first else _thread_stack_bytes())
         free = free_memory()
         if free is not None and need > free:
             raise _out_of_memory(self.path, table, rows, columns, f"needs about {_gb(need)} and {_gb(free)} is left")
@@ -490,6 +496,7 @@ class ExportDatabase:
             return self.query(whole, schema)
         sqls = [f"{base} WHERE rowid > {lo} AND rowid <= {hi}{cond}" for lo, hi in slices]
         try:
+            _split_threads_started[0] = max(_split_threads_started[0], len(sqls))
             with ThreadPoolExecutor(len(sqls), thread_name_prefix="tracekit-read") as pool:
                 parts = list(pool.map(lambda sql: self._query_adbc(sql, schema, rechunk=False), sqls))
         except Exception as exc:  # ADBC mis-typing in a slice: the exact single-threaded path
@@ -677,6 +684,58 @@ def ensure_memory(path: Path, table: str, rows: int, columns: int, need: int, wh
     free = free_memory()
     if free is not None and need > free:
         raise _out_of_memory(path, table, rows, columns, f"needs about {_gb(need)} and {_gb(free)} is left", what)
+
+
+#: Address space glibc reserves for a thread's malloc arena (64-bit: 2 × 32 MB).
+MALLOC_ARENA_BYTES = 64 << 20
+#: The most threads one split read of this process has started (their arenas are kept).
+_split_threads_started = [0]
+
+
+def thread_start_bytes() -> int:
+    """Address space a new thread can take: its stack and a malloc arena of its own."""
+    return _thread_stack_bytes() + MALLOC_ARENA_BYTES
+
+
+_reader = {"started": False}
+
+
+def reader_start_bytes() -> int:
+    """Address space :func:`start_reader` may take: 3 threads per pool thread + 2 (5 with a
+    pool of 1, 8 with 2, measured), each with a stack and a malloc arena (+370 MB with a pool
+    of 1, +586 MB with 2, measured; this gives 360 and 576 MB)."""
+    return (3 * pl.thread_pool_size() + 2) * thread_start_bytes()
+
+
+def start_reader() -> bool:
+    """Start what polars' first IPC read starts (its thread pool, I/O threads and jemalloc's
+    background threads: +370 MB of address space here, all at once), with a read of one
+    value, so that the memory check before a cached column's read sees what is really left.
+    Started inside the first real read under ``ulimit -v``, after the check had let it
+    through, it aborted the process ("memory allocation of 384 bytes failed"). The CLI
+    calls it at start-up (:func:`tracekit.cli.main.prepare_process`), where there is the most
+    room; a cached read calls it again (nothing to do once started). Skipped when less than
+    :func:`reader_start_bytes` is left, where starting them aborted too (``ulimit -v``
+    0.8 GB): False then, and the cached read's check counts those bytes, so it refuses.
+    (Started lazily, at the first cached read, some runs under ``ulimit -v`` aborted in it
+    although the estimate said it fitted.)"""
+    if _reader["started"]:
+        return True
+    free = free_memory()
+    if free is not None and free <= reader_start_bytes():
+        return False
+    _reader["started"] = True
+    import io
+
+    try:
+        buf = io.BytesIO()
+        pl.DataFrame({"a": [0]}).write_ipc(buf)
+        pl.read_ipc(io.BytesIO(buf.getvalue()))
+    except BaseException as exc:  # polars' panics are BaseExceptions; the real read reports the problem
+        if isinstance(exc, KeyboardInterrupt | SystemExit):
+            raise
+        log.debug("starting polars' IPC reader failed: %s", exc)
+    return True
 
 
 def _thread_stack_bytes() -> int:
