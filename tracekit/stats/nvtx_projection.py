@@ -116,10 +116,16 @@ class _Unpinned:
         return [self[n].gather(rows) for n in names]
 
 
-def lean_api_rows(trace: NsysTrace, *, names: bool = True) -> pl.DataFrame | readers.TableColumns | _Unpinned:
-    """:func:`api_rows`, with no column pinned between reads where the column cache serves them."""
+#: GPU operations from which the launch join reads each API column afresh (:func:`lean_api_rows`).
+LEAN_FROM_OPS = 2_000_000
+
+
+def lean_api_rows(trace: NsysTrace, ops: int, *, names: bool = True) -> pl.DataFrame | readers.TableColumns | _Unpinned:
+    """:func:`api_rows`, with no column pinned between reads where the column cache serves them
+    and there are at least :data:`LEAN_FROM_OPS` ``ops`` (below, a column read twice costs
+    more time than it saves memory)."""
     source = api_rows(trace, names=names)
-    if isinstance(source, readers.TableColumns) and trace.db.caches("CUPTI_ACTIVITY_KIND_RUNTIME"):
+    if ops >= LEAN_FROM_OPS and isinstance(source, readers.TableColumns) and trace.db.caches("CUPTI_ACTIVITY_KIND_RUNTIME"):
         return _Unpinned(trace, names)
     return source
 
@@ -231,7 +237,7 @@ def projection_for_totals(trace: NsysTrace) -> Projection:
         return pl.concat([op_rows(trace, t, [column], duration=False) for t in tables], how="vertical_relaxed").to_series()
 
     keys = pl.DataFrame([op_column("global_pid"), op_column("correlation_id")])
-    pairs = launch_pairs(keys, lean_api_rows(trace, names=False), how="inner")
+    pairs = launch_pairs(keys, lean_api_rows(trace, keys.height, names=False), how="inner")
     del keys
     lrow, arow = pairs["_lrow"], pairs["_arow"]
     del pairs
