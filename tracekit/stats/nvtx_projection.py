@@ -259,8 +259,8 @@ def projection_for_totals(trace: NsysTrace) -> Projection:
         part = calls.slice(at, INNERMOST_CHUNK)
         inners.append(_innermost(part, tree))
         extras.append(_boundary_memberships(part, tree, inners[-1]))
-    inner = pl.concat(inners)
-    extra = pl.concat(extras)
+    inner = pl.concat(inners, how="vertical_relaxed")
+    extra = pl.concat(extras, how="vertical_relaxed")
     del inners, extras
     keep_calls = bool(tree["_crossing"].any() or extra.height)
     if not keep_calls:
