@@ -27,6 +27,7 @@ from tracekit.analysis.attribution import (
     _innermost,
     _launch_join,
     _nvtx_tree,
+    innermost_starts,
     launch_pairs,
 )
 from tracekit.errors import UnsupportedReportError
@@ -255,10 +256,15 @@ def projection_for_totals(trace: NsysTrace) -> Projection:
     calls = calls.with_columns(api_column("end_ns").gather(rows).alias("_e")).filter(pl.col("_s").is_not_null())
     del rows
     inners, extras = [], []
+    starts = innermost_starts(tree)  # the per-tree work, once (per chunk it grew with chunks × ranges)
+    ends = tree["end_ns"].drop_nulls().unique().sort()
     for at in range(0, max(calls.height, 1), INNERMOST_CHUNK):  # each call's ranges depend on it alone
         part = calls.slice(at, INNERMOST_CHUNK)
-        inners.append(_innermost(part, tree))
-        extras.append(_boundary_memberships(part, tree, inners[-1]))
+        inners.append(_innermost(part, tree, starts=starts))
+        # only calls that end exactly where some range ends can have boundary memberships
+        maybe = part.filter(_in_sorted(part["_e"], ends))
+        extras.append(_boundary_memberships(maybe, tree, inners[-1].join(maybe.select("_op"), on="_op", how="semi")))
+    del starts, ends
     inner = pl.concat(inners, how="vertical_relaxed")
     extra = pl.concat(extras, how="vertical_relaxed")
     del inners, extras
@@ -279,6 +285,14 @@ class _OpColumns:
 
     def __getitem__(self, name: str) -> pl.Series:
         return self._read(name).gather(self._rows)
+
+
+def _in_sorted(values: pl.Series, sorted_unique: pl.Series) -> pl.Series:
+    """Whether each of ``values`` is in ``sorted_unique`` (a binary search; nulls: False)."""
+    if sorted_unique.len() == 0:
+        return pl.repeat(False, values.len(), dtype=pl.Boolean, eager=True)
+    at = sorted_unique.search_sorted(values, side="left").clip(upper_bound=sorted_unique.len() - 1)
+    return (sorted_unique.gather(at) == values).fill_null(False)
 
 
 def _boundary_memberships(calls: pl.DataFrame, tree: pl.DataFrame, inner: pl.DataFrame) -> pl.DataFrame:
