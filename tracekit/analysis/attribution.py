@@ -423,16 +423,23 @@ def _paths(r: pl.DataFrame) -> pl.Series:
 
 
 # -- API call → innermost range --------------------------------------------------------------
-def _innermost(calls: pl.DataFrame, tree: pl.DataFrame) -> pl.DataFrame:
+def innermost_starts(tree: pl.DataFrame) -> pl.DataFrame:
+    """What :func:`_innermost` searches: one row per (thread, start), the last in sort order
+    (the innermost of equal starts). Computed once when calls are searched in chunks."""
+    return tree.select("_thr", pl.col("start_ns").alias("_s"), "_idx").unique(subset=["_thr", "_s"], keep="last", maintain_order=True)
+
+
+def _innermost(calls: pl.DataFrame, tree: pl.DataFrame, *, starts: pl.DataFrame | None = None) -> pl.DataFrame:
     """Innermost range of ``tree`` containing each call.
 
     ``calls`` has ``_op``, ``_thr`` (the thread to search, as in ``tree``), ``_s``, ``_e``;
-    the result has ``_op`` and ``_idx`` (null when no range contains the call).
+    the result has ``_op`` and ``_idx`` (null when no range contains the call). ``starts``:
+    :func:`innermost_starts` of ``tree``, when already computed.
     """
     if calls.height == 0 or tree.height == 0:
         return calls.select("_op", pl.lit(None, pl.Int64).alias("_idx"))
-    # one asof row per (thread, start): the last in sort order, the innermost of equal starts
-    starts = tree.select("_thr", pl.col("start_ns").alias("_s"), "_idx").unique(subset=["_thr", "_s"], keep="last", maintain_order=True)
+    if starts is None:
+        starts = innermost_starts(tree)
     c = _sort_by_thread_time(calls)
     one_thread = starts["_thr"].n_unique() == 1 and c["_thr"].n_unique() == 1 and starts["_thr"][0] == c["_thr"][0]
     by = {} if one_thread else {"by": "_thr"}  # the asof join is ~2x faster without groups

@@ -176,9 +176,10 @@ def _kernel_column(trace: NsysTrace, column: str, rows: pl.Series | None) -> pl.
     return s if rows is None else s.gather(rows)
 
 
-def _api_column(trace: NsysTrace, column: str, rows: pl.Series) -> pl.Series:
-    """One CUDA API column gathered at ``rows``; the whole column is dropped on return."""
-    return api_rows(trace)[column].gather(rows)
+
+
+#: Launches up to which ``cuda_kern_exec_sum`` summarises all durations in one group-by.
+ONE_PASS_ROWS = 2_000_000
 
 
 def _group_numbers(keys: pl.DataFrame) -> tuple[pl.Series, pl.DataFrame]:
@@ -231,7 +232,12 @@ def cuda_kern_exec_sum(trace: NsysTrace, *, convention: str = "2025") -> Report:
     _require(trace, "cuda_kern_exec_sum")
     keys_in = op_rows(trace, KERNEL_TABLE, ["global_pid", "correlation_id"], duration=False)
     n_kernels = keys_in.height
-    pairs = launch_pairs(keys_in, lean_api_rows(trace), how="inner")
+    api = lean_api_rows(trace, n_kernels)  # on a big trace a column read is dropped after use
+
+    def api_column(column: str, rows: pl.Series) -> pl.Series:
+        return api[column].gather(rows)
+
+    pairs = launch_pairs(keys_in, api, how="inner")
     del keys_in
     lrow: pl.Series | None = pairs["_lrow"]
     arow = pairs["_arow"]
@@ -241,30 +247,44 @@ def cuda_kern_exec_sum(trace: NsysTrace, *, convention: str = "2025") -> Report:
     # the group of each launch: (pid, tid) is the low 48 bits of global_tid; API names group by
     # their display text (cudaLaunchKernel and cudaLaunchKernel_v7000 are one row), kernel
     # names by id while each text has one id
-    group_keys = pl.DataFrame({"_pid_tid": _api_column(trace, "global_tid", arow) % (1 << 48)})
+    group_keys = pl.DataFrame({"_pid_tid": api_column("global_tid", arow) % (1 << 48)})
     group_keys = group_keys.with_columns(
         _kernel_column(trace, "device_id", lrow).alias("device_id"),
-        _display_name_ids(_api_column(trace, "name", arow), trace).alias("api_name"),
+        _display_name_ids(api_column("name", arow), trace).alias("api_name"),
         _kernel_column(trace, "name", lrow).alias("name"),
     )
     if not names_are_ids(group_keys, "name", trace):
         group_keys = resolve_names(group_keys, trace, "name")
-    gid, groups = _group_numbers(group_keys)
-    del group_keys
+    # up to ONE_PASS_ROWS launches, one group-by over all four durations (faster); beyond, each
+    # duration is summarised over group numbers and dropped before the next is computed
+    one_pass = arow.len() <= ONE_PASS_ROWS
+    keys = list(group_keys.columns)
+    pending: dict[str, pl.Series] = {}
+    sequential: dict[str, bool] = {}
+    if not one_pass:
+        gid, groups = _group_numbers(group_keys)
+        del group_keys
 
-    def summarise(value: pl.Series, prefix: str, *more: pl.Expr) -> None:
+    def counts(v: str) -> list[pl.Expr]:
+        return [pl.len().alias("Count"), pl.col(v).count().alias("QCount")]
+
+    def summarise(value: pl.Series, prefix: str) -> None:
         nonlocal groups
         # sequential: SQLite's AVG (nsys 2023.x); it differs from the exact mean only when the
         # column's total passes 2**53 (a damaged export's times), so it is decided per column
         seq = convention == "2023" and (value.abs().sum() or 0) > 1 << 53
+        if one_pass:
+            pending[prefix], sequential[prefix] = value, seq
+            return
         frame = pl.DataFrame({"_g": gid, "v": value})
+        more = counts("v") if prefix == "Q" else []
         s = frame.group_by("_g", maintain_order=seq).agg(*more, *_stats("v", prefix, sequential=seq))
         groups = groups.join(s, on="_g", how="left")
 
     k_start = _kernel_column(trace, "start_ns", lrow)
-    a_end = _api_column(trace, "end_ns", arow)
+    a_end = api_column("end_ns", arow)
     queue = k_start - a_end
-    summarise(queue.set(queue < 0, None), "Q", pl.len().alias("Count"), pl.col("v").count().alias("QCount"))
+    summarise(queue.set(queue < 0, None), "Q")
     del queue
     k_end = _kernel_column(trace, "end_ns", lrow)
     if trace.is_loaded("kernels"):
@@ -274,10 +294,16 @@ def cuda_kern_exec_sum(trace: NsysTrace, *, convention: str = "2025") -> Report:
     del k_start
     last_end = pl.DataFrame({"a": k_end, "b": a_end}).select(pl.max_horizontal("a", "b")).to_series()
     del k_end
-    a_start = _api_column(trace, "start_ns", arow)
+    a_start = api_column("start_ns", arow)
     summarise(a_end - a_start, "A")
     del a_end
     summarise(last_end - a_start, "T")
+    if one_pass:
+        frame = group_keys.with_columns(v.alias(f"_v{p}") for p, v in pending.items())
+        del pending
+        groups = frame.group_by(keys, maintain_order=any(sequential.values())).agg(
+            *counts("_vQ"), *(e for p in "TAQK" for e in _stats(f"_v{p}", p, sequential=sequential[p]))
+        )
     s = groups
     s = resolve_names(s, trace, "name", "api_name").with_columns(api_display_name(pl.col("api_name")).alias("api_name"))
     s = s.sort(["TAvg (ns)", "Count", "name"], descending=[True, False, False])

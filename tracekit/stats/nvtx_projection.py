@@ -27,6 +27,7 @@ from tracekit.analysis.attribution import (
     _innermost,
     _launch_join,
     _nvtx_tree,
+    innermost_starts,
     launch_pairs,
 )
 from tracekit.errors import UnsupportedReportError
@@ -116,10 +117,16 @@ class _Unpinned:
         return [self[n].gather(rows) for n in names]
 
 
-def lean_api_rows(trace: NsysTrace, *, names: bool = True) -> pl.DataFrame | readers.TableColumns | _Unpinned:
-    """:func:`api_rows`, with no column pinned between reads where the column cache serves them."""
+#: GPU operations from which the launch join reads each API column afresh (:func:`lean_api_rows`).
+LEAN_FROM_OPS = 2_000_000
+
+
+def lean_api_rows(trace: NsysTrace, ops: int, *, names: bool = True) -> pl.DataFrame | readers.TableColumns | _Unpinned:
+    """:func:`api_rows`, with no column pinned between reads where the column cache serves them
+    and there are at least :data:`LEAN_FROM_OPS` ``ops`` (below, a column read twice costs
+    more time than it saves memory)."""
     source = api_rows(trace, names=names)
-    if isinstance(source, readers.TableColumns) and trace.db.caches("CUPTI_ACTIVITY_KIND_RUNTIME"):
+    if ops >= LEAN_FROM_OPS and isinstance(source, readers.TableColumns) and trace.db.caches("CUPTI_ACTIVITY_KIND_RUNTIME"):
         return _Unpinned(trace, names)
     return source
 
@@ -231,7 +238,7 @@ def projection_for_totals(trace: NsysTrace) -> Projection:
         return pl.concat([op_rows(trace, t, [column], duration=False) for t in tables], how="vertical_relaxed").to_series()
 
     keys = pl.DataFrame([op_column("global_pid"), op_column("correlation_id")])
-    pairs = launch_pairs(keys, lean_api_rows(trace, names=False), how="inner")
+    pairs = launch_pairs(keys, lean_api_rows(trace, keys.height, names=False), how="inner")
     del keys
     lrow, arow = pairs["_lrow"], pairs["_arow"]
     del pairs
@@ -249,12 +256,17 @@ def projection_for_totals(trace: NsysTrace) -> Projection:
     calls = calls.with_columns(api_column("end_ns").gather(rows).alias("_e")).filter(pl.col("_s").is_not_null())
     del rows
     inners, extras = [], []
+    starts = innermost_starts(tree)  # the per-tree work, once (per chunk it grew with chunks × ranges)
+    ends = tree["end_ns"].drop_nulls().unique().sort()
     for at in range(0, max(calls.height, 1), INNERMOST_CHUNK):  # each call's ranges depend on it alone
         part = calls.slice(at, INNERMOST_CHUNK)
-        inners.append(_innermost(part, tree))
-        extras.append(_boundary_memberships(part, tree, inners[-1]))
-    inner = pl.concat(inners)
-    extra = pl.concat(extras)
+        inners.append(_innermost(part, tree, starts=starts))
+        # only calls that end exactly where some range ends can have boundary memberships
+        maybe = part.filter(_in_sorted(part["_e"], ends))
+        extras.append(_boundary_memberships(maybe, tree, inners[-1].join(maybe.select("_op"), on="_op", how="semi")))
+    del starts, ends
+    inner = pl.concat(inners, how="vertical_relaxed")
+    extra = pl.concat(extras, how="vertical_relaxed")
     del inners, extras
     keep_calls = bool(tree["_crossing"].any() or extra.height)
     if not keep_calls:
@@ -273,6 +285,14 @@ class _OpColumns:
 
     def __getitem__(self, name: str) -> pl.Series:
         return self._read(name).gather(self._rows)
+
+
+def _in_sorted(values: pl.Series, sorted_unique: pl.Series) -> pl.Series:
+    """Whether each of ``values`` is in ``sorted_unique`` (a binary search; nulls: False)."""
+    if sorted_unique.len() == 0:
+        return pl.repeat(False, values.len(), dtype=pl.Boolean, eager=True)
+    at = sorted_unique.search_sorted(values, side="left").clip(upper_bound=sorted_unique.len() - 1)
+    return (sorted_unique.gather(at) == values).fill_null(False)
 
 
 def _boundary_memberships(calls: pl.DataFrame, tree: pl.DataFrame, inner: pl.DataFrame) -> pl.DataFrame:
