@@ -171,3 +171,15 @@ def test_gpu_metrics_windows_of_a_folder(folders: Path, tmp_path: Path) -> None:
     assert_frame_equal(pl.concat(windows), expected, check_exact=True)
     keep = pl.col("metric") == "sms_active"
     assert_frame_equal(trace.scan("gpu_metrics").filter(keep).collect(), expected.filter(keep))
+
+
+def test_a_derived_table_scans_too() -> None:
+    """``trace.scan("nccl")`` raised KeyError although ``trace.table("nccl")`` works (review
+    finding): derived tables come back lazy, equal to the eager table."""
+    nccl = ROOT / "sample_traces" / "llm_tp2_nccl" / "llm_tp2_nccl.sqlite"
+    trace = tracekit.open(nccl)
+    eager = trace.table("nccl")
+    assert eager.height > 0
+    got = trace.scan("nccl").filter(pl.col("bytes") > 0).collect()
+    assert got.height > 0
+    assert_frame_equal(got, eager.filter(pl.col("bytes") > 0))

@@ -218,7 +218,12 @@ class NsysTrace:
         ...         .filter(pl.col("duration_ns") > 1_000_000)
         ...         .group_by("name").agg(pl.len(), pl.col("duration_ns").sum())
         ...         .collect())
+
+        Derived tables (``"nccl"``, built from the kernel, API and NVTX tables) are computed as
+        ``trace.table(name)`` computes them and handed back lazy.
         """
+        if name in DERIVED_PROVIDERS:  # no export table behind it to push a query into
+            return self.table(name).lazy()
         from tracekit.nsys.lazy import scan
 
         return scan(self, name)
