@@ -251,9 +251,9 @@ class ExportFolder:
         where: str = "",
     ) -> pl.DataFrame:
         """``SELECT exprs FROM table [WHERE where]`` cast to ``schema``, in file order."""
-        named = ", ".join(f'{e} AS "_c{i}"' for i, e in enumerate(exprs))
-        sql = f'SELECT {named} FROM "{table}"' + (f" WHERE {where}" if where else "")
-        return self.query(sql, schema)
+        from tracekit.nsys.database import select_sql
+
+        return self.query(select_sql(table, exprs, where), schema)
 
     def rows(self, sql: str) -> list[tuple[Any, ...]]:
         """All rows of ``sql`` as tuples (``PRAGMA table_info`` answered from the file's schema)."""

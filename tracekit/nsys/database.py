@@ -484,13 +484,9 @@ class ExportDatabase:
         schema: Mapping[str, pl.DataType | type[pl.DataType]],
         where: str = "",
     ) -> pl.DataFrame:
-        # each expression under its own name: the ADBC driver panics on an empty result whose
-        # columns share a name (``SELECT NULL, NULL`` of an old export's empty table); the
-        # frame is renamed to ``schema`` anyway
-        named = ", ".join(f'{e} AS "_c{i}"' for i, e in enumerate(exprs))
-        base = f'SELECT {named} FROM "{table}"'
+        base = select_sql(table, exprs)
         cond = f" AND ({where})" if where else ""
-        whole = base + (f" WHERE {where}" if where else "")
+        whole = select_sql(table, exprs, where)
         slices = self._rowid_slices(table)
         if len(slices) < 2:
             return self.query(whole, schema)
@@ -753,6 +749,15 @@ def _thread_stack_bytes() -> int:
 
 def _gb(n: int) -> str:
     return f"{n / 1e9:.2g} GB" if n >= 10**8 else f"{n / 1e6:.3g} MB"
+
+
+def select_sql(table: str, exprs: Sequence[str], where: str = "") -> str:
+    """``SELECT exprs FROM "table" [WHERE where]`` with each expression under its own name
+    (``_c0``, ``_c1`` …): the ADBC driver panics on an empty result whose columns share a name
+    (``SELECT NULL, NULL`` of an old export's empty table); callers rename the frame to their
+    schema anyway."""
+    named = ", ".join(f'{e} AS "_c{i}"' for i, e in enumerate(exprs))
+    return f'SELECT {named} FROM "{table}"' + (f" WHERE {where}" if where else "")
 
 
 def free_memory() -> int | None:

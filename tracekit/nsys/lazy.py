@@ -36,6 +36,7 @@ import polars as pl
 from tracekit.nsys import readers
 from tracekit.nsys import schema as S
 from tracekit.nsys.columnar import ExportFolder
+from tracekit.nsys.database import select_sql
 from tracekit.nsys.gpu_metrics import gpu_metric_windows
 from tracekit.nsys.nvtx import nvtx
 
@@ -69,8 +70,7 @@ class _Window:
     def query_table(self, table: str, exprs: Sequence[str], schema: Any, where: str = "") -> pl.DataFrame:
         if table != self._table:
             return self._folder.query_table(table, exprs, schema, where)
-        named = ", ".join(f'{e} AS "_c{i}"' for i, e in enumerate(exprs))
-        sql = f'SELECT {named} FROM "{table}"' + (f" WHERE {where}" if where else "")
+        sql = select_sql(table, exprs, where)
         return self._folder.query(f"{sql} LIMIT {self._length} OFFSET {self._offset}", schema)
 
 
