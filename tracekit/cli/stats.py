@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
@@ -14,7 +11,7 @@ import typer
 from tracekit.cli import stats_cache
 
 if TYPE_CHECKING:
-    from tracekit.stats.common import Report
+    pass
 
 
 def register(parent: typer.Typer) -> None:
@@ -76,7 +73,9 @@ def stats(
             reasons.clear()
             if output:
                 path = Path(f"{output}_{result.name}.csv")
-                _write_atomic(path, result)
+                from tracekit.outputs import write_output
+
+                write_output(path, result.write_csv)
                 typer.echo(f"wrote {path}", err=True)
             elif fmt == "csv":
                 sys.stdout.flush()
@@ -118,29 +117,6 @@ class _Tee:
 
     def kept(self) -> bytes | None:
         return None if self._parts is None else b"".join(self._parts)
-
-
-def _write_atomic(path: Path, result: Report) -> None:
-    """``result`` as CSV to ``path`` through a temporary name in its folder, then a rename: an
-    interrupted run never leaves a half-written file under the final name."""
-    from tracekit.errors import TracekitError
-
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError as exc:
-        msg = f"cannot write {path}: {exc.strerror or exc}"
-        raise TracekitError(msg) from exc
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            result.write_csv(fh)
-        os.replace(tmp, path)
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(exc, OSError):  # a full disk, a folder under that name
-            msg = f"cannot write {path}: {exc.strerror or exc}"
-            raise TracekitError(msg) from exc
-        raise
 
 
 def _print_table(result) -> None:  # type: ignore[no-untyped-def]

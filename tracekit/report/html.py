@@ -9,12 +9,9 @@ use. A section whose data is missing says so instead of failing the report.
 
 from __future__ import annotations
 
-import contextlib
 import html
 import logging
-import os
 import shlex
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +20,7 @@ from typing import Any
 import polars as pl
 
 from tracekit.errors import TracekitError
+from tracekit.outputs import write_output
 from tracekit.viz import prep
 from tracekit.viz.tables import fmt_bytes, fmt_ns, html_table
 
@@ -480,35 +478,7 @@ def write_report(
         msg = f"{ncu_path} is not an Nsight Compute report; pass the .ncu-rep file to --ncu"
         raise TraceFormatError(msg)
     document = build_report(trace, ncu, title=title, max_marks=max_marks)
-    _write_atomic(output, document.encode("utf-8"))
+    write_output(output, lambda fh: fh.write(document.encode("utf-8")), make_parents=True)
     return output
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    """``data`` to ``path`` (its folder made when missing) through a temporary name in that
-    folder, then a rename: the final name never holds a half-written page. An OS error (a
-    full disk, a folder of that name, no permission) is one :class:`TracekitError`."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError as exc:
-        msg = f"cannot write {path}: {exc.strerror or exc}"
-        raise TracekitError(msg) from exc
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a report is a normal file
-        os.replace(tmp, path)
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(exc, OSError):
-            msg = f"cannot write {path}: {exc.strerror or exc}"
-            raise TracekitError(msg) from exc
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
