@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -12,6 +14,18 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_traces"
 CORPUS_ARCHIVE = ROOT / "tests" / "data" / "corpus.tar.xz"
+
+
+def build_big_trace(folder: Path, kernels: int) -> Path:
+    """``folder/big.sqlite``: the decode sample repeated to ``kernels`` kernels by
+    ``benchmarks/make_big_trace.py`` (no GPU metrics), for tests that need a large real export."""
+    out = folder / "big.sqlite"
+    subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "make_big_trace.py"), "--kernels", str(kernels), "--no-gpu-metrics",
+         "--seed", str(SAMPLES / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite"), "-o", str(out)],
+        check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    return out
 
 
 def _unpacked_corpus() -> Path:

@@ -11,9 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT, SAMPLES
-
-SEED = SAMPLES / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite"
+from .conftest import ROOT, SAMPLES, build_big_trace
 
 #: run in the subprocess: import everything the command needs and start the process as main()
 #: does (polars' reader threads included), then allow only ``headroom`` more bytes of
@@ -47,13 +45,7 @@ sys.exit(main(sys.argv[4:]))
 
 @pytest.fixture(scope="module")
 def big(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("big") / "big.sqlite"
-    subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "make_big_trace.py"), "--kernels", "300000", "--no-gpu-metrics",
-         "--seed", str(SEED), "-o", str(out)],
-        check=True, capture_output=True, timeout=300,
-    )  # fmt: skip
-    return out
+    return build_big_trace(tmp_path_factory.mktemp("big"), 300000)
 
 
 def _run(big: Path, headroom: int, mode: str, *argv: str, tmp_path: Path, cache: bool = False) -> subprocess.CompletedProcess[str]:

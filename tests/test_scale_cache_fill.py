@@ -5,8 +5,6 @@ repeating a real one (``benchmarks/make_big_trace.py``, decode sample, 100 k ker
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import polars as pl
@@ -16,21 +14,14 @@ from polars.testing import assert_series_equal
 import tracekit
 from tracekit.nsys import database
 
-from .conftest import ROOT, SAMPLES
+from .conftest import build_big_trace
 
-SEED = SAMPLES / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite"
 API = "CUPTI_ACTIVITY_KIND_RUNTIME"
 
 
 @pytest.fixture(scope="module")
 def big(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("fill") / "big.sqlite"
-    subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "make_big_trace.py"), "--kernels", "100000", "--no-gpu-metrics",
-         "--seed", str(SEED), "-o", str(out)],
-        check=True, capture_output=True, timeout=300,
-    )  # fmt: skip
-    return out
+    return build_big_trace(tmp_path_factory.mktemp("fill"), 100000)
 
 
 def test_cache_fill_reads_a_few_columns_per_scan(big: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
