@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 from pathlib import Path
 
@@ -79,3 +80,14 @@ def corpus_dir() -> Path:
     if not NSYS_CORPUS.is_dir():
         pytest.skip(f"public corpus not found at {NSYS_CORPUS}")
     return NSYS_CORPUS
+
+
+@pytest.fixture(scope="session")
+def nsys_columnar(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``tests/data/nsys_columnar.tar.xz`` unpacked once: ``memfusion_report1.{sqlite,parquetdir,
+    arrowdir}`` exported by nsys 2023.4.4, with what ``nsys stats`` printed (tests/data/README.md).
+    Read-only for tests: damage copies of it."""
+    target = tmp_path_factory.mktemp("nsys_columnar")
+    with tarfile.open(ROOT / "tests" / "data" / "nsys_columnar.tar.xz", "r:xz") as tar:
+        tar.extractall(target, filter="data")
+    return target / "nsys_columnar"

@@ -9,7 +9,6 @@ import shutil
 import sqlite3
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 import polars as pl
@@ -22,19 +21,15 @@ from tracekit.nsys.columnar import ExportFolder
 from tracekit.opening import sniff
 
 ROOT = Path(__file__).resolve().parents[1]
-ARCHIVE = ROOT / "tests" / "data" / "nsys_columnar.tar.xz"
 KINDS = ("parquetdir", "arrowdir")
 TABLES = ["kernels", "memcpys", "memsets", "syncs", "cuda_api", "nvtx", "gpus", "processes", "threads",
           "memory_usage", "gpu_metrics"]
 
 
 @pytest.fixture(scope="module")
-def exports(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def exports(nsys_columnar: Path) -> Path:
     """The unpacked archive: ``memfusion_report1.{sqlite,parquetdir,arrowdir}``."""
-    target = tmp_path_factory.mktemp("columnar")
-    with tarfile.open(ARCHIVE, "r:xz") as tar:
-        tar.extractall(target, filter="data")
-    return target / "nsys_columnar"
+    return nsys_columnar
 
 
 def _export(exports: Path, kind: str) -> Path:

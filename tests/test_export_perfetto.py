@@ -733,14 +733,10 @@ def test_nvtx_marks_and_start_end_ranges(tmp_path: Path) -> None:
     assert sorted(e["name"] for e in ev if e["ph"] == "i") == sorted(marks["name"].to_list())
 
 
-def test_nsys_columnar_folders_export_like_their_sqlite(tmp_path: Path) -> None:
+def test_nsys_columnar_folders_export_like_their_sqlite(tmp_path: Path, nsys_columnar: Path) -> None:
     """nsys's parquetdir and arrowdir exports of one report (tests/data/nsys_columnar.tar.xz),
     read a column at a time in 20-row time slices, give the events of its SQLite export."""
-    import tarfile
-
-    with tarfile.open(ROOT / "tests/data/nsys_columnar.tar.xz", "r:xz") as tar:
-        tar.extractall(tmp_path, filter="data")
-    base = tmp_path / "nsys_columnar" / "memfusion_report1"
+    base = nsys_columnar / "memfusion_report1"
     want = tmp_path / "sqlite.pftrace"
     s = perfetto(tracekit.open(base.with_suffix(".sqlite"), column_cache=False), want)
     assert s.slices["kernel"] > 0 and s.flows > 0

@@ -4,7 +4,6 @@ needs, filter as they read, and read an nsys parquetdir folder's event tables in
 from __future__ import annotations
 
 import shutil
-import tarfile
 from pathlib import Path
 
 import polars as pl
@@ -19,15 +18,11 @@ from tracekit.nsys.schema import TABLES
 
 ROOT = Path(__file__).resolve().parents[1]
 DECODE = ROOT / "sample_traces" / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite"
-ARCHIVE = ROOT / "tests" / "data" / "nsys_columnar.tar.xz"
 
 
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    target = tmp_path_factory.mktemp("lazy")
-    with tarfile.open(ARCHIVE, "r:xz") as tar:
-        tar.extractall(target, filter="data")
-    return target / "nsys_columnar"
+def folders(nsys_columnar: Path) -> Path:
+    return nsys_columnar
 
 
 def _sources(folders: Path) -> list[Path]:
