@@ -34,7 +34,6 @@ def _unpacked_corpus() -> Path:
     ``.cache/corpus-<hash>/corpus`` (atomically: a temporary folder, then a rename); the
     team's ``../shared/corpus`` only when the archive is missing."""
     import hashlib
-    import tarfile
 
     if not CORPUS_ARCHIVE.is_file():
         return ROOT.parent / "shared" / "corpus"
