@@ -60,6 +60,7 @@ def gpu_ops(
     memsets: pl.DataFrame | None = None,
     *,
     columns: Sequence[str] = (),
+    end_bound: int | None = None,
 ) -> pl.DataFrame:
     """Kernels, memcpys and memsets stacked into one frame with an ``op_kind`` column
     (``"kernel"``, ``"memcpy"``, ``"memset"``) and ``name`` (kernel name, ``[CUDA memcpy <kind>]``
@@ -72,6 +73,8 @@ def gpu_ops(
     Operations whose end lies far past every start (:func:`~tracekit.nsys.readers.implausible_end`:
     an end of ``INT64_MAX`` in a damaged export; the trace's loader warns with their count)
     are left out: busy time, utilization and idle gaps would otherwise span 292 years.
+    ``end_bound`` (ns) replaces the frame's own bound (:func:`ops_end_bound`) when the inputs
+    are a part of bigger tables: rows ending after it are left out.
     """
     keys = rank_keys(*(f for f in (kernels, memcpys, memsets) if f is not None))
     base = [*keys, "pid", "global_pid", "device_id", "context_id", "stream_id", "correlation_id",
@@ -89,6 +92,8 @@ def gpu_ops(
         parts.append(memsets.select(*base, *extra, pl.lit("[CUDA memset]").alias("name"),
                                     pl.col("bytes"), pl.lit("memset").alias("op_kind")))
     ops = pl.concat(parts, how="vertical_relaxed")
+    if end_bound is not None:
+        return ops.filter((pl.col("end_ns") <= end_bound).fill_null(True)) if ops.height else ops
     return ops.filter(~implausible_end()) if ops.height else ops
 
 

@@ -39,7 +39,7 @@ def _missing(ctx: Any) -> list[Finding]:
 
     """One ``info`` row per rule that could not look at the trace, saying what is missing."""
     out: list[Finding] = []
-    if ctx.kernels.height == 0:
+    if ctx.kernel_count == 0:
         out.append(Finding("low_gpu_utilization", "info", "Not checked: the trace holds no kernels",
                            advice="Trace CUDA (nsys --trace=cuda) over the part of the program that runs on the GPU."))
         return out
@@ -117,7 +117,7 @@ def diagnose(
     if window is not None:
         full = Window(int(window[0]), int(window[1]), "given", "window given by the caller")
     else:
-        full = steady_window(ctx.ops, ctx.launched_ops, ctx.nvtx, cfg)
+        full = steady_window(ctx.ops_for_window, ctx.launched_ops, ctx.nvtx, cfg)
     ctx.full_window = full
     ctx.window = full.analysed()
     findings: list[Finding] = []

@@ -8,10 +8,11 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from tracekit.analysis._frames import gpu_ops, interval_union, rank_keys
+from tracekit.analysis._frames import gpu_ops, interval_union
 from tracekit.analysis.attribution import launch_info
 from tracekit.analysis.gpu_time import idle_gaps
 from tracekit.diagnosis.config import DiagnoseConfig
+from tracekit.diagnosis.ops_by_column import KERNEL_COLUMNS, OpsByColumn, by_column
 from tracekit.diagnosis.result import Window
 
 __all__ = ["Context"]
@@ -23,10 +24,13 @@ __all__ = ["Context"]
 #: most of these tables' bytes and no rule looks at them. A table the trace already holds is
 #: used as it is; with ``ncu=`` the kernels are read whole (the ncu match uses launch configs).
 _COLUMNS: dict[str, tuple[str, ...]] = {
-    "kernels": ("pid", "global_pid", "device_id", "context_id", "stream_id", "correlation_id",
-                "start_ns", "end_ns", "duration_ns", "name", "short_name"),
+    "kernels": KERNEL_COLUMNS,
     "cuda_api": ("pid", "tid", "global_tid", "start_ns", "end_ns", "duration_ns", "name", "api",
                  "correlation_id"),
+    # what the iteration search, the range tree, NCCL ranges and layer memory read: not the
+    # payloads, colours, categories and JSON (over half of the table's bytes)
+    "nvtx": ("pid", "tid", "global_tid", "event_type_id", "start_ns", "end_ns", "duration_ns", "name",
+             "domain", "domain_id", "end_global_tid", "range_id"),
 }
 
 
@@ -42,16 +46,24 @@ def _table(trace: Any, name: str, *, whole: bool = False) -> pl.DataFrame:
 def _within_any(values: pl.Series, starts: pl.Series, ends: pl.Series) -> pl.Series:
     """Boolean mask: ``values[i]`` lies in some ``[starts[j], ends[j]]`` (nulls never do).
     One binary search per value over the ranges sorted by start, with the running maximum of
-    their ends, so overlapping ranges are handled and no value is sorted."""
+    their ends, so overlapping ranges are handled and no value is sorted. Values are searched
+    in slices of :data:`_SLICE` (the temporaries of 76 M values were 2 GB)."""
     lo = np.iinfo(np.int64).min
     order = np.argsort(starts.fill_null(lo).to_numpy(), kind="stable")
     s = starts.fill_null(lo).to_numpy()[order]
     e = np.maximum.accumulate(ends.fill_null(lo).to_numpy()[order]) if order.size else np.empty(0, np.int64)
-    v = values.fill_null(lo).to_numpy()
-    idx = np.searchsorted(s, v, side="right") - 1
-    ok = (idx >= 0) & values.is_not_null().to_numpy()
-    ok[ok] &= v[ok] <= e[idx[ok]]
-    return pl.Series(values.name, ok)
+    parts = []
+    for off in range(0, max(values.len(), 1), _SLICE):
+        part = values.slice(off, _SLICE)
+        v = part.fill_null(lo).to_numpy()
+        idx = np.searchsorted(s, v, side="right") - 1
+        ok = (idx >= 0) & part.is_not_null().to_numpy()
+        ok[ok] &= v[ok] <= e[idx[ok]]
+        parts.append(pl.Series(values.name, ok))
+    return pl.concat(parts) if len(parts) > 1 else parts[0]
+
+
+_SLICE = 4_000_000
 
 
 class Context:
@@ -59,6 +71,10 @@ class Context:
 
     Frames named ``*_w`` hold the rows inside the window: GPU operations and API calls that
     start in ``[window.start_ns, window.end_ns)``, idle gaps clipped to it.
+
+    Of a single export with a big kernel table (:func:`~tracekit.diagnosis.ops_by_column.by_column`)
+    the kernel and operation tables are never built whole: :attr:`by_column` answers the
+    filters the rules need with the same rows, a column at a time.
     """
 
     def __init__(self, trace: Any, config: DiagnoseConfig, *, ncu: Any = None, model: Any = None) -> None:
@@ -70,11 +86,37 @@ class Context:
         #: The whole steady-state window; ``window`` is the part the rules analyse (a sample of
         #: it on big traces, else the same).
         self.full_window: Window = self.window
+        self._near_kernels: pl.DataFrame = pl.DataFrame()
 
     # -- whole-trace tables -------------------------------------------------------------
     @cached_property
+    def by_column(self) -> OpsByColumn | None:
+        """The operations of a big single export read a column at a time, or ``None``
+        (small traces, trace sets, a kernel table already loaded, ``ncu=`` given)."""
+        return None if self.ncu is not None else by_column(self.trace)
+
+    @cached_property
     def kernels(self) -> pl.DataFrame:
+        """The kernel table (:data:`_COLUMNS`' columns). Of a big export the rules never ask
+        for it (:attr:`kernel_count`, :attr:`kernel_columns`, :meth:`kernel_names` instead);
+        asking reads it whole."""
         return _table(self.trace, "kernels", whole=self.ncu is not None)
+
+    @cached_property
+    def kernel_count(self) -> int:
+        """Number of kernels."""
+        big = self.by_column if "kernels" not in self.__dict__ else None
+        return big.kernel_rows if big is not None else self.kernels.height
+
+    @cached_property
+    def kernel_columns(self) -> list[str]:
+        big = self.by_column if "kernels" not in self.__dict__ else None
+        return list(KERNEL_COLUMNS) if big is not None else self.kernels.columns
+
+    def kernel_names(self, column: str) -> pl.Series:
+        """The distinct values of kernel column ``column`` (``name`` or ``short_name``)."""
+        big = self.by_column if "kernels" not in self.__dict__ else None
+        return big.distinct(column) if big is not None else self.kernels[column].unique()
 
     @cached_property
     def memcpys(self) -> pl.DataFrame:
@@ -110,12 +152,57 @@ class Context:
 
     @cached_property
     def rk(self) -> list[str]:
-        return rank_keys(self.kernels)
+        return ["rank"] if "rank" in self.kernel_columns else []
 
     @cached_property
     def ops(self) -> pl.DataFrame:
-        """Kernels, memcpys and memsets stacked (``gpu_ops``)."""
+        """Kernels, memcpys and memsets stacked (``gpu_ops``). Of a big export the rules
+        filter it with :meth:`ops_where` instead; asking builds it whole."""
+        if self._big is not None:
+            return self._big.where(pl.lit(True))
         return gpu_ops(self.kernels, self.memcpys, self.memsets)
+
+    @property
+    def _big(self) -> OpsByColumn | None:
+        """:attr:`by_column` while :attr:`ops` and :attr:`kernels` are not built."""
+        if "ops" in self.__dict__ or "kernels" in self.__dict__:
+            return None
+        return self.by_column
+
+    @cached_property
+    def op_columns(self) -> list[str]:
+        """Columns of :attr:`ops`."""
+        return self._big.columns if self._big is not None else self.ops.columns
+
+    def ops_where(self, expr: pl.Expr) -> pl.DataFrame:
+        """``ops.filter(expr)``; of a big export without building :attr:`ops`."""
+        big = self._big
+        if big is None:
+            return self.ops.filter(expr)
+        return big.where(expr)
+
+    def ops_for_window(self, columns: list[str]) -> pl.DataFrame:
+        """``ops.select(columns)`` for :func:`~tracekit.diagnosis.window.steady_window`; of a
+        big export with ``name`` as integer codes and read a column at a time."""
+        present = [c for c in columns if c in self.op_columns]
+        big = self._big
+        return big.narrow(present) if big is not None else self.ops.select(present)
+
+    @cached_property
+    def ops_near(self) -> pl.DataFrame:
+        """The operations that overlap the sampled window's margin (:meth:`_margin`) or start
+        in the window: every row the window's filters keep, in :attr:`ops`' order (all of
+        :attr:`ops` when the window is not sampled)."""
+        if not self.full_window.sampled:
+            return self.ops
+        lo, hi = self._margin()
+        w = self.window
+        near = ((pl.col("end_ns") > lo) & (pl.col("start_ns") < hi)) | ((pl.col("start_ns") >= w.start_ns) & (pl.col("start_ns") < w.end_ns))
+        big = self._big
+        if big is None:
+            return self.ops.filter(near)
+        ops, self._near_kernels = big.where_with_kernels(near)  # the kernels of these rows: kernels_w's too
+        return ops
 
     @cached_property
     def ops_with_launch(self) -> pl.DataFrame:
@@ -136,11 +223,13 @@ class Context:
         a correlation id with one of them (so the join picks the same call as on the whole
         table): the launch columns of the other operations (millions on a big trace) are
         never built."""
-        if ranges is None or "ops_with_launch" in self.__dict__ or self.api_count == 0 or "correlation_id" not in self.ops.columns:
+        if ranges is None or "ops_with_launch" in self.__dict__ or self.api_count == 0 or "correlation_id" not in self.op_columns:
             return self.ops_with_launch
         api = self.api_source
-        ids = api["correlation_id"].filter(_within_any(api["start_ns"], ranges["start_ns"], ranges["end_ns"])).unique()
-        ops = self.ops.filter(pl.col("correlation_id").is_in(ids.implode()))
+        inside = _within_any(api["start_ns"], ranges["start_ns"], ranges["end_ns"])
+        ids = api["correlation_id"].filter(inside).unique()
+        del inside
+        ops = self.ops_where(pl.col("correlation_id").is_in(ids.implode()))
         return launch_info(ops, self._calls_with_ids(ids))
 
     def _calls_with_ids(self, ids: pl.Series) -> pl.DataFrame:
@@ -156,7 +245,7 @@ class Context:
     def ops_with_launch_w(self) -> pl.DataFrame:
         """:attr:`ops_with_launch` of the operations that start in the window; unless that
         table was built already, joined for these operations only (same rows, same values)."""
-        if "ops_with_launch" in self.__dict__ or self.api_count == 0 or "correlation_id" not in self.ops.columns:
+        if "ops_with_launch" in self.__dict__ or self.api_count == 0 or "correlation_id" not in self.op_columns:
             return self._in_window(self.ops_with_launch)
         ops = self.ops_w
         ids = ops["correlation_id"].drop_nulls().unique()
@@ -177,7 +266,7 @@ class Context:
         if not self.full_window.sampled or self.api_count == 0:
             return self.cuda_api
         lo, hi = self._margin()
-        ops = self.ops.filter((pl.col("end_ns") > lo) & (pl.col("start_ns") < hi))
+        ops = self.ops_near.filter((pl.col("end_ns") > lo) & (pl.col("start_ns") < hi))
         api = self.api_source
         if isinstance(api, pl.DataFrame):
             keep = (pl.col("end_ns") > lo) & (pl.col("start_ns") < hi)
@@ -200,7 +289,7 @@ class Context:
     def gaps(self) -> pl.DataFrame:
         """``idle_gaps`` of the trace (each gap with its cause); on a sampled window, of the
         operations around the sample only."""
-        ops = self.ops
+        ops = self.ops_near
         if self.full_window.sampled:
             lo, hi = self._margin()
             ops = ops.filter((pl.col("end_ns") > lo) & (pl.col("start_ns") < hi))
@@ -217,7 +306,15 @@ class Context:
 
     @cached_property
     def kernels_w(self) -> pl.DataFrame:
-        return self._in_window(self.kernels)
+        big = self.by_column if "kernels" not in self.__dict__ else None
+        if big is None:
+            return self._in_window(self.kernels)
+        w = self.window
+        inside = (pl.col("start_ns") >= w.start_ns) & (pl.col("start_ns") < w.end_ns)
+        if self.full_window.sampled and "ops" not in self.__dict__:
+            self.ops_near  # noqa: B018  (reads the kernels around the window once)
+            return self._near_kernels.filter(inside)
+        return big.kernels_where(inside)
 
     @cached_property
     def memcpys_w(self) -> pl.DataFrame:
@@ -225,7 +322,7 @@ class Context:
 
     @cached_property
     def ops_w(self) -> pl.DataFrame:
-        return self._in_window(self.ops)
+        return self._in_window(self.ops_near)
 
     @cached_property
     def api_w(self) -> pl.DataFrame:
@@ -250,7 +347,7 @@ class Context:
         ``idle_ns`` (window − busy) and ``utilization``; devices with no work in it are left out."""
         keys = [*self.rk, "device_id"]
         w = self.window
-        ops = self.ops.filter((pl.col("end_ns") > w.start_ns) & (pl.col("start_ns") < w.end_ns)).with_columns(
+        ops = self.ops_near.filter((pl.col("end_ns") > w.start_ns) & (pl.col("start_ns") < w.end_ns)).with_columns(
             pl.max_horizontal("start_ns", pl.lit(w.start_ns)).alias("start_ns"),
             pl.min_horizontal("end_ns", pl.lit(w.end_ns)).alias("end_ns"),
         )

@@ -80,14 +80,13 @@ def _surely_no_nccl(ctx: Context) -> bool:
     tr = ctx.trace
     if not hasattr(tr, "scan") or "nccl" in getattr(tr, "__dict__", {}):
         return False
-    k = ctx.kernels
-    if k.height and {"name", "short_name"} <= set(k.columns):
+    if ctx.kernel_count and {"name", "short_name"} <= set(ctx.kernel_columns):
         # nccl_kernels tests coalesce(short_name, name) and name: any NCCL short name or name
         # (distinct values only: a few hundred, where the table has millions of rows)
         for col in ("short_name", "name"):
-            if k[col].unique().to_frame().select(is_nccl_kernel(pl.col(col)).any()).item():
+            if ctx.kernel_names(col).to_frame().select(is_nccl_kernel(pl.col(col)).any()).item():
                 return False
-    elif k.height:
+    elif ctx.kernel_count:
         return False
     nv = ctx.nvtx
     return nv.height == 0 or ("domain" in nv.columns and nccl_ranges(nv).height == 0)

@@ -147,8 +147,8 @@ def _growth_inside(ctx: Context, mu: pl.DataFrame, dev: dict[str, Any], lo: int,
     """Which NVTX range the growth between ``lo`` and ``hi`` happens in: the range name whose
     instances inside that span (the step ranges themselves left out) add the most, from
     :func:`~tracekit.analysis.memory.layer_memory`; "" without nested ranges there."""
-    nvtx = getattr(ctx.trace, "nvtx", None)
-    if nvtx is None or nvtx.height == 0 or growth <= 0:
+    nvtx = ctx.nvtx
+    if nvtx.height == 0 or growth <= 0:
         return ""
     import warnings
 

@@ -33,6 +33,10 @@ _TAIL = 50_000
 #: ``end_ns``; ``None`` for all) that gives at least those launched inside them.
 OpsWithLaunch = pl.DataFrame | Callable[[pl.DataFrame | None], pl.DataFrame]
 
+#: The operations, or a function that gives some of their columns (those of ``columns`` they
+#: have, ``ops.select(...)``; ``name`` may come as integer codes, equal for equal names).
+Ops = pl.DataFrame | Callable[[list[str]], pl.DataFrame]
+
 
 def find_period(
     codes: np.ndarray, *, match: float = 0.95, min_repeats: int = 3, coverage: float = 0.5
@@ -99,7 +103,8 @@ def kernel_period_iterations(kernels: pl.DataFrame, config: DiagnoseConfig) -> p
     busiest = kernels.group_by(keys).agg(pl.col("duration_ns").sum()).sort(
         ["duration_ns", *keys], descending=[True, *([False] * len(keys))], nulls_last=True).head(1)
     k = kernels.join(busiest.select(keys), on=keys).sort("start_ns").select("start_ns", "end_ns", "name")
-    codes = k["name"].cast(pl.Categorical).to_physical().to_numpy().astype(np.int64)
+    names = k["name"]
+    codes = (names if names.dtype.is_integer() else names.cast(pl.Categorical).to_physical()).to_numpy().astype(np.int64)
     found = find_period(codes, match=config.period_match, min_repeats=config.min_repeats, coverage=config.period_coverage)
     if found is None:
         return empty
@@ -208,7 +213,7 @@ def _sample(it: pl.DataFrame, warm: int, n_steady: int, config: DiagnoseConfig) 
 
 
 def steady_window(
-    kernels: pl.DataFrame,
+    kernels: Ops,
     ops_with_launch: OpsWithLaunch,
     nvtx: pl.DataFrame,
     config: DiagnoseConfig,
@@ -217,9 +222,18 @@ def steady_window(
     trace_end_ns: int | None = None,
 ) -> Window:
     """The analysed window of a trace (see the module doc). ``kernels`` is the sequence
-    searched for a period: the busiest GPU's operations (``gpu_ops``) or kernels.
+    searched for a period: the busiest GPU's operations (``gpu_ops``) or kernels, or a
+    function giving some of their columns (:data:`Ops`: read only those, and only when needed).
     ``ops_with_launch``: the operations with their launch columns (``launch_info``), or a
     function that gives them for some CPU ranges (see :func:`_nvtx_iterations`)."""
+    if callable(kernels):
+        get = kernels
+    else:
+        frame = kernels
+
+        def get(columns: list[str]) -> pl.DataFrame:
+            return frame.select([c for c in columns if c in frame.columns])
+
     its = _nvtx_iterations(ops_with_launch, nvtx, config) if nvtx.height else pl.DataFrame()
     method, why = "nvtx", f"NVTX iteration ranges matching {config.iteration_pattern!r}"
     n_total = its.height
@@ -231,7 +245,7 @@ def steady_window(
             pl.max_horizontal("duration_ns", pl.col("gpu_span_ns").fill_null(0)).alias("length_ns"),
         )
     else:
-        it = kernel_period_iterations(kernels, config)
+        it = kernel_period_iterations(get(["rank", "device_id", "start_ns", "end_ns", "duration_ns", "name"]), config)
         method, why = "kernel_period", "no NVTX iteration ranges: iterations from the repeating kernel sequence"
         n_total = it.height
         if it.height:
@@ -243,10 +257,11 @@ def steady_window(
     if it.height:  # iterations without a time (a damaged NVTX table) cannot bound a window
         it = it.filter(pl.col("w_start").is_not_null() & pl.col("w_end").is_not_null() & pl.col("length_ns").is_not_null())
     if it.height == 0:
-        lo = trace_start_ns if trace_start_ns is not None else (int(kernels["start_ns"].min()) if kernels.height else 0)  # type: ignore[arg-type]
-        hi = trace_end_ns if trace_end_ns is not None else (int(kernels["end_ns"].max()) if kernels.height else 0)  # type: ignore[arg-type]
+        times = get(["start_ns", "end_ns"])
+        lo = trace_start_ns if trace_start_ns is not None else (int(times["start_ns"].min()) if times.height else 0)  # type: ignore[arg-type]
+        hi = trace_end_ns if trace_end_ns is not None else (int(times["end_ns"].max()) if times.height else 0)  # type: ignore[arg-type]
         window = Window(lo, hi, "whole_trace", "no iterations (no NVTX step ranges, no repeating kernel sequence): the whole trace")
-        return _sample_whole(window, kernels, config)
+        return _sample_whole(window, times, config)
     lengths = it["length_ns"].to_list()
     warm = _warmup_count(lengths, config.warmup_factor)
     steady = it.slice(warm)
@@ -263,7 +278,7 @@ def steady_window(
         why += f"; the first {warm} iteration(s) took over {config.warmup_factor}× the median of the rest (warm-up)"
     n_steady = n_total - warm
     window = Window(start, end, method, why, steps=n_steady, warmup_steps=warm, step_ns=step_ns, iterations=it)
-    n_ops = kernels.filter((pl.col("start_ns") >= start) & (pl.col("start_ns") < end)).height
+    n_ops = get(["start_ns"]).filter((pl.col("start_ns") >= start) & (pl.col("start_ns") < end)).height
     if n_ops > config.max_window_ops:
         sample = _sample(it, warm, n_steady, config)
         if sample is not None:

@@ -216,6 +216,10 @@ class ExportFolder:
             return 0
         return int(self._collect(self.scan(table).select(pl.len()), f'"{table}"').item())  # names the file
 
+    def row_estimate(self, table: str) -> int:
+        """:meth:`row_count` (Parquet and Arrow files say how many rows they hold)."""
+        return self.row_count(table)
+
     def is_rowid_table(self, table: str) -> bool:
         """False: no rowid index to bisect (a ``WHERE`` on a column reaches the scan instead)."""
         return False

@@ -315,10 +315,19 @@ _DURATION = {"duration_ns": Col("duration_ns", "end", sql=EXACT_INT + " - " + _E
 
 def kernels(db: ExportSource, strings: pl.DataFrame, columns: Collection[str] | None = None) -> pl.DataFrame:
     """``CUPTI_ACTIVITY_KIND_KERNEL`` → ``kernels`` (see docs/tables.md); only ``columns`` when given."""
-    table = "CUPTI_ACTIVITY_KIND_KERNEL"
     wanted = wanted_columns("kernels", columns)
-    if not db.has_table(table):
+    if not db.has_table(KERNEL_SOURCE):
         return S.empty("kernels", wanted)
+    raw, derived = kernels_spec(db, strings)
+    return read_projected(db, KERNEL_SOURCE, "kernels", raw, derived, wanted, direct=_DURATION)
+
+
+KERNEL_SOURCE = "CUPTI_ACTIVITY_KIND_KERNEL"
+
+
+def kernels_spec(db: ExportSource, strings: pl.DataFrame) -> tuple[list[Col], dict[str, pl.Expr]]:
+    """The raw columns of ``CUPTI_ACTIVITY_KIND_KERNEL`` and the expressions that derive the
+    other ``kernels`` columns from them (for :func:`kernels` and :func:`gather_derived`)."""
     raw = [
         *_GPU_OP_COLS,
         Col("green_context_id", "greenContextId"),
@@ -354,7 +363,7 @@ def kernels(db: ExportSource, strings: pl.DataFrame, columns: Collection[str] | 
         "mangled_name": lookup_strings(pl.col("mangled_id"), strings),
         "launch_type": enums.map_codes(pl.col("launch_type_id"), launch),
     }
-    return read_projected(db, table, "kernels", raw, derived, wanted, direct=_DURATION)
+    return raw, derived
 
 
 def memcpys(db: ExportSource, columns: Collection[str] | None = None) -> pl.DataFrame:
@@ -459,6 +468,23 @@ def cuda_api_spec(strings: pl.DataFrame) -> tuple[list[Col], dict[str, pl.Expr]]
         "api": enums.map_codes(pl.col("event_class"), api_labels),
     }
     return raw, derived
+
+
+def gather_derived_columns(
+    db: ExportSource, source: str, table: str, raw: Sequence[Col], derived: Mapping[str, pl.Expr],
+    columns: Sequence[str], rows: pl.Series,
+) -> list[pl.Series]:
+    """Columns ``columns`` of ``table`` at ``rows`` only: each raw input is read once, one at
+    a time, and gathered at ``rows`` before the next is read; the columns are derived from the
+    gathered inputs (names looked up for those rows only). Holds one whole input column at a
+    time, not one per output column."""
+    exprs = {c: derived.get(c, pl.col(c)) for c in columns}
+    roots = {r for e in exprs.values() for r in e.meta.root_names()}
+    inputs = pl.DataFrame([select(db, source, [c]).to_series().gather(rows) for c in raw if c.target in roots])
+    if inputs.width == 0:
+        inputs = pl.DataFrame({"_n": pl.int_range(rows.len(), eager=True)})
+    out = S.conform(inputs.select(e.alias(c) for c, e in exprs.items()), table, list(columns))
+    return [out[c] for c in columns]
 
 
 def gather_derived(

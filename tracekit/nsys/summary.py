@@ -105,9 +105,10 @@ def _kernel_figures_by_id(trace: NsysTrace, top: int) -> tuple[int, list[int], i
     name ids (a few hundred), so that what is held per kernel is five integers, not three
     integers and two names (s8x: 0.9 GB where it was 1.2 GB). Same rows, groups and
     aggregations as :func:`top_kernels`, so the same table."""
-    src = trace.table("kernels", ["device_id", "start_ns", "duration_ns", "name_id", "short_name_id"])
+    # one column at a time from the column cache (when it takes the table), not five at once
+    src = trace.columns_on_demand("kernels", ["device_id", "start_ns", "duration_ns", "name_id", "short_name_id"])
     dev = src["device_id"]
-    launches = src.height
+    launches = dev.len()
     if launches == 0:
         return _kernel_figures(trace, top)
     used = sorted(dev.drop_nulls().unique().to_list())
@@ -178,11 +179,14 @@ def trace_summary(trace: NsysTrace, *, top: int = 10) -> TraceSummary:
     s.info["kernels"] = f"{launches:,} launches, {_ms(gpu_ns)} GPU time"
     api_calls = trace.cuda_api.height if trace.is_loaded("cuda_api") else trace.table("cuda_api", ["correlation_id"]).height
     s.info["CUDA API calls"] = f"{api_calls:,}"
-    s.info["NVTX events"] = f"{trace.nvtx.height:,}"
+    # the columns top_nvtx reads, not kept on the trace (the whole table is ~1 GB on 6.5 M events)
+    nvtx = trace.table("nvtx", ["event_type_id", "end_ns", "duration_ns", "name", "domain"])
+    s.info["NVTX events"] = f"{nvtx.height:,}"
     s.tables["top kernels"] = top_k
     s.tables["memory operations"] = memcpy_totals(trace.memcpys, trace.memsets)
-    if trace.nvtx.height:
-        s.tables["top NVTX ranges"] = top_nvtx(trace.nvtx, top)
+    if nvtx.height:
+        s.tables["top NVTX ranges"] = top_nvtx(nvtx, top)
+    del nvtx
     s.notes.extend(f"missing: {m}" for m in meta.missing)
     s.notes.extend(f"partial export: {k}={v}" for k, v in meta.partial_export.items())
     return s

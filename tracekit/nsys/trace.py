@@ -320,13 +320,17 @@ class ColumnsOnDemand:
         return self._cached
 
     def gather_columns(self, columns: list[str], rows: pl.Series) -> list[pl.Series]:
-        """``self[c].gather(rows)`` for each column. From the cache, ``cuda_api`` columns are
-        derived after the gather (names looked up for the rows asked only)."""
-        if self._name != "cuda_api" or self._trace.is_loaded(self._name) or not self._from_cache():
+        """``self[c].gather(rows)`` for each column. From the cache, ``cuda_api`` and
+        ``kernels`` columns are derived after the gather (names looked up for the rows asked
+        only)."""
+        if self._name not in ("cuda_api", "kernels") or self._trace.is_loaded(self._name) or not self._from_cache():
             return [self[c].gather(rows) for c in columns]
-        raw, derived = readers.cuda_api_spec(self._trace.strings)
         db = self._trace.db
-        return [readers.gather_derived(db, readers.CUDA_API_SOURCE, "cuda_api", raw, derived, c, rows) for c in columns]
+        if self._name == "kernels":
+            source, (raw, derived) = readers.KERNEL_SOURCE, readers.kernels_spec(db, self._trace.strings)
+        else:
+            source, (raw, derived) = readers.CUDA_API_SOURCE, readers.cuda_api_spec(self._trace.strings)
+        return readers.gather_derived_columns(db, source, self._name, raw, derived, columns, rows)
 
 
 _SOURCE_TABLES = {

@@ -1,0 +1,214 @@
+"""``diagnose`` of a big export without its kernel and operation tables (issue 14 §1).
+
+Past :data:`~tracekit.diagnosis.ops_by_column.MIN_KERNELS` kernels, the diagnosis context
+answers each filter of the operations a column at a time (:class:`OpsByColumn`) instead of
+holding them. Here the threshold is lowered so that real exports take that path, and each
+answer is compared with the same filter on the whole tables built by the loader: the
+findings, the window, and ``ops.filter(expr)`` row for row. One export is big enough for
+the column cache (a 300 k-kernel repeat of the decode sample), so the cached one-column reads
+and the gathers after them run for real; the others read their columns in one go.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+import warnings
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+import tracekit
+from tracekit.analysis._frames import gpu_ops
+from tracekit.diagnosis import DiagnoseConfig, diagnose
+from tracekit.diagnosis import context as context_mod
+from tracekit.diagnosis import ops_by_column as obc
+from tracekit.nsys.database import ExportDatabase
+
+from .conftest import NSYS_CORPUS, SAMPLES, build_big_trace
+
+SAMPLED = DiagnoseConfig(exact_steps=3, sample_steps=2, max_window_ops=50)
+EXPORTS = [p for p in sorted(SAMPLES.rglob("*.sqlite")) if "per_rank" not in p.name] + sorted(NSYS_CORPUS.glob("*.sqlite"))
+INT64_MAX = (1 << 63) - 1
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_big_trace(tmp_path_factory.mktemp("bycol"), 300_000)
+
+
+@pytest.fixture
+def by_column(monkeypatch: pytest.MonkeyPatch) -> list[obc.OpsByColumn]:
+    """Every export takes the by-column path; the instances made are collected (so a test
+    can tell that the path ran)."""
+    made: list[obc.OpsByColumn] = []
+    monkeypatch.setattr(obc, "MIN_KERNELS", 0)
+    # small exports are below the column cache's minimum: read them as the cache would be
+    monkeypatch.setattr(ExportDatabase, "caches", lambda self, table: True)
+    real = obc.by_column
+
+    def recording(trace):  # type: ignore[no-untyped-def]
+        got = real(trace)
+        if got is not None:
+            made.append(got)
+        return got
+
+    monkeypatch.setattr(context_mod, "by_column", recording)
+    return made
+
+
+def _whole(path: Path, config: DiagnoseConfig):  # type: ignore[no-untyped-def]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return diagnose(tracekit.open(path), config=config)
+
+
+def _has_kernels(path: Path) -> bool:
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return bool(con.execute("SELECT count(*) FROM sqlite_master WHERE name = 'CUPTI_ACTIVITY_KIND_KERNEL'").fetchone()[0])
+    finally:
+        con.close()
+
+
+@pytest.mark.parametrize("config", [DiagnoseConfig(), SAMPLED], ids=["default", "sampled"])
+@pytest.mark.parametrize("path", [p for p in EXPORTS if _has_kernels(p)], ids=lambda p: p.stem)
+def test_findings_and_window_equal_the_whole_tables(path: Path, config: DiagnoseConfig, request: pytest.FixtureRequest) -> None:
+    expected = _whole(path, config)  # before the fixture: the whole-table path
+    made = request.getfixturevalue("by_column")
+    trace = tracekit.open(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = diagnose(trace, config=config)
+    assert made, "the by-column path ran"
+    assert not trace.is_loaded("kernels")
+    assert got.window.start_ns == expected.window.start_ns and got.window.end_ns == expected.window.end_ns
+    assert (got.window.method, got.window.steps, got.window.sample_start_ns, got.window.sample_end_ns) == (
+        expected.window.method, expected.window.steps, expected.window.sample_start_ns, expected.window.sample_end_ns)
+    assert got.findings.equals(expected.findings)
+
+
+def test_the_cached_big_export_is_diagnosed_by_column_with_the_same_findings(
+    big: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TRACEKIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("TRACEKIT_COLUMN_CACHE", "1")
+    config = DiagnoseConfig(max_window_ops=20_000)  # 300 k kernels: the window is sampled
+    expected = _whole(big, config)
+    assert expected.window.sampled
+    monkeypatch.setattr(obc, "MIN_KERNELS", 100_000)
+    trace = tracekit.open(big)
+    assert obc.by_column(trace) is not None  # the real test: table size and cache, not a patch
+    got = diagnose(trace, config=config)
+    assert got.findings.equals(expected.findings)
+    assert (got.window.start_ns, got.window.end_ns, got.window.sample_start_ns) == (
+        expected.window.start_ns, expected.window.end_ns, expected.window.sample_start_ns)
+    assert not trace.is_loaded("kernels")
+
+
+def _ops(trace) -> pl.DataFrame:  # type: ignore[no-untyped-def]
+    return gpu_ops(trace.kernels, trace.memcpys, trace.memsets)
+
+
+def _predicates(ops: pl.DataFrame) -> list[pl.Expr]:
+    lo, hi = int(ops["start_ns"].min()), int(ops["end_ns"].max())
+    a, b = lo + (hi - lo) // 3, lo + 2 * (hi - lo) // 3
+    ids = ops["correlation_id"].drop_nulls().unique().sort().gather_every(7)
+    return [
+        (pl.col("end_ns") > a) & (pl.col("start_ns") < b),
+        (pl.col("start_ns") >= a) & (pl.col("start_ns") < b),
+        pl.col("correlation_id").is_in(ids.implode()),
+        pl.lit(True),
+        pl.lit(False),
+        pl.col("start_ns") > hi,  # nothing
+    ]
+
+
+def _check_where(trace, source: obc.OpsByColumn) -> None:  # type: ignore[no-untyped-def]
+    ops = _ops(trace)
+    kernels = trace.kernels.select(obc.KERNEL_COLUMNS)
+    for expr in _predicates(ops):
+        got, got_k = source.where_with_kernels(expr)
+        assert got.equals(ops.filter(expr)), str(expr)
+        assert got_k.equals(kernels.filter(expr)), str(expr)
+    assert source.columns == ops.columns
+    assert source.kernel_rows == trace.kernels.height
+
+
+@pytest.mark.usefixtures("by_column")
+@pytest.mark.parametrize("path", [SAMPLES / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite",
+                                  SAMPLES / "llm_tp2_nccl" / "llm_tp2_nccl.sqlite"], ids=lambda p: p.stem)
+def test_where_gives_the_rows_of_the_whole_operations(path: Path) -> None:
+    source = obc.by_column(tracekit.open(path))
+    assert source is not None
+    _check_where(tracekit.open(path), source)
+
+
+def test_where_on_the_cached_big_export(big: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRACEKIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("TRACEKIT_COLUMN_CACHE", "1")
+    monkeypatch.setattr(obc, "MIN_KERNELS", 100_000)
+    source = obc.by_column(tracekit.open(big))
+    assert source is not None
+    assert source._src._from_cache()  # one column at a time from the cache
+    _check_where(tracekit.open(big), source)
+
+
+@pytest.mark.usefixtures("by_column")
+def test_an_int64_max_end_is_left_out_as_gpu_ops_leaves_it_out(tmp_path: Path) -> None:
+    """The bound of implausible ends is the whole table's (max start + span), not the part's."""
+    src = SAMPLES / "llm_train_emit_nvtx_1gpu" / "llm_train_emit_nvtx_1gpu.sqlite"
+    path = tmp_path / "kmax.sqlite"
+    shutil.copyfile(src, path)
+    path.chmod(0o644)
+    con = sqlite3.connect(path)
+    con.execute(f'UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET "end" = {INT64_MAX} WHERE rowid = 7')
+    con.commit()
+    con.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trace = tracekit.open(path)
+        source = obc.by_column(tracekit.open(path))
+        assert source is not None
+        ops = _ops(trace)
+        assert ops.height == trace.kernels.height + trace.memcpys.height + trace.memsets.height - 1
+        _check_where(trace, source)
+        assert source.narrow(["start_ns"]).height == ops.height
+
+
+@pytest.mark.usefixtures("by_column")
+@pytest.mark.parametrize("path", [SAMPLES / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite",
+                                  SAMPLES / "planted" / "planted_clean_nonvtx" / "planted_clean_nonvtx.sqlite"],
+                         ids=lambda p: p.stem)
+def test_narrow_codes_names_one_to_one(path: Path) -> None:
+    trace = tracekit.open(path)
+    source = obc.by_column(tracekit.open(path))
+    assert source is not None
+    cols = ["device_id", "start_ns", "end_ns", "duration_ns", "name"]
+    got = source.narrow(cols)
+    ops = _ops(trace).select(cols)
+    assert got.drop("name").equals(ops.drop("name"))
+    assert got["name"].dtype == pl.Int64
+    pairs = pl.DataFrame({"code": got["name"], "name": ops["name"]}).unique()
+    # one code per name and one name per code: the period search sees the same sequence
+    assert pairs["code"].n_unique() == pairs.height == pairs["name"].n_unique()
+    assert pairs.height > 3
+
+
+@pytest.mark.usefixtures("by_column")
+def test_distinct_names_are_the_kernel_tables() -> None:
+    path = SAMPLES / "llm_tp2_nccl" / "llm_tp2_nccl.sqlite"
+    trace = tracekit.open(path)
+    source = obc.by_column(tracekit.open(path))
+    assert source is not None
+    for col in ("name", "short_name"):
+        assert sorted(source.distinct(col).to_list(), key=repr) == sorted(trace.kernels[col].unique().to_list(), key=repr)
+
+
+def test_small_exports_and_loaded_tables_keep_the_whole_path() -> None:
+    path = SAMPLES / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite"
+    assert obc.by_column(tracekit.open(path)) is None  # a few thousand kernels
+    trace = tracekit.open(path)
+    trace.kernels  # noqa: B018
+    assert obc.by_column(trace) is None

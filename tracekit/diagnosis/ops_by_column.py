@@ -1,0 +1,151 @@
+"""The GPU operations of an export too big to hold, read a column at a time (issue 14 §1).
+
+``diagnose`` needs few of a big trace's operations: those launched in the sampled steps, those
+around the sampled window, and a count. :class:`OpsByColumn` answers ``ops.filter(expr)``
+(``ops`` being :func:`~tracekit.analysis._frames.gpu_ops` of the whole kernel, memcpy and
+memset tables) without building ``ops``: the kernel columns the predicate reads are read from
+the column cache, the matching rows found, and only those rows of the other columns gathered
+(names looked up for them only). The rows, their order and their values are those of
+``ops.filter(expr)``; ``tests/test_diagnose_by_column.py`` checks it on real exports.
+
+Held at once: the predicate's columns of the kernel table (8 bytes per kernel each) and the
+memcpy and memset tables (small). On 30 M kernels that is 0.5 GB where the 11-column kernel
+table was 4 GB.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Any
+
+import polars as pl
+
+from tracekit.analysis._frames import gpu_ops
+from tracekit.nsys import schema as S
+from tracekit.nsys.readers import END_SLACK_NS, KERNEL_SOURCE, lookup_strings
+
+__all__ = ["KERNEL_COLUMNS", "MIN_KERNELS", "OpsByColumn", "by_column"]
+
+#: A single export whose kernel table has at least this many rows (and is not loaded) is
+#: diagnosed from :class:`OpsByColumn` instead of whole tables.
+MIN_KERNELS = 4_000_000
+
+#: The kernel columns the rules read (``Context.kernels``).
+KERNEL_COLUMNS = ("pid", "global_pid", "device_id", "context_id", "stream_id", "correlation_id",
+                  "start_ns", "end_ns", "duration_ns", "name", "short_name")
+
+
+_NONE = pl.Series([], dtype=pl.UInt32)  # no rows
+
+
+def by_column(trace: Any) -> OpsByColumn | None:
+    """An :class:`OpsByColumn` of ``trace`` when its kernel table is big (≥ :data:`MIN_KERNELS`
+    rows), not loaded, and read from a source that gives one column at a time; else ``None``."""
+    db = getattr(trace, "db", None)
+    if db is None or not hasattr(trace, "columns_on_demand") or trace.is_loaded("kernels"):
+        return None
+    if not db.has_table(KERNEL_SOURCE) or db.row_estimate(KERNEL_SOURCE) < MIN_KERNELS or not db.caches(KERNEL_SOURCE):
+        return None
+    return OpsByColumn(trace)
+
+
+class OpsByColumn:
+    """``gpu_ops(kernels, memcpys, memsets)`` of a big export, answered a column at a time
+    (see the module doc). ``columns``: the columns of the frames it returns."""
+
+    def __init__(self, trace: Any) -> None:
+        self._trace = trace
+        self._src = trace.columns_on_demand("kernels", [*KERNEL_COLUMNS, "name_id", "short_name_id"])
+        self.memcpys: pl.DataFrame = trace.memcpys
+        self.memsets: pl.DataFrame = trace.memsets
+
+    @cached_property
+    def columns(self) -> list[str]:
+        return gpu_ops(self._gather(_NONE, KERNEL_COLUMNS), self.memcpys.head(0), self.memsets.head(0)).columns
+
+    @cached_property
+    def kernel_rows(self) -> int:
+        """Rows of the kernel table."""
+        return len(self._src["start_ns"])
+
+    @cached_property
+    def end_bound(self) -> int | None:
+        """The bound of :func:`~tracekit.nsys.readers.implausible_end` over all operations
+        (ns): operations ending after it are left out of ``ops``; ``None`` when no start is known."""
+        lows, highs = [], []
+        for s in (self._src["start_ns"], self.memcpys["start_ns"], self.memsets["start_ns"]):
+            if s.len() and s.null_count() < s.len():
+                lows.append(s.min())
+                highs.append(s.max())
+        if not lows:
+            return None
+        # polars' Int64 arithmetic, as implausible_end computes it on the stacked frame
+        s = pl.col("start_ns")
+        bound = s.max() + pl.max_horizontal(s.max() - s.min(), pl.lit(END_SLACK_NS))
+        return pl.DataFrame({"start_ns": [min(lows), max(highs)]}, schema={"start_ns": pl.Int64}).select(bound).item()  # type: ignore[no-any-return]
+
+    def _plausible(self) -> pl.Expr:
+        return (pl.col("end_ns") <= self.end_bound).fill_null(True) if self.end_bound is not None else pl.lit(True)
+
+    def _kernel_rows_where(self, expr: pl.Expr, *, plausible: bool) -> pl.Series | None:
+        """Row numbers of the kernels where ``expr`` is true (and, with ``plausible``, whose end
+        is not past :attr:`end_bound`), reading only the columns it names; ``None`` for all rows."""
+        cond = expr & self._plausible() if plausible else expr
+        names = list(dict.fromkeys(cond.meta.root_names()))
+        if not names:  # a constant: every row or none
+            return None if pl.select(cond.fill_null(False)).item() else _NONE
+        frame = pl.DataFrame([self._src[c] for c in names])
+        rows = frame.select(cond.fill_null(False).arg_true()).to_series()
+        return None if rows.len() == frame.height else rows
+
+    def _gather(self, rows: pl.Series | None, columns: tuple[str, ...] | list[str]) -> pl.DataFrame:
+        """``columns`` of the kernels at ``rows`` (``None``: every row, each column as read)."""
+        if rows is None:
+            return pl.DataFrame([self._src[c] for c in columns])
+        if rows.len() == 0:
+            return S.empty("kernels", list(columns))
+        return pl.DataFrame(self._src.gather_columns(list(columns), rows))
+
+    def kernels_where(self, expr: pl.Expr, columns: tuple[str, ...] = KERNEL_COLUMNS) -> pl.DataFrame:
+        """``kernels.select(columns).filter(expr)`` (every kernel, plausible end or not)."""
+        return self._gather(self._kernel_rows_where(expr, plausible=False), columns)
+
+    def where_with_kernels(self, expr: pl.Expr) -> tuple[pl.DataFrame, pl.DataFrame]:
+        """``ops.filter(expr)`` (same rows, order and values; ``expr`` may name ``start_ns``,
+        ``end_ns``, ``correlation_id`` … of the kernel, memcpy and memset tables) and
+        :meth:`kernels_where` of ``expr``, from one read of the kernel rows."""
+        kernels = self.kernels_where(expr)
+        ops = gpu_ops(kernels, self.memcpys.filter(expr), self.memsets.filter(expr), end_bound=self.end_bound)
+        return ops, kernels
+
+    def where(self, expr: pl.Expr) -> pl.DataFrame:
+        """``ops.filter(expr)`` (see :meth:`where_with_kernels`)."""
+        return self.where_with_kernels(expr)[0]
+
+    def narrow(self, columns: list[str]) -> pl.DataFrame:
+        """``ops.select(columns)`` of every operation, with ``name`` as an integer code (equal
+        codes for equal names, null for none) instead of the text: the input of the period
+        search (:func:`~tracekit.diagnosis.window.kernel_period_iterations`)."""
+        rows = self._kernel_rows_where(pl.lit(True), plausible=True)
+        plain = [c for c in columns if c != "name"]
+        kernels = self._gather(rows, plain)
+        # the memcpys and memsets as gpu_ops stacks them (no kernel rows)
+        ops = gpu_ops(self._gather(_NONE, KERNEL_COLUMNS), self.memcpys, self.memsets, end_bound=self.end_bound)
+        if "name" not in columns:
+            return pl.concat([kernels, ops.select(plain)], how="vertical_relaxed")
+        ids = self._src["name_id"] if rows is None else self._src["name_id"].gather(rows)
+        texts = ids.drop_nulls().unique().to_frame("id").with_columns(lookup_strings(pl.col("id"), self._trace.strings).alias("text"))
+        labels = pl.concat([texts["text"], ops["name"]]).drop_nulls().unique().sort()
+        codes = pl.int_range(labels.len(), dtype=pl.Int64, eager=True)
+        by_text = texts["text"].replace_strict(labels, codes, default=None, return_dtype=pl.Int64)
+        k_codes = ids.replace_strict(texts["id"], by_text, default=None, return_dtype=pl.Int64).alias("name")
+        del ids
+        k = kernels.with_columns(k_codes) if plain else k_codes.to_frame()
+        o_codes = ops["name"].replace_strict(labels, codes, default=None, return_dtype=pl.Int64).alias("name")
+        return pl.concat([k.select(columns), ops.with_columns(o_codes).select(columns)], how="vertical_relaxed")
+
+    def distinct(self, column: str) -> pl.Series:
+        """The distinct values of kernel column ``name`` or ``short_name`` (texts looked up
+        for the distinct ids only; a few hundred where the table has millions of rows)."""
+        ids = self._src[f"{column}_id"].unique()
+        return ids.to_frame("id").select(lookup_strings(pl.col("id"), self._trace.strings).alias(column)).to_series().unique()
