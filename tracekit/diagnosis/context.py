@@ -66,6 +66,14 @@ def _within_any(values: pl.Series, starts: pl.Series, ends: pl.Series) -> pl.Ser
 _SLICE = 4_000_000
 
 
+def _release(source: Any) -> None:
+    """Let a column source drop the column it keeps from its last read (600 MB on 76 M calls)
+    before the next big step."""
+    release = getattr(source, "release", None)
+    if release is not None:
+        release()
+
+
 class Context:
     """One trace (or trace set), its steady-state window and the frames rules read.
 
@@ -144,7 +152,11 @@ class Context:
     def api_count(self) -> int:
         """Number of CUDA API calls in the trace."""
         src = self.api_source
-        return src.height if isinstance(src, pl.DataFrame) else len(src["correlation_id"])
+        if isinstance(src, pl.DataFrame):
+            return src.height
+        n = len(src["correlation_id"])
+        _release(src)
+        return n
 
     @cached_property
     def nvtx(self) -> pl.DataFrame:
@@ -229,6 +241,7 @@ class Context:
         inside = _within_any(api["start_ns"], ranges["start_ns"], ranges["end_ns"])
         ids = api["correlation_id"].filter(inside).unique()
         del inside
+        _release(api)
         ops = self.ops_where(pl.col("correlation_id").is_in(ids.implode()))
         return launch_info(ops, self._calls_with_ids(ids))
 
@@ -239,6 +252,7 @@ class Context:
         mask = api["correlation_id"].is_in(ids.implode()).fill_null(False)
         if isinstance(api, pl.DataFrame):
             return api.filter(mask)
+        _release(api)
         return pl.DataFrame(api.gather_columns(list(api.columns), mask.arg_true()))
 
     @cached_property
@@ -279,6 +293,8 @@ class Context:
         if "correlation_id" in ops.columns:
             mask = mask | api["correlation_id"].is_in(ops["correlation_id"].unique().implode())
         rows = mask.fill_null(False).arg_true()
+        del mask
+        _release(api)
         return pl.DataFrame(api.gather_columns(list(api.columns), rows))
 
     def _margin(self) -> tuple[int, int]:

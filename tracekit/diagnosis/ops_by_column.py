@@ -66,7 +66,17 @@ class OpsByColumn:
     @cached_property
     def kernel_rows(self) -> int:
         """Rows of the kernel table."""
-        return len(self._src["start_ns"])
+        n = len(self._src["start_ns"])
+        self._src.release()
+        return n
+
+    def fill(self) -> None:
+        """Read what every filter needs first: the kernel table's columns into the column
+        cache (a cold cache is filled by scans of up to 1 GiB of columns, ~2 GB at the peak:
+        best done while nothing else is held) and :attr:`end_bound`."""
+        self.kernel_rows  # noqa: B018
+        self.end_bound  # noqa: B018
+        self._src.release()
 
     @cached_property
     def end_bound(self) -> int | None:
@@ -77,6 +87,7 @@ class OpsByColumn:
             if s.len() and s.null_count() < s.len():
                 lows.append(s.min())
                 highs.append(s.max())
+        self._src.release()
         if not lows:
             return None
         # polars' Int64 arithmetic, as implausible_end computes it on the stacked frame
@@ -96,7 +107,10 @@ class OpsByColumn:
             return None if pl.select(cond.fill_null(False)).item() else _NONE
         frame = pl.DataFrame([self._src[c] for c in names])
         rows = frame.select(cond.fill_null(False).arg_true()).to_series()
-        return None if rows.len() == frame.height else rows
+        height = frame.height
+        del frame
+        self._src.release()
+        return None if rows.len() == height else rows
 
     def _gather(self, rows: pl.Series | None, columns: tuple[str, ...] | list[str]) -> pl.DataFrame:
         """``columns`` of the kernels at ``rows`` (``None``: every row, each column as read)."""

@@ -312,6 +312,10 @@ class ColumnsOnDemand:
             self._last = (column, self._trace.table(self._name, [column])[column])
         return self._last[1]
 
+    def release(self) -> None:
+        """Drop the column kept from the last read (it is read again when asked for)."""
+        self._last = None
+
     def _from_cache(self) -> bool:
         """Whether columns come one at a time from the column cache (decided, and the cache
         filled, on first use) rather than from one frame read once."""
