@@ -212,3 +212,19 @@ def test_small_exports_and_loaded_tables_keep_the_whole_path() -> None:
     trace = tracekit.open(path)
     trace.kernels  # noqa: B018
     assert obc.by_column(trace) is None
+
+
+@pytest.mark.parametrize("kind", ["parquetdir", "arrowdir"])
+def test_nsys_folders_are_diagnosed_by_column_as_their_sqlite_export(kind: str, nsys_columnar: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An nsys folder gives one column at a time by itself (no cache needed)."""
+    sqlite = nsys_columnar / "memfusion_report1.sqlite"
+    expected = _whole(sqlite, SAMPLED)
+    monkeypatch.setattr(obc, "MIN_KERNELS", 0)
+    trace = tracekit.open(nsys_columnar / f"memfusion_report1.{kind}")
+    assert obc.by_column(trace) is not None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = diagnose(trace, config=SAMPLED)
+    assert got.findings.equals(expected.findings)
+    assert (got.window.start_ns, got.window.end_ns, got.window.method) == (
+        expected.window.start_ns, expected.window.end_ns, expected.window.method)
