@@ -28,7 +28,7 @@ import sqlite3
 import threading
 import urllib.parse
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
 from pathlib import Path
@@ -106,7 +106,7 @@ class ExportSource(Protocol):
     def is_rowid_table(self, table: str) -> bool: ...
     def caches(self, table: str) -> bool: ...
     def all_cached(self, table: str, exprs: Sequence[str]) -> bool: ...
-    def cache_integer_columns(self, table: str) -> bool: ...
+    def cache_integer_columns(self, table: str, only: Collection[str] | None = None) -> bool: ...
     def query(self, sql: str, schema: Mapping[str, pl.DataType | type[pl.DataType]]) -> pl.DataFrame: ...
     def query_table(
         self, table: str, exprs: Sequence[str], schema: Mapping[str, pl.DataType | type[pl.DataType]], where: str = ""
@@ -352,16 +352,17 @@ class ExportDatabase:
         """The column cache when it is on and ``table`` is large enough to be cached."""
         return self.column_cache if self.column_cache is not None and self._row_span(table) >= CACHE_MIN_ROWS else None
 
-    def cache_integer_columns(self, table: str) -> bool:
-        """Put every INTEGER column of ``table`` into the column cache (one scan for those it
-        lacks); True when they are all there afterwards. False, reading nothing, when the
-        cache is off or the table is too small to be cached. Integer columns are the ones
-        the readers cache as Int64 under their plain quoted names."""
+    def cache_integer_columns(self, table: str, only: Collection[str] | None = None) -> bool:
+        """Put every INTEGER column of ``table`` (of them, only those named in ``only``, export
+        column names) into the column cache (one scan for those it lacks); True when they are
+        all there afterwards. False, reading nothing, when the cache is off or the table is too
+        small to be cached. Integer columns are the ones the readers cache as Int64 under
+        their plain quoted names."""
         cache = self._cache_for(table)
         if cache is None:
             return False
         declared = self.rows(f'PRAGMA table_info("{table}")')
-        exprs = [f'"{r[1]}"' for r in declared if str(r[2]).upper() == "INTEGER"]
+        exprs = [f'"{r[1]}"' for r in declared if str(r[2]).upper() == "INTEGER" and (only is None or r[1] in only)]
         missing = [e for e in exprs if not cache.has(table, e)]
         if missing:
             # as many columns per scan as fit in CACHE_FILL_BYTES (all of them on tables up to

@@ -106,17 +106,20 @@ def _kernel_figures_by_id(trace: NsysTrace, top: int) -> tuple[int, list[int], i
     integers and two names (s8x: 0.9 GB where it was 1.2 GB). Same rows, groups and
     aggregations as :func:`top_kernels`, so the same table."""
     # one column at a time from the column cache (when it takes the table), not five at once
-    src = trace.columns_on_demand("kernels", ["device_id", "start_ns", "duration_ns", "name_id", "short_name_id"])
+    src = trace.columns_on_demand("kernels", ["device_id", "start_ns", "end_ns", "name_id", "short_name_id"])
     dev = src["device_id"]
     launches = dev.len()
     if launches == 0:
         return _kernel_figures(trace, top)
     used = sorted(dev.drop_nulls().unique().to_list())
     del dev
-    start, dur = src["start_ns"], src["duration_ns"]
+    # duration from the two cached time columns (alone it would be read as SQL, another scan)
+    start, end = src["start_ns"], src["end_ns"]
+    dur = (end - start).alias("duration_ns")
     # ends of INT64_MAX (damage) would make the GPU time 9.2e15 ms; the loader warned
-    bad = pl.DataFrame([start, (start + dur).alias("end_ns")]).select(implausible_end()).to_series()
-    del start
+    bad = pl.DataFrame([start, end]).select(implausible_end()).to_series()
+    del start, end
+    src.release()
     keep = ~bad if bad.any() else None
     if keep is not None:
         dur = dur.filter(keep)
