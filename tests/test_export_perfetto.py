@@ -369,6 +369,17 @@ def test_steady_window_is_the_diagnosis_window(tmp_path: Path, decode: object) -
     assert s.window_source.startswith("steady state (nvtx)")
 
 
+@pytest.mark.parametrize("path", sorted((ROOT / "sample_traces").rglob("*.sqlite")), ids=lambda p: p.stem)
+def test_steady_bounds_are_the_diagnosis_window_of_every_sample(path: Path) -> None:
+    """steady_bounds searches as diagnose does (launch columns for the measured steps only)."""
+    from tracekit.export.events import steady_bounds
+
+    d = tracekit.diagnose(tracekit.open(path))
+    lo, hi, why = steady_bounds(tracekit.open(path))
+    assert (lo, hi) == (d.window.start_ns, d.window.end_ns)
+    assert d.window.method in why
+
+
 def test_ranks_filter_a_trace_set(tmp_path: Path, per_rank: object) -> None:
     path = tmp_path / "r1.pftrace"
     s = perfetto(per_rank, path, ranks=[1])

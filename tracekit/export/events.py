@@ -191,7 +191,10 @@ def steady_bounds(trace: Any) -> tuple[int, int, str]:
 
     cfg = DiagnoseConfig()
     ctx = Context(trace, cfg)
-    w = steady_window(ctx.ops, ctx.ops_with_launch, ctx.nvtx, cfg)
+    # as diagnose calls it: launch columns only for the operations of the measured steps,
+    # and on a big export the operations a column at a time (not the whole launch join)
+    ctx.api_count  # noqa: B018
+    w = steady_window(ctx.ops_for_window, ctx.launched_ops, ctx.nvtx, cfg)
     return int(w.start_ns), int(w.end_ns), f"steady state ({w.method}): {w.reason}"
 
 
