@@ -269,3 +269,25 @@ def test_a_column_is_not_cached_without_room_to_write_it(big: Path, tmp_path: Pa
                              capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
         assert run.returncode == 0, run.stderr[-2000:]
         assert run.stdout.splitlines() == [want]
+
+
+def test_nvtx_kern_sum_refuses_pairs_that_cannot_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """nvtx_kern_sum builds one row per (kernel, enclosing range): 86 M rows on the 30 M-kernel
+    export, where polars aborted the process (SIGABRT at 7.5 GB under a 12 GB cap; now one line,
+    benchmarks/README.md). With just less room than that frame needs it is the one-line error
+    naming it; with just more, the report is the same as without a limit."""
+    import tracekit
+    from tracekit.errors import TraceMemoryError
+    from tracekit.nsys import database
+    from tracekit.stats import nvtx_projection, run_report
+
+    path = ROOT / "sample_traces" / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite"
+    pairs = nvtx_projection.projection(tracekit.open(path), kernels_only=True).pairs().height
+    assert pairs > 1000
+    need = 2 * pairs * (5 * 8 + 4 * 16)
+    expected = run_report(tracekit.open(path), "nvtx_kern_sum").frame
+    monkeypatch.setattr(database, "free_memory", lambda: need - 1)  # the reads before it need far less
+    with pytest.raises(TraceMemoryError, match=r"building nvtx_kern_sum's kernel/range pairs \(.* rows x 9 column\(s\)\) needs about"):
+        run_report(tracekit.open(path), "nvtx_kern_sum")
+    monkeypatch.setattr(database, "free_memory", lambda: need + (1 << 20))
+    assert run_report(tracekit.open(path), "nvtx_kern_sum").frame.equals(expected)

@@ -32,6 +32,7 @@ from tracekit.analysis.attribution import (
 )
 from tracekit.errors import UnsupportedReportError
 from tracekit.nsys import readers
+from tracekit.nsys.database import ensure_memory
 from tracekit.nsys.nvtx import qualified_name
 from tracekit.nsys.readers import Col
 from tracekit.stats.common import Report, stat_aggs
@@ -582,6 +583,11 @@ def nvtx_kern_sum(trace: NsysTrace, *, convention: str = "2025") -> Report:
     pairs = p.pairs()
     idx, ridx = pairs["_op"], pairs["_idx"]
     tree = p.tree
+    # one row per (kernel, enclosing range): five integer and four text columns (16-byte views),
+    # and as much again for the grouping below. polars aborts the process when an allocation
+    # fails (s30x: 86 M pairs, SIGABRT at 7.5 GB under a 12 GB cap), so refuse it first.
+    ensure_memory(trace.path, "nvtx_kern_sum's kernel/range pairs", pairs.height, 9,
+                  2 * pairs.height * (5 * 8 + 4 * 16), "building")
     inside = pl.DataFrame({
         "_gpu": _take(ops["_gpu"], idx),
         "duration_ns": _take(ops["duration_ns"], idx),
