@@ -241,7 +241,29 @@ def decimal_text(
     null; ``exact`` gets the original value (as a float) and may return ``""`` for NaN.
     The band is wide enough for polars' own arithmetic, which may differ from Python's by an
     ulp or two (it divides by multiplying with the reciprocal).
+
+    Each text depends on its value alone, so a column of few distinct values (the shared
+    memory sizes of a million kernels in ``cuda_gpu_trace``) or mostly nulls (the memcpy-only
+    columns there) is formatted once per distinct value and the texts are gathered back:
+    formatting every cell of those columns took ~0.3 s of a 1 M-row report.
     """
+    present = values.drop_nulls()
+    if present.len() < values.len() or present.len() > 64:
+        if present.len() == 0:
+            return pl.repeat(None, values.len(), dtype=pl.Utf8, eager=True).alias(values.name)
+        # + 0.0 turns -0.0 into 0.0 (the two print alike); NaN never matches itself as a key
+        distinct = (present.cast(pl.Float64) + 0.0).unique()
+        if distinct.len() * 4 <= values.len() and not distinct.is_nan().any():
+            texts = _decimal_text_each(distinct, digits, exact, divisor)
+            keys = values.cast(pl.Float64) + 0.0
+            return keys.replace_strict(distinct, texts, default=None, return_dtype=pl.Utf8).alias(values.name)
+    return _decimal_text_each(values, digits, exact, divisor)
+
+
+def _decimal_text_each(
+    values: pl.Series, digits: int, exact: Callable[[float], str], divisor: float
+) -> pl.Series:
+    """:func:`decimal_text` computed for every cell."""
     scale = 10**digits
     raw = values.cast(pl.Float64)
     x = raw / divisor if divisor != 1.0 else raw
