@@ -128,3 +128,34 @@ def test_launch_shapes_are_formatted_once_per_shape_and_equal_per_row_formatting
         assert _xyz(frame, "grid_x", "grid_y", "grid_z").to_list() == expected.to_list()
     assert _xyz(real, "grid_x", "grid_y", "grid_z").n_unique() < real.height
     assert _xyz(odd, "grid_x", "grid_y", "grid_z").to_list()[:2] == ["70000    1    1", "   1 70000    1"]
+
+
+def test_packed_group_numbers_group_as_the_key_columns_do() -> None:
+    """Launch groups are numbered by packing the integer keys' offsets in mixed radix; the
+    groups (and each group's keys, decoded from its number) must be those of grouping on the
+    key columns, nulls (one group of their own) and negative values included. Keys whose
+    ranges cannot be packed fall back to coding each column by its distinct values."""
+    import polars as pl
+
+    from tracekit.stats.launch import _group_numbers, _packed_group_numbers
+
+    trace = _open(SAMPLES / "llm_tp2_nccl" / "llm_tp2_nccl.sqlite")
+    real = trace.table("kernels", ["global_pid", "device_id", "name_id", "stream_id"]).select("global_pid", "device_id", "name_id", "stream_id")
+    odd = pl.DataFrame(
+        {"global_pid": [None, real["global_pid"].max(), real["global_pid"].min(), None], "device_id": [0, None, -1, None],
+         "name_id": [-5, 2, None, None], "stream_id": [1, 1, 1, None]},
+        schema=real.schema,
+    )
+    wide = pl.DataFrame({"a": [0, 1 << 40, 5], "b": [0, 1 << 30, 7], "c": [1, 2, 3]})  # 2**70 combinations
+    for keys in (real, pl.concat([real, odd]), odd, wide):
+        gid, groups = _group_numbers(keys)
+        packed = _packed_group_numbers(keys)
+        assert (packed is None) == (keys is wide)
+        expected = keys.with_row_index("_r").group_by(keys.columns).agg(pl.col("_r"))
+        got = keys.with_row_index("_r").with_columns(gid).group_by("_g").agg(pl.col("_r"))
+        assert sorted(expected["_r"].to_list()) == sorted(got["_r"].to_list())
+        # each group's decoded keys equal the keys of its rows
+        back = keys.with_columns(gid).join(groups, on="_g", how="left", suffix="_decoded")
+        for column in keys.columns:
+            assert back[column].equals(back[f"{column}_decoded"], check_names=False, null_equal=True), column
+        assert groups.schema == {**keys.schema, "_g": pl.Int64}

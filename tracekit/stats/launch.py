@@ -182,11 +182,58 @@ def _kernel_column(trace: NsysTrace, column: str, rows: pl.Series | None) -> pl.
 ONE_PASS_ROWS = 2_000_000
 
 
+def _packed_group_numbers(keys: pl.DataFrame) -> tuple[pl.Series, pl.DataFrame] | None:
+    """:func:`_group_numbers` when every key column is an integer whose range (max - min,
+    plus one code for null) multiplies with the others' to less than 2**62: each row's number
+    is its offsets from the minima in mixed radix, and the groups' keys are decoded from
+    their numbers. No hashing (1 M launches: 0.01 s where coding by distinct values took
+    0.05 s); None otherwise."""
+    if not keys.width or not all(dtype.is_integer() for dtype in keys.dtypes):
+        return None
+    bounds = keys.select(
+        *(pl.col(c).min().cast(pl.Int64).alias(f"lo{i}") for i, c in enumerate(keys.columns)),
+        *(pl.col(c).max().cast(pl.Int64).alias(f"hi{i}") for i, c in enumerate(keys.columns)),
+        *(pl.col(c).null_count().alias(f"n{i}") for i, c in enumerate(keys.columns)),
+    ).row(0)
+    width = keys.width
+    radix: list[tuple[str, int, int, bool]] = []  # column, minimum, codes, has nulls
+    total = 1
+    for i, name in enumerate(keys.columns):
+        lo, hi, nulls = bounds[i], bounds[width + i], bounds[2 * width + i]
+        if lo is None:  # all null: one code
+            lo = hi = 0
+        codes = hi - lo + 1 + (1 if nulls else 0)
+        total *= codes
+        if total >= 1 << 62:
+            return None
+        radix.append((name, lo, codes, bool(nulls)))
+    number: pl.Expr | None = None
+    for name, lo, codes, _ in radix:
+        code = (pl.col(name).cast(pl.Int64) - lo).fill_null(codes - 1)
+        number = code if number is None else number * codes + code
+    assert number is not None
+    gid = keys.select(number.alias("_g")).to_series()
+    numbers = gid.unique().sort()
+    rest, columns = numbers, []
+    for name, lo, codes, nulls in reversed(radix):
+        code = rest % codes
+        value = code + lo
+        if nulls:
+            value = value.set(code == codes - 1, None)  # type: ignore[arg-type]
+        columns.append(value.cast(keys.schema[name]).alias(name))
+        rest = rest // codes
+    return gid, pl.DataFrame([*reversed(columns), numbers])
+
+
 def _group_numbers(keys: pl.DataFrame) -> tuple[pl.Series, pl.DataFrame]:
     """One Int64 per row, equal exactly when the rows' ``keys`` are (null equals null), and
-    one row per group: its number ``_g`` and its keys. Each column is coded by its few distinct
-    values and the codes are combined arithmetically: a hash of the whole key frame (8 M
-    launches) took ~0.5 GB where this takes two small integer columns."""
+    one row per group: its number ``_g`` and its keys. Integer keys of small ranges are packed
+    arithmetically (:func:`_packed_group_numbers`); otherwise each column is coded by its few
+    distinct values and the codes are combined arithmetically: a hash of the whole key frame
+    (8 M launches) took ~0.5 GB where this takes two small integer columns."""
+    packed = _packed_group_numbers(keys)
+    if packed is not None:
+        return packed
     codes: list[pl.Series] = []
     values: list[pl.Series] = []
     for name in keys.columns:
@@ -258,12 +305,12 @@ def cuda_kern_exec_sum(trace: NsysTrace, *, convention: str = "2025") -> Report:
     # up to ONE_PASS_ROWS launches, one group-by over all four durations (faster); beyond, each
     # duration is summarised over group numbers and dropped before the next is computed
     one_pass = arow.len() <= ONE_PASS_ROWS
-    keys = list(group_keys.columns)
     pending: dict[str, pl.Series] = {}
     sequential: dict[str, bool] = {}
-    if not one_pass:
-        gid, groups = _group_numbers(group_keys)
-        del group_keys
+    # one group number per launch: grouping on it is faster than on the four key columns
+    # (1 M launches: 0.06 s with the numbering where the four-column group-by took 0.09 s)
+    gid, groups = _group_numbers(group_keys)
+    del group_keys
 
     def counts(v: str) -> list[pl.Expr]:
         return [pl.len().alias("Count"), pl.col(v).count().alias("QCount")]
@@ -299,11 +346,12 @@ def cuda_kern_exec_sum(trace: NsysTrace, *, convention: str = "2025") -> Report:
     del a_end
     summarise(last_end - a_start, "T")
     if one_pass:
-        frame = group_keys.with_columns(v.alias(f"_v{p}") for p, v in pending.items())
+        frame = pl.DataFrame([gid, *(v.alias(f"_v{p}") for p, v in pending.items())])
         del pending
-        groups = frame.group_by(keys, maintain_order=any(sequential.values())).agg(
+        stats = frame.group_by("_g", maintain_order=any(sequential.values())).agg(
             *counts("_vQ"), *(e for p in "TAQK" for e in _stats(f"_v{p}", p, sequential=sequential[p]))
         )
+        groups = groups.join(stats, on="_g", how="left")
     s = groups
     s = resolve_names(s, trace, "name", "api_name").with_columns(api_display_name(pl.col("api_name")).alias("api_name"))
     s = s.sort(["TAvg (ns)", "Count", "name"], descending=[True, False, False])
