@@ -193,15 +193,33 @@ def _without_nulls(frame: pl.DataFrame, columns: list[str]) -> pl.DataFrame:
     return frame.drop_nulls(columns) if frame.select(columns).null_count().sum_horizontal().item() else frame
 
 
+#: Sorted runs of the left keys up to which :func:`_merge_join` merges run by run.
+MERGE_RUNS = 16
+
+
 def _merge_join(left: pl.DataFrame, right: pl.DataFrame) -> pl.DataFrame:
     """Inner join of ``_key`` (no nulls) as a merge of sorted sides; ``_lrow``, ``_arow``.
 
-    When only the right side is sorted with unique keys (kernels, memcpys and memsets stacked
-    into one frame are sorted per part, the API calls overall), each left key is looked up
-    by binary search instead: no sort of the left side and no re-sort of the result (a
-    million ops: ~70 MB less memory, and faster)."""
+    When the left side is a few sorted runs (kernels, memcpys and memsets stacked into one
+    frame are sorted per part, the API calls overall), each run is merged with the right
+    side in turn. Otherwise, when the right side has unique keys, each left key is looked up
+    by binary search: no sort of the left side and no re-sort of the result (a million ops:
+    ~70 MB less memory, and faster)."""
     if not right["_key"].is_sorted():
         right = right.sort("_key", maintain_order=True)
+    if not left["_key"].is_sorted():
+        # a few sorted runs (kernels, memcpys, memsets stacked): merge each run with the
+        # right side, linear where the binary search below costs log n per row (a million
+        # ops against 2.5 M calls: 0.01-0.02 s instead of 0.05 s)
+        descents = (left["_key"].diff() < 0).arg_true()
+        if descents.len() < MERGE_RUNS:
+            bounds = [0, *descents.to_list(), left.height]
+            sorted_right = right.set_sorted("_key")
+            parts = [
+                left.slice(lo, hi - lo).set_sorted("_key").join(sorted_right, on="_key", how="inner").select("_lrow", "_arow")
+                for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)
+            ]
+            return pl.concat(parts)
     keys = right["_key"]
     # sorted: unique when no two neighbours are equal (a hash set of 20 M keys took ~0.2 GB)
     unique = keys.len() < 2 or not (keys.slice(1) == keys.slice(0, keys.len() - 1)).any()
