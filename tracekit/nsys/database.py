@@ -768,9 +768,10 @@ def free_memory() -> int | None:
 
     bounds = []
     soft = resource.getrlimit(resource.RLIMIT_AS)[0]
-    status = _kb_fields("/proc/self/status")
-    if soft != resource.RLIM_INFINITY and "VmSize" in status:
-        bounds.append(soft - status["VmSize"])
+    if soft != resource.RLIM_INFINITY:  # /proc/self/status only when there is a limit (it is called often)
+        status = _kb_fields("/proc/self/status")
+        if "VmSize" in status:
+            bounds.append(soft - status["VmSize"])
     meminfo = _kb_fields("/proc/meminfo")
     if "MemAvailable" in meminfo:
         bounds.append(meminfo["MemAvailable"] + meminfo.get("SwapFree", 0))

@@ -238,7 +238,10 @@ def projection_for_totals(trace: NsysTrace) -> Projection:
         return pl.concat([op_rows(trace, t, [column], duration=False) for t in tables], how="vertical_relaxed").to_series()
 
     keys = pl.DataFrame([op_column("global_pid"), op_column("correlation_id")])
-    pairs = launch_pairs(keys, lean_api_rows(trace, keys.height, names=False), how="inner")
+    # one source of API columns for the join and the gathers below: the join reads
+    # global_tid last, and the first gather reuses it (a fresh source read it again)
+    api = lean_api_rows(trace, keys.height, names=False)
+    pairs = launch_pairs(keys, api, how="inner")
     del keys
     lrow, arow = pairs["_lrow"], pairs["_arow"]
     del pairs
@@ -246,15 +249,12 @@ def projection_for_totals(trace: NsysTrace) -> Projection:
     threads = tree.select("global_tid", "_thr").unique(subset=["global_tid"], keep="first")
     tree = tree.drop("global_tid", "is_open", "event_type_id")
 
-    def api_column(column: str) -> pl.Series:
-        return api_rows(trace, names=False)[column].gather(arow)
-
-    calls = pl.DataFrame({"global_tid": api_column("global_tid")}).with_row_index("_op")
+    calls = pl.DataFrame({"global_tid": api["global_tid"].gather(arow)}).with_row_index("_op")
     calls = calls.join(threads, on="global_tid", how="inner", maintain_order="left").drop("global_tid")
     rows = calls["_op"]
-    calls = calls.with_columns(api_column("start_ns").gather(rows).alias("_s"))
-    calls = calls.with_columns(api_column("end_ns").gather(rows).alias("_e")).filter(pl.col("_s").is_not_null())
-    del rows
+    calls = calls.with_columns(api["start_ns"].gather(arow).gather(rows).alias("_s"))
+    calls = calls.with_columns(api["end_ns"].gather(arow).gather(rows).alias("_e")).filter(pl.col("_s").is_not_null())
+    del rows, api
     inners, extras = [], []
     starts = innermost_starts(tree)  # the per-tree work, once (per chunk it grew with chunks × ranges)
     ends = tree["end_ns"].drop_nulls().unique().sort()
