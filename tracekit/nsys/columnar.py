@@ -26,7 +26,7 @@ cache: the folder is columnar already. The folder is never written to.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -231,7 +231,9 @@ class ExportFolder:
         """As :meth:`caches`."""
         return self.caches(table)
 
-    def cache_integer_columns(self, table: str) -> bool:
+    def cache_integer_columns(
+        self, table: str, only: Collection[str] | None = None, *, scan_bytes: int | None = None
+    ) -> bool:
         """As :meth:`caches` (nothing to fill: the folder is columnar already)."""
         return self.caches(table)
 

@@ -18,6 +18,7 @@ import polars as pl
 from tracekit.analysis._frames import is_identity, max_int
 from tracekit.analysis.attribution import _launch_join, launch_pairs
 from tracekit.errors import UnsupportedReportError
+from tracekit.nsys.database import prefetch_columns
 from tracekit.stats.common import Report
 from tracekit.stats.nvtx_projection import (
     KERNEL_TABLE,
@@ -277,6 +278,13 @@ def cuda_kern_exec_sum(trace: NsysTrace, *, convention: str = "2025") -> Report:
     to ~0.6 GB). The statistics are those of one group-by over all rows.
     """
     _require(trace, "cuda_kern_exec_sum")
+    # a cold run reads the columns below in one scan per table, not one scan per column (1 M
+    # kernels, 2.5 M calls: CPU 1.75-2.04 -> 1.33-1.61 s). Kernels first: the larger scan then
+    # reuses the smaller one's memory (peak 350 MB; API first 440 MB; per-column scans 275 MB)
+    if not trace.is_loaded("kernels"):
+        prefetch_columns(trace.db, KERNEL_TABLE, ("globalPid", "correlationId", "deviceId", "demangledName", "start", "end"))
+    if not trace.is_loaded("cuda_api"):
+        prefetch_columns(trace.db, "CUPTI_ACTIVITY_KIND_RUNTIME", ("globalTid", "correlationId", "nameId", "start", "end"))
     keys_in = op_rows(trace, KERNEL_TABLE, ["global_pid", "correlation_id"], duration=False)
     n_kernels = keys_in.height
     api = lean_api_rows(trace, n_kernels)  # on a big trace a column read is dropped after use
