@@ -227,6 +227,9 @@ def _repr_or_empty(value: float | None) -> str:
 
 #: Magnitudes from which a float is formatted in Python (repr switches to exponents at 1e16).
 _LARGE = 1e15
+#: Distinct values up to which :func:`decimal_text` formats each by its exact Python rule
+#: (faster than polars' expressions on a handful of values: ~1 ms a call).
+EXACT_DISTINCT = 256
 
 
 def decimal_text(
@@ -251,11 +254,15 @@ def decimal_text(
     if present.len() < values.len() or present.len() > 64:
         if present.len() == 0:
             return pl.repeat(None, values.len(), dtype=pl.Utf8, eager=True).alias(values.name)
-        # + 0.0 turns -0.0 into 0.0 (the two print alike); NaN never matches itself as a key
-        distinct = (present.cast(pl.Float64) + 0.0).unique()
+        # -0.0 and 0.0 are one key (polars hashes them alike) and print alike, as 0.0 (the
+        # per-cell path's text); NaN would never match itself as a key
+        distinct = present.cast(pl.Float64).unique()
         if distinct.len() * 4 <= values.len() and not distinct.is_nan().any():
-            texts = _decimal_text_each(distinct, digits, exact, divisor)
-            keys = values.cast(pl.Float64) + 0.0
+            if distinct.len() <= EXACT_DISTINCT:  # a few values: the defining rule itself, in Python
+                texts = pl.Series([exact(v + 0.0) for v in distinct.to_list()], dtype=pl.Utf8)
+            else:
+                texts = _decimal_text_each(distinct, digits, exact, divisor)
+            keys = values.cast(pl.Float64)
             return keys.replace_strict(distinct, texts, default=None, return_dtype=pl.Utf8).alias(values.name)
     return _decimal_text_each(values, digits, exact, divisor)
 
