@@ -159,3 +159,29 @@ def test_packed_group_numbers_group_as_the_key_columns_do() -> None:
         for column in keys.columns:
             assert back[column].equals(back[f"{column}_decoded"], check_names=False, null_equal=True), column
         assert groups.schema == {**keys.schema, "_g": pl.Int64}
+
+
+def test_gpu_trace_device_text_with_and_without_the_gpu_list(tmp_path: Path) -> None:
+    """``Device`` is made once per device id: ``"<GPU name> (<id>)"`` from the GPU list, and
+    ``"GPU <id> (<id>)"`` for a copy of the export whose GPU list was dropped (time-sliced
+    exports have none); every row of a device has its text."""
+    import shutil
+
+    path = SAMPLES / "custom_allreduce_2gpu" / "custom_allreduce_2gpu.sqlite"
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    names = dict(con.execute("SELECT id, name FROM TARGET_INFO_GPU").fetchall())
+    present = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    tables = [t for t in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET") if t in present]
+    union = " UNION ALL ".join(f"SELECT deviceId FROM {t}" for t in tables)
+    ops = con.execute(f"SELECT deviceId, count(*) FROM ({union}) GROUP BY deviceId").fetchall()
+    con.close()
+    assert len(ops) == 2
+    copy = tmp_path / "no_gpu_list.sqlite"
+    shutil.copyfile(path, copy)
+    con = sqlite3.connect(copy)
+    con.execute("DROP TABLE TARGET_INFO_GPU")
+    con.commit()
+    con.close()
+    for export, text in ((path, lambda d: f"{names[d]} ({d})"), (copy, lambda d: f"GPU {d} ({d})")):
+        counts = run_report(_open(export), "cuda_gpu_trace").frame.group_by("Device").len()
+        assert dict(counts.iter_rows()) == {text(d): n for d, n in ops}
