@@ -221,6 +221,10 @@ def projection(trace: NsysTrace, *, kernels_only: bool = False) -> Projection:
 
 #: Calls searched for their innermost range at a time (:func:`projection_for_totals`).
 INNERMOST_CHUNK = 2_000_000
+#: Operations of one table below which :func:`projection_for_totals` reads its four columns
+#: once and keeps them, when the column cache does not serve the table (at most ~6 MB).
+SMALL_OP_ROWS = 200_000
+_OP_KEEP = ["global_pid", "correlation_id", "start_ns", "end_ns"]
 
 
 def projection_for_totals(trace: NsysTrace) -> Projection:
@@ -233,9 +237,21 @@ def projection_for_totals(trace: NsysTrace) -> Projection:
     ``_op == i``); ``inside`` is left empty. On 8.3 M operations / 20 M calls the peak fell from
     1.95 GB to ~1 GB (``nvtx_gpu_proj_sum``)."""
     tables = (KERNEL_TABLE, "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
+    # tables too small for the column cache (memcpys, memsets: each column read was a scan of
+    # the export, six per table) are read once, their four columns kept
+    small: dict[str, pl.DataFrame] = {}
 
     def op_column(column: str) -> pl.Series:
-        return pl.concat([op_rows(trace, t, [column], duration=False) for t in tables], how="vertical_relaxed").to_series()
+        parts = []
+        for t in tables:
+            if t not in small:
+                part = op_rows(trace, t, [column], duration=False)
+                if part.height >= SMALL_OP_ROWS or trace.db.caches(t):
+                    parts.append(part)
+                    continue
+                small[t] = op_rows(trace, t, _OP_KEEP, duration=False)
+            parts.append(small[t].select(column))
+        return pl.concat(parts, how="vertical_relaxed").to_series()
 
     keys = pl.DataFrame([op_column("global_pid"), op_column("correlation_id")])
     # one source of API columns for the join and the gathers below: the join reads
