@@ -147,10 +147,11 @@ def test_packed_group_numbers_group_as_the_key_columns_do() -> None:
         schema=real.schema,
     )
     wide = pl.DataFrame({"a": [0, 1 << 40, 5], "b": [0, 1 << 30, 7], "c": [1, 2, 3]})  # 2**70 combinations
-    for keys in (real, pl.concat([real, odd]), odd, wide):
+    unsigned = pl.DataFrame({"a": pl.Series([(1 << 64) - 1, 0, (1 << 64) - 1], dtype=pl.UInt64), "b": [1, 2, 1]})
+    for keys in (real, pl.concat([real, odd]), odd, wide, unsigned):
         gid, groups = _group_numbers(keys)
         packed = _packed_group_numbers(keys)
-        assert (packed is None) == (keys is wide)
+        assert (packed is None) == (keys is wide or keys is unsigned)
         expected = keys.with_row_index("_r").group_by(keys.columns).agg(pl.col("_r"))
         got = keys.with_row_index("_r").with_columns(gid).group_by("_g").agg(pl.col("_r"))
         assert sorted(expected["_r"].to_list()) == sorted(got["_r"].to_list())
