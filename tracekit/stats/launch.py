@@ -19,6 +19,7 @@ from tracekit.analysis._frames import is_identity, max_int
 from tracekit.analysis.attribution import _launch_join, launch_pairs
 from tracekit.errors import UnsupportedReportError
 from tracekit.nsys.database import prefetch_columns
+from tracekit.nsys.readers import lookup_strings
 from tracekit.stats.common import Report
 from tracekit.stats.nvtx_projection import (
     KERNEL_TABLE,
@@ -113,12 +114,21 @@ def cuda_kern_exec_trace(trace: NsysTrace, *, convention: str = "2025") -> Repor
         order = None
     kinds = dict.fromkeys(_EXEC_TRACE_COLUMNS[:10], "int")
 
+    # API names as nsys prints them, made once per StringIds id (not per call: a million
+    # string clean-ups took ~0.04 s)
+    api_text = trace.strings.select("id", api_display_name(pl.col("value")).alias("value"))
+
     def parts() -> Iterator[pl.DataFrame]:
         # names stay string ids until a chunk is written: a million kernel names as text
         # took ~0.2 GB
         for offset in range(0, max(k.height, 1), _CHUNK_ROWS):
             rows = k.slice(offset, _CHUNK_ROWS) if order is None else k[order.slice(offset, _CHUNK_ROWS)]
-            yield _exec_trace_rows(resolve_names(rows, trace, "name", "api_name"))
+            rows = resolve_names(rows, trace, "name")
+            if rows.schema["api_name"] == pl.Utf8:  # text, from a loaded cuda_api table
+                api = api_display_name(pl.col("api_name"))
+            else:
+                api = lookup_strings(pl.col("api_name"), api_text)
+            yield _exec_trace_rows(rows.with_columns(api.alias("api_name")))
 
     return Report.chunked("cuda_kern_exec_trace", parts, kinds, convention)
 
@@ -144,7 +154,7 @@ def _exec_trace_rows(k: pl.DataFrame) -> pl.DataFrame:
         _PID.alias("PID"),
         pl.col("tid").alias("TID"),
         pl.col("device_id").alias("DevId"),
-        api_display_name(pl.col("api_name")).alias("API Function"),
+        pl.col("api_name").alias("API Function"),  # display text already
         pl.col("_grid").alias("GridXYZ"),
         pl.col("_block").alias("BlockXYZ"),
         pl.col("name").alias("Kernel Name"),
