@@ -443,8 +443,21 @@ def _paths(r: pl.DataFrame) -> pl.Series:
 # -- API call → innermost range --------------------------------------------------------------
 def innermost_starts(tree: pl.DataFrame) -> pl.DataFrame:
     """What :func:`_innermost` searches: one row per (thread, start), the last in sort order
-    (the innermost of equal starts). Computed once when calls are searched in chunks."""
-    return tree.select("_thr", pl.col("start_ns").alias("_s"), "_idx").unique(subset=["_thr", "_s"], keep="last", maintain_order=True)
+    (the innermost of equal starts). Computed once when calls are searched in chunks.
+
+    The tree is sorted by thread and start, so equal (thread, start) rows are neighbours and
+    the last of each run is kept by comparing each row with the next (217 k ranges: ~2 ms
+    where an order-keeping ``unique`` took ~20 ms); a tree not sorted so takes the ``unique``."""
+    s = tree.select("_thr", pl.col("start_ns").alias("_s"), "_idx")
+    thr, start = pl.col("_thr"), pl.col("_s")
+    ordered = s.select(
+        (s.null_count().sum_horizontal() == 0).first()
+        & ((thr.diff() > 0) | ((thr.diff() == 0) & (start.diff() >= 0))).slice(1).all()
+    ).item()
+    if not ordered:
+        return s.unique(subset=["_thr", "_s"], keep="last", maintain_order=True)
+    last = ((thr != thr.shift(-1)) | (start != start.shift(-1))).fill_null(True)
+    return s.filter(last)
 
 
 def _innermost(calls: pl.DataFrame, tree: pl.DataFrame, *, starts: pl.DataFrame | None = None) -> pl.DataFrame:
