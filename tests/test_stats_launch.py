@@ -137,7 +137,8 @@ def test_packed_group_numbers_group_as_the_key_columns_do() -> None:
     ranges cannot be packed fall back to coding each column by its distinct values."""
     import polars as pl
 
-    from tracekit.stats.launch import _group_numbers, _packed_group_numbers
+    from tracekit.stats.common import group_numbers as _group_numbers
+    from tracekit.stats.common import packed_group_numbers as _packed_group_numbers
 
     trace = _open(SAMPLES / "llm_tp2_nccl" / "llm_tp2_nccl.sqlite")
     real = trace.table("kernels", ["global_pid", "device_id", "name_id", "stream_id"]).select("global_pid", "device_id", "name_id", "stream_id")
@@ -148,10 +149,15 @@ def test_packed_group_numbers_group_as_the_key_columns_do() -> None:
     )
     wide = pl.DataFrame({"a": [0, 1 << 40, 5], "b": [0, 1 << 30, 7], "c": [1, 2, 3]})  # 2**70 combinations
     unsigned = pl.DataFrame({"a": pl.Series([(1 << 64) - 1, 0, (1 << 64) - 1], dtype=pl.UInt64), "b": [1, 2, 1]})
-    for keys in (real, pl.concat([real, odd]), odd, wide, unsigned):
-        gid, groups = _group_numbers(keys)
+    n = 1 << 16  # four columns of 65,536 distinct spread-out values: 2**64 codes, hashed
+    hashed = pl.DataFrame({c: [i * 7919 + k for i in range(n)] for k, c in enumerate("abcd")}).vstack(
+        pl.DataFrame({c: [k] for k, c in enumerate("abcd")})
+    )
+    for keys in (real, pl.concat([real, odd]), odd, wide, unsigned, hashed):
+        gid, decode = _group_numbers(keys)
+        groups = decode(gid.unique())
         packed = _packed_group_numbers(keys)
-        assert (packed is None) == (keys is wide or keys is unsigned)
+        assert (packed is None) == (keys is wide or keys is unsigned or keys is hashed)
         expected = keys.with_row_index("_r").group_by(keys.columns).agg(pl.col("_r"))
         got = keys.with_row_index("_r").with_columns(gid).group_by("_g").agg(pl.col("_r"))
         assert sorted(expected["_r"].to_list()) == sorted(got["_r"].to_list())

@@ -9,7 +9,6 @@ of the call to whichever ends last, the call or the kernel.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -20,7 +19,7 @@ from tracekit.analysis.attribution import _launch_join, launch_pairs
 from tracekit.errors import UnsupportedReportError
 from tracekit.nsys.database import prefetch_columns
 from tracekit.nsys.readers import lookup_strings
-from tracekit.stats.common import Report
+from tracekit.stats.common import Report, group_numbers
 from tracekit.stats.nvtx_projection import (
     KERNEL_TABLE,
     api_rows,
@@ -205,87 +204,6 @@ def _abs_sum_passes_2_53(value: pl.Series) -> bool:
     return (value.abs().sum() or 0) > 1 << 53
 
 
-def _packed_group_numbers(keys: pl.DataFrame) -> tuple[pl.Series, pl.DataFrame] | None:
-    """:func:`_group_numbers` when every key column is an integer whose range (max - min,
-    plus one code for null) multiplies with the others' to less than 2**62: each row's number
-    is its offsets from the minima in mixed radix, and the groups' keys are decoded from
-    their numbers. No hashing (1 M launches: 0.01 s where coding by distinct values took
-    0.05 s); None otherwise."""
-    if not keys.width or not all(dtype.is_integer() and dtype != pl.UInt64 for dtype in keys.dtypes):
-        return None  # (UInt64 values may not fit the Int64 arithmetic)
-    bounds = keys.select(
-        *(pl.col(c).min().cast(pl.Int64).alias(f"lo{i}") for i, c in enumerate(keys.columns)),
-        *(pl.col(c).max().cast(pl.Int64).alias(f"hi{i}") for i, c in enumerate(keys.columns)),
-        *(pl.col(c).null_count().alias(f"n{i}") for i, c in enumerate(keys.columns)),
-    ).row(0)
-    width = keys.width
-    radix: list[tuple[str, int, int, bool]] = []  # column, minimum, codes, has nulls
-    total = 1
-    for i, name in enumerate(keys.columns):
-        lo, hi, nulls = bounds[i], bounds[width + i], bounds[2 * width + i]
-        if lo is None:  # all null: one code
-            lo = hi = 0
-        codes = hi - lo + 1 + (1 if nulls else 0)
-        total *= codes
-        if total >= 1 << 62:
-            return None
-        radix.append((name, lo, codes, bool(nulls)))
-    number: pl.Expr | None = None
-    for name, lo, codes, _ in radix:
-        code = (pl.col(name).cast(pl.Int64) - lo).fill_null(codes - 1)
-        number = code if number is None else number * codes + code
-    assert number is not None
-    gid = keys.select(number.alias("_g")).to_series()
-    numbers = gid.unique().sort()
-    rest, columns = numbers, []
-    for name, lo, codes, nulls in reversed(radix):
-        code = rest % codes
-        value = code + lo
-        if nulls:
-            value = value.set(code == codes - 1, None)  # type: ignore[arg-type]
-        columns.append(value.cast(keys.schema[name]).alias(name))
-        rest = rest // codes
-    return gid, pl.DataFrame([*reversed(columns), numbers])
-
-
-def _group_numbers(keys: pl.DataFrame) -> tuple[pl.Series, pl.DataFrame]:
-    """One Int64 per row, equal exactly when the rows' ``keys`` are (null equals null), and
-    one row per group: its number ``_g`` and its keys. Integer keys of small ranges are packed
-    arithmetically (:func:`_packed_group_numbers`); otherwise each column is coded by its few
-    distinct values and the codes are combined arithmetically: a hash of the whole key frame
-    (8 M launches) took ~0.5 GB where this takes two small integer columns."""
-    packed = _packed_group_numbers(keys)
-    if packed is not None:
-        return packed
-    codes: list[pl.Series] = []
-    values: list[pl.Series] = []
-    for name in keys.columns:
-        column = keys[name]
-        distinct = column.drop_nulls().unique(maintain_order=True)
-        if distinct.len():
-            code = column.replace_strict(distinct, pl.int_range(distinct.len(), dtype=pl.Int64, eager=True), return_dtype=pl.Int64)
-        else:  # all null (e.g. names of an export whose StringIds is empty): one code
-            code = pl.zeros(column.len(), pl.Int64, eager=True)
-        codes.append(code.fill_null(distinct.len()))
-        values.append(pl.concat([distinct, pl.Series([None], dtype=column.dtype)]))
-    radix = [v.len() for v in values]
-    if math.prod(radix) >= 1 << 62:  # too many combinations for one integer: hash the keys
-        gid = keys.with_row_index("_g").select(pl.col("_g").first().over(keys.columns).cast(pl.Int64)).to_series()
-        first = gid == pl.int_range(gid.len(), dtype=pl.Int64, eager=True)
-        return gid, keys.filter(first).with_columns(gid.filter(first).alias("_g"))
-    gid = codes[0]
-    for code, base in zip(codes[1:], radix[1:], strict=True):
-        gid = gid * base + code
-    del codes
-    number = gid.unique().sort()
-    rest, columns = number, []
-    for v, base in zip(reversed(values), reversed(radix), strict=True):
-        columns.append(v.gather(rest % base).alias(v.name))
-        rest = rest // base
-    groups = pl.DataFrame([*reversed(columns), number.alias("_g")])
-    return gid.alias("_g"), groups.select(*keys.columns, "_g")
-
-
 def cuda_kern_exec_sum(trace: NsysTrace, *, convention: str = "2025") -> Report:
     """``cuda_kern_exec_trace`` summarised per thread, device, API function and kernel name
     (``cuda_kern_exec_sum``).
@@ -339,8 +257,9 @@ def cuda_kern_exec_sum(trace: NsysTrace, *, convention: str = "2025") -> Report:
     sequential: dict[str, bool] = {}
     # one group number per launch: grouping on it is faster than on the four key columns
     # (1 M launches: 0.06 s with the numbering where the four-column group-by took 0.09 s)
-    gid, groups = _group_numbers(group_keys)
+    gid, decode = group_numbers(group_keys)
     del group_keys
+    groups: pl.DataFrame | None = None  # the groups' keys and statistics so far
 
     def counts(v: str) -> list[pl.Expr]:
         return [pl.len().alias("Count"), pl.col(v).count().alias("QCount")]
@@ -356,7 +275,7 @@ def cuda_kern_exec_sum(trace: NsysTrace, *, convention: str = "2025") -> Report:
         frame = pl.DataFrame({"_g": gid, "v": value})
         more = counts("v") if prefix == "Q" else []
         s = frame.group_by("_g", maintain_order=seq).agg(*more, *_stats("v", prefix, sequential=seq))
-        groups = groups.join(s, on="_g", how="left")
+        groups = (decode(s["_g"]) if groups is None else groups).join(s, on="_g", how="left")
 
     k_start = _kernel_column(trace, "start_ns", lrow)
     a_end = api_column("end_ns", arow)
@@ -381,7 +300,8 @@ def cuda_kern_exec_sum(trace: NsysTrace, *, convention: str = "2025") -> Report:
         stats = frame.group_by("_g", maintain_order=any(sequential.values())).agg(
             *counts("_vQ"), *(e for p in "TAQK" for e in _stats(f"_v{p}", p, sequential=sequential[p]))
         )
-        groups = groups.join(stats, on="_g", how="left")
+        groups = pl.concat([decode(stats["_g"]), stats.drop("_g")], how="horizontal")
+    assert groups is not None
     s = groups
     s = resolve_names(s, trace, "name", "api_name").with_columns(api_display_name(pl.col("api_name")).alias("api_name"))
     s = s.sort(["TAvg (ns)", "Count", "name"], descending=[True, False, False])
