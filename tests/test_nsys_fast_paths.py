@@ -284,6 +284,10 @@ def test_prefetch_reads_the_columns_a_report_needs_in_one_scan(
     assert sorted(big[1][1]) == sorted(['"globalTid"', '"correlationId"', '"nameId"', '"start"', '"end"'])
     assert cold == expected
     scans.clear()
+    # the prefetched columns were held until read: a second prefetch finds them cached
+    db = database.ExportDatabase(path)
+    database.prefetch_columns(db, "CUPTI_ACTIVITY_KIND_RUNTIME", ["start", "end"])
+    assert scans == [] and db.column_cache is not None and not db.column_cache._held
     assert run_report(_trace(path), "cuda_kern_exec_sum", convention="2023").to_csv() == expected
     assert not [s for s in scans if s[0] in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME")]
 
@@ -323,3 +327,14 @@ def test_a_prefetch_without_room_reads_nothing_and_raises_nothing(
     monkeypatch.setattr(database, "free_memory", room)
     database.prefetch_columns(db, "CUPTI_ACTIVITY_KIND_RUNTIME", ["start", "end"])
     assert len(_cache_files(tmp_path / "cache")) == 2
+    # held in memory until read once: the read returns them without the file, then they go
+    assert db.column_cache is not None and len(db.column_cache._held) == 2
+    reference = database.ExportDatabase(SAMPLES / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite", column_cache=False)
+    for file in _cache_files(tmp_path / "cache"):
+        file.write_bytes(b"damaged: a read of the file would warn and rebuild")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # reading a damaged file would warn (CacheIntegrityWarning)
+        got = db.query_table("CUPTI_ACTIVITY_KIND_RUNTIME", ['"start"', '"end"'], {"start": pl.Int64, "end": pl.Int64})
+    want = reference.query_table("CUPTI_ACTIVITY_KIND_RUNTIME", ['"start"', '"end"'], {"start": pl.Int64, "end": pl.Int64})
+    assert got.equals(want)
+    assert not db.column_cache._held

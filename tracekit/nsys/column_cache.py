@@ -92,6 +92,8 @@ class ColumnCache:
         self._export = export
         self._used = False
         self._warned = False
+        #: columns just written that the next get() of each returns without reading the file
+        self._held: dict[Path, pl.Series] = {}
         self._stamp = {"export": str(export.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
         state = folder_state(self.root)
         self.usable = state == "ok"
@@ -139,6 +141,9 @@ class ColumnCache:
     def get(self, table: str, expr: str) -> pl.Series | None:
         """The cached column ``expr`` of ``table``, or None (also when its checksum fails)."""
         path = self._path(table, expr)
+        held = self._held.pop(path, None)
+        if held is not None:  # written by this process a moment ago (put(..., hold=True))
+            return held
         if not self.has(table, expr):
             return None
         if not self._used:  # the eviction order: least recently used folders go first
@@ -166,7 +171,7 @@ class ColumnCache:
             self._drop(path, f"could not be read ({type(exc).__name__})")
             return None
 
-    def put(self, table: str, expr: str, column: pl.Series) -> None:
+    def put(self, table: str, expr: str, column: pl.Series, *, hold: bool = False) -> None:
         """Store ``column`` with its checksum (best effort: a full disk, a read-only cache or too
         little memory to write it only logs).
 
@@ -174,7 +179,10 @@ class ColumnCache:
         (the ``free_memory`` given to the cache): the Arrow IPC buffer it is written to
         grows by doubling, so the old and the new buffer live together for a moment. A cold
         ``tracekit stats`` on 3 M kernels under ``ulimit -v`` 1.3 GB failed with
-        ``ArrowMemoryError`` while caching a column although the report itself fitted."""
+        ``ArrowMemoryError`` while caching a column although the report itself fitted.
+
+        With ``hold``, the column written is also kept in memory and the next :meth:`get` of
+        it returns it (once) instead of reading the file back."""
         if not self.usable:
             return
         free = self._free_memory() if self._free_memory is not None else None
@@ -192,6 +200,8 @@ class ColumnCache:
             write_atomic(_sum_path(path), checksum(data).encode(), tmp_names)
             write_atomic(path, data, tmp_names)
             evict(self.root, keep=self.folder, limit_bytes=max_bytes())
+            if hold:
+                self._held[path] = column
         except (OSError, MemoryError) as exc:  # pyarrow's ArrowMemoryError is a MemoryError
             log.debug("not caching %s.%s (%s)", table, expr, exc)
             for name in tmp_names:
