@@ -284,3 +284,50 @@ def test_bad_arguments_are_explained() -> None:
         attribute_nvtx(trace.kernels, trace.nvtx)
     with pytest.raises(ValueError, match="fallback"):
         attribute_nvtx(launch_info(trace.kernels, trace.cuda_api), trace.nvtx, fallback="thread")
+
+
+@pytest.mark.parametrize("path", [DECODE, TP2, SAXPY], ids=lambda p: p.stem)
+def test_merge_join_paths_equal_a_hash_join(path: Path) -> None:
+    """The launch join's merge: stacked ops (kernels then memcpys then memsets, each sorted:
+    merged run by run), the same keys shuffled (many runs: binary search into the unique
+    API keys, or a sort of the left side when the API keys repeat) all give the pairs of
+    polars' hash join. SAXPY has wrapper API rows, so its correlation ids repeat."""
+    from tracekit.analysis import attribution
+
+    trace = _open(path)
+    ops = pl.concat([trace.table(t, ["correlation_id"]) for t in ("kernels", "memcpys", "memsets")])
+    api = trace.table("cuda_api", ["correlation_id"])
+    left = ops.drop_nulls().rename({"correlation_id": "_key"}).with_row_index("_lrow")
+    right = api.drop_nulls().rename({"correlation_id": "_key"}).with_row_index("_arow")
+    shuffled = left.sample(fraction=1.0, shuffle=True, seed=3)
+    for lhs in (left, shuffled):
+        expected = lhs.join(right, on="_key", how="inner").select("_lrow", "_arow").sort("_lrow", "_arow")
+        got = attribution._merge_join(lhs, right)
+        assert got.sort("_lrow", "_arow").equals(expected)
+        assert got.height > 0
+    if path == DECODE:  # one process: the stacked ops are sorted runs, merged run by run
+        assert 1 < (left["_key"].diff() < 0).sum() + 1 < attribution.MERGE_RUNS
+        assert (shuffled["_key"].diff() < 0).sum() + 1 >= attribution.MERGE_RUNS
+
+
+def test_innermost_starts_by_neighbours_equals_the_order_keeping_unique(tmp_path: Path) -> None:
+    """One row per (thread, start), the last in sort order: kept by comparing each row with
+    the next on a sorted tree (equal starts included: the coarse-clock copy floors NVTX times
+    to 100 µs), and by ``unique`` on a tree that is not sorted so. Both give the rows the
+    order-keeping ``unique`` gives."""
+    from tracekit.analysis.attribution import _nvtx_tree, innermost_starts
+    from tracekit.stats.nvtx_projection import _TREE_COLUMNS
+
+    from .test_stats_nvtx_projection import _coarse_copy
+
+    def reference(tree: pl.DataFrame) -> pl.DataFrame:
+        return tree.select("_thr", pl.col("start_ns").alias("_s"), "_idx").unique(subset=["_thr", "_s"], keep="last", maintain_order=True)
+
+    for path in (DECODE, TP2, _coarse_copy(tmp_path)):
+        tree = _nvtx_tree(_open(path).table("nvtx", _TREE_COLUMNS), [], paths=False)
+        starts = innermost_starts(tree)
+        assert starts.equals(reference(tree))
+        shuffled = tree.sample(fraction=1.0, shuffle=True, seed=1)
+        assert innermost_starts(shuffled).equals(reference(shuffled))
+        if path.name == "coarse.sqlite":
+            assert starts.height < tree.height  # equal starts on a thread: one row kept for them

@@ -133,3 +133,20 @@ def test_size_limit_nonsense_is_one_line(value: str, monkeypatch: pytest.MonkeyP
     r = subprocess.run([sys.executable, "-m", "tracekit.cli.main", "summary", "--findings", "0", str(DECODE)],
                        capture_output=True, text=True, timeout=300, env={**os.environ, "TRACEKIT_COLUMN_CACHE_MAX_GB": value})
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "TRACEKIT_COLUMN_CACHE_MAX_GB" in r.stderr
+
+
+def test_the_checksum_written_beside_a_column_is_that_of_its_file(cache: Path) -> None:
+    """Columns are written by polars straight into their temporary file and checksummed from
+    it, a chunk at a time: the sum beside each file equals the sum of the file's bytes (with
+    chunks smaller than the file, as for a large column), and no temporary file is left."""
+    from tracekit.cache import checksum, checksum_file
+
+    assert _trace(DECODE).kernels.height > 0
+    files = _kernel_files(cache)
+    assert len(files) > 10
+    for file in files:
+        expected = Path(f"{file}.b2").read_text().strip()
+        assert checksum(file.read_bytes()) == expected
+        with file.open("rb") as fh:
+            assert checksum_file(fh, chunk=4096) == expected
+    assert not list(cache.rglob("*.tmp"))

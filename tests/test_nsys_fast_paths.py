@@ -99,6 +99,37 @@ def test_column_cache_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         assert again.equals(frame, null_equal=True), table
         assert again.equals(reference.table(table), null_equal=True), table
     assert _cache_files(tmp_path / "cache") == files  # read, not rewritten
+    import pyarrow as pa
+
+    for file in files:  # one record batch each: read back as one buffer, no copy to join batches
+        with pa.ipc.open_file(file) as reader:
+            assert reader.num_record_batches == 1, file.name
+
+
+def test_filling_the_column_cache_does_not_import_pyarrow(tmp_path: Path) -> None:
+    """Columns are written by polars itself: importing pyarrow cost 0.07–0.1 s of every cold
+    ``tracekit stats`` run. A fresh interpreter fills the cache (thresholds lowered so the
+    sample's tables go through it) and reads it back."""
+    import subprocess
+    import sys
+
+    path = SAMPLES / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite"
+    code = (
+        "import sys\n"
+        "from tracekit.nsys import database\n"
+        "from tracekit.nsys.trace import NsysTrace\n"
+        "database.PARALLEL_MIN_ROWS = database.CACHE_MIN_ROWS = 2\n"
+        "first = NsysTrace(sys.argv[1]).table('kernels', ['start_ns', 'end_ns', 'name_id'])\n"
+        "again = NsysTrace(sys.argv[1]).table('kernels', ['start_ns', 'end_ns', 'name_id'])\n"
+        "assert again.equals(first) and first.height > 0\n"
+        "print(first.height, 'pyarrow' in sys.modules)\n"
+    )
+    env = {**os.environ, "TRACEKIT_CACHE": str(tmp_path / "cache")}
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, env=env, check=True)
+    rows, imported = out.stdout.split()
+    assert int(rows) == _trace(path, column_cache=False).kernels.height
+    assert imported == "False"
+    assert len(_cache_files(tmp_path / "cache")) >= 3  # the columns read, each written once
 
 
 def test_column_cache_key_follows_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small_thresholds: None) -> None:
@@ -219,3 +250,91 @@ def test_column_cache_limit_of_zero_keeps_only_the_export_being_written(
     second.kernels  # noqa: B018
     kept = [p.name for p in (tmp_path / "cache" / "columns").iterdir()]
     assert kept == [second.db.column_cache.key]  # type: ignore[union-attr]
+
+
+def _count_scans(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, list[str]]]:
+    """Record every scan of the export (table, expressions) while still running it."""
+    scans: list[tuple[str, list[str]]] = []
+    original = database.ExportDatabase._scan_table
+
+    def counted(self: database.ExportDatabase, table: str, exprs: list[str], schema: dict, where: str = "") -> pl.DataFrame:  # type: ignore[type-arg]
+        scans.append((table, list(exprs)))
+        return original(self, table, exprs, schema, where)
+
+    monkeypatch.setattr(database.ExportDatabase, "_scan_table", counted)
+    return scans
+
+
+def test_prefetch_reads_the_columns_a_report_needs_in_one_scan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small_thresholds: None
+) -> None:
+    """A cold ``cuda_kern_exec_sum`` puts its six kernel and five API columns in the cache with
+    one scan of each table (it read them one scan per column), then reads them back one at a
+    time; the report equals the one made without any cache, and a warm run scans nothing."""
+    from tracekit.stats import run_report
+
+    monkeypatch.setenv("TRACEKIT_CACHE", str(tmp_path / "cache"))
+    path = SAMPLES / "llm_tp2_nccl" / "llm_tp2_nccl.sqlite"
+    expected = run_report(_trace(path, column_cache=False), "cuda_kern_exec_sum", convention="2023").to_csv()
+    scans = _count_scans(monkeypatch)
+    cold = run_report(_trace(path), "cuda_kern_exec_sum", convention="2023").to_csv()
+    big = [s for s in scans if s[0] in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME")]
+    assert [t for t, _ in big] == ["CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME"]
+    assert sorted(big[0][1]) == sorted(['"globalPid"', '"correlationId"', '"deviceId"', '"demangledName"', '"start"', '"end"'])
+    assert sorted(big[1][1]) == sorted(['"globalTid"', '"correlationId"', '"nameId"', '"start"', '"end"'])
+    assert cold == expected
+    scans.clear()
+    # the prefetched columns were held until read: a second prefetch finds them cached
+    db = database.ExportDatabase(path)
+    database.prefetch_columns(db, "CUPTI_ACTIVITY_KIND_RUNTIME", ["start", "end"])
+    assert scans == [] and db.column_cache is not None and not db.column_cache._held
+    assert run_report(_trace(path), "cuda_kern_exec_sum", convention="2023").to_csv() == expected
+    assert not [s for s in scans if s[0] in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME")]
+
+
+def test_cache_integer_columns_reads_only_the_named_columns_within_scan_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small_thresholds: None
+) -> None:
+    monkeypatch.setenv("TRACEKIT_CACHE", str(tmp_path / "cache"))
+    path = SAMPLES / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite"
+    db = database.ExportDatabase(path)
+    table = "CUPTI_ACTIVITY_KIND_RUNTIME"
+    rows = db.row_count(table)
+    scans = _count_scans(monkeypatch)
+    assert db.cache_integer_columns(table, ["start", "end", "globalTid", "nameId"], scan_bytes=2 * rows * 8)
+    assert [len(exprs) for _, exprs in scans] == [2, 2]  # two columns' bytes per scan
+    assert {e for _, exprs in scans for e in exprs} == {'"start"', '"end"', '"globalTid"', '"nameId"'}
+    scans.clear()
+    assert db.cache_integer_columns(table, ["start", "end"])  # cached: nothing read
+    assert scans == []
+    reference = database.ExportDatabase(path, column_cache=False)
+    for column in ("start", "nameId"):
+        got = db.query_table(table, [f'"{column}"'], {column: pl.Int64})
+        assert got.equals(reference.query_table(table, [f'"{column}"'], {column: pl.Int64}))
+
+
+def test_a_prefetch_without_room_reads_nothing_and_raises_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small_thresholds: None
+) -> None:
+    """Without memory for the one scan, the prefetch leaves the columns to the report's own
+    reads (one column at a time needs less), silently."""
+    monkeypatch.setenv("TRACEKIT_CACHE", str(tmp_path / "cache"))
+    db = database.ExportDatabase(SAMPLES / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite")
+    room = database.free_memory
+    monkeypatch.setattr(database, "free_memory", lambda: 1000)
+    database.prefetch_columns(db, "CUPTI_ACTIVITY_KIND_RUNTIME", ["start", "end"])
+    assert not _cache_files(tmp_path / "cache")
+    monkeypatch.setattr(database, "free_memory", room)
+    database.prefetch_columns(db, "CUPTI_ACTIVITY_KIND_RUNTIME", ["start", "end"])
+    assert len(_cache_files(tmp_path / "cache")) == 2
+    # held in memory until read once: the read returns them without the file, then they go
+    assert db.column_cache is not None and len(db.column_cache._held) == 2
+    reference = database.ExportDatabase(SAMPLES / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite", column_cache=False)
+    for file in _cache_files(tmp_path / "cache"):
+        file.write_bytes(b"damaged: a read of the file would warn and rebuild")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # reading a damaged file would warn (CacheIntegrityWarning)
+        got = db.query_table("CUPTI_ACTIVITY_KIND_RUNTIME", ['"start"', '"end"'], {"start": pl.Int64, "end": pl.Int64})
+    want = reference.query_table("CUPTI_ACTIVITY_KIND_RUNTIME", ['"start"', '"end"'], {"start": pl.Int64, "end": pl.Int64})
+    assert got.equals(want)
+    assert not db.column_cache._held

@@ -284,10 +284,10 @@ def test_nvtx_kern_sum_refuses_pairs_that_cannot_fit(monkeypatch: pytest.MonkeyP
     path = ROOT / "sample_traces" / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite"
     pairs = nvtx_projection.projection(tracekit.open(path), kernels_only=True).pairs().height
     assert pairs > 1000
-    need = 2 * pairs * (5 * 8 + 4 * 16)
+    need = 2 * pairs * (7 * 8 + 16)
     expected = run_report(tracekit.open(path), "nvtx_kern_sum").frame
     monkeypatch.setattr(database, "free_memory", lambda: need - 1)  # the reads before it need far less
-    with pytest.raises(TraceMemoryError, match=r"building nvtx_kern_sum's kernel/range pairs \(.* rows x 9 column\(s\)\) needs about"):
+    with pytest.raises(TraceMemoryError, match=r"building nvtx_kern_sum's kernel/range pairs \(.* rows x 8 column\(s\)\) needs about"):
         run_report(tracekit.open(path), "nvtx_kern_sum")
     monkeypatch.setattr(database, "free_memory", lambda: need + (1 << 20))
     assert run_report(tracekit.open(path), "nvtx_kern_sum").frame.equals(expected)

@@ -14,7 +14,7 @@ import random
 import polars as pl
 import pytest
 
-from tracekit.stats.common import Report, round1
+from tracekit.stats.common import Report, _decimal_text_each, decimal_text, round1
 
 
 def _values() -> list[float | None]:
@@ -72,3 +72,44 @@ def test_csv_quotes_like_csv_writer() -> None:
     buf = io.StringIO()
     csv.writer(buf, lineterminator="\n").writerows([report.columns, *report.reference_rows()])
     assert report.to_csv() == buf.getvalue()
+
+
+@pytest.mark.parametrize("convention", ["2023", "2025"])
+def test_columns_of_few_values_or_mostly_nulls_format_like_each_cell(convention: str) -> None:
+    """Repeated values and nulls take the path that formats each distinct value once
+    (``cuda_gpu_trace``'s shared-memory and memcpy-only columns); the text must be the
+    cell-by-cell text, ties, negatives and huge values included."""
+    rng = random.Random(7)
+    pool = [v for v in _values() if v is not None and v == v][:3000] + [0.0]
+    many = [rng.choice(pool) if rng.random() < 0.7 else None for _ in range(40000)]
+    sparse = [rng.choice(pool) if rng.random() < 0.02 else None for _ in range(40000)]
+    few = [rng.choice([0.0, 1024.0, 49152.0, 4639.95]) for _ in range(40000)]
+    frame = pl.DataFrame(
+        {
+            "many": pl.Series(many, dtype=pl.Float64),
+            "sparse": pl.Series(sparse, dtype=pl.Float64),
+            "few_mb": pl.Series(few, dtype=pl.Float64),
+            "few_avg": pl.Series(few, dtype=pl.Float64),
+            "none": pl.Series([None] * 40000, dtype=pl.Float64),
+            "ints": pl.Series([None if v is None else int(abs(v)) for v in sparse], dtype=pl.Int64),
+        }
+    )
+    kinds = {"many": "float1", "sparse": "mb3", "few_mb": "mb3", "few_avg": "float1", "none": "mb3", "ints": "mb3"}
+    report = Report("t", frame, kinds, convention)
+    fast = report.formatted_rows()
+    slow = report.reference_rows()
+    assert fast == slow
+    assert {row[4] for row in fast} == {""}
+    assert {row[2] for row in fast} == {"0.000", "0.001", "0.049", "0.005"}
+
+
+def test_distinct_value_path_equals_the_per_cell_path_on_signed_zeros() -> None:
+    """-0.0 and 0.0 are one key of the distinct-value path; both print as the per-cell path
+    prints them (nsys's reports hold sums and means of durations, never -0.0)."""
+    values = pl.Series("v", [-0.0, 0.0, None, 2.5, -0.0] * 1000, dtype=pl.Float64)
+    rules = ((1, 1.0, lambda v: repr(round1(v))), (3, 1e6, lambda v: format(v / 1e6, ".3f")))
+    for digits, divisor, exact in rules:
+        fast = decimal_text(values, digits, exact, divisor=divisor)
+        each = _decimal_text_each(values, digits, exact, divisor)
+        assert fast.to_list() == each.to_list()
+        assert set(fast.drop_nulls().to_list()) == {exact(0.0), exact(2.5)}

@@ -128,3 +128,67 @@ def test_launch_shapes_are_formatted_once_per_shape_and_equal_per_row_formatting
         assert _xyz(frame, "grid_x", "grid_y", "grid_z").to_list() == expected.to_list()
     assert _xyz(real, "grid_x", "grid_y", "grid_z").n_unique() < real.height
     assert _xyz(odd, "grid_x", "grid_y", "grid_z").to_list()[:2] == ["70000    1    1", "   1 70000    1"]
+
+
+def test_packed_group_numbers_group_as_the_key_columns_do() -> None:
+    """Launch groups are numbered by packing the integer keys' offsets in mixed radix; the
+    groups (and each group's keys, decoded from its number) must be those of grouping on the
+    key columns, nulls (one group of their own) and negative values included. Keys whose
+    ranges cannot be packed fall back to coding each column by its distinct values."""
+    import polars as pl
+
+    from tracekit.stats.common import group_numbers as _group_numbers
+    from tracekit.stats.common import packed_group_numbers as _packed_group_numbers
+
+    trace = _open(SAMPLES / "llm_tp2_nccl" / "llm_tp2_nccl.sqlite")
+    real = trace.table("kernels", ["global_pid", "device_id", "name_id", "stream_id"]).select("global_pid", "device_id", "name_id", "stream_id")
+    odd = pl.DataFrame(
+        {"global_pid": [None, real["global_pid"].max(), real["global_pid"].min(), None], "device_id": [0, None, -1, None],
+         "name_id": [-5, 2, None, None], "stream_id": [1, 1, 1, None]},
+        schema=real.schema,
+    )
+    wide = pl.DataFrame({"a": [0, 1 << 40, 5], "b": [0, 1 << 30, 7], "c": [1, 2, 3]})  # 2**70 combinations
+    unsigned = pl.DataFrame({"a": pl.Series([(1 << 64) - 1, 0, (1 << 64) - 1], dtype=pl.UInt64), "b": [1, 2, 1]})
+    n = 1 << 16  # four columns of 65,536 distinct spread-out values: 2**64 codes, hashed
+    hashed = pl.DataFrame({c: [i * 7919 + k for i in range(n)] for k, c in enumerate("abcd")}).vstack(
+        pl.DataFrame({c: [k] for k, c in enumerate("abcd")})
+    )
+    for keys in (real, pl.concat([real, odd]), odd, wide, unsigned, hashed):
+        gid, decode = _group_numbers(keys)
+        groups = decode(gid.unique())
+        packed = _packed_group_numbers(keys)
+        assert (packed is None) == (keys is wide or keys is unsigned or keys is hashed)
+        expected = keys.with_row_index("_r").group_by(keys.columns).agg(pl.col("_r"))
+        got = keys.with_row_index("_r").with_columns(gid).group_by("_g").agg(pl.col("_r"))
+        assert sorted(expected["_r"].to_list()) == sorted(got["_r"].to_list())
+        # each group's decoded keys equal the keys of its rows
+        back = keys.with_columns(gid).join(groups, on="_g", how="left", suffix="_decoded")
+        for column in keys.columns:
+            assert back[column].equals(back[f"{column}_decoded"], check_names=False, null_equal=True), column
+        assert groups.schema == {**keys.schema, "_g": pl.Int64}
+
+
+def test_gpu_trace_device_text_with_and_without_the_gpu_list(tmp_path: Path) -> None:
+    """``Device`` is made once per device id: ``"<GPU name> (<id>)"`` from the GPU list, and
+    ``"GPU <id> (<id>)"`` for a copy of the export whose GPU list was dropped (time-sliced
+    exports have none); every row of a device has its text."""
+    import shutil
+
+    path = SAMPLES / "custom_allreduce_2gpu" / "custom_allreduce_2gpu.sqlite"
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    names = dict(con.execute("SELECT id, name FROM TARGET_INFO_GPU").fetchall())
+    present = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    tables = [t for t in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET") if t in present]
+    union = " UNION ALL ".join(f"SELECT deviceId FROM {t}" for t in tables)
+    ops = con.execute(f"SELECT deviceId, count(*) FROM ({union}) GROUP BY deviceId").fetchall()
+    con.close()
+    assert len(ops) == 2
+    copy = tmp_path / "no_gpu_list.sqlite"
+    shutil.copyfile(path, copy)
+    con = sqlite3.connect(copy)
+    con.execute("DROP TABLE TARGET_INFO_GPU")
+    con.commit()
+    con.close()
+    for export, text in ((path, lambda d: f"{names[d]} ({d})"), (copy, lambda d: f"GPU {d} ({d})")):
+        counts = run_report(_open(export), "cuda_gpu_trace").frame.group_by("Device").len()
+        assert dict(counts.iter_rows()) == {text(d): n for d, n in ops}

@@ -6,6 +6,7 @@ import hashlib
 import os
 import tempfile
 from pathlib import Path
+from typing import Any, BinaryIO
 
 #: Version of the column cache's stored layout (part of each export's folder key).
 COLUMN_CACHE_FORMAT = "3"
@@ -69,6 +70,27 @@ def checksum(data: bytes | memoryview) -> str:
     except ImportError:
         return "b2:" + hashlib.blake2b(data, digest_size=16).hexdigest()
     return "xxh3:" + xxhash.xxh3_128_hexdigest(data)
+
+
+def checksum_file(fh: BinaryIO, chunk: int = 1 << 20) -> str:
+    """:func:`checksum` of the rest of an open binary file, read ``chunk`` bytes at a time
+    into one reused buffer (no copy of the whole file in memory)."""
+    try:
+        import xxhash
+    except ImportError:
+        h: Any = hashlib.blake2b(digest_size=16)
+        prefix = "b2:"
+    else:
+        h = xxhash.xxh3_128()
+        prefix = "xxh3:"
+    buf = bytearray(chunk)
+    view = memoryview(buf)
+    while True:
+        n = fh.readinto(buf)  # type: ignore[attr-defined]
+        if not n:
+            break
+        h.update(view[:n])
+    return prefix + h.hexdigest()
 
 
 def verify(data: bytes | memoryview, expected: str) -> bool:

@@ -193,15 +193,33 @@ def _without_nulls(frame: pl.DataFrame, columns: list[str]) -> pl.DataFrame:
     return frame.drop_nulls(columns) if frame.select(columns).null_count().sum_horizontal().item() else frame
 
 
+#: Sorted runs of the left keys up to which :func:`_merge_join` merges run by run.
+MERGE_RUNS = 16
+
+
 def _merge_join(left: pl.DataFrame, right: pl.DataFrame) -> pl.DataFrame:
     """Inner join of ``_key`` (no nulls) as a merge of sorted sides; ``_lrow``, ``_arow``.
 
-    When only the right side is sorted with unique keys (kernels, memcpys and memsets stacked
-    into one frame are sorted per part, the API calls overall), each left key is looked up
-    by binary search instead: no sort of the left side and no re-sort of the result (a
-    million ops: ~70 MB less memory, and faster)."""
+    When the left side is a few sorted runs (kernels, memcpys and memsets stacked into one
+    frame are sorted per part, the API calls overall), each run is merged with the right
+    side in turn. Otherwise, when the right side has unique keys, each left key is looked up
+    by binary search: no sort of the left side and no re-sort of the result (a million ops:
+    ~70 MB less memory, and faster)."""
     if not right["_key"].is_sorted():
         right = right.sort("_key", maintain_order=True)
+    if not left["_key"].is_sorted():
+        # a few sorted runs (kernels, memcpys, memsets stacked): merge each run with the
+        # right side, linear where the binary search below costs log n per row (a million
+        # ops against 2.5 M calls: 0.01-0.02 s instead of 0.05 s)
+        descents = (left["_key"].diff() < 0).arg_true()
+        if descents.len() < MERGE_RUNS:
+            bounds = [0, *descents.to_list(), left.height]
+            sorted_right = right.set_sorted("_key")
+            parts = [
+                left.slice(lo, hi - lo).set_sorted("_key").join(sorted_right, on="_key", how="inner").select("_lrow", "_arow")
+                for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)
+            ]
+            return pl.concat(parts)
     keys = right["_key"]
     # sorted: unique when no two neighbours are equal (a hash set of 20 M keys took ~0.2 GB)
     unique = keys.len() < 2 or not (keys.slice(1) == keys.slice(0, keys.len() - 1)).any()
@@ -425,8 +443,21 @@ def _paths(r: pl.DataFrame) -> pl.Series:
 # -- API call → innermost range --------------------------------------------------------------
 def innermost_starts(tree: pl.DataFrame) -> pl.DataFrame:
     """What :func:`_innermost` searches: one row per (thread, start), the last in sort order
-    (the innermost of equal starts). Computed once when calls are searched in chunks."""
-    return tree.select("_thr", pl.col("start_ns").alias("_s"), "_idx").unique(subset=["_thr", "_s"], keep="last", maintain_order=True)
+    (the innermost of equal starts). Computed once when calls are searched in chunks.
+
+    The tree is sorted by thread and start, so equal (thread, start) rows are neighbours and
+    the last of each run is kept by comparing each row with the next (217 k ranges: ~2 ms
+    where an order-keeping ``unique`` took ~20 ms); a tree not sorted so takes the ``unique``."""
+    s = tree.select("_thr", pl.col("start_ns").alias("_s"), "_idx")
+    thr, start = pl.col("_thr"), pl.col("_s")
+    ordered = s.select(
+        (s.null_count().sum_horizontal() == 0).first()
+        & ((thr.diff() > 0) | ((thr.diff() == 0) & (start.diff() >= 0))).slice(1).all()
+    ).item()
+    if not ordered:
+        return s.unique(subset=["_thr", "_s"], keep="last", maintain_order=True)
+    last = ((thr != thr.shift(-1)) | (start != start.shift(-1))).fill_null(True)
+    return s.filter(last)
 
 
 def _innermost(calls: pl.DataFrame, tree: pl.DataFrame, *, starts: pl.DataFrame | None = None) -> pl.DataFrame:

@@ -235,7 +235,9 @@ class ExportFolder:
         """As :meth:`caches`."""
         return self.caches(table)
 
-    def cache_integer_columns(self, table: str, only: Collection[str] | None = None) -> bool:
+    def cache_integer_columns(
+        self, table: str, only: Collection[str] | None = None, *, scan_bytes: int | None = None
+    ) -> bool:
         """As :meth:`caches` (nothing to fill: the folder is columnar already)."""
         return self.caches(table)
 

@@ -56,6 +56,12 @@ def cuda_gpu_trace(trace: NsysTrace, *, convention: str = "2025") -> Report:
     ).sort(["start_ns", "correlation_id"], maintain_order=True).select("src", "row")
     strings = trace.strings
     gpus = trace.gpus.select("device_id", pl.col("name").alias("gpu_name"))
+    # the Device text of each device id, made once (a million rows have a few devices)
+    ids = pl.concat([t.select(pl.col("device_id").cast(pl.Int64)) for t in (k, m, s)]).unique()
+    devices = ids.join(gpus, on="device_id", how="left").select(
+        "device_id",
+        pl.format("{} ({})", pl.coalesce(pl.col("gpu_name"), pl.format("GPU {}", pl.col("device_id"))), pl.col("device_id")).alias("Device"),
+    )
 
     def parts() -> Iterator[pl.DataFrame]:
         for offset in range(0, max(order.height, 1), _CHUNK_ROWS):
@@ -67,7 +73,7 @@ def cuda_gpu_trace(trace: NsysTrace, *, convention: str = "2025") -> Report:
                     rows = table[here.get_column("row")]
                     pieces.append(shape(rows, strings).with_columns(here.get_column("pos")))
             ops = pl.concat(pieces).sort("pos") if pieces else _kernel_rows(k.head(0), strings).with_columns(pl.lit(0, pl.UInt32).alias("pos"))
-            yield _report_columns(ops.join(gpus, on="device_id", how="left", maintain_order="left"))
+            yield _report_columns(ops.join(devices, on="device_id", how="left", maintain_order="left"))
 
     return Report.chunked("cuda_gpu_trace", parts, _KINDS, convention)
 
@@ -148,7 +154,7 @@ def _report_columns(ops: pl.DataFrame) -> pl.DataFrame:
         throughput.alias("Throughput (MB/s)"),
         pl.col("src").alias("SrcMemKd"),
         pl.col("dst").alias("DstMemKd"),
-        pl.format("{} ({})", pl.coalesce(pl.col("gpu_name"), pl.format("GPU {}", pl.col("device_id"))), pl.col("device_id")).alias("Device"),
+        pl.col("Device"),
         pl.col("context_id").alias("Ctx"),
         # nsys prints no green context for 0 (an ordinary context)
         pl.when(pl.col("green_context_id") != 0).then(pl.col("green_context_id")).alias("GreenCtx"),

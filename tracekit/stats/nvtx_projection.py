@@ -35,7 +35,7 @@ from tracekit.nsys import readers
 from tracekit.nsys.database import ensure_memory
 from tracekit.nsys.nvtx import qualified_name
 from tracekit.nsys.readers import Col
-from tracekit.stats.common import Report, stat_aggs
+from tracekit.stats.common import Report, group_numbers, stat_aggs
 from tracekit.stats.summaries import nvtx_range_name
 
 if TYPE_CHECKING:
@@ -222,6 +222,10 @@ def projection(trace: NsysTrace, *, kernels_only: bool = False) -> Projection:
 
 #: Calls searched for their innermost range at a time (:func:`projection_for_totals`).
 INNERMOST_CHUNK = 2_000_000
+#: Operations of one table below which :func:`projection_for_totals` reads its four columns
+#: once and keeps them, when the column cache does not serve the table (at most ~6 MB).
+SMALL_OP_ROWS = 200_000
+_OP_KEEP = ["global_pid", "correlation_id", "start_ns", "end_ns"]
 
 
 def projection_for_totals(trace: NsysTrace) -> Projection:
@@ -234,12 +238,27 @@ def projection_for_totals(trace: NsysTrace) -> Projection:
     ``_op == i``); ``inside`` is left empty. On 8.3 M operations / 20 M calls the peak fell from
     1.95 GB to ~1 GB (``nvtx_gpu_proj_sum``)."""
     tables = (KERNEL_TABLE, "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
+    # tables too small for the column cache (memcpys, memsets: each column read was a scan of
+    # the export, six per table) are read once, their four columns kept
+    small: dict[str, pl.DataFrame] = {}
 
     def op_column(column: str) -> pl.Series:
-        return pl.concat([op_rows(trace, t, [column], duration=False) for t in tables], how="vertical_relaxed").to_series()
+        parts = []
+        for t in tables:
+            if t not in small:
+                part = op_rows(trace, t, [column], duration=False)
+                if part.height >= SMALL_OP_ROWS or trace.db.caches(t):
+                    parts.append(part)
+                    continue
+                small[t] = op_rows(trace, t, _OP_KEEP, duration=False)
+            parts.append(small[t].select(column))
+        return pl.concat(parts, how="vertical_relaxed").to_series()
 
     keys = pl.DataFrame([op_column("global_pid"), op_column("correlation_id")])
-    pairs = launch_pairs(keys, lean_api_rows(trace, keys.height, names=False), how="inner")
+    # one source of API columns for the join and the gathers below: the join reads
+    # global_tid last, and the first gather reuses it (a fresh source read it again)
+    api = lean_api_rows(trace, keys.height, names=False)
+    pairs = launch_pairs(keys, api, how="inner")
     del keys
     lrow, arow = pairs["_lrow"], pairs["_arow"]
     del pairs
@@ -247,15 +266,12 @@ def projection_for_totals(trace: NsysTrace) -> Projection:
     threads = tree.select("global_tid", "_thr").unique(subset=["global_tid"], keep="first")
     tree = tree.drop("global_tid", "is_open", "event_type_id")
 
-    def api_column(column: str) -> pl.Series:
-        return api_rows(trace, names=False)[column].gather(arow)
-
-    calls = pl.DataFrame({"global_tid": api_column("global_tid")}).with_row_index("_op")
+    calls = pl.DataFrame({"global_tid": api["global_tid"].gather(arow)}).with_row_index("_op")
     calls = calls.join(threads, on="global_tid", how="inner", maintain_order="left").drop("global_tid")
     rows = calls["_op"]
-    calls = calls.with_columns(api_column("start_ns").gather(rows).alias("_s"))
-    calls = calls.with_columns(api_column("end_ns").gather(rows).alias("_e")).filter(pl.col("_s").is_not_null())
-    del rows
+    calls = calls.with_columns(api["start_ns"].gather(arow).gather(rows).alias("_s"))
+    calls = calls.with_columns(api["end_ns"].gather(arow).gather(rows).alias("_e")).filter(pl.col("_s").is_not_null())
+    del rows, api
     inners, extras = [], []
     starts = innermost_starts(tree)  # the per-tree work, once (per chunk it grew with chunks × ranges)
     ends = tree["end_ns"].drop_nulls().unique().sort()
@@ -583,47 +599,50 @@ def nvtx_kern_sum(trace: NsysTrace, *, convention: str = "2025") -> Report:
     pairs = p.pairs()
     idx, ridx = pairs["_op"], pairs["_idx"]
     tree = p.tree
-    # one row per (kernel, enclosing range): five integer and four text columns (16-byte views),
-    # and as much again for the grouping below. polars aborts the process when an allocation
-    # fails (s30x: 86 M pairs, SIGABRT at 7.5 GB under a 12 GB cap), so refuse it first.
-    ensure_memory(trace.path, "nvtx_kern_sum's kernel/range pairs", pairs.height, 9,
-                  2 * pairs.height * (5 * 8 + 4 * 16), "building")
+    # the range name and style as small integer codes made once per range (a kernel counts in
+    # every range around it: 2.9 M (kernel, range) rows for 1 M kernels, whose name and style
+    # strings took 0.12 s to gather and made the group-by 0.44 s; on codes, 0.03 and 0.14 s)
+    names, name_codes = _codes(tree.select(pl.col("name").alias("_rname"), "domain").select(_range_name(convention)).to_series())
+    styles, style_codes = _codes(tree["style"])
+    # one row per (kernel, enclosing range): seven integer columns and the kernel name (a
+    # 16-byte view), and as much again for the grouping below. polars aborts the process when
+    # an allocation fails (s30x: 86 M pairs, SIGABRT at 7.5 GB under a 12 GB cap), so refuse
+    # it first.
+    ensure_memory(trace.path, "nvtx_kern_sum's kernel/range pairs", pairs.height, 8,
+                  2 * pairs.height * (7 * 8 + 16), "building")
     inside = pl.DataFrame({
+        "_range": _take(name_codes, ridx),
+        "_style": _take(style_codes, ridx),
+        "_gpid": _take(tree["pid"], ridx),
+        "_gtid": _take(tree["tid"], ridx),
+        "range_id": _take(tree["range_id"], ridx).cast(pl.Int64),
         "_gpu": _take(ops["_gpu"], idx),
         "duration_ns": _take(ops["duration_ns"], idx),
-        "name": _take(ops["name"], idx),
-        "range_id": _take(tree["range_id"], ridx),
-        "_rpid": _take(tree["pid"], ridx),
-        "_rtid": _take(tree["tid"], ridx),
-        "_rname": _take(tree["name"], ridx),
-        "domain": _take(tree["domain"], ridx),
-        "style": _take(tree["style"], ridx),
+        "_kname": _take(ops["name"], idx),
     })
-    inside = inside.select(
-        _range_name(convention),
-        pl.col("style").alias("_style"),
-        pl.col("_rpid").alias("_gpid"),
-        pl.col("_rtid").alias("_gtid"),
-        "range_id", "_gpu", "duration_ns", pl.col("name").alias("_kname"),
-    )
     outside = ops.filter(~p.inside).select(
-        pl.lit(None, pl.Utf8).alias("_range"),
-        pl.lit(None, pl.Utf8).alias("_style"),
+        pl.lit(None, pl.Int64).alias("_range"),
+        pl.lit(None, pl.Int64).alias("_style"),
         pl.col("_pid").alias("_gpid"),
         pl.col("tid").alias("_gtid"),
         pl.lit(None, pl.Int64).alias("range_id"),
         "_gpu", "duration_ns", pl.col("name").alias("_kname"),
     )
-    both = pl.concat([outside, inside.with_columns(pl.col("range_id").cast(pl.Int64))], how="vertical_relaxed")
+    both = pl.concat([outside, inside], how="vertical_relaxed")
+    del inside, outside
     by_id = names_are_ids(both, "_kname", trace)
     if not by_id and both.schema["_kname"] == pl.Int64:
         both = resolve_names(both, trace, "_kname")
     keys = ["_range", "_style", "_gpid", "_gtid", "_kname"]
-    s = both.group_by(keys).agg(
+    gid, decode = group_numbers(both.select(keys))
+    stats = both.select("range_id", "_gpu", "duration_ns").with_columns(gid).group_by("_g").agg(
         pl.col("range_id").drop_nulls().n_unique().alias("_ninst"),
         pl.col("_gpu").n_unique().alias("_kinst"),
         *stat_aggs("duration_ns"),
     )
+    del both, gid
+    s = pl.concat([decode(stats["_g"]).drop("_g"), stats.drop("_g")], how="horizontal")
+    s = s.with_columns(names.gather(s["_range"]).alias("_range"), styles.gather(s["_style"]).alias("_style"))
     if by_id:
         s = resolve_names(s, trace, "_kname")
     s = s.sort(["_range", "_style", "_gpid", "_gtid", "_total", "_kname"], descending=[False, False, False, False, True, False], nulls_last=False)
@@ -647,6 +666,14 @@ def nvtx_kern_sum(trace: NsysTrace, *, convention: str = "2025") -> Report:
         "Avg (ns)": "float1", "Med (ns)": "float1", "Min (ns)": "int", "Max (ns)": "int", "StdDev (ns)": "float1",
     }
     return Report("nvtx_kern_sum", frame, kinds, convention)
+
+
+def _codes(values: pl.Series) -> tuple[pl.Series, pl.Series]:
+    """``values``' distinct non-null values and each value's Int64 code, its index there
+    (null stays null): ``distinct.gather(codes)`` gives ``values`` back."""
+    distinct = values.drop_nulls().unique(maintain_order=True)
+    codes = values.replace_strict(distinct, pl.int_range(distinct.len(), dtype=pl.Int64, eager=True), default=None, return_dtype=pl.Int64)
+    return distinct, codes
 
 
 def _range_name(convention: str) -> pl.Expr:
