@@ -126,6 +126,9 @@ CACHE_FILL_BYTES = 1 << 30
 #: columns it is about to read one at a time into the cache (:func:`prefetch_columns`): a
 #: scan holds its columns twice over for a moment, so this bounds that moment to ~256 MB.
 PREFETCH_SCAN_BYTES = 128 << 20
+#: The most bytes of prefetched columns kept in memory until the report reads them
+#: (:func:`prefetch_columns`); beyond it they are read back from the cache files.
+PREFETCH_HOLD_BYTES = 512 << 20
 
 
 class ExportDatabase:
@@ -702,8 +705,11 @@ def prefetch_columns(db: ExportSource, table: str, columns: Collection[str]) -> 
     peak: the column is not allocated twice). Nothing is read when the cache is off, the table
     too small to be cached or the columns cached already; a scan that would not fit in memory
     is left to the report's own reads, which need less."""
+    # held only while they are few bytes: on 30 M kernels and 76 M calls the held columns were
+    # 0.4 GB more at the cold peak of the target stats command (3,350 -> 3,770 MB)
+    hold = db.row_estimate(table) * 8 * len(columns) <= PREFETCH_HOLD_BYTES
     try:
-        db.cache_integer_columns(table, columns, scan_bytes=PREFETCH_SCAN_BYTES, hold=True)
+        db.cache_integer_columns(table, columns, scan_bytes=PREFETCH_SCAN_BYTES, hold=hold)
     except TraceMemoryError as exc:
         log.debug("not prefetching %s of %s: %s", ", ".join(columns), table, exc)
 
