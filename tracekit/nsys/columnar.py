@@ -232,7 +232,7 @@ class ExportFolder:
         return self.caches(table)
 
     def cache_integer_columns(
-        self, table: str, only: Collection[str] | None = None, *, scan_bytes: int | None = None
+        self, table: str, only: Collection[str] | None = None, *, scan_bytes: int | None = None, hold: bool = False
     ) -> bool:
         """As :meth:`caches` (nothing to fill: the folder is columnar already)."""
         return self.caches(table)
