@@ -178,10 +178,12 @@ class ColumnCache:
         little memory to write it only logs).
 
         Not written when less than three times the column's size is left in memory
-        (the ``free_memory`` given to the cache): the Arrow IPC buffer it is written to
-        grows by doubling, so the old and the new buffer live together for a moment. A cold
-        ``tracekit stats`` on 3 M kernels under ``ulimit -v`` 1.3 GB failed with
-        ``ArrowMemoryError`` while caching a column although the report itself fitted.
+        (the ``free_memory`` given to the cache): the writer may buffer the column while
+        it writes (pyarrow's buffer, used before, grew by doubling, so the old and the new
+        buffer lived together for a moment: a cold ``tracekit stats`` on 3 M kernels under
+        ``ulimit -v`` 1.3 GB failed with ``ArrowMemoryError`` while caching a column although
+        the report itself fitted). The file is written by polars straight into a temporary
+        file beside it and checksummed from that file.
 
         With ``hold``, the column written is also kept in memory and the next :meth:`get` of
         it returns it (once) instead of reading the file back."""
