@@ -25,14 +25,14 @@ alignment is as good as the hosts' wall clocks (same host: exact; several nodes:
 
 **Parallel loading.** Reports are read in worker processes
 (``concurrent.futures.ProcessPoolExecutor``; start method ``forkserver`` where available,
-whose server imports tracekit once, else ``spawn``; never ``fork``: polars' thread pool does not
-survive it); each worker returns picklable polars frames. ``max_workers=1`` reads in
+else ``spawn``; never ``fork``: polars' threads do not survive it, so the fork server imports
+nothing and each worker imports tracekit itself); each worker returns picklable polars frames. ``max_workers=1`` reads in
 this process. Tables not loaded up front (``tables=``) are read on first access, in parallel
 again. As with any ``spawn``/``forkserver`` pool, a *script* must call :func:`open_many` under
 ``if __name__ == "__main__":`` (workers re-import the main script); when the workers cannot
 start, the reports are read in this process with a :class:`ParallelLoadWarning`. Starting the
-workers costs about a second (the fork server's imports, once per session), so parallel
-loading pays off from a few dozen reports or large ones.
+workers costs about a second (each worker's imports), so parallel loading pays off from a few
+dozen reports or large ones.
 """
 
 from __future__ import annotations
@@ -172,8 +172,12 @@ def _load_report(path: Path, tables: Sequence[str], engine: str, with_ranks: boo
     return out
 
 
-#: Modules the fork server imports once, so that each worker forks with them loaded.
-_PRELOAD = ("tracekit.multi", "tracekit.nsys.trace", "tracekit.analysis.nccl", "tracekit.analysis.ranks")
+#: Modules the fork server imports before it forks workers: none. Importing polars starts
+#: threads (two jemalloc background threads and polars' out-of-core cleaner), and a worker
+#: forked from a process with threads has only the forking one; one such worker hung
+#: ``open_many`` for 240 s in a notebook on a loaded machine. Each worker imports tracekit
+#: itself (~0.3 s, once per worker), and the server does not import ``__main__`` either.
+_PRELOAD: tuple[str, ...] = ()
 
 
 def _default_context() -> str:
@@ -183,7 +187,6 @@ def _default_context() -> str:
 def _context(name: str) -> Any:
     ctx = multiprocessing.get_context(name)
     if name == "forkserver":
-        # imports (polars, pyarrow, tracekit) happen once in the server, not in every worker;
         # no effect once the server runs
         ctx.set_forkserver_preload(list(_PRELOAD))
     return ctx
