@@ -228,3 +228,56 @@ def test_nsys_folders_are_diagnosed_by_column_as_their_sqlite_export(kind: str, 
     assert got.findings.equals(expected.findings)
     assert (got.window.start_ns, got.window.end_ns, got.window.method) == (
         expected.window.start_ns, expected.window.end_ns, expected.window.method)
+
+
+_DAMAGE = {
+    # an export from before shortName / globalPid (old nsys), read from the column cache
+    "no_short_name_no_global_pid": ["ALTER TABLE CUPTI_ACTIVITY_KIND_KERNEL DROP COLUMN shortName",
+                                    "ALTER TABLE CUPTI_ACTIVITY_KIND_KERNEL DROP COLUMN globalPid"],
+    # kernel names that are no StringIds id, and text in integer cells (read as null)
+    "unknown_names_and_text_cells": ["UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET demangledName = 987654321 WHERE rowid % 7 = 1",
+                                     "UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET deviceId = 'd' WHERE rowid % 13 = 3",
+                                     "UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = 'x' WHERE rowid % 17 = 3"],
+    # only copies and memsets: an empty kernel table
+    "no_kernels": ["DELETE FROM CUPTI_ACTIVITY_KIND_KERNEL"],
+}
+
+
+@pytest.mark.usefixtures("by_column")
+@pytest.mark.parametrize("damage", sorted(_DAMAGE))
+@pytest.mark.parametrize("name", ["planted_clean_nonvtx", "planted_memory_growth"])  # kernel period / NVTX steps
+def test_damaged_copies_through_the_column_cache_give_the_whole_tables_findings(
+    name: str, damage: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Mutated copies of real exports, small tables put in the column cache as a big one's are
+    (so the one-column reads and the gathers of derived columns run): same window and findings
+    as the whole tables, and ``ops.filter(expr)`` row for row."""
+    from tracekit.nsys import database
+
+    path = tmp_path / f"{name}_{damage}.sqlite"
+    shutil.copyfile(SAMPLES / "planted" / name / f"{name}.sqlite", path)
+    path.chmod(0o644)
+    con = sqlite3.connect(path)
+    for sql in _DAMAGE[damage]:
+        con.execute(sql)
+    con.commit()
+    con.close()
+    monkeypatch.setenv("TRACEKIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("TRACEKIT_COLUMN_CACHE", "1")
+    with monkeypatch.context() as whole:  # the loader's path: nothing by column
+        whole.setattr(obc, "MIN_KERNELS", 10**12)
+        expected = _whole(path, SAMPLED)
+    monkeypatch.setattr(database, "CACHE_MIN_ROWS", 1)
+    trace = tracekit.open(path)
+    source = obc.by_column(trace)
+    assert source is not None and source._src._from_cache() == (damage != "no_kernels")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = diagnose(trace, config=SAMPLED)
+    assert not trace.is_loaded("kernels")
+    assert (got.window.start_ns, got.window.end_ns, got.window.method, got.window.sample_start_ns) == (
+        expected.window.start_ns, expected.window.end_ns, expected.window.method, expected.window.sample_start_ns)
+    assert got.findings.equals(expected.findings)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _check_where(tracekit.open(path), obc.by_column(tracekit.open(path)))  # row for row
