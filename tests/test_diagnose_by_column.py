@@ -24,7 +24,7 @@ from tracekit.analysis._frames import gpu_ops
 from tracekit.diagnosis import DiagnoseConfig, diagnose
 from tracekit.diagnosis import context as context_mod
 from tracekit.diagnosis import ops_by_column as obc
-from tracekit.nsys.database import ExportDatabase
+from tracekit.nsys import database
 
 from .conftest import NSYS_CORPUS, SAMPLES, build_big_trace
 
@@ -39,13 +39,15 @@ def big(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def by_column(monkeypatch: pytest.MonkeyPatch) -> list[obc.OpsByColumn]:
-    """Every export takes the by-column path; the instances made are collected (so a test
+def by_column(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> list[obc.OpsByColumn]:
+    """Every export takes the by-column path, its columns from a real column cache (in a
+    temporary folder; small tables allowed in); the instances made are collected (so a test
     can tell that the path ran)."""
     made: list[obc.OpsByColumn] = []
     monkeypatch.setattr(obc, "MIN_KERNELS", 0)
-    # small exports are below the column cache's minimum: read them as the cache would be
-    monkeypatch.setattr(ExportDatabase, "caches", lambda self, table: True)
+    monkeypatch.setattr(database, "CACHE_MIN_ROWS", 1)
+    monkeypatch.setenv("TRACEKIT_CACHE", str(tmp_path_factory.mktemp("bycol_cache")))
+    monkeypatch.setenv("TRACEKIT_COLUMN_CACHE", "1")
     real = obc.by_column
 
     def recording(trace):  # type: ignore[no-untyped-def]
@@ -270,7 +272,10 @@ def test_damaged_copies_through_the_column_cache_give_the_whole_tables_findings(
     monkeypatch.setattr(database, "CACHE_MIN_ROWS", 1)
     trace = tracekit.open(path)
     source = obc.by_column(trace)
-    assert source is not None and source._src._from_cache() == (damage != "no_kernels")
+    if damage == "no_kernels":  # an empty table is not cached: the whole-table path (nothing to hold)
+        assert source is None
+    else:
+        assert source is not None and source._src.one_at_a_time
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         got = diagnose(trace, config=SAMPLED)
@@ -280,4 +285,20 @@ def test_damaged_copies_through_the_column_cache_give_the_whole_tables_findings(
     assert got.findings.equals(expected.findings)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        _check_where(tracekit.open(path), obc.by_column(tracekit.open(path)))  # row for row
+        if source is not None:
+            _check_where(tracekit.open(path), obc.by_column(tracekit.open(path)))  # row for row
+
+
+def test_a_cache_that_cannot_be_filled_keeps_the_whole_table_path(big: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the cache on but unable to take the kernel columns (here: no room to write them),
+    the column source would read all of them, names included, as one frame: the by-column path
+    is not taken (the whole-table path reads fewer columns)."""
+    from tracekit.nsys import column_cache
+
+    monkeypatch.setenv("TRACEKIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("TRACEKIT_COLUMN_CACHE", "1")
+    monkeypatch.setattr(obc, "MIN_KERNELS", 100_000)
+    assert obc.by_column(tracekit.open(big)) is not None  # with room
+    monkeypatch.setenv("TRACEKIT_CACHE", str(tmp_path / "full"))
+    monkeypatch.setattr(column_cache.ColumnCache, "put", lambda self, *a, **k: None)  # nothing gets written
+    assert obc.by_column(tracekit.open(big)) is None

@@ -46,7 +46,10 @@ def by_column(trace: Any) -> OpsByColumn | None:
         return None
     if not db.has_table(KERNEL_SOURCE) or db.row_estimate(KERNEL_SOURCE) < MIN_KERNELS or not db.caches(KERNEL_SOURCE):
         return None
-    return OpsByColumn(trace)
+    ops = OpsByColumn(trace)
+    # a cache that could not be filled (a full disk) would read all 13 columns, names included,
+    # as one frame: more than the 11 the whole-table path reads
+    return ops if ops._src.one_at_a_time else None
 
 
 class OpsByColumn:

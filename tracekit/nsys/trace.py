@@ -312,6 +312,13 @@ class ColumnsOnDemand:
             self._last = (column, self._trace.table(self._name, [column])[column])
         return self._last[1]
 
+    @property
+    def one_at_a_time(self) -> bool:
+        """Whether columns really come one at a time (from the column cache or an nsys folder,
+        the cache filled on first use), rather than from one frame of all of them read once
+        (cache off, or it could not be filled: a full disk, no room to write)."""
+        return self._trace.is_loaded(self._name) or self._from_cache()
+
     def release(self) -> None:
         """Drop the column kept from the last read (it is read again when asked for)."""
         self._last = None
