@@ -113,17 +113,17 @@ class Context:
     @cached_property
     def kernel_count(self) -> int:
         """Number of kernels."""
-        big = self.by_column if "kernels" not in self.__dict__ else None
+        big = self._big_kernels
         return big.kernel_rows if big is not None else self.kernels.height
 
     @cached_property
     def kernel_columns(self) -> list[str]:
-        big = self.by_column if "kernels" not in self.__dict__ else None
+        big = self._big_kernels
         return list(KERNEL_COLUMNS) if big is not None else self.kernels.columns
 
     def kernel_names(self, column: str) -> pl.Series:
         """The distinct values of kernel column ``column`` (``name`` or ``short_name``)."""
-        big = self.by_column if "kernels" not in self.__dict__ else None
+        big = self._big_kernels
         return big.distinct(column) if big is not None else self.kernels[column].unique()
 
     @cached_property
@@ -175,11 +175,14 @@ class Context:
         return gpu_ops(self.kernels, self.memcpys, self.memsets)
 
     @property
+    def _big_kernels(self) -> OpsByColumn | None:
+        """:attr:`by_column` while :attr:`kernels` is not built."""
+        return None if "kernels" in self.__dict__ else self.by_column
+
+    @property
     def _big(self) -> OpsByColumn | None:
         """:attr:`by_column` while :attr:`ops` and :attr:`kernels` are not built."""
-        if "ops" in self.__dict__ or "kernels" in self.__dict__:
-            return None
-        return self.by_column
+        return None if "ops" in self.__dict__ else self._big_kernels
 
     @cached_property
     def op_columns(self) -> list[str]:
@@ -322,7 +325,7 @@ class Context:
 
     @cached_property
     def kernels_w(self) -> pl.DataFrame:
-        big = self.by_column if "kernels" not in self.__dict__ else None
+        big = self._big_kernels
         if big is None:
             return self._in_window(self.kernels)
         w = self.window

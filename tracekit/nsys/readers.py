@@ -327,7 +327,7 @@ KERNEL_SOURCE = "CUPTI_ACTIVITY_KIND_KERNEL"
 
 def kernels_spec(db: ExportSource, strings: pl.DataFrame) -> tuple[list[Col], dict[str, pl.Expr]]:
     """The raw columns of ``CUPTI_ACTIVITY_KIND_KERNEL`` and the expressions that derive the
-    other ``kernels`` columns from them (for :func:`kernels` and :func:`gather_derived`)."""
+    other ``kernels`` columns from them (for :func:`kernels` and :func:`gather_derived_columns`)."""
     raw = [
         *_GPU_OP_COLS,
         Col("green_context_id", "greenContextId"),
@@ -448,7 +448,7 @@ CUDA_API_SOURCE = "CUPTI_ACTIVITY_KIND_RUNTIME"
 def cuda_api_spec(strings: pl.DataFrame) -> tuple[list[Col], dict[str, pl.Expr]]:
     """The raw columns of ``CUPTI_ACTIVITY_KIND_RUNTIME`` and the expressions that derive the
     other ``cuda_api`` columns from them (for :func:`cuda_api` and for gathering a few rows
-    of raw columns before deriving, :func:`gather_derived`)."""
+    of raw columns before deriving, :func:`gather_derived_columns`)."""
     raw = [
         Col("start_ns", "start"),
         Col("end_ns", "end"),
@@ -485,18 +485,6 @@ def gather_derived_columns(
         inputs = pl.DataFrame({"_n": pl.int_range(rows.len(), eager=True)})
     out = S.conform(inputs.select(e.alias(c) for c, e in exprs.items()), table, list(columns))
     return [out[c] for c in columns]
-
-
-def gather_derived(
-    db: ExportSource, source: str, table: str, raw: Sequence[Col], derived: Mapping[str, pl.Expr], column: str, rows: pl.Series
-) -> pl.Series:
-    """Column ``column`` of ``table`` at ``rows`` only: its raw inputs are read, gathered at
-    ``rows``, and only then derived (a string lookup over 1 M gathered rows instead of
-    2.5 M read ones)."""
-    expr = derived.get(column, pl.col(column))
-    roots = set(expr.meta.root_names())
-    inputs = select(db, source, [c for c in raw if c.target in roots])
-    return S.conform(inputs.select(pl.all().gather(rows)).select(expr.alias(column)), table, [column]).to_series()
 
 
 def processes(db: ExportSource) -> pl.DataFrame:
