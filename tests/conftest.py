@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 import tarfile
@@ -27,6 +28,19 @@ def build_big_trace(folder: Path, kernels: int) -> Path:
         check=True, capture_output=True, timeout=300,
     )  # fmt: skip
     return out
+
+
+def mutated_copy(src: Path, dst: Path, *statements: str) -> Path:
+    """``dst``: a writable copy of the export ``src`` with the SQL ``statements`` run on it (a
+    damaged or trimmed real export; ``src`` is never written)."""
+    shutil.copyfile(src, dst)
+    dst.chmod(0o644)
+    con = sqlite3.connect(dst)
+    for sql in statements:
+        con.execute(sql)
+    con.commit()
+    con.close()
+    return dst
 
 
 def _unpacked_corpus() -> Path:

@@ -5,7 +5,6 @@ cell in ``start`` that SQLite's arithmetic read as 0, and ``memory_usage.name``.
 from __future__ import annotations
 
 import hashlib
-import shutil
 import sqlite3
 import warnings
 from pathlib import Path
@@ -20,7 +19,7 @@ from tracekit.nsys.summary import trace_summary
 from tracekit.nsys.trace import DamagedRowsWarning
 from tracekit.stats import REPORTS, run_report
 
-from .conftest import NSYS_CORPUS, SAMPLES
+from .conftest import NSYS_CORPUS, SAMPLES, mutated_copy
 
 #: nsys 2020.5: its CUPTI tables lack greenContextId, copyCount … (selected as NULL)
 KMEANS = NSYS_CORPUS / "nsys2020.5_kmeans_report2.sqlite"
@@ -37,23 +36,13 @@ def _tables(path: Path) -> list[str]:
     return names
 
 
-def _copy(src: Path, dst: Path, *statements: str) -> Path:
-    shutil.copyfile(src, dst)
-    con = sqlite3.connect(dst)
-    for sql in statements:
-        con.execute(sql)
-    con.commit()
-    con.close()
-    return dst
-
-
 @pytest.mark.parametrize("table", _tables(KMEANS))
 def test_every_table_of_an_old_export_empty(table: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """An empty table read with two or more absent columns (``SELECT NULL, NULL``) made the
     ADBC driver panic (PanicException: multiple fields with name 'NULL'), e.g. the memcpy
     table of this nsys 2020.5 export in ``tracekit summary``."""
     monkeypatch.setenv("TRACEKIT_COLUMN_CACHE", "0")
-    copy = _copy(KMEANS, tmp_path / "k.sqlite", f'DELETE FROM "{table}"')
+    copy = mutated_copy(KMEANS, tmp_path / "k.sqlite", f'DELETE FROM "{table}"')
     digest = hashlib.sha256(copy.read_bytes()).hexdigest()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # damaged-data warnings are not what is tested here
@@ -73,7 +62,7 @@ def test_every_table_of_an_old_export_empty(table: str, tmp_path: Path, monkeypa
 
 
 def test_empty_memcpy_table_of_an_old_export_has_the_documented_schema(tmp_path: Path) -> None:
-    copy = _copy(KMEANS, tmp_path / "k.sqlite", "DELETE FROM CUPTI_ACTIVITY_KIND_MEMCPY")
+    copy = mutated_copy(KMEANS, tmp_path / "k.sqlite", "DELETE FROM CUPTI_ACTIVITY_KIND_MEMCPY")
     trace = tracekit.open(copy)
     assert trace.memcpys.height == 0
     assert trace.memcpys.schema == tracekit.nsys.schema.empty("memcpys").schema
@@ -86,7 +75,7 @@ def test_text_in_start_is_not_read_as_zero_by_the_sql_duration(tmp_path: Path) -
     Now those durations are null, with one warning; text that is an exact integer converts."""
     garbage = "UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET \"start\" = 'abc' WHERE rowid % 11 = 0"
     as_text = 'UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET "end" = CAST("end" AS TEXT) WHERE rowid % 5 = 0'
-    bad = _copy(DECODE, tmp_path / "bad.sqlite", garbage, as_text)
+    bad = mutated_copy(DECODE, tmp_path / "bad.sqlite", garbage, as_text)
     con = sqlite3.connect(f"file:{bad}?mode=ro&immutable=1", uri=True)
     n_bad = con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE typeof(start) = 'text'").fetchone()[0]
     good = con.execute(
@@ -130,7 +119,7 @@ def test_invalid_utf8_in_an_nvtx_text_cell_is_decoded_with_one_warning(tmp_path:
 
     first = "(SELECT min(rowid) FROM NVTX_EVENTS WHERE text IS NOT NULL)"
     sid = "(SELECT demangledName FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE rowid = 1)"
-    bad = _copy(DECODE, tmp_path / "utf.sqlite",
+    bad = mutated_copy(DECODE, tmp_path / "utf.sqlite",
                 f"UPDATE NVTX_EVENTS SET text = CAST(X'73746570ff' AS TEXT) WHERE rowid = {first}",
                 f"UPDATE StringIds SET value = CAST(X'6b65726e656cfffe41' AS TEXT) WHERE id = {sid}")  # fmt: skip
     env = {**__import__("os").environ, "PYTHONPATH": str(ROOT), "TRACEKIT_CACHE": str(tmp_path / "cache")}
@@ -155,7 +144,7 @@ def test_invalid_utf8_in_an_nvtx_text_cell_is_decoded_with_one_warning(tmp_path:
 def test_an_export_without_string_ids_warns_that_names_are_empty(tmp_path: Path) -> None:
     """A damaged export without StringIds gave empty kernel names in every table and report
     with no word (review finding)."""
-    damaged = _copy(DECODE, tmp_path / "no_strings.sqlite", "DROP TABLE StringIds")
+    damaged = mutated_copy(DECODE, tmp_path / "no_strings.sqlite", "DROP TABLE StringIds")
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         trace = tracekit.open(damaged, column_cache=False)

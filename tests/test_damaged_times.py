@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import resource
-import shutil
 import sqlite3
 import subprocess
 import sys
@@ -21,7 +20,7 @@ import tracekit
 from tracekit.nsys.trace import DamagedRowsWarning
 from tracekit.stats import run_report
 
-from .conftest import NSYS_CORPUS, ROOT, SAMPLES
+from .conftest import NSYS_CORPUS, ROOT, SAMPLES, mutated_copy
 
 #: 19 118 NVTX ranges on two threads in 2.7 MB: the export of the issue's 2.3 GB stats run
 MFU = NSYS_CORPUS / "nsys2026.2_nsysai_mfu_2xh100_nccl_slice.sqlite"
@@ -29,17 +28,6 @@ TRAIN = SAMPLES / "llm_train_emit_nvtx_1gpu" / "llm_train_emit_nvtx_1gpu.sqlite"
 INT64_MAX = (1 << 63) - 1
 #: address space the subprocesses may take; before the fix they aborted under 5 GB
 LIMIT = 2 << 30
-
-
-def _copy(src: Path, dst: Path, *statements: str) -> Path:
-    shutil.copyfile(src, dst)
-    dst.chmod(0o644)
-    con = sqlite3.connect(dst)
-    for sql in statements:
-        con.execute(sql)
-    con.commit()
-    con.close()
-    return dst
 
 
 def _query(path: Path, sql: str) -> list[tuple[object, ...]]:
@@ -69,7 +57,7 @@ def test_inverted_nvtx_ranges_are_left_out_of_the_projection_in_bounded_memory(t
     stops on such ranges ("rtree constraint failed"); tracekit leaves them out with one warning."""
     if not MFU.is_file():
         pytest.skip("public corpus not found")
-    copy = _copy(MFU, tmp_path / "mfu.sqlite", SWAP)
+    copy = mutated_copy(MFU, tmp_path / "mfu.sqlite", SWAP)
     inverted = {r[0] for r in _query(copy, 'SELECT rowid FROM NVTX_EVENTS WHERE "end" < start')}
     assert len(inverted) > 2000
     run = _limited(["-m", "tracekit.cli.main", "stats", "-r", "nvtx_gpu_proj_trace", "-f", "csv", str(copy)], tmp_path)
@@ -104,8 +92,8 @@ def test_attribution_leaves_inverted_ranges_out_exactly(tmp_path: Path) -> None:
     rows are NVTX marks instead of ranges (row numbers, hence range ids, unchanged)."""
     if not MFU.is_file():
         pytest.skip("public corpus not found")
-    damaged = _copy(MFU, tmp_path / "damaged.sqlite", SWAP)
-    marked = _copy(damaged, tmp_path / "marked.sqlite", 'UPDATE NVTX_EVENTS SET eventType = 34 WHERE "end" < start')
+    damaged = mutated_copy(MFU, tmp_path / "damaged.sqlite", SWAP)
+    marked = mutated_copy(damaged, tmp_path / "marked.sqlite", 'UPDATE NVTX_EVENTS SET eventType = 34 WHERE "end" < start')
     n = _query(damaged, 'SELECT count(*) FROM NVTX_EVENTS WHERE "end" < start')[0][0]
     run = _limited(["-c", ATTRIBUTE, str(damaged), str(marked)], tmp_path)
     assert run.returncode == 0, run.stderr[-2000:]
@@ -118,7 +106,7 @@ def test_attribution_leaves_inverted_ranges_out_exactly(tmp_path: Path) -> None:
 def _nmax(tmp_path: Path) -> Path:
     """The training sample with the end of its 41st push/pop range set to INT64_MAX: the range
     then crosses its parent, and that thread took the exact (crossing) join."""
-    return _copy(TRAIN, tmp_path / "nmax.sqlite",
+    return mutated_copy(TRAIN, tmp_path / "nmax.sqlite",
                  f'UPDATE NVTX_EVENTS SET "end" = {INT64_MAX} WHERE rowid = (SELECT rowid FROM NVTX_EVENTS '
                  'WHERE eventType = 59 AND "end" IS NOT NULL LIMIT 1 OFFSET 40)')  # fmt: skip
 
@@ -155,7 +143,7 @@ def test_nvtx_sum_leaves_out_an_int64_max_end_where_nsys_overflows(tmp_path: Pat
 
 def _kmax(tmp_path: Path) -> Path:
     """The training sample with one kernel end and one runtime API end set to INT64_MAX."""
-    return _copy(TRAIN, tmp_path / "kmax.sqlite",
+    return mutated_copy(TRAIN, tmp_path / "kmax.sqlite",
                  f'UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET "end" = {INT64_MAX} WHERE rowid = 7',
                  f'UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET "end" = {INT64_MAX} WHERE rowid = 9')  # fmt: skip
 
@@ -219,7 +207,7 @@ def test_durations_past_2_42_round_as_nsys_2023_rounds_them(duration: int, tmp_p
     from .test_stats_nvtx_projection import nsys_2023_or_skip, nsys_stats
 
     nsys = nsys_2023_or_skip()
-    copy = _copy(TRAIN, tmp_path / "long.sqlite", f'UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET "end" = start + {duration} WHERE rowid = 7')
+    copy = mutated_copy(TRAIN, tmp_path / "long.sqlite", f'UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET "end" = start + {duration} WHERE rowid = 7')
     (tmp_path / "nsys").mkdir()
     reports = ("cuda_gpu_kern_sum", "cuda_kern_exec_sum")
     references = nsys_stats(nsys, copy, reports, tmp_path / "nsys")

@@ -11,7 +11,6 @@ and the gathers after them run for real; the others read their columns in one go
 
 from __future__ import annotations
 
-import shutil
 import sqlite3
 import warnings
 from pathlib import Path
@@ -26,7 +25,7 @@ from tracekit.diagnosis import context as context_mod
 from tracekit.diagnosis import ops_by_column as obc
 from tracekit.nsys import database
 
-from .conftest import NSYS_CORPUS, SAMPLES, build_big_trace
+from .conftest import NSYS_CORPUS, SAMPLES, build_big_trace, mutated_copy
 
 SAMPLED = DiagnoseConfig(exact_steps=3, sample_steps=2, max_window_ops=50)
 EXPORTS = [p for p in sorted(SAMPLES.rglob("*.sqlite")) if "per_rank" not in p.name] + sorted(NSYS_CORPUS.glob("*.sqlite"))
@@ -161,13 +160,7 @@ def test_where_on_the_cached_big_export(big: Path, tmp_path: Path, monkeypatch: 
 def test_an_int64_max_end_is_left_out_as_gpu_ops_leaves_it_out(tmp_path: Path) -> None:
     """The bound of implausible ends is the whole table's (max start + span), not the part's."""
     src = SAMPLES / "llm_train_emit_nvtx_1gpu" / "llm_train_emit_nvtx_1gpu.sqlite"
-    path = tmp_path / "kmax.sqlite"
-    shutil.copyfile(src, path)
-    path.chmod(0o644)
-    con = sqlite3.connect(path)
-    con.execute(f'UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET "end" = {INT64_MAX} WHERE rowid = 7')
-    con.commit()
-    con.close()
+    path = mutated_copy(src, tmp_path / "kmax.sqlite", f'UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET "end" = {INT64_MAX} WHERE rowid = 7')
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trace = tracekit.open(path)
@@ -256,14 +249,7 @@ def test_damaged_copies_through_the_column_cache_give_the_whole_tables_findings(
     as the whole tables, and ``ops.filter(expr)`` row for row."""
     from tracekit.nsys import database
 
-    path = tmp_path / f"{name}_{damage}.sqlite"
-    shutil.copyfile(SAMPLES / "planted" / name / f"{name}.sqlite", path)
-    path.chmod(0o644)
-    con = sqlite3.connect(path)
-    for sql in _DAMAGE[damage]:
-        con.execute(sql)
-    con.commit()
-    con.close()
+    path = mutated_copy(SAMPLES / "planted" / name / f"{name}.sqlite", tmp_path / f"{name}_{damage}.sqlite", *_DAMAGE[damage])
     monkeypatch.setenv("TRACEKIT_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("TRACEKIT_COLUMN_CACHE", "1")
     with monkeypatch.context() as whole:  # the loader's path: nothing by column

@@ -14,7 +14,7 @@ import pytest
 from tracekit.errors import UnsupportedReportError
 from tracekit.stats import run_report
 
-from .conftest import NSYS_CORPUS, SAMPLES
+from .conftest import NSYS_CORPUS, SAMPLES, mutated_copy
 from .nsys_reference import read_reference
 from .test_stats_nvtx_projection import (
     _open,
@@ -172,7 +172,6 @@ def test_gpu_trace_device_text_with_and_without_the_gpu_list(tmp_path: Path) -> 
     """``Device`` is made once per device id: ``"<GPU name> (<id>)"`` from the GPU list, and
     ``"GPU <id> (<id>)"`` for a copy of the export whose GPU list was dropped (time-sliced
     exports have none); every row of a device has its text."""
-    import shutil
 
     path = SAMPLES / "custom_allreduce_2gpu" / "custom_allreduce_2gpu.sqlite"
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
@@ -183,12 +182,7 @@ def test_gpu_trace_device_text_with_and_without_the_gpu_list(tmp_path: Path) -> 
     ops = con.execute(f"SELECT deviceId, count(*) FROM ({union}) GROUP BY deviceId").fetchall()
     con.close()
     assert len(ops) == 2
-    copy = tmp_path / "no_gpu_list.sqlite"
-    shutil.copyfile(path, copy)
-    con = sqlite3.connect(copy)
-    con.execute("DROP TABLE TARGET_INFO_GPU")
-    con.commit()
-    con.close()
+    copy = mutated_copy(path, tmp_path / "no_gpu_list.sqlite", "DROP TABLE TARGET_INFO_GPU")
     for export, text in ((path, lambda d: f"{names[d]} ({d})"), (copy, lambda d: f"GPU {d} ({d})")):
         counts = run_report(_open(export), "cuda_gpu_trace").frame.group_by("Device").len()
         assert dict(counts.iter_rows()) == {text(d): n for d, n in ops}
