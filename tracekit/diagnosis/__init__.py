@@ -101,7 +101,7 @@ def diagnose(
     from tracekit.diagnosis.rules_comm import COMM_RULES
     from tracekit.diagnosis.rules_gpu import GPU_RULES
     from tracekit.diagnosis.rules_host import HOST_RULES, low_gpu_utilization
-    from tracekit.diagnosis.window import steady_window
+    from tracekit.diagnosis.window import search_window
 
     cfg = config or DiagnoseConfig()
     tr = _open(trace)
@@ -110,16 +110,11 @@ def diagnose(
 
         return diagnose_reduced(tr, cfg, _trace_name(tr))
     ctx = Context(tr, cfg, ncu=_open(ncu) if ncu is not None else None, model=model)
-    # counted first (every diagnosis needs it): on a cold column cache this puts the API
-    # table's columns into it (~1 GB of transient reads on 20 M calls) while no kernel
-    # table is held yet, instead of on top of it
-    ctx.api_count  # noqa: B018
-    if ctx.by_column is not None:  # the same for the kernel table's columns, before NVTX is read
-        ctx.by_column.fill()
+    ctx.prepare_reads()
     if window is not None:
         full = Window(int(window[0]), int(window[1]), "given", "window given by the caller")
     else:
-        full = steady_window(ctx.ops_for_window, ctx.launched_ops, ctx.nvtx, cfg)
+        full = search_window(ctx)
     ctx.full_window = full
     ctx.window = full.analysed()
     findings: list[Finding] = []

@@ -22,10 +22,10 @@ import polars as pl
 
 from tracekit.analysis.iterations import iteration_ranges, iterations
 from tracekit.diagnosis.config import DiagnoseConfig
-from tracekit.diagnosis.context import _within_any
+from tracekit.diagnosis.context import Context, _within_any
 from tracekit.diagnosis.result import Window
 
-__all__ = ["find_period", "kernel_period_iterations", "steady_ops", "steady_window"]
+__all__ = ["find_period", "kernel_period_iterations", "search_window", "steady_ops", "steady_window"]
 
 _TAIL = 50_000
 
@@ -284,6 +284,13 @@ def steady_window(
         if sample is not None:
             return replace(window, sample_start_ns=sample[0], sample_end_ns=sample[1], sample_steps=sample[2])
     return window
+
+
+def search_window(ctx: Context) -> Window:
+    """:func:`steady_window` of a diagnosis context, as ``diagnose`` finds it: launch columns
+    only for the operations of the measured steps, the operations a column at a time on a big
+    export (``Context.ops_for_window``)."""
+    return steady_window(ctx.ops_for_window, ctx.launched_ops, ctx.nvtx, ctx.config)
 
 
 def _sample_whole(window: Window, ops: pl.DataFrame, config: DiagnoseConfig) -> Window:

@@ -187,14 +187,11 @@ def steady_bounds(trace: Any) -> tuple[int, int, str]:
     kernel sequence, warm-up left out)."""
     from tracekit.diagnosis.config import DiagnoseConfig
     from tracekit.diagnosis.context import Context
-    from tracekit.diagnosis.window import steady_window
+    from tracekit.diagnosis.window import search_window
 
-    cfg = DiagnoseConfig()
-    ctx = Context(trace, cfg)
-    # as diagnose calls it: launch columns only for the operations of the measured steps,
-    # and on a big export the operations a column at a time (not the whole launch join)
-    ctx.api_count  # noqa: B018
-    w = steady_window(ctx.ops_for_window, ctx.launched_ops, ctx.nvtx, cfg)
+    ctx = Context(trace, DiagnoseConfig())
+    ctx.prepare_reads()
+    w = search_window(ctx)
     return int(w.start_ns), int(w.end_ns), f"steady state ({w.method}): {w.reason}"
 
 
