@@ -150,3 +150,28 @@ def test_the_checksum_written_beside_a_column_is_that_of_its_file(cache: Path) -
         with file.open("rb") as fh:
             assert checksum_file(fh, chunk=4096) == expected
     assert not list(cache.rglob("*.tmp"))
+
+
+def test_a_column_checksummed_with_blake2_still_verifies(cache: Path) -> None:
+    """A cache written where the xxhash package was missing carries BLAKE2b sums (``b2:``):
+    a later run with xxhash verifies them by their own algorithm and reads the columns without
+    a warning, while a wrong sum of either kind fails."""
+    import hashlib
+    import warnings
+
+    from tracekit.cache import verify_file
+
+    expected = _trace(DECODE, column_cache=False).kernels
+    _ = _trace(DECODE).kernels
+    files = _kernel_files(cache)
+    for file in files:
+        Path(f"{file}.b2").write_text("b2:" + hashlib.blake2b(file.read_bytes(), digest_size=16).hexdigest())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CacheIntegrityWarning)
+        assert _trace(DECODE).kernels.equals(expected, null_equal=True)
+    with files[0].open("rb") as fh:
+        assert not verify_file(fh, "b2:" + "0" * 32)
+    with files[0].open("rb") as fh:
+        assert not verify_file(fh, "xxh3:" + "0" * 32)
+    with files[0].open("rb") as fh:
+        assert not verify_file(fh, "md5:whatever")
