@@ -26,7 +26,7 @@ cache: the folder is columnar already. The folder is never written to.
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -240,6 +240,10 @@ class ExportFolder:
     ) -> bool:
         """As :meth:`caches` (nothing to fill: the folder is columnar already)."""
         return self.caches(table)
+
+    def derived_column(self, table: str, key: str, make: Callable[[], pl.Series]) -> pl.Series:
+        """``make()``: a folder has no column cache to keep derived columns in."""
+        return make()
 
     def query(self, sql: str, schema: Mapping[str, pl.DataType | type[pl.DataType]]) -> pl.DataFrame:
         """Run ``sql`` and return a frame cast to ``schema`` (same names, same order)."""

@@ -28,7 +28,7 @@ import sqlite3
 import threading
 import urllib.parse
 import weakref
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
 from pathlib import Path
@@ -105,6 +105,7 @@ class ExportSource(Protocol):
     def row_estimate(self, table: str) -> int: ...
     def is_rowid_table(self, table: str) -> bool: ...
     def caches(self, table: str) -> bool: ...
+    def derived_column(self, table: str, key: str, make: Callable[[], pl.Series]) -> pl.Series: ...
     def all_cached(self, table: str, exprs: Sequence[str]) -> bool: ...
     def cache_integer_columns(
         self, table: str, only: Collection[str] | None = None, *, scan_bytes: int | None = None, hold: bool = False
@@ -389,6 +390,26 @@ class ExportDatabase:
                     cache.put(table, expr, fresh.get_column(expr), hold=hold)
                 del fresh
         return all(cache.has(table, e) for e in exprs)
+
+    def derived_column(self, table: str, key: str, make: Callable[[], pl.Series]) -> pl.Series:
+        """A column that ``make`` computes from this export (``table`` and others), kept in the
+        column cache under ``key`` beside ``table``'s columns and read from there next time.
+
+        For results that cost more to compute than to read back, such as the launch join's
+        per-kernel API columns. ``key`` must name what is computed and how (bump a version in
+        it when the computation changes): the cache is keyed by the export's identity only.
+        Without a cache (off, unusable, or ``table`` below :data:`CACHE_MIN_ROWS` rows) the
+        column is computed every time."""
+        cache = self._cache_for(table)
+        if cache is None or not cache.usable:
+            return make()
+        if cache.has(table, key):
+            hit = self._cached_columns(cache, table, [key])[0]
+            if hit is not None:
+                return hit
+        column = make()
+        cache.put(table, key, column)
+        return column
 
     def caches(self, table: str) -> bool:
         """Whether full reads of ``table`` go through the column cache (on, usable, and the

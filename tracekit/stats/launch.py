@@ -9,7 +9,7 @@ of the call to whichever ends last, the call or the kernel.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import polars as pl
@@ -31,7 +31,9 @@ from tracekit.stats.nvtx_projection import (
 from tracekit.stats.summaries import api_display_name
 
 if TYPE_CHECKING:
+    from tracekit.nsys.readers import TableColumns
     from tracekit.nsys.trace import NsysTrace
+    from tracekit.stats.nvtx_projection import _Unpinned
 
 
 def _require(trace: NsysTrace, report: str) -> None:
@@ -188,6 +190,72 @@ def _kernel_column(trace: NsysTrace, column: str, rows: pl.Series | None) -> pl.
 
 
 
+#: Names the launch join's computation in the column cache's keys (:class:`_Launches`):
+#: bump it when what the join keeps or how it matches changes.
+LAUNCH_JOIN_KEY = "derived:kernel-launch-join.v1"
+
+
+class _Launches:
+    """The inner launch join of the kernels to their API calls, as per-launch columns: the
+    kernel row of each launch and the API call's ``global_tid``, ``name`` (string id), ``start_ns`` and ``end_ns``.
+
+    Computed once per export and kept in the column cache (``NsysDatabase.derived_column``,
+    keys under :data:`LAUNCH_JOIN_KEY`): a warm ``cuda_kern_exec_sum`` on 1 M kernels then
+    reads four 8 MB launch columns instead of five 20 MB API columns and the kernels'
+    process and correlation ids, and skips the join (0.36-0.39 s -> see benchmarks/README.md).
+    Without the cache (a loaded table, a small export) it is the join as before: correlation
+    ids read, matched (:func:`~tracekit.analysis.attribution.launch_pairs`), and each API
+    column gathered at the matched rows when asked for, one column at a time."""
+
+    _API = ("global_tid", "name", "start_ns", "end_ns")
+
+    def __init__(self, trace: NsysTrace) -> None:
+        self._trace = trace
+        self._db = trace.db if not (trace.is_loaded("kernels") or trace.is_loaded("cuda_api")) else None
+        self._arow: pl.Series | None = None
+        self._api: pl.DataFrame | TableColumns | _Unpinned | None = None
+        self._lrow = self._derived("lrow", self._join)
+        #: launches (rows of the join)
+        self.count = self._lrow.len()
+        self._identity: bool | None = None  # whether lrow is every kernel in order
+
+    def _derived(self, name: str, make: Callable[[], pl.Series]) -> pl.Series:
+        if self._db is None:
+            return make()
+        return self._db.derived_column(KERNEL_TABLE, f"{LAUNCH_JOIN_KEY}:{name}", make)
+
+    def _join(self) -> pl.Series:
+        """The kernel row of each launch; keeps the API row of each for :meth:`api_column`."""
+        keys_in = op_rows(self._trace, KERNEL_TABLE, ["global_pid", "correlation_id"], duration=False)
+        self._api = lean_api_rows(self._trace, keys_in.height)  # on a big trace a column read is dropped after use
+        pairs = launch_pairs(keys_in, self._api, how="inner")
+        self._arow = pairs["_arow"]
+        return pairs["_lrow"]
+
+    def kernel_column(self, column: str) -> pl.Series:
+        """Kernel column ``column`` (``name`` as string ids, or text when the trace holds
+        ``kernels``) of each launch's kernel: read alone, so one whole column is in memory."""
+        values = _kernel_column(self._trace, column, None)
+        if self._identity is None:  # usually every kernel, in order: no gather of a million rows
+            self._identity = is_identity(self._lrow, values.len())
+        return values if self._identity else values.gather(self._lrow)
+
+    def api_column(self, column: str) -> pl.Series:
+        """API column ``column`` (one of ``global_tid``, ``name``, ``start_ns``, ``end_ns``)
+        of each launch's call."""
+
+        def gather() -> pl.Series:
+            if self._arow is None:
+                self._join()
+            assert self._api is not None and self._arow is not None
+            return self._api[column].gather(self._arow)
+
+        values = self._derived(f"api.{column}", gather)
+        if values.len() != self.count:  # cannot happen for one unchanged export
+            values = gather()
+        return values
+
+
 #: Launches up to which ``cuda_kern_exec_sum`` summarises all durations in one group-by.
 ONE_PASS_ROWS = 2_000_000
 
@@ -225,34 +293,22 @@ def cuda_kern_exec_sum(trace: NsysTrace, *, convention: str = "2025") -> Report:
         prefetch_columns(trace.db, KERNEL_TABLE, ("globalPid", "correlationId", "deviceId", "demangledName", "start", "end"))
     if not trace.is_loaded("cuda_api"):
         prefetch_columns(trace.db, "CUPTI_ACTIVITY_KIND_RUNTIME", ("globalTid", "correlationId", "nameId", "start", "end"))
-    keys_in = op_rows(trace, KERNEL_TABLE, ["global_pid", "correlation_id"], duration=False)
-    n_kernels = keys_in.height
-    api = lean_api_rows(trace, n_kernels)  # on a big trace a column read is dropped after use
-
-    def api_column(column: str, rows: pl.Series) -> pl.Series:
-        return api[column].gather(rows)
-
-    pairs = launch_pairs(keys_in, api, how="inner")
-    del keys_in
-    lrow: pl.Series | None = pairs["_lrow"]
-    arow = pairs["_arow"]
-    del pairs
-    if is_identity(lrow, n_kernels):  # type: ignore[arg-type]
-        lrow = None
+    launches = _Launches(trace)
+    api_column, kernel_column = launches.api_column, launches.kernel_column
     # the group of each launch: (pid, tid) is the low 48 bits of global_tid; API names group by
     # their display text (cudaLaunchKernel and cudaLaunchKernel_v7000 are one row), kernel
     # names by id while each text has one id
-    group_keys = pl.DataFrame({"_pid_tid": api_column("global_tid", arow) % (1 << 48)})
+    group_keys = pl.DataFrame({"_pid_tid": api_column("global_tid") % (1 << 48)})
     group_keys = group_keys.with_columns(
-        _kernel_column(trace, "device_id", lrow).alias("device_id"),
-        _display_name_ids(api_column("name", arow), trace).alias("api_name"),
-        _kernel_column(trace, "name", lrow).alias("name"),
+        kernel_column("device_id").alias("device_id"),
+        _display_name_ids(api_column("name"), trace).alias("api_name"),
+        kernel_column("name").alias("name"),
     )
     if not names_are_ids(group_keys, "name", trace):
         group_keys = resolve_names(group_keys, trace, "name")
     # up to ONE_PASS_ROWS launches, one group-by over all four durations (faster); beyond, each
     # duration is summarised over group numbers and dropped before the next is computed
-    one_pass = arow.len() <= ONE_PASS_ROWS
+    one_pass = launches.count <= ONE_PASS_ROWS
     pending: dict[str, pl.Series] = {}
     sequential: dict[str, bool] = {}
     # one group number per launch: grouping on it is faster than on the four key columns
@@ -277,20 +333,20 @@ def cuda_kern_exec_sum(trace: NsysTrace, *, convention: str = "2025") -> Report:
         s = frame.group_by("_g", maintain_order=seq).agg(*more, *_stats("v", prefix, sequential=seq))
         groups = (decode(s["_g"]) if groups is None else groups).join(s, on="_g", how="left")
 
-    k_start = _kernel_column(trace, "start_ns", lrow)
-    a_end = api_column("end_ns", arow)
+    k_start = kernel_column("start_ns")
+    a_end = api_column("end_ns")
     queue = k_start - a_end
     summarise(queue.set(queue < 0, None), "Q")
     del queue
-    k_end = _kernel_column(trace, "end_ns", lrow)
+    k_end = kernel_column("end_ns")
     if trace.is_loaded("kernels"):
-        summarise(_kernel_column(trace, "duration_ns", lrow), "K")
+        summarise(kernel_column("duration_ns"), "K")
     else:
         summarise(k_end - k_start, "K")
     del k_start
     last_end = pl.DataFrame({"a": k_end, "b": a_end}).select(pl.max_horizontal("a", "b")).to_series()
     del k_end
-    a_start = api_column("start_ns", arow)
+    a_start = api_column("start_ns")
     summarise(a_end - a_start, "A")
     del a_end
     summarise(last_end - a_start, "T")
