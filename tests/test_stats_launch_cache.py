@@ -1,4 +1,5 @@
-"""The launch join of ``cuda_kern_exec_sum`` kept in the column cache (issue 14 §3).
+"""The launch join of ``cuda_kern_exec_sum`` and ``cuda_kern_exec_trace`` kept in the column
+cache (issue 14 §3).
 
 A cold run computes the join and keeps each launch's kernel row and API columns as derived
 columns beside the kernel table's; a warm run reads those instead of the API table and the
@@ -28,9 +29,12 @@ RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
 DERIVED = ("lrow", "api.global_tid", "api.name", "api.start_ns", "api.end_ns")
 
 
-def _cases() -> list[tuple[Path, Path, str]]:
-    samples = [(e, r, "2025") for e, r, _ in _sample_cases(("cuda_kern_exec_sum",))]
-    corpus = [(e, r, "2023") for e, r, _ in _corpus_cases(("cuda_kern_exec_sum",)) if read_reference(r)]
+REPORTS = ("cuda_kern_exec_sum", "cuda_kern_exec_trace")
+
+
+def _cases() -> list[tuple[Path, Path, str, str]]:
+    samples = [(e, r, rep, "2025") for e, r, rep in _sample_cases(REPORTS)]
+    corpus = [(e, r, rep, "2023") for e, r, rep in _corpus_cases(REPORTS) if read_reference(r)]
     return samples + corpus
 
 
@@ -68,24 +72,29 @@ def _derived_path(trace, name: str) -> Path:  # noqa: ANN001
 
 
 def test_cases_exist() -> None:
-    assert len(_cases()) >= 10
+    cases = _cases()
+    assert len(cases) >= 20 and {c[2] for c in cases} == set(REPORTS)
 
 
-@pytest.mark.parametrize(("export", "ref", "convention"), _cases(), ids=lambda x: x.stem if isinstance(x, Path) and x.suffix == ".sqlite" else None)
-def test_cold_and_warm_runs_print_nsys_csv(export: Path, ref: Path, convention: str, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("export", "ref", "report", "convention"), _cases(), ids=lambda x: x.stem if isinstance(x, Path) and x.suffix == ".sqlite" else None)
+def test_cold_and_warm_runs_print_nsys_csv(
+    export: Path, ref: Path, report: str, convention: str, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     reference = read_reference(ref)
     cold = _open(export)
-    assert_identical(run_report(cold, "cuda_kern_exec_sum", convention=convention), reference)
+    assert_identical(run_report(cold, report, convention=convention), reference)
     for name in DERIVED:
         assert _derived_path(cold, name).is_file(), name
     reads = _reads(monkeypatch)
     warm = _open(export)
-    assert_identical(run_report(warm, "cuda_kern_exec_sum", convention=convention), reference)
+    assert_identical(run_report(warm, report, convention=convention), reference)
     read_keys = {expr for _, expr in reads}
     assert {f"{launch.LAUNCH_JOIN_KEY}:{n}" for n in DERIVED} <= read_keys
-    # the join is not made again: no API column and no kernel correlation id is read
+    # the join is not made again: no API column is read (nor, by the summary, the kernels'
+    # correlation ids; the trace sorts ties by them)
     assert not [r for r in reads if r[0] == RUNTIME], reads
-    assert (KERNELS, '"correlationId"') not in reads
+    if report == "cuda_kern_exec_sum":
+        assert (KERNELS, '"correlationId"') not in reads
 
 
 def test_kernels_matching_two_calls_keep_their_rows(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
