@@ -93,28 +93,6 @@ def checksum_file(fh: BinaryIO, chunk: int = 1 << 20) -> str:
     return prefix + h.hexdigest()
 
 
-def verify_file(fh: BinaryIO, expected: str, chunk: int = 1 << 20) -> bool:
-    """Whether the rest of the open binary file ``fh`` has the checksum ``expected`` (either
-    algorithm), read ``chunk`` bytes at a time into one reused buffer."""
-    algo, _, digest = expected.partition(":")
-    h: Any
-    if algo == "xxh3":
-        try:
-            import xxhash
-        except ImportError:
-            return False
-        h = xxhash.xxh3_128()
-    elif algo == "b2":
-        h = hashlib.blake2b(digest_size=16)
-    else:
-        return False
-    buf = bytearray(chunk)
-    view = memoryview(buf)
-    while n := fh.readinto(buf):  # type: ignore[attr-defined]
-        h.update(view[:n])
-    return bool(h.hexdigest() == digest)
-
-
 def verify(data: bytes | memoryview, expected: str) -> bool:
     algo, _, digest = expected.partition(":")
     if algo == "xxh3":

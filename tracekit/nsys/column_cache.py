@@ -54,7 +54,6 @@ from tracekit.cache import (
     export_key,
     folder_state,
     verify,
-    verify_file,
     write_atomic,
 )
 from tracekit.errors import TracekitError
@@ -154,18 +153,20 @@ class ColumnCache:
             with contextlib.suppress(OSError):
                 os.utime(self.folder)
         try:
+            data = path.read_bytes()  # into memory: a file changing underneath cannot fault
             expected = _sum_path(path).read_text().strip()
-            with path.open("rb") as fh:
-                series = _read_verified(fh, expected)
-            if series is None:
-                self._drop(path, "failed its checksum")
-                return None
-            # one buffer makes gathers ~2x faster; files written by put() have one record batch
-            # already (older ones: polars' ~120 k-row batches), so this is usually no copy
-            return series if series.n_chunks() == 1 else series.rechunk()
         except OSError as exc:
             log.debug("cached column %s unreadable (%s)", path, exc)
             return None
+        if not verify(data, expected):
+            self._drop(path, "failed its checksum")
+            return None
+        try:
+            series = pl.read_ipc(io.BytesIO(data)).to_series()
+            del data
+            # one buffer makes gathers ~2x faster; files written by put() have one record batch
+            # already (older ones: polars' ~120 k-row batches), so this is usually no copy
+            return series if series.n_chunks() == 1 else series.rechunk()
         except BaseException as exc:  # polars' Rust panics are BaseExceptions
             if isinstance(exc, KeyboardInterrupt | SystemExit | MemoryError):
                 raise
@@ -234,38 +235,6 @@ def _write_one_batch(column: pl.Series, sink: BinaryIO) -> None:
     of a cold ``cuda_gpu_kern_sum`` on 1 M kernels) and its writer took 0.05 s a 20 MB column
     where polars takes 0.02 s."""
     column.to_frame().write_ipc(sink, record_batch_size=max(1, len(column)))
-
-
-#: Cached files up to this size are read by polars from the open file; larger ones through
-#: a Python bytes object (:func:`_read_verified`).
-FD_READ_MAX_BYTES = 64 << 20
-
-
-def _read_verified(fh: BinaryIO, expected: str) -> pl.Series | None:
-    """The column in the open cached file ``fh`` when its bytes have the checksum ``expected``,
-    else None. Never memory-mapped: a file changing underneath cannot fault the process.
-
-    Two ways, by size. Up to :data:`FD_READ_MAX_BYTES` the checksum is taken through one
-    reused 1 MB buffer and polars then reads the same open file with read(2): its read buffer,
-    freed to its allocator, is reused by the next column's read, so a report that reads many
-    small columns faults far fewer fresh pages (a warm ``cuda_kern_exec_sum`` on 1 M kernels
-    read its 12 columns, 158 MB, in 0.08-0.09 s instead of 0.14-0.17 s). Larger files go
-    through a Python bytes object, which is handed back to the system as soon as it is freed:
-    polars' allocator keeps a freed read buffer (a 623 MB column read from the file kept
-    RSS 577 MB higher after the read, and a warm ``diagnose`` on 30 M kernels peaked at
-    3.70 GB instead of 3.02 GB)."""
-    size = os.fstat(fh.fileno()).st_size
-    if size <= FD_READ_MAX_BYTES:
-        if not verify_file(fh, expected):
-            return None
-        fh.seek(0)
-        return pl.read_ipc(fh).to_series()
-    data = fh.read()
-    if not verify(data, expected):
-        return None
-    series = pl.read_ipc(io.BytesIO(data)).to_series()
-    del data
-    return series
 
 
 def _sum_path(path: Path) -> Path:

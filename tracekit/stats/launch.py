@@ -185,16 +185,12 @@ def _stats(value: str, prefix: str, *, sequential: bool = False) -> list[pl.Expr
     ]
 
 
-def _kernel_column(trace: NsysTrace, column: str, rows: pl.Series | None) -> pl.Series:
-    """One kernel column (``name`` as string ids, or text when the trace holds ``kernels``),
-    gathered at ``rows`` (all rows when None): read alone, so one whole column is in memory."""
+def _kernel_column(trace: NsysTrace, column: str) -> pl.Series:
+    """One whole kernel column (``name`` as string ids, or text when the trace holds
+    ``kernels``), read alone."""
     if column == "name":
-        s = op_rows(trace, KERNEL_TABLE, [], names=True, duration=False).to_series()
-    else:
-        s = op_rows(trace, KERNEL_TABLE, [column], duration=False).to_series()
-    return s if rows is None else s.gather(rows)
-
-
+        return op_rows(trace, KERNEL_TABLE, [], names=True, duration=False).to_series()
+    return op_rows(trace, KERNEL_TABLE, [column], duration=False).to_series()
 
 
 #: Names the launch join's computation in the column cache's keys (:class:`_Launches`):
@@ -204,17 +200,17 @@ LAUNCH_JOIN_KEY = "derived:kernel-launch-join.v1"
 
 class _Launches:
     """The inner launch join of the kernels to their API calls, as per-launch columns: the
-    kernel row of each launch and the API call's ``global_tid``, ``name`` (string id), ``start_ns`` and ``end_ns``.
+    kernel row of each launch and the API call's ``global_tid``, ``name`` (string id),
+    ``start_ns`` and ``end_ns``. ``cuda_kern_exec_sum`` and ``cuda_kern_exec_trace`` read it.
 
-    Computed once per export and kept in the column cache (``NsysDatabase.derived_column``,
+    Computed once per export and kept in the column cache (``derived_column`` of the export,
     keys under :data:`LAUNCH_JOIN_KEY`): a warm ``cuda_kern_exec_sum`` on 1 M kernels then
-    reads four 8 MB launch columns instead of five 20 MB API columns and the kernels'
-    process and correlation ids, and skips the join (0.36-0.39 s -> see benchmarks/README.md).
-    Without the cache (a loaded table, a small export) it is the join as before: correlation
-    ids read, matched (:func:`~tracekit.analysis.attribution.launch_pairs`), and each API
-    column gathered at the matched rows when asked for, one column at a time."""
-
-    _API = ("global_tid", "name", "start_ns", "end_ns")
+    reads four 8 MB launch columns and the kernel row of each launch instead of five 20 MB API
+    columns and the kernels' process and correlation ids, and makes no join (whole process
+    0.39-0.45 -> 0.30-0.31 s, peak RSS 278-290 -> 196-220 MB). Without a cache (a loaded
+    table, a small export, an nsys folder) it is the join every time: correlation ids read,
+    matched (:func:`~tracekit.analysis.attribution.launch_pairs`), and each API column
+    gathered at the matched rows when asked for, one column at a time."""
 
     def __init__(self, trace: NsysTrace) -> None:
         self._trace = trace
@@ -248,7 +244,7 @@ class _Launches:
     def kernel_column(self, column: str) -> pl.Series:
         """Kernel column ``column`` (``name`` as string ids, or text when the trace holds
         ``kernels``) of each launch's kernel: read alone, so one whole column is in memory."""
-        values = _kernel_column(self._trace, column, None)
+        values = _kernel_column(self._trace, column)
         if self._identity is None:  # usually every kernel, in order: no gather of a million rows
             self._identity = is_identity(self._lrow, values.len())
         return values if self._identity else values.gather(self._lrow)
