@@ -20,7 +20,7 @@ SCRIPT = """
 import resource, sys
 import tracekit
 from tracekit.cli.main import main, prepare_process
-import tracekit.cli.summary, tracekit.nsys.summary, tracekit.cli.stats, tracekit.stats, tracekit.cli.diagnose, tracekit.diagnosis  # noqa: F401  (imported before the limit)
+import tracekit.cli.summary, tracekit.nsys.summary, tracekit.cli.stats, tracekit.stats, tracekit.cli.diagnose, tracekit.diagnosis, tracekit.cli.report, tracekit.report.html  # noqa: F401  (imported before the limit)
 from tracekit.errors import TraceMemoryError
 
 def mapped():
@@ -291,3 +291,34 @@ def test_nvtx_kern_sum_refuses_pairs_that_cannot_fit(monkeypatch: pytest.MonkeyP
         run_report(tracekit.open(path), "nvtx_kern_sum")
     monkeypatch.setattr(database, "free_memory", lambda: need + (1 << 20))
     assert run_report(tracekit.open(path), "nvtx_kern_sum").frame.equals(expected)
+
+
+def test_a_report_that_cannot_fit_is_one_error_before_it_starts(big: Path, tmp_path: Path) -> None:
+    """``tracekit report`` holds whole tables: on 8 M kernels under a 12 GB address-space limit
+    it ended in SIGABRT after 42 s. It now refuses up front, in one line, when its estimate
+    (500 MB + 1.5 KB per GPU operation: ~1 GB for these 300 k kernels and 10 k memcpys) exceeds
+    what is left;
+    the HTML file is not written."""
+    out = tmp_path / "r.html"
+    run = _run(big, 300 << 20, "cli", "report", str(big), "-o", str(out), tmp_path=tmp_path)
+    assert run.returncode == 2, run.stderr[-2000:]
+    (line,) = run.stderr.splitlines()
+    assert line.startswith("tracekit: error: big.sqlite: the HTML report of 310,000 GPU operations needs about 1.0 GB")
+    assert "tracekit summary" in line
+    assert not out.exists()
+
+
+def test_the_report_check_lets_it_through_with_room(big: Path) -> None:
+    """Same export, same estimate, 2 GB left: the check passes (it reads nothing)."""
+    code = (
+        "import resource, sys, tracekit\n"
+        "from tracekit.report.html import _ensure_fits\n"
+        "trace = tracekit.open(sys.argv[1])\n"
+        "size = next(int(l.split()[1]) * 1024 for l in open('/proc/self/status') if l.startswith('VmSize:'))\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (size + (2 << 30), resource.RLIM_INFINITY))\n"
+        "_ensure_fits(trace)\n"
+        "print('fits')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRACEKIT_COLUMN_CACHE": "0"}
+    run = subprocess.run([sys.executable, "-c", code, str(big)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert run.returncode == 0 and run.stdout.strip() == "fits", run.stderr[-2000:]

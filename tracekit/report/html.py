@@ -425,6 +425,8 @@ def build_report(
         raise ValueError(msg)
     from tracekit.viz._deps import import_altair, import_vl_convert
 
+    if trace is not None:  # before anything is imported or read
+        _ensure_fits(trace)
     import_altair()  # a missing extra is one clear error, not a broken section each
     import_vl_convert()
     source = trace if trace is not None else ncu
@@ -444,6 +446,41 @@ def build_report(
     if ncu is not None:
         page.section("ncu", "Nsight Compute kernels", lambda: _ncu(page, ncu))
     return page.render()
+
+
+#: Peak memory of a report, measured with ``/usr/bin/time`` on exports built by
+#: ``benchmarks/make_big_trace.py`` (2.5 API calls and 0.2 NVTX ranges per kernel): 1.9 GB for
+#: 1 M kernels, 12.0 GB for 8 M; modelled, a little above both, as a fixed part plus a part per
+#: GPU operation (kernel, memcpy, memset).
+REPORT_BASE_BYTES = 500 << 20
+REPORT_BYTES_PER_OP = 1500
+
+
+def _ensure_fits(trace: Any) -> None:
+    """Refuse, as one :class:`~tracekit.errors.TraceMemoryError` line, a report that would not
+    fit in the memory left. The report's sections hold the whole kernel, operation and API
+    tables and polars aborts the process when an allocation fails (8 M kernels under a 12 GB
+    address-space limit: SIGABRT after 42 s, in a group-by of the overview's activity
+    segments), so the check is made before anything is read."""
+    from tracekit.errors import TraceMemoryError
+    from tracekit.nsys.database import free_memory
+
+    db = getattr(trace, "db", None)
+    if db is None or not hasattr(db, "row_estimate"):
+        return
+    ops = sum(
+        db.row_estimate(t) if db.has_table(t) else 0
+        for t in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
+    )
+    need = REPORT_BASE_BYTES + REPORT_BYTES_PER_OP * ops
+    free = free_memory()
+    if free is not None and need > free:
+        msg = (
+            f"{Path(str(trace.path)).name}: the HTML report of {ops:,} GPU operations needs about "
+            f"{need / 1e9:.1f} GB and {free / 1e9:.1f} GB is left; run `tracekit summary` or `tracekit diagnose` "
+            "(they work in bounded memory), or make the report on a machine with more memory"
+        )
+        raise TraceMemoryError(msg)
 
 
 def write_report(
