@@ -226,3 +226,13 @@ def test_threshold_is_kept_on_the_diff(tmp_path: Path) -> None:
     assert tracekit.diff(CLEAN, slow, threshold=0.6).regressions().height == 0
     d = tracekit.diff(CLEAN, slow, threshold=0.05, levels=("kernel",))
     assert d.regressions()["key"].to_list() == [LN] and d.to_dict()["settings"]["threshold"] == 0.05
+
+
+def test_opening_the_runs_reads_no_table() -> None:
+    """``diff`` checks that each run is an Nsight Systems trace by its class: asking the trace
+    itself (``hasattr(trace, "kernels")``) built the whole kernel table before the memory check."""
+    from tracekit.comparison import _open_run
+
+    trace = _open_run(str(SAMPLES / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite"))
+    assert type(trace).__name__ == "NsysTrace"
+    assert not trace.is_loaded("kernels")

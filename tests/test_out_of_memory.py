@@ -20,7 +20,7 @@ SCRIPT = """
 import resource, sys
 import tracekit
 from tracekit.cli.main import main, prepare_process
-import tracekit.cli.summary, tracekit.nsys.summary, tracekit.cli.stats, tracekit.stats, tracekit.cli.diagnose, tracekit.diagnosis, tracekit.cli.report, tracekit.report.html  # noqa: F401  (imported before the limit)
+import tracekit.cli.summary, tracekit.nsys.summary, tracekit.cli.stats, tracekit.stats, tracekit.cli.diagnose, tracekit.diagnosis, tracekit.cli.report, tracekit.report.html, tracekit.cli.diff, tracekit.comparison  # noqa: F401  (imported before the limit)
 from tracekit.errors import TraceMemoryError
 
 def mapped():
@@ -322,3 +322,15 @@ def test_the_report_check_lets_it_through_with_room(big: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TRACEKIT_COLUMN_CACHE": "0"}
     run = subprocess.run([sys.executable, "-c", code, str(big)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert run.returncode == 0 and run.stdout.strip() == "fits", run.stderr[-2000:]
+
+
+def test_a_diff_that_cannot_fit_is_one_error_before_it_starts(big: Path, tmp_path: Path) -> None:
+    """``tracekit diff`` holds both runs' whole tables: two 8 M-kernel exports under a 12 GB
+    limit ended in SIGABRT after 19 s. It now refuses up front (500 MB + 750 B per GPU
+    operation of both runs: ~0.97 GB here) in one line, and opening the runs no longer builds
+    their kernel tables first (a ``hasattr`` on the trace did: 4 s and 4 GB on 8 M kernels)."""
+    run = _run(big, 300 << 20, "cli", "diff", str(big), str(big), tmp_path=tmp_path)
+    assert run.returncode == 2, run.stderr[-2000:]
+    (line,) = run.stderr.splitlines()
+    assert line.startswith("tracekit: error: big.sqlite vs big.sqlite: comparing 620,000 GPU operations needs about 1.0 GB")
+    assert "shorter captures" in line

@@ -190,6 +190,32 @@ def _check_threshold(value: float) -> float:
     return float(value)
 
 
+#: Peak memory of ``diff`` on two single exports, measured with ``/usr/bin/time`` on copies of
+#: one export built by ``benchmarks/make_big_trace.py``: 1.8 GB for 2 × 1 M kernels, 11.9 GB
+#: for 2 × 8 M; modelled, a little above both, per GPU operation of the two runs together.
+DIFF_BASE_BYTES = 500 << 20
+DIFF_BYTES_PER_OP = 750
+
+
+def _ensure_fits(before: Any, after: Any) -> None:
+    """Refuse, in one :class:`~tracekit.errors.TraceMemoryError` line, a comparison of two
+    single exports that would not fit in the memory left: it holds both runs' whole tables,
+    and polars aborted the process (2 × 8 M kernels under a 12 GB address-space limit:
+    SIGABRT after 19 s). Trace sets (per-rank folders) are not estimated."""
+    from tracekit.nsys.database import gpu_op_estimate, refuse_unless_fits
+
+    dbs = [getattr(t, "db", None) for t in (before, after)]
+    if any(db is None or not hasattr(db, "row_estimate") for db in dbs):
+        return
+    ops = sum(gpu_op_estimate(db) for db in dbs)
+    names = " vs ".join(os.path.basename(str(t.path)) for t in (before, after))
+    refuse_unless_fits(
+        DIFF_BASE_BYTES + DIFF_BYTES_PER_OP * ops,
+        f"{names}: comparing {ops:,} GPU operations",
+        "compare shorter captures (nsys --capture-range, or a few steps of each run), or run the diff on a machine with more memory",
+    )
+
+
 def _open_run(obj: Any) -> Any:
     """A path (an export, or a folder of per-rank exports) opened; a trace or trace set as is."""
     from tracekit.errors import TracekitError
@@ -204,7 +230,8 @@ def _open_run(obj: Any) -> Any:
             from tracekit.opening import open as tk_open
 
             obj = tk_open(path)
-    if type(obj).__name__ == "NcuReport" or not hasattr(obj, "kernels"):
+    # asked of the class: hasattr on the trace built its kernel table (4 s and 4 GB on 8 M kernels)
+    if type(obj).__name__ == "NcuReport" or not hasattr(type(obj), "kernels"):
         what = getattr(obj, "path", obj)
         msg = f"{what} is not an Nsight Systems trace; tracekit diff compares two Nsight Systems exports (.sqlite, .nsys-rep)"
         raise TracekitError(msg)
@@ -252,6 +279,7 @@ def diff(
             raise TracekitError(msg)
     _check_threshold(threshold)
     ta, tb = _open_run(before), _open_run(after)
+    _ensure_fits(ta, tb)
     sa, sb = _steady_steps(ta), _steady_steps(tb)
     out = {
         level: compare_per_step(

@@ -745,6 +745,25 @@ def ensure_memory(path: Path, table: str, rows: int, columns: int, need: int, wh
         raise _out_of_memory(path, table, rows, columns, f"needs about {_gb(need)} and {_gb(free)} is left", what)
 
 
+#: The GPU activity tables: a whole-trace view (the HTML report, ``diff``) holds a row of each.
+GPU_OP_TABLES = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
+
+
+def gpu_op_estimate(db: ExportSource) -> int:
+    """Kernels, memcpys and memsets of an export, without counting them (row estimates)."""
+    return sum(db.row_estimate(t) for t in GPU_OP_TABLES if db.has_table(t))
+
+
+def refuse_unless_fits(need: int, doing: str, instead: str) -> None:
+    """Raise :class:`~tracekit.errors.TraceMemoryError`, one line ``"<doing> needs about N GB
+    and M GB is left; <instead>"``, when ``need`` bytes exceed :func:`free_memory`: for a
+    command that holds whole tables and would otherwise end in polars' abort."""
+    free = free_memory()
+    if free is not None and need > free:
+        msg = f"{doing} needs about {need / 1e9:.1f} GB and {free / 1e9:.1f} GB is left; {instead}"
+        raise TraceMemoryError(msg)
+
+
 #: Address space glibc reserves for a thread's malloc arena (64-bit: 2 × 32 MB).
 MALLOC_ARENA_BYTES = 64 << 20
 #: The most threads one split read of this process has started (their arenas are kept).

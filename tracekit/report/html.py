@@ -462,25 +462,17 @@ def _ensure_fits(trace: Any) -> None:
     tables and polars aborts the process when an allocation fails (8 M kernels under a 12 GB
     address-space limit: SIGABRT after 42 s, in a group-by of the overview's activity
     segments), so the check is made before anything is read."""
-    from tracekit.errors import TraceMemoryError
-    from tracekit.nsys.database import free_memory
+    from tracekit.nsys.database import gpu_op_estimate, refuse_unless_fits
 
     db = getattr(trace, "db", None)
     if db is None or not hasattr(db, "row_estimate"):
         return
-    ops = sum(
-        db.row_estimate(t) if db.has_table(t) else 0
-        for t in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
+    ops = gpu_op_estimate(db)
+    refuse_unless_fits(
+        REPORT_BASE_BYTES + REPORT_BYTES_PER_OP * ops,
+        f"{Path(str(trace.path)).name}: the HTML report of {ops:,} GPU operations",
+        "run `tracekit summary` or `tracekit diagnose` (they work in bounded memory), or make the report on a machine with more memory",
     )
-    need = REPORT_BASE_BYTES + REPORT_BYTES_PER_OP * ops
-    free = free_memory()
-    if free is not None and need > free:
-        msg = (
-            f"{Path(str(trace.path)).name}: the HTML report of {ops:,} GPU operations needs about "
-            f"{need / 1e9:.1f} GB and {free / 1e9:.1f} GB is left; run `tracekit summary` or `tracekit diagnose` "
-            "(they work in bounded memory), or make the report on a machine with more memory"
-        )
-        raise TraceMemoryError(msg)
 
 
 def write_report(
