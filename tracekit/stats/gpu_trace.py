@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import polars as pl
 
 from tracekit.errors import UnsupportedReportError
+from tracekit.nsys.database import GPU_OP_TABLES
 from tracekit.nsys.readers import lookup_strings
 from tracekit.stats.common import Report
 
@@ -38,8 +39,7 @@ def cuda_gpu_trace(trace: NsysTrace, *, convention: str = "2025") -> Report:
     so it is quantised exactly as nsys prints it. ``Device`` is ``"<GPU name> (<id>)"``; an
     export without a GPU list (time-sliced files) prints ``"GPU <id> (<id>)"``.
     """
-    tables = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
-    if not any(trace.db.has_table(t) for t in tables):
+    if not any(trace.db.has_table(t) for t in GPU_OP_TABLES):
         msg = f"{trace.path.name} has no kernel, memcpy or memset table, so it cannot give cuda_gpu_trace: capture with --trace=cuda"
         raise UnsupportedReportError(msg)
     # The rows are written in start order a chunk at a time: only the sort keys of all rows and

@@ -235,19 +235,24 @@ class _Launches:
         self._arow = pairs["_arow"]
         return pairs["_lrow"]
 
+    def _rows(self, kernels: int) -> pl.Series | None:
+        """The kernel row of each launch, or None when that is every one of the ``kernels``
+        in order (usual: then nothing is gathered; decided once)."""
+        if self._identity is None:
+            self._identity = is_identity(self._lrow, kernels)
+        return None if self._identity else self._lrow
+
     def kernel_rows(self, kernels: pl.DataFrame) -> pl.DataFrame:
         """The rows of a frame of all kernels (in table order) that each launch joins."""
-        if self._identity is None:
-            self._identity = is_identity(self._lrow, kernels.height)
-        return kernels if self._identity else kernels.select(pl.all().gather(self._lrow))
+        rows = self._rows(kernels.height)
+        return kernels if rows is None else kernels.select(pl.all().gather(rows))
 
     def kernel_column(self, column: str) -> pl.Series:
         """Kernel column ``column`` (``name`` as string ids, or text when the trace holds
         ``kernels``) of each launch's kernel: read alone, so one whole column is in memory."""
         values = _kernel_column(self._trace, column)
-        if self._identity is None:  # usually every kernel, in order: no gather of a million rows
-            self._identity = is_identity(self._lrow, values.len())
-        return values if self._identity else values.gather(self._lrow)
+        rows = self._rows(values.len())
+        return values if rows is None else values.gather(rows)
 
     def api_column(self, column: str) -> pl.Series:
         """API column ``column`` (one of ``global_tid``, ``name``, ``start_ns``, ``end_ns``)
