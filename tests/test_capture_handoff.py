@@ -39,12 +39,13 @@ from tracekit.capture.summary import summarize_nsys
 from tracekit.errors import CaptureError
 from tracekit.tools import Tool
 
+from .conftest import NSYS_CORPUS
+
 ROOT = Path(__file__).resolve().parents[1]
 DECODE = ROOT / "sample_traces" / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite"
 NCU = ROOT / "sample_traces" / "ncu"
 DRILL = NCU / "ncu_decode_drilldown" / "ncu_decode_drilldown.ncu-rep"
 FULL = NCU / "ncu_probe_full" / "ncu_probe_full.ncu-rep"
-CORPUS = ROOT.parent / "shared" / "corpus" / "nsys"
 GEMM_A = "nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNT"
 GEMM_B = "nvjet_sm90_tst_8x64_64x16_2x1_v_bz_TNN"
 SECTIONS = [a for s in HANDOFF_SECTIONS for a in ("--section", s)]
@@ -158,11 +159,10 @@ def test_summary_fallback_merges_template_variants() -> None:
     assert passes[0].options.kernel_name == "regex:^gemm$"
 
 
-@pytest.mark.skipif(not CORPUS.is_dir(), reason="needs shared/corpus beside the repository")
 def test_handoff_from_a_corpus_export() -> None:
     frames: list[pl.DataFrame] = []
     summary = summarize_nsys(
-        CORPUS / "nsys2026.2_nsysai_mfu_2xh100_nccl_slice.sqlite", frames=frames
+        NSYS_CORPUS / "nsys2026.2_nsysai_mfu_2xh100_nccl_slice.sqlite", frames=frames
     )
     passes = handoff_passes(_both(), summary, frames)
     assert passes[0].kernel == "flash_fwd_kernel"
