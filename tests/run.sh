@@ -11,6 +11,12 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[all]' --group dev
+# PyTorch's CPU build for the per-module NVTX tests (tests/test_torch_annotate.py): only a local
+# or CPU-index wheel, never the several-GB CUDA build; without one those tests are skipped
+if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+  .venv/bin/python -m pip install -q "torch==2.13.0+cpu" 2>/dev/null \
+    || echo "tests/run.sh: no CPU build of torch 2.13.0 here; the torch annotation tests will be skipped" >&2
+fi
 if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
     || echo "tests/run.sh: could not install chromium; browser tests will be skipped" >&2

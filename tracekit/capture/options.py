@@ -281,6 +281,11 @@ class Experiment:
         Working folder of the program (default: the current one).
     nsys_path, ncu_path
         Explicit profiler executables (otherwise found as :func:`tracekit.tools.find_tool` does).
+    annotate_torch
+        NVTX ranges per PyTorch module in the unmodified program (``--annotate-torch``): a
+        depth (``3``), ``True`` for the default depth, or a mapping ``{depth, include,
+        exclude, backward}`` (:class:`tracekit.capture.torch_nvtx.AnnotationConfig`);
+        stored as that mapping. ``None``/``False``: off. See ``docs/capture.md``.
     """
 
     command: tuple[str, ...]
@@ -298,8 +303,10 @@ class Experiment:
     cwd: str | None = None
     nsys_path: str | None = None
     ncu_path: str | None = None
+    annotate_torch: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "annotate_torch", _annotation(self.annotate_torch))
         command = self.command
         if isinstance(command, str):
             command = shlex.split(command)
@@ -362,6 +369,30 @@ class Experiment:
     def from_dict(cls, data: Mapping[str, Any]) -> Experiment:
         """Build an experiment from plain data; unknown keys raise :class:`CaptureError`."""
         return _build(cls, data, "experiment")
+
+
+def _annotation(value: Any) -> dict[str, Any] | None:
+    """``annotate_torch`` as the plain mapping of an
+    :class:`~tracekit.capture.torch_nvtx.AnnotationConfig` (``None`` when off)."""
+    from tracekit.capture.torch_nvtx import AnnotationConfig
+
+    if value is None or value is False:
+        return None
+    try:
+        if value is True:
+            return AnnotationConfig().to_dict()
+        if isinstance(value, int):
+            return AnnotationConfig(depth=value).to_dict()
+        if isinstance(value, Mapping):
+            unknown = sorted(set(value) - {"depth", "include", "exclude", "backward"})
+            if unknown:
+                msg = f"unknown annotate_torch option(s) {', '.join(map(str, unknown))}; valid: depth, include, exclude, backward"
+                raise CaptureError(msg)
+            return AnnotationConfig.from_dict(dict(value)).to_dict()
+    except ValueError as exc:
+        raise CaptureError(f"annotate_torch: {exc}") from None
+    msg = f"annotate_torch must be a depth, true, or a mapping of depth/include/exclude/backward, not {value!r:.40}"
+    raise CaptureError(msg)
 
 
 def _plain(value: Any) -> Any:

@@ -26,7 +26,7 @@ from tracekit.errors import CaptureError
 from tracekit.tools import Tool
 
 ENV_PREFIXES = ("CUDA_", "NCCL_", "NVSHMEM_", "TORCH_", "PYTORCH_", "NSYS_", "NV_", "OMP_", "SLURM_",
-                "OMPI_", "PMI_", "TRITON_", "VLLM_", "NVIDIA_")  # fmt: skip
+                "OMPI_", "PMI_", "TRITON_", "VLLM_", "NVIDIA_", "TRACEKIT_")  # fmt: skip
 ENV_NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
              "LD_LIBRARY_PATH", "PATH", "PYTHONPATH", "HOSTNAME", "VIRTUAL_ENV", "CONDA_PREFIX")  # fmt: skip
 GPU_QUERY = ("index", "name", "uuid", "pci.bus_id", "driver_version", "memory.total", "clocks.max.sm",
@@ -90,7 +90,21 @@ def program_env(exp: Experiment) -> dict[str, str]:
     if exp.mode in ("nsys", "nsys+ncu") and exp.nsys.capture_range == "nvtx":
         env.setdefault("NSYS_NVTX_PROFILER_REGISTER_ONLY", "0")
     env.update(exp.env)
+    if exp.annotate_torch is not None:
+        env.update(annotation_env(exp.annotate_torch, env.get("PYTHONPATH")))
     return env
+
+
+#: The folder whose ``sitecustomize.py`` installs the per-module NVTX hooks (``--annotate-torch``).
+AUTOLOAD_DIR = Path(__file__).resolve().parent / "torch_autoload"
+
+
+def annotation_env(config: Mapping[str, Any], pythonpath: str | None = None) -> dict[str, str]:
+    """The variables that make every Python process of the program range its torch modules:
+    :data:`AUTOLOAD_DIR` first on ``PYTHONPATH`` (Python then runs its ``sitecustomize`` at
+    start-up) and the wanted ranges as JSON in ``TRACEKIT_ANNOTATE_TORCH``."""
+    parts = [str(AUTOLOAD_DIR), *[p for p in (pythonpath or "").split(os.pathsep) if p and p != str(AUTOLOAD_DIR)]]
+    return {"PYTHONPATH": os.pathsep.join(parts), "TRACEKIT_ANNOTATE_TORCH": json.dumps(dict(config), sort_keys=True)}
 
 
 def _python_for(exp: Experiment) -> str:

@@ -172,7 +172,7 @@ def load_kernels(
     if path.suffix == ".sqlite" and path.exists():
         try:
             return _kernels_from_sqlite(path), loader_error, "sqlite"
-        except (sqlite3.Error, OSError) as exc:
+        except (sqlite3.Error, OSError, ImportError) as exc:  # ImportError: no polars where the program runs
             return None, f"{loader_error}; reading the SQLite directly failed too: {exc}", "none"
     return None, loader_error, "none"
 

@@ -33,6 +33,63 @@ def register(parent: typer.Typer) -> None:
     parent.add_typer(app, name="capture")
 
 
+#: Options whose value may be left out (``--annotate-torch`` alone means the default depth).
+OPTIONAL_VALUES = {"--annotate-torch": "default"}
+
+
+def expand_optional_values(args: list[str]) -> list[str]:
+    """``--annotate-torch`` alone → ``--annotate-torch=default``; ``--annotate-torch 2`` →
+    ``--annotate-torch=2`` (only before ``--``: the program's own arguments are left alone).
+
+    Examples
+    --------
+    >>> expand_optional_values(["capture", "nsys", "--annotate-torch", "--", "python3", "x.py"])
+    ['capture', 'nsys', '--annotate-torch=default', '--', 'python3', 'x.py']
+    >>> expand_optional_values(["capture", "nsys", "--annotate-torch", "2", "--", "python3", "x.py"])
+    ['capture', 'nsys', '--annotate-torch=2', '--', 'python3', 'x.py']
+    """
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            out.extend(args[i:])
+            break
+        if arg in OPTIONAL_VALUES:
+            nxt = args[i + 1] if i + 1 < len(args) else None
+            if nxt is not None and (nxt.isdigit() or nxt in ("all", "default")):
+                out.append(f"{arg}={nxt}")
+                i += 2
+                continue
+            out.append(f"{arg}={OPTIONAL_VALUES[arg]}")
+        else:
+            out.append(arg)
+        i += 1
+    return out
+
+
+def _annotate_value(value: str | None, include: list[str] | None, exclude: list[str] | None) -> dict[str, Any] | None:
+    """``--annotate-torch[=DEPTH|all]`` and its filters as the experiment's ``annotate_torch``."""
+    from tracekit.capture.torch_nvtx import DEFAULT_DEPTH
+    from tracekit.errors import CaptureError
+
+    if value is None:
+        if include or exclude:
+            msg = "--annotate-include/--annotate-exclude need --annotate-torch"
+            raise CaptureError(msg)
+        return None
+    if value == "default":
+        depth: int | None = DEFAULT_DEPTH
+    elif value == "all":
+        depth = None
+    elif value.isdigit():
+        depth = int(value)
+    else:
+        msg = f"--annotate-torch takes a depth (0, 1, 2 …) or 'all', not {value!r}"
+        raise CaptureError(msg)
+    return {"depth": depth, "include": list(include or []), "exclude": list(exclude or [])}
+
+
 def _kv(items: list[str] | None) -> dict[str, str]:
     from tracekit.errors import CaptureError
 
@@ -166,6 +223,23 @@ def _capture(
     ] = None,
     ncu_path: Annotated[
         str | None, typer.Option("--ncu-path", help="The ncu to use.", rich_help_panel=_EXP)
+    ] = None,
+    annotate_torch: Annotated[
+        str | None,
+        typer.Option(
+            "--annotate-torch",
+            help="NVTX range per PyTorch module, named by path (model.layers.3.self_attn), in the unmodified "
+            "program: --annotate-torch[=DEPTH|all] (default depth 3).",
+            rich_help_panel=_EXP,
+        ),
+    ] = None,
+    annotate_include: Annotated[
+        list[str] | None,
+        typer.Option("--annotate-include", help="Regex: only modules whose path matches (repeatable).", rich_help_panel=_EXP),
+    ] = None,
+    annotate_exclude: Annotated[
+        list[str] | None,
+        typer.Option("--annotate-exclude", help="Regex: no range for modules whose path matches (repeatable).", rich_help_panel=_EXP),
     ] = None,
     dry_run: DryRunOption = False,
     quiet: QuietOption = False,
@@ -352,6 +426,7 @@ def _capture(
             "top_n": top_n,
             "nsys_path": nsys_path,
             "ncu_path": ncu_path,
+            "annotate_torch": _annotate_value(annotate_torch, annotate_include, annotate_exclude),
             "nsys": _drop_none(
                 {
                     "trace": trace,
@@ -498,6 +573,11 @@ def _print_plan(exp: Any, sweep_spec: Any, named: dict[str, Any]) -> None:
         point = exp.replace(command=tuple(fill(t, params) for t in exp.command)) if params else exp
         if params:
             typer.echo(f"# sweep point {params}")
+        if point.annotate_torch is not None:
+            from tracekit.capture.prepare import annotation_env
+
+            extra = annotation_env(point.annotate_torch)
+            typer.echo("env: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in extra.items()) + " (PYTHONPATH: prepended)")
         for step, argv in plan(point):
             typer.echo(f"{step}: {shlex.join(argv)}")
 

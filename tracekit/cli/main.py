@@ -117,7 +117,13 @@ def main(argv: list[str] | None = None) -> int:
 
     args = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in args if a in COMMANDS), None)
-    if command is not None and not {"--help", "-h"} & set(args):  # --help stays light
+    if command == "capture":  # --annotate-torch[=DEPTH]: an option whose value may be left out
+        from tracekit.cli.capture import expand_optional_values
+
+        args = expand_optional_values(args)
+    # --help stays light; capture reads no big table and must run where only the workload's
+    # packages are (no polars on a GPU node: the summary then says so, the capture still works)
+    if command not in (None, "capture") and not {"--help", "-h"} & set(args):
         prepare_process(command)
 
     # a warning is one line on stderr ("tracekit: warning: …"), not file:line plus source; the
@@ -140,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     warnings.showwarning = collect
     try:
         try:
-            result = build_app(argv)(args=argv, standalone_mode=False)
+            result = build_app(args)(args=args, standalone_mode=False)
             flush_warnings()
             if isinstance(result, int):
                 return result

@@ -1,0 +1,120 @@
+"""Start-up hook of ``tracekit capture nsys --annotate-torch`` (not a tracekit module).
+
+The capture puts this folder first on the program's ``PYTHONPATH`` and the wanted ranges in
+``TRACEKIT_ANNOTATE_TORCH`` (JSON: depth, include, exclude, backward). Python imports
+``sitecustomize`` at start-up in every interpreter of the program (torchrun's workers too);
+this one waits for ``import torch`` to finish, then installs
+``tracekit/capture/torch_nvtx.py``'s global module hooks, loaded from its file so that
+nothing else of tracekit (nor polars) is imported into the program. A ``sitecustomize``
+that the environment already had is run afterwards, as if this one were not there.
+
+It never stops the program: a problem is printed once to stderr, prefixed ``tracekit:``.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import json
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_ENV = "TRACEKIT_ANNOTATE_TORCH"
+
+
+def _say(message: str) -> None:
+    print(f"tracekit: {message}", file=sys.stderr, flush=True)
+
+
+def _load_annotator():  # type: ignore[no-untyped-def]
+    path = os.path.join(os.path.dirname(_HERE), "torch_nvtx.py")
+    spec = importlib.util.spec_from_file_location("_tracekit_torch_nvtx", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["_tracekit_torch_nvtx"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _install(config: dict) -> None:  # type: ignore[type-arg]
+    try:
+        annotator = _load_annotator()
+        ann = annotator.install_global(**annotator.AnnotationConfig.from_dict(config).to_dict())
+        if not ann.emitting:
+            _say("--annotate-torch: this PyTorch has no NVTX support and the nvtx package is missing; no ranges")
+    except Exception as exc:  # noqa: BLE001 - the program must run regardless
+        _say(f"--annotate-torch could not install its hooks ({type(exc).__name__}: {exc}); the program runs without them")
+
+
+class _AfterTorch:
+    """A meta-path finder that lets the normal finders find ``torch`` and runs
+    :func:`_install` once its ``__init__`` has executed."""
+
+    def __init__(self, config: dict) -> None:  # type: ignore[type-arg]
+        self.config = config
+
+    def find_spec(self, name, path=None, target=None):  # type: ignore[no-untyped-def]
+        if name != "torch":
+            return None
+        sys.meta_path.remove(self)  # once: the other finders do the finding
+        spec = None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            if find is not None:
+                spec = find(name, path, target)
+                if spec is not None:
+                    break
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        loader, config = spec.loader, self.config
+
+        class _Loader(importlib.abc.Loader):
+            def create_module(self, spec):  # type: ignore[no-untyped-def]
+                return loader.create_module(spec)
+
+            def exec_module(self, module):  # type: ignore[no-untyped-def]
+                loader.exec_module(module)
+                _install(config)
+
+            def __getattr__(self, item):  # type: ignore[no-untyped-def]
+                return getattr(loader, item)
+
+        spec.loader = _Loader()
+        return spec
+
+
+def _start() -> None:
+    raw = os.environ.get(_ENV)
+    if not raw:
+        return
+    try:
+        config = json.loads(raw)
+        if not isinstance(config, dict):
+            raise ValueError("not a JSON object")
+    except ValueError as exc:
+        _say(f"{_ENV} is not valid ({exc}); no module ranges")
+        return
+    if "torch" in sys.modules:
+        _install(config)
+    else:
+        sys.meta_path.insert(0, _AfterTorch(config))
+
+
+def _chain() -> None:
+    """Run the ``sitecustomize`` this folder hides, if the environment has one."""
+    rest = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is None or spec.loader is None or spec.origin in (None, __file__):
+        return
+    try:
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except Exception as exc:  # noqa: BLE001 - as Python itself does for a failing sitecustomize
+        _say(f"the environment's sitecustomize ({spec.origin}) failed: {type(exc).__name__}: {exc}")
+
+
+_start()
+_chain()
