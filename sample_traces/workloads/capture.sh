@@ -4,6 +4,7 @@
 #   bash sample_traces/workloads/capture.sh OUTDIR TARGET...
 #
 # TARGETs: decode1 train1 tp2 tp2ranks tp2pp2 customar ncu_drill ncu_full ncu_prec planted planted_metrics planted_sync planted_ncu ncu_int8 reexport
+#          hf_eager graph1 compile tp2graph overhead (issue 26: HF generate, CUDA graphs, torch.compile)
 # NSYS / NCU name the tools (default: nsys/ncu on PATH, else the nsys shipped inside
 # Nsight Compute 2025.3.1). Each nsys target leaves NAME.nsys-rep, NAME.sqlite and the
 # `nsys stats --format csv` output of that same nsys in OUTDIR/NAME/; each ncu target
@@ -11,6 +12,7 @@
 set -uo pipefail
 OUT=$(realpath -m "$1"); shift
 HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
 NSYS=${NSYS:-$(command -v nsys || echo /opt/nvidia/nsight-compute/2025.3.1/host/target-linux-x64/nsys)}
 NCU=${NCU:-$(command -v ncu || echo /opt/nvidia/nsight-compute/2025.3.1/ncu)}
 PY=${PYTHON:-python3}
@@ -40,6 +42,17 @@ export_and_stats() {  # DIR NAME: .nsys-rep -> .sqlite -> stats CSVs
   "$NSYS" stats --format=csv --report="$REPORTS" --force-overwrite=true \
       --output="$dir/stats/$name" "$dir/$name.sqlite" >/dev/null 2>"$dir/stats/$name.stderr.txt"
   ls "$dir/stats" | head -40
+}
+
+# issue 26 captures: no OS-runtime trace, no CPU sampling (smaller files)
+LLM=(--trace=cuda,nvtx --sample=none --cpuctxsw=none --cuda-memory-usage=true --capture-range=cudaProfilerApi
+     --capture-range-end=stop --force-overwrite=true)
+llm_target() {  # NAME -- NSYS-OPTIONS... COMMAND...
+  local name=$1; shift; shift
+  local dir="$OUT/$name"; mkdir -p "$dir/stats"
+  echo "== $name: $NSYS profile ${LLM[*]} -o $dir/$name $*" | tee "$dir/command.txt"
+  "$NSYS" profile "${LLM[@]}" -o "$dir/$name" "$@" > "$dir/profile_log.txt" 2>&1; tail -25 "$dir/profile_log.txt"
+  export_and_stats "$dir" "$name"
 }
 
 nsys_target() {  # NAME -- COMMAND...
@@ -132,6 +145,41 @@ for target in "$@"; do
         echo "== reexport $n: $NSYS export --type=sqlite ${BLOBS[*]}"
         export_and_stats "$d" "$n" >/dev/null
       done ;;
+    # --- issue 26: LLM stacks (HF generate, CUDA graphs, torch.compile, TP decode in graphs) ---
+    hf_eager)  # HF generate(), unmodified script, per-module ranges from tracekit's --annotate-torch
+      name=hf_generate_eager; dir="$OUT/$name"; mkdir -p "$dir/stats"
+      cmd=("$PY" -m tracekit.cli.main capture nsys --annotate-torch --trace cuda,nvtx --sample none --cpuctxsw none
+           --capture-range cudaProfilerApi --cuda-memory-usage --nsys-path "$NSYS" --name "$name" --out "$dir/run"
+           -- "$PY" hf_generate.py --mode eager --batch 8 --prompt 512 --new-tokens 24)
+      echo "== $name: PYTHONPATH=$ROOT ${cmd[*]}" | tee "$dir/command.txt"
+      PYTHONPATH="$ROOT" "${cmd[@]}" 2>&1 | tail -30
+      run=$(ls -d "$dir"/run/*/ | head -1)
+      for f in report.nsys-rep report.sqlite experiment.json command.txt env.json nsys.stdout.log nsys.stderr.log summary.json; do
+        [ -f "$run/$f" ] && cp "$run/$f" "$dir/$([ "${f%%.*}" = report ] && echo "$name.${f#*.}" || echo "tracekit_$f")"
+      done
+      rm -rf "$dir/run"
+      "$NSYS" stats --format=csv --report="$REPORTS" --force-overwrite=true \
+          --output="$dir/stats/$name" "$dir/$name.sqlite" >/dev/null 2>"$dir/stats/$name.stderr.txt" ;;
+    graph1)  # the serving-style decode replayed from a CUDA graph, graph and node tracing
+      llm_target graph_decode_graphtrace -- --cuda-graph-trace=graph --gpu-metrics-devices=0 --gpu-metrics-frequency=1000 \
+          "$PY" graph_decode.py --mode graph --nvtx --batch 4 --prompt 128 --steps 32
+      llm_target graph_decode_nodetrace -- --cuda-graph-trace=node "$PY" graph_decode.py --mode graph --nvtx --batch 4 --prompt 128 --steps 32 ;;
+    compile)  # torch.compile(mode="reduce-overhead"): HF static cache, and a decode step that writes / replaces plain-tensor caches
+      llm_target hf_generate_compile -- --cuda-graph-trace=node \
+          env TORCH_LOGS=perf_hints "$PY" hf_generate.py --mode static-compile --layers 8 --batch 8 --prompt 512 --new-tokens 24
+      llm_target compile_kvcopy -- env TORCH_LOGS=perf_hints "$PY" graph_decode.py --mode compile-kvcopy --nvtx --layers 8 --batch 8 --prompt 512 --steps 24
+      llm_target compile_functional -- env TORCH_LOGS=perf_hints "$PY" graph_decode.py --mode compile-functional --nvtx --layers 8 --batch 8 --prompt 512 --steps 24 ;;
+    tp2graph)  # vLLM-style 2-GPU tensor-parallel decode: NCCL all-reduce per layer inside the decode graph, prefill eager, no NVTX
+      llm_target tp2_graph_decode_graphtrace -- --cuda-graph-trace=graph --gpu-metrics-devices=all --gpu-metrics-frequency=500 \
+          "$PY" -m torch.distributed.run --nproc-per-node 2 graph_decode.py --tp 2 --mode graph --batch 4 --prompt 128 --steps 32
+      llm_target tp2_graph_decode_nodetrace -- --cuda-graph-trace=node \
+          "$PY" -m torch.distributed.run --nproc-per-node 2 graph_decode.py --tp 2 --mode graph --batch 4 --prompt 128 --steps 32 ;;
+    overhead)  # cost of one annotate() range: plain, then under nsys
+      dir="$OUT/annotate_overhead"; mkdir -p "$dir"
+      "$PY" annotate_overhead.py > "$dir/plain.json" 2> "$dir/plain.stderr.txt"; cat "$dir/plain.json"
+      "$NSYS" profile --trace=cuda,nvtx --sample=none --cpuctxsw=none --force-overwrite=true -o "$dir/overhead" \
+          "$PY" annotate_overhead.py > "$dir/under_nsys.json" 2> "$dir/under_nsys.stderr.txt"
+      grep '^{' "$dir/under_nsys.json"; rm -f "$dir/overhead.nsys-rep" ;;
     *) echo "unknown target $target" ;;
   esac
   echo "== $target took ${SECONDS}s"
