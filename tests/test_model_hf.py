@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -178,6 +179,21 @@ def test_sliding_window_layers() -> None:
     # prefill of 8192 tokens with a 4096 window: (4096·4097/2 + 4096·4096) / 8192 keys per query
     prefill = model_costs(mistral.with_(phase="prefill", prompt_len=8192)).filter(pl.col("block") == "attn_core")
     assert prefill["flops"][0] == 4 * 8192 * ((4096 * 4097 / 2 + 4096 * 4096) / 8192) * 32 * 128
+
+
+def test_yaml_takes_the_new_fields_and_hf_shapes(tmp_path: Path) -> None:
+    """A YAML description with ``hf_config:`` gets the shapes of the config.json (its step fields
+    win); lists in YAML become the config's tuples."""
+    yaml_file = tmp_path / "moe.yaml"
+    yaml_file.write_text(f"hf_config: {HF / 'qwen3_30b_a3b.json'}\ncontext_len: 512\nbatch: 4\n")
+    assert load_model(yaml_file) == _load("qwen3_30b_a3b", context_len=512, batch=4).with_(name="moe")
+    own = tmp_path / "own.yaml"
+    own.write_text("layers: 4\nhidden: 100\nheads: 4\nhead_dim: 32\nffn_hidden: 256\nvocab: 1000\nexperts: 8\n"
+                   "top_k: 2\nmoe_ffn_hidden: 64\ndense_layers: [0]\nsliding_window: 16\nfull_attention_layers: [3, 1]\n")
+    cfg = load_model(own)
+    assert (cfg.head_size, cfg.dense_layers, cfg.full_attention_layers) == (32, (0,), (1, 3))
+    mlp = model_costs(cfg).filter(pl.col("block") == "mlp")["params"].to_list()
+    assert mlp == [3 * 100 * 256] + [8 * 3 * 100 * 64 + 8 * 100] * 3
 
 
 def test_unmodelled_fields_are_named_in_one_warning() -> None:
