@@ -54,6 +54,12 @@ class EmptyResultWarning(UserWarning):
     """An analysis returned no rows although its input had some; the message says why."""
 
 
+class ModelConfigWarning(UserWarning):
+    """A model description has fields that change the cost of a step but that the model does
+    not represent (attention logit soft-capping, multi-head latent attention …); the message
+    names them."""
+
+
 def missing_extra(package: str, extra: str) -> MissingDependencyError:
     """Build the error for a missing optional dependency ``package`` of extra ``extra``."""
     msg = f"{package} is not installed; install it with: pip install 'tracekit[{extra}]'"
