@@ -52,6 +52,7 @@ _EVENT_READERS: dict[str, tuple[str, Callable[[Any, pl.DataFrame, Sequence[str]]
     "memcpys": ("CUPTI_ACTIVITY_KIND_MEMCPY", lambda db, _s, cols: readers.memcpys(db, cols)),
     "memsets": ("CUPTI_ACTIVITY_KIND_MEMSET", lambda db, _s, cols: readers.memsets(db, cols)),
     "syncs": ("CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", lambda db, _s, cols: readers.syncs(db, cols)),
+    "graph_trace": ("CUPTI_ACTIVITY_KIND_GRAPH_TRACE", lambda db, _s, cols: readers.graph_trace(db, cols)),
     "cuda_api": ("CUPTI_ACTIVITY_KIND_RUNTIME", readers.cuda_api),
     "nvtx": ("NVTX_EVENTS", nvtx),
 }

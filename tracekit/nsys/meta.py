@@ -83,6 +83,15 @@ class TraceMeta:
             return recorded.lower() == "true"
         return self.blob_probe() if self.blob_probe is not None else False
 
+    @property
+    def cuda_graph_trace(self) -> str | None:
+        """How nsys traced CUDA graphs: ``"graph"`` (one ``graph_trace`` row per launch, the
+        graph's kernels not traced), ``"node"`` (every kernel, with ``graph_node_id``), or
+        ``None`` when the capture settings do not say (``META_DATA_CAPTURE``
+        ``PROCESS_n:CUDA_GRAPH_TRACE_OPTIONS:MODE``, nsys ≥ 2023.4)."""
+        mode = next((v for k, v in self.capture if k.endswith("CUDA_GRAPH_TRACE_OPTIONS:MODE")), None)
+        return mode.strip().lower() if mode else None
+
     def capture_option(self, name: str) -> str | None:
         """First value of capture setting ``name`` (``META_DATA_CAPTURE``), e.g. ``"GPU_METRICS_OPTIONS:SAMPLING_FREQUENCY"``."""
         return next((v for k, v in self.capture if k == name), None)

@@ -431,6 +431,21 @@ def syncs(db: ExportSource, columns: Collection[str] | None = None) -> pl.DataFr
     return read_projected(db, table, "syncs", raw, derived, wanted, direct=_DURATION)
 
 
+GRAPH_TRACE_SOURCE = "CUPTI_ACTIVITY_KIND_GRAPH_TRACE"
+
+
+def graph_trace(db: ExportSource, columns: Collection[str] | None = None) -> pl.DataFrame:
+    """``CUPTI_ACTIVITY_KIND_GRAPH_TRACE`` → ``graph_trace``: one row per CUDA graph launch
+    as the GPU ran it, when nsys traced graphs whole (``--cuda-graph-trace=graph``, its
+    default); the graph's kernels are then not in ``kernels``. Only ``columns`` when given."""
+    wanted = wanted_columns("graph_trace", columns)
+    if not db.has_table(GRAPH_TRACE_SOURCE):
+        return S.empty("graph_trace").select(wanted)
+    raw = [*_GPU_OP_COLS, Col("green_context_id", "greenContextId"), Col("graph_id", "graphId"),
+           Col("graph_exec_id", "graphExecId")]
+    return read_projected(db, GRAPH_TRACE_SOURCE, "graph_trace", raw, dict(_OP_IDS), wanted, direct=_DURATION)
+
+
 # -- CPU side --------------------------------------------------------------------------
 def cuda_api(db: ExportSource, strings: pl.DataFrame, columns: Collection[str] | None = None) -> pl.DataFrame:
     """``CUPTI_ACTIVITY_KIND_RUNTIME`` (runtime and driver calls) → ``cuda_api``; only

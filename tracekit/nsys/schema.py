@@ -79,6 +79,13 @@ SYNCS: dict[str, pl.DataType | type[pl.DataType]] = {
     "event_id": I64,
 }
 
+GRAPH_TRACE: dict[str, pl.DataType | type[pl.DataType]] = {
+    **_GPU_OP_ID,
+    "green_context_id": I64,
+    "graph_id": I64,
+    "graph_exec_id": I64,
+}
+
 CUDA_API: dict[str, pl.DataType | type[pl.DataType]] = {
     "pid": I64,
     "tid": I64,
@@ -174,6 +181,7 @@ TABLES: dict[str, dict[str, pl.DataType | type[pl.DataType]]] = {
     "memcpys": MEMCPYS,
     "memsets": MEMSETS,
     "syncs": SYNCS,
+    "graph_trace": GRAPH_TRACE,
     "cuda_api": CUDA_API,
     "nvtx": NVTX,
     "gpus": GPUS,

@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 #: registers its builder here (``tracekit.analysis.nccl`` registers ``"nccl"``), so this loader
 #: never imports an analysis; :data:`DERIVED_PROVIDERS` names the module to load on first use.
 DERIVED_TABLES: dict[str, Callable[[Any], pl.DataFrame]] = {}
-DERIVED_PROVIDERS: dict[str, str] = {"nccl": "tracekit.analysis.nccl"}
+DERIVED_PROVIDERS: dict[str, str] = {"nccl": "tracekit.analysis.nccl", "graphs": "tracekit.analysis.graphs"}
 
 
 def derived_table(trace: Any, name: str) -> pl.DataFrame:
@@ -140,6 +140,19 @@ class NsysTrace:
         return self._checked("memsets", readers.memsets(self.db))
 
     @cached_property
+    def graph_trace(self) -> pl.DataFrame:
+        """One row per CUDA graph launch as the GPU ran it (``--cuda-graph-trace=graph``,
+        nsys's default: the graph's kernels are then not in :attr:`kernels`). Empty when graphs
+        were traced per node or not used; :attr:`graphs` adds the launching call and NVTX path."""
+        return self._checked("graph_trace", readers.graph_trace(self.db))
+
+    @cached_property
+    def graphs(self) -> pl.DataFrame:
+        """:attr:`graph_trace` with the call that launched each graph (``cudaGraphLaunch``), its
+        thread and the NVTX path it was launched under (``tracekit.analysis.graphs`` builds it)."""
+        return derived_table(self, "graphs")
+
+    @cached_property
     def syncs(self) -> pl.DataFrame:
         """CUDA synchronization events (stream, event, context syncs) as the GPU saw them."""
         return readers.syncs(self.db)
@@ -193,7 +206,7 @@ class NsysTrace:
         """
         from tracekit.nsys.schema import ON_REQUEST, TABLES
 
-        if name not in TABLES and name != "nccl":
+        if name not in TABLES and name not in DERIVED_PROVIDERS:
             msg = f"unknown table {name!r}; choose one of {', '.join(sorted(TABLES))}"
             raise KeyError(msg)
         on_request = name in _PROJECTED_READERS and columns is not None and any(c in ON_REQUEST.get(name, ()) for c in columns)
@@ -362,6 +375,7 @@ _SOURCE_TABLES = {
     "memcpys": "CUPTI_ACTIVITY_KIND_MEMCPY",
     "memsets": "CUPTI_ACTIVITY_KIND_MEMSET",
     "syncs": "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION",
+    "graph_trace": "CUPTI_ACTIVITY_KIND_GRAPH_TRACE",
     "cuda_api": "CUPTI_ACTIVITY_KIND_RUNTIME",
     "nvtx": "NVTX_EVENTS",
 }
@@ -372,6 +386,7 @@ _PROJECTED_READERS: dict[str, Callable[[NsysTrace, Collection[str]], pl.DataFram
     "memcpys": lambda t, cols: readers.memcpys(t.db, cols),
     "memsets": lambda t, cols: readers.memsets(t.db, cols),
     "syncs": lambda t, cols: readers.syncs(t.db, cols),
+    "graph_trace": lambda t, cols: readers.graph_trace(t.db, cols),
     "cuda_api": lambda t, cols: readers.cuda_api(t.db, t.strings, cols),
     "nvtx": lambda t, cols: nvtx(t.db, t.strings, cols),
 }
