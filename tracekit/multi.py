@@ -71,11 +71,11 @@ __all__ = [
 
 #: Tables a :class:`TraceSet` can serve.
 ALL_TABLES: tuple[str, ...] = (
-    "kernels", "memcpys", "memsets", "syncs", "cuda_api", "nvtx", "nccl", "gpus", "processes", "threads",
+    "kernels", "memcpys", "memsets", "syncs", "graph_trace", "cuda_api", "nvtx", "nccl", "gpus", "processes", "threads",
     "memory_usage", "gpu_metrics",
 )
 #: Tables read when the set is opened (the others on first access).
-DEFAULT_TABLES: tuple[str, ...] = ("kernels", "memcpys", "memsets", "cuda_api", "nvtx", "nccl", "gpus")
+DEFAULT_TABLES: tuple[str, ...] = ("kernels", "memcpys", "memsets", "graph_trace", "cuda_api", "nvtx", "nccl", "gpus")
 POLICIES: tuple[str, ...] = ("raise", "skip", "warn")
 _REPORT_SUFFIXES = (".sqlite", ".nsys-rep", ".qdrep")
 
@@ -431,6 +431,21 @@ class TraceSet:
     def syncs(self) -> pl.DataFrame:
         """Synchronisation events of every report."""
         return self.table("syncs")
+
+    @property
+    def graph_trace(self) -> pl.DataFrame:
+        """CUDA graph launches traced whole, of every report."""
+        return self.table("graph_trace")
+
+    @property
+    def graphs(self) -> pl.DataFrame:
+        """:func:`tracekit.analysis.graphs.graph_launches` of the set (each launch's call and NVTX path)."""
+        from tracekit.analysis.graphs import graph_launches
+
+        cols = ["rank", "pid", "global_pid", "device_id", "stream_id", "correlation_id", "start_ns", "end_ns", "graph_node_id"]
+        return graph_launches(self.graph_trace, self.cuda_api, kernels=self.kernels.select([c for c in cols if c in self.kernels.columns]),
+                              memcpys=self.memcpys.select([c for c in cols if c in self.memcpys.columns]),
+                              memsets=self.memsets.select([c for c in cols if c in self.memsets.columns]), nvtx=self.nvtx)
 
     @property
     def cuda_api(self) -> pl.DataFrame:

@@ -54,17 +54,29 @@ def row_index(frame: pl.DataFrame, name: str = "_row") -> pl.DataFrame:
     return frame.with_row_index(name)
 
 
+#: ``name`` of a CUDA graph launch traced whole (``graph_trace`` rows) in :func:`gpu_ops`.
+GRAPH_OP_NAME = "[CUDA graph {}]"
+
+
 def gpu_ops(
     kernels: pl.DataFrame,
     memcpys: pl.DataFrame | None = None,
     memsets: pl.DataFrame | None = None,
+    graphs: pl.DataFrame | None = None,
     *,
     columns: Sequence[str] = (),
     end_bound: int | None = None,
 ) -> pl.DataFrame:
-    """Kernels, memcpys and memsets stacked into one frame with an ``op_kind`` column
-    (``"kernel"``, ``"memcpy"``, ``"memset"``) and ``name`` (kernel name, ``[CUDA memcpy <kind>]``
-    or ``[CUDA memset]``).
+    """Kernels, memcpys, memsets and CUDA graph launches stacked into one frame: the GPU's
+    work. ``op_kind`` is ``"kernel"``, ``"memcpy"``, ``"memset"`` or ``"graph"``; ``name`` the
+    kernel name, ``[CUDA memcpy <kind>]``, ``[CUDA memset]`` or ``[CUDA graph <graph_id>]``.
+
+    ``graphs`` are the ``graph_trace`` rows: graph launches that nsys traced whole
+    (``--cuda-graph-trace=graph``, its default), whose kernels are in no other table. Every
+    analysis that asks whether the GPU was busy reads this frame, so graph-replayed work counts
+    as GPU work (busy time, idle gaps, iterations, NVTX projection, diagnose). With per-node
+    tracing the graphs' kernels are ordinary ``kernels`` rows (with ``graph_node_id``) and
+    ``graph_trace`` is empty, so nothing is counted twice.
 
     Keeps the GPU-op identity columns (``rank`` when present, ``pid``, ``global_pid``,
     ``device_id``, ``context_id``, ``stream_id``, ``correlation_id``, ``start_ns``, ``end_ns``,
@@ -76,7 +88,7 @@ def gpu_ops(
     ``end_bound`` (ns) replaces the frame's own bound (:func:`ops_end_bound`) when the inputs
     are a part of bigger tables: rows ending after it are left out.
     """
-    keys = rank_keys(*(f for f in (kernels, memcpys, memsets) if f is not None))
+    keys = rank_keys(*(f for f in (kernels, memcpys, memsets, graphs) if f is not None and f.width))
     base = [*keys, "pid", "global_pid", "device_id", "context_id", "stream_id", "correlation_id",
             "start_ns", "end_ns", "duration_ns"]
     extra = [c for c in columns if c not in base and c not in ("name", "bytes", "op_kind")]
@@ -91,6 +103,11 @@ def gpu_ops(
     if memsets is not None:
         parts.append(memsets.select(*base, *extra, pl.lit("[CUDA memset]").alias("name"),
                                     pl.col("bytes"), pl.lit("memset").alias("op_kind")))
+    if graphs is not None and graphs.height:
+        fill = [pl.col(c) if c in graphs.columns else pl.lit(None, k.schema[c]).alias(c) for c in extra]
+        label = pl.format(GRAPH_OP_NAME, pl.col("graph_id")) if "graph_id" in graphs.columns else pl.lit("[CUDA graph]")
+        parts.append(graphs.select(*base, *fill, label.alias("name"), pl.lit(None, pl.Int64).alias("bytes"),
+                                   pl.lit("graph").alias("op_kind")))
     ops = pl.concat(parts, how="vertical_relaxed")
     if end_bound is not None:
         return ops.filter((pl.col("end_ns") <= end_bound).fill_null(True)) if ops.height else ops

@@ -689,10 +689,11 @@ _API_COLUMNS = ("correlation_id", "global_tid", "name", "start_ns", "end_ns", "a
 
 
 def attribute_trace(trace: NsysTrace, *, fallback: str = "process") -> pl.DataFrame:
-    """Every kernel, memcpy and memset of ``trace`` with its launching call and NVTX ranges.
+    """Every kernel, memcpy, memset and whole-graph launch of ``trace`` with its launching
+    call and NVTX ranges.
 
     The same frame as ``attribute_nvtx(launch_info(gpu_ops(trace.kernels, trace.memcpys,
-    trace.memsets), trace.cuda_api), trace.nvtx, fallback=fallback)``, built from only the
+    trace.memsets, trace.graph_trace), trace.cuda_api), trace.nvtx, fallback=fallback)``, built from only the
     columns those functions read; the API calls come one column at a time
     (:meth:`~tracekit.nsys.trace.NsysTrace.columns_on_demand`), so the 2.5 M calls of a
     1 M-kernel trace are never all in memory (tables the trace already built are used as
@@ -703,9 +704,18 @@ def attribute_trace(trace: NsysTrace, *, fallback: str = "process") -> pl.DataFr
         trace.table("kernels", [*_OP_COLUMNS, "name"]),
         trace.table("memcpys", [*_OP_COLUMNS, "bytes", "copy_kind", "copy_kind_label"]),
         trace.table("memsets", [*_OP_COLUMNS, "bytes"]),
+        _graph_rows(trace),
     )
     launched = launch_info(ops, trace.columns_on_demand("cuda_api", _API_COLUMNS))
     return attribute_nvtx(launched, trace.table("nvtx", NVTX_COLUMNS), fallback=fallback)
+
+
+def _graph_rows(trace: NsysTrace) -> pl.DataFrame | None:
+    """The trace's whole-graph launches (``graph_trace``), or ``None`` for an object without them."""
+    frame = getattr(trace, "graph_trace", None)
+    if not isinstance(frame, pl.DataFrame):
+        return None
+    return frame.select([c for c in ["rank", *_OP_COLUMNS, "graph_id"] if c in frame.columns])
 
 
 def enclosing_ranges(ops_with_launch: pl.DataFrame, nvtx: pl.DataFrame) -> pl.DataFrame:

@@ -25,6 +25,8 @@ __all__ = [
 SYNC_API_PATTERN = r"Synchronize|^cuStreamWaitValue|^cudaStreamQuery|^cudaEventQuery"
 #: Host↔device copies issued by the host (the synchronous ones block it).
 COPY_API_PATTERN = r"^cu(?:da)?Memcpy|^cu(?:da)?Memset"
+#: Calls that launch a CUDA graph.
+GRAPH_LAUNCH_API = r"^cu(?:da)?GraphLaunch"
 #: Calls that put work on a stream.
 LAUNCH_API_PATTERN = r"Launch|^cudaGraphLaunch|Async|^cuGraphLaunch"
 
@@ -205,6 +207,10 @@ def idle_gaps(
     ``launch_ns`` (kernel/graph launches and other ``*Async`` calls), ``other_api_ns`` — and
     ``cause``, the first that applies of:
 
+    ``graph``
+        the next operation is a node of a CUDA graph whose launch call started before the
+        gap (per-node traces): a gap between the operations of one replay, which the GPU
+        schedules on its own — never the host's doing;
     ``dependency``
         the next operation was launched before the gap began: the GPU waited on something
         else (an event, another stream or device), not on the host;
@@ -240,7 +246,7 @@ def idle_gaps(
     schema_cols = [*keys, "start_ns", "end_ns", "duration_ns", "next_op", "next_api", "next_launched_ns",
                    "sync_ns", "copy_ns", "launch_ns", "other_api_ns", "cause"]
     # the operation that ends the gap and the call that launched it
-    opcols = [c for c in ("name", "correlation_id", "global_pid") if c in ops.columns]
+    opcols = [c for c in ("name", "correlation_id", "global_pid", "op_kind") if c in ops.columns]
     first_ops = (
         ops.select(*keys, "start_ns", *opcols)
         .sort([*keys, "start_ns"])
@@ -257,6 +263,7 @@ def idle_gaps(
         *keys, pl.col("start_ns").alias("end_ns"),
         pl.col("name").alias("next_op") if "name" in first_ops.columns else pl.lit(None, pl.Utf8).alias("next_op"),
         pl.col("api_name").alias("next_api"), pl.col("api_start_ns").alias("next_launched_ns"), "global_tid",
+        (pl.col("op_kind") if "op_kind" in first_ops.columns else pl.lit(None, pl.Utf8)).alias("_next_kind"),
     )
     gaps = gaps.join(nxt, on=[*keys, "end_ns"], how="left", maintain_order="left").with_row_index("_gap")
 
@@ -302,8 +309,12 @@ def idle_gaps(
     gaps = gaps.join(wide, on="_gap", how="left", maintain_order="left").with_columns(
         pl.col(k).fill_null(0).cast(pl.Int64) for k in ("sync_ns", "copy_ns", "launch_ns", "other_api_ns")
     )
+    queued = pl.col("next_launched_ns").is_not_null() & (pl.col("next_launched_ns") <= pl.col("start_ns"))
     cause = (
-        pl.when(pl.col("next_launched_ns").is_not_null() & (pl.col("next_launched_ns") <= pl.col("start_ns")))
+        pl.when(queued & pl.col("next_api").str.contains(GRAPH_LAUNCH_API).fill_null(False)
+                & (pl.col("_next_kind").fill_null("kernel") != "graph"))
+        .then(pl.lit("graph"))
+        .when(queued)
         .then(pl.lit("dependency"))
         .when(pl.col("sync_ns") >= cause_share * pl.col("duration_ns")).then(pl.lit("sync_wait"))
         .when(pl.col("copy_ns") >= cause_share * pl.col("duration_ns")).then(pl.lit("host_copy"))

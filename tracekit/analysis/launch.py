@@ -80,7 +80,8 @@ def launch_bound_stretches(
     """Stretches of a device's timeline where the GPU waited on the host's launches.
 
     Kernels of a device are taken in start order (all streams). A kernel is *starved* when it
-    is shorter than ``short_kernel_ns``, it is not the device's first kernel, and its launch
+    is shorter than ``short_kernel_ns``, it is not the device's first kernel, it was not
+    launched by a CUDA graph launch (per-node traces), and its launch
     call returned after the previous kernel had ended (``api_end_ns >= previous end``): the
     queue was empty, so the GPU idled until the call came — and the idle gap before it is at
     most ``max_gap_ns`` (longer gaps are the host doing something else; see
@@ -97,8 +98,11 @@ def launch_bound_stretches(
     dev = [*rank_keys(k), "device_id"]
     # the latest end of any earlier kernel on the device
     k = k.sort([*dev, "start_ns"]).with_columns(pl.col("end_ns").cum_max().shift(1).over(dev).alias("_prev_end"))
+    # a kernel of a CUDA graph replay (per-node traces) never waits on its own launch call
+    from_graph = pl.col("api_name").str.contains(r"^cu(?:da)?GraphLaunch").fill_null(False) if "api_name" in k.columns else pl.lit(False)
     starved = (
-        (pl.col("duration_ns") < short_kernel_ns)
+        ~from_graph
+        & (pl.col("duration_ns") < short_kernel_ns)
         & pl.col("_prev_end").is_not_null()
         & pl.col("api_end_ns").is_not_null()
         & (pl.col("api_end_ns") >= pl.col("_prev_end"))

@@ -38,6 +38,7 @@ def reductions_of(trace: object, names: tuple[str, ...] = REDUCTIONS) -> dict[st
     from tracekit.analysis.attribution import launch_info
     from tracekit.analysis.comm import activity_segments, categorize_ops, overlap_breakdown
     from tracekit.analysis.gpu_time import busy_time
+    from tracekit.analysis.graphs import graph_trace_of
     from tracekit.analysis.iterations import iterations
 
     t: object = trace
@@ -55,7 +56,7 @@ def reductions_of(trace: object, names: tuple[str, ...] = REDUCTIONS) -> dict[st
             out[name] = getattr(t, name)
         elif name in ("iterations", "busy", "overlap"):
             if ops is None:
-                ops = gpu_ops(kernels, t.memcpys, t.memsets)  # type: ignore[attr-defined]
+                ops = gpu_ops(kernels, t.memcpys, t.memsets, graph_trace_of(t))  # type: ignore[attr-defined]
             if name == "iterations":
                 api = t.cuda_api  # type: ignore[attr-defined]
                 out[name] = iterations(launch_info(ops, api), t.nvtx) if api.height else pl.DataFrame()  # type: ignore[attr-defined]
