@@ -88,6 +88,41 @@ def sample_exports() -> list[Path]:
     return sorted(p for p in SAMPLES.rglob("*.sqlite") if "workloads" not in p.parts)
 
 
+#: H100 captures of LLM stacks (HF generate, CUDA graphs, torch.compile, TP in graphs), each
+#: ``<name>/<name>.sqlite.xz`` and the ``nsys stats`` CSVs of that nsys in ``stats.tar.xz``.
+LLM_STACKS = SAMPLES / "llm_stacks"
+
+
+def llm_capture_names() -> list[str]:
+    """The bundled LLM-stack captures (folders of ``sample_traces/llm_stacks``)."""
+    return sorted(p.parent.name for p in LLM_STACKS.glob("*/*.sqlite.xz"))
+
+
+def llm_capture(name: str) -> Path:
+    """The ``.sqlite`` of capture ``name``, unpacked once (with its ``stats/``) into
+    ``.cache/llm_stacks-<hash>/<name>/`` (a temporary folder, then a rename)."""
+    import hashlib
+    import lzma
+
+    packed = LLM_STACKS / name / f"{name}.sqlite.xz"
+    digest = hashlib.sha256(packed.read_bytes()).hexdigest()[:12]
+    target = ROOT / ".cache" / f"llm_stacks-{digest}" / name
+    if not (target / f"{name}.sqlite").is_file():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=target.parent))
+        with lzma.open(packed) as src, open(tmp / f"{name}.sqlite", "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        stats = LLM_STACKS / name / "stats.tar.xz"
+        if stats.is_file():
+            with tarfile.open(stats, "r:xz") as tar:
+                tar.extractall(tmp, filter="data")
+        try:
+            tmp.rename(target)
+        except OSError:  # another process unpacked it first
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target / f"{name}.sqlite"
+
+
 @pytest.fixture(scope="session")
 def corpus_dir() -> Path:
     if not NSYS_CORPUS.is_dir():

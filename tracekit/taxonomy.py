@@ -12,6 +12,13 @@ Families, in default rule order:
 ``communication``
     NCCL (``ncclDevKernel_*``, ``ncclKernel_*``), custom and symmetric-memory all-reduce,
     NVSHMEM, DeepEP, MSCCL++. First, so that an NCCL ``…Reduce…`` kernel is not a reduction.
+Inductor kernels (``torch.compile``: ``triton_<kind>_fused_<ops>_<n>``)
+    by their prefix: ``triton_tem_`` (templates: matmuls) → ``gemm``; ``triton_per_``/
+    ``triton_red_`` → ``normalization`` or ``softmax`` when they fuse one, else ``reduction``;
+    ``triton_poi_`` → ``copy`` when every fused op only moves data (``cat``, ``_to_copy``,
+    ``clone``, ``index_copy``, views …: :data:`INDUCTOR_MOVE_OPS`), else ``elementwise``. Before
+    the name-fragment rules below: a pointwise kernel named after the attention it surrounds
+    is not attention.
 ``attention``
     flash / fmha / SDPA (cuDNN's ``*_sdpa_*`` and its backward helpers), paged and decode
     attention, FlashInfer, xFormers, KV-cache writes. Before GEMM: fused attention is built on
@@ -84,8 +91,29 @@ COMMUNICATION_PATTERNS: tuple[str, ...] = (
     r"peer_?copy|p2p_?copy",
 )
 
+#: Data-movement ops that Inductor names in its fused kernels (``triton_poi_fused__to_copy_cat_3``).
+INDUCTOR_MOVE_OPS: tuple[str, ...] = (
+    "_unsafe_view", "_to_copy", "index_copy", "index_put", "copy", "clone", "cat", "view", "transpose", "permute",
+    "expand", "slice_scatter", "slice", "select_scatter", "select", "unsqueeze", "squeeze", "t", "reshape", "alias",
+    "split_with_sizes", "split", "stack", "lift_fresh_copy", "zeros_like", "zeros", "fill", "full", "detach",
+    "as_strided", "constant_pad_nd", "new_zeros", "empty",
+)
+
+#: Inductor's generated kernels (``triton_{poi,red,per,tem}_fused_<ops>_<n>``): the prefix says
+#: what kind of kernel it is; the fused op names list everything it absorbed, so a pointwise
+#: kernel that fuses a softmax's neighbours must not be taken for attention.
+INDUCTOR_RULES: tuple[FamilyRule, ...] = (
+    FamilyRule("copy", r"^triton_poi_fused_(?:(?:" + "|".join(INDUCTOR_MOVE_OPS) + r")_)+\d+$"),
+    FamilyRule("gemm", r"^triton_tem_"),
+    FamilyRule("normalization", r"^triton_(?:per|red)_fused_.*(?:rms_norm|layer_norm|group_norm|batch_norm|var_mean)"),
+    FamilyRule("softmax", r"^triton_(?:per|red)_fused_.*softmax"),
+    FamilyRule("reduction", r"^triton_(?:per|red)_"),
+    FamilyRule("elementwise", r"^triton_poi_"),
+)
+
 DEFAULT_RULES: tuple[FamilyRule, ...] = (
     *(FamilyRule("communication", p) for p in COMMUNICATION_PATTERNS),
+    *INDUCTOR_RULES,
     FamilyRule(
         "attention",
         r"flash|fmha|attention|attn|sdpa|mha_|paged_?attention|decode_?attention|flashinfer|"

@@ -1,9 +1,11 @@
 """Training/inference iterations from NVTX ranges, with per-iteration GPU time and spread.
 
-Iterations are the outermost NVTX ranges whose label matches a pattern (default
-``step|iter``, case-insensitive, anywhere in the name): ``step.3`` counts, an
-``Optimizer.step`` nested inside it does not. A trace without such ranges has no
-iterations (empty result). Each process's iterations are numbered in start order.
+Iterations are the outermost NVTX ranges whose label matches a pattern (default: one of
+:data:`ITERATION_WORDS` — step, iter, iteration, batch, epoch, decode, forward — as a word,
+case-insensitive): ``step.3`` and ``decode_12`` count, an ``Optimizer.step`` nested inside
+a step does not, and a compiler's ``…IterDomain…`` range is no iteration. A trace without
+such ranges has no iterations (empty result). Each process's iterations are numbered in start
+order.
 
 A GPU operation belongs to the iteration of its process whose range contains the start of
 its launching call, on any thread of that process, so that work launched by autograd or
@@ -12,6 +14,7 @@ NCCL threads counts in the step it belongs to.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import polars as pl
@@ -19,9 +22,26 @@ import polars as pl
 from tracekit.analysis._frames import interval_union, max_int, process_key, rank_keys
 from tracekit.analysis.attribution import _nvtx_tree
 
-__all__ = ["DEFAULT_ITERATION_PATTERN", "iteration_ranges", "iteration_stats", "iterations"]
+__all__ = ["DEFAULT_ITERATION_PATTERN", "ITERATION_WORDS", "iteration_ranges", "iteration_stats", "iterations", "word_pattern"]
 
-DEFAULT_ITERATION_PATTERN = r"step|iter"
+#: Words that name an iteration range (``step.3``, ``decode_12``, ``Iteration 4``, ``epoch:1``).
+ITERATION_WORDS: tuple[str, ...] = ("step", "iter", "iteration", "batch", "epoch", "decode", "forward")
+
+
+def word_pattern(words: Sequence[str]) -> str:
+    """A regular expression matching any of ``words`` as a word: not inside a longer run of
+    letters (``step.3`` and ``train_step`` match ``step``; ``stepper`` and a compiler's
+    ``…IterDomain`` do not). Case-insensitivity is added where the pattern is used.
+
+    Examples
+    --------
+    >>> word_pattern(["step", "iter"])
+    '(?:^|[^A-Za-z])(?:step|iter)(?:[^A-Za-z]|$)'
+    """
+    return "(?:^|[^A-Za-z])(?:" + "|".join(re.escape(w) for w in words) + ")(?:[^A-Za-z]|$)"
+
+
+DEFAULT_ITERATION_PATTERN = word_pattern(ITERATION_WORDS)
 
 _SCHEMA = {
     "pid": pl.Int64, "iteration": pl.Int64, "name": pl.Utf8, "range_id": pl.Int64, "tid": pl.Int64,

@@ -39,10 +39,12 @@ def _missing(ctx: Any) -> list[Finding]:
 
     """One ``info`` row per rule that could not look at the trace, saying what is missing."""
     out: list[Finding] = []
-    if ctx.kernel_count == 0:
-        out.append(Finding("low_gpu_utilization", "info", "Not checked: the trace holds no kernels",
-                           advice="Trace CUDA (nsys --trace=cuda) over the part of the program that runs on the GPU."))
+    if ctx.kernel_count == 0 and ctx.graphs.height == 0:
+        out.append(_no_kernels(ctx))
         return out
+    hidden = _hidden_graph_work(ctx)
+    if hidden is not None:
+        out.append(hidden)
     if ctx.api_count == 0:
         out.append(Finding("host_bound", "info",
                            "host_bound, launch_bound, sync_stall not checked: no CUDA API calls in the trace",
@@ -61,6 +63,50 @@ def _missing(ctx: Any) -> list[Finding]:
                            "no_tensor_cores checked by kernel name only: no GPU metrics (Tensor Active) in the trace",
                            next=["nsys profile --gpu-metrics-devices=all --gpu-metrics-frequency=10000 … (or pass ncu=)"]))
     return out
+
+
+def _no_kernels(ctx: Any) -> Finding:
+    """The one finding of a trace without kernels or graph launches: what it holds instead."""
+    copies, sets = ctx.memcpys.height, ctx.memsets.height
+    holds = f"{copies:,} memory copies and {sets:,} memsets" if copies or sets else "no GPU work at all"
+    return Finding(
+        "low_gpu_utilization", "info",
+        f"The trace holds no kernels ({holds}): nothing ran on the GPU's compute units, so no rule was checked",
+        advice="Trace CUDA (nsys --trace=cuda) over the part of the program that runs kernels: the capture range may have "
+        "closed before them (cudaProfilerStart/Stop, --capture-range), or the program ran on the CPU.",
+    )
+
+
+def _hidden_graph_work(ctx: Any) -> Finding | None:
+    """``info``: CUDA graph replays traced whole hold GPU time whose kernels no rule saw."""
+    import polars as pl
+
+    g = ctx.graphs
+    if g.height == 0:
+        return None
+    w = ctx.window
+    inside = g.filter((pl.col("start_ns") >= w.start_ns) & (pl.col("start_ns") < w.end_ns))
+    if inside.height == 0:
+        return None
+    ops = ctx.ops_w
+    total = int(ops["duration_ns"].sum()) if ops.height else 0
+    graph_ns = int(inside["duration_ns"].sum())
+    share = graph_ns / total if total else 1.0
+    return Finding(
+        "trace_coverage", "info",
+        f"{inside.height:,} CUDA graph replays ({share:.0%} of the window's GPU time) were traced whole "
+        "(--cuda-graph-trace=graph): their kernels are not in the trace, so no_tensor_cores, data_movement and "
+        "exposed_communication did not see them",
+        advice="Capture once more with --cuda-graph-trace=node to see each replay's kernels (it lengthens every graph "
+        "launch on the host; keep the graph-mode capture for GPU and step times).",
+        next=[f"tracekit capture nsys --cuda-graph-trace node -- {_cmd(ctx)}"],
+    )
+
+
+def _cmd(ctx: Any) -> str:
+    from tracekit.diagnosis.rules_host import _cmd as cmd
+
+    return cmd(ctx)
 
 
 def diagnose(
@@ -99,6 +145,7 @@ def diagnose(
     """
     from tracekit.diagnosis.context import Context
     from tracekit.diagnosis.rules_comm import COMM_RULES
+    from tracekit.diagnosis.rules_data import DATA_RULES
     from tracekit.diagnosis.rules_gpu import GPU_RULES
     from tracekit.diagnosis.rules_host import HOST_RULES, low_gpu_utilization
     from tracekit.diagnosis.window import search_window
@@ -111,6 +158,8 @@ def diagnose(
         return diagnose_reduced(tr, cfg, _trace_name(tr))
     ctx = Context(tr, cfg, ncu=_open(ncu) if ncu is not None else None, model=model)
     ctx.prepare_reads()
+    if ctx.kernel_count == 0 and ctx.graphs.height == 0:  # no GPU compute: say that, not host_bound
+        return Diagnosis(_trace_name(tr), Window(0, 0, "whole_trace", "no kernels in the trace"), [_no_kernels(ctx)])
     if window is not None:
         full = Window(int(window[0]), int(window[1]), "given", "window given by the caller")
     else:
@@ -118,10 +167,10 @@ def diagnose(
     ctx.full_window = full
     ctx.window = full.analysed()
     findings: list[Finding] = []
-    for rule in (*HOST_RULES, *GPU_RULES, *COMM_RULES):
+    for rule in (*HOST_RULES, *GPU_RULES, *DATA_RULES, *COMM_RULES):
         findings.extend(rule(ctx))
     explained = sum(
-        f.time_ns or 0 for f in findings if f.category in ("host_bound", "launch_bound", "sync_stall", "pageable_memcpy")
+        f.time_ns or 0 for f in findings if f.category in ("host_bound", "launch_bound", "graph_launch", "sync_stall", "pageable_memcpy")
     )
     findings.extend(low_gpu_utilization(ctx, explained))
     if model is not None:
@@ -133,4 +182,20 @@ def diagnose(
         for f in findings:
             if f.time_ns is not None and f.category != "warmup":
                 f.time_ns = round(f.time_ns * full.scale)
+    _cap_at_window(findings, full)
     return Diagnosis(_trace_name(tr), full, findings)
+
+
+def _cap_at_window(findings: list[Finding], window: Window) -> None:
+    """No finding claims more time than its window lasts: a rule whose estimate sums over
+    GPUs or collectives that ran at once can pass it. Such a finding keeps the window's length
+    as its time at stake (share 1.0) and says that its own sum was larger."""
+    span = window.end_ns - window.start_ns
+    if span <= 0:
+        return
+    for f in findings:
+        if f.category == "warmup" or f.time_ns is None or f.time_ns <= span:
+            continue
+        f.title = f"{f.title} (summed {f.time_ns / span:.1f}× the window over GPUs or overlapping events: capped at the window)"
+        f.time_ns = span
+        f.share = 1.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from tracekit.analysis.iterations import DEFAULT_ITERATION_PATTERN
 from tracekit.errors import TracekitError
 
 __all__ = ["DiagnoseConfig"]
@@ -18,8 +19,10 @@ class DiagnoseConfig:
     ``tracekit diagnose FILE --set high_share=0.3``.
     """
 
-    #: An iteration pattern for NVTX step ranges (case-insensitive regex).
-    iteration_pattern: str = r"step|iter"
+    #: An iteration pattern for NVTX step ranges (case-insensitive regex): by default
+    #: step, iter, iteration, batch, epoch, decode or forward as a word
+    #: (:func:`tracekit.analysis.iterations.word_pattern` makes one of other words).
+    iteration_pattern: str = DEFAULT_ITERATION_PATTERN
     #: A leading iteration is warm-up when it takes more than this times the median of the
     #: iterations after it (CPU range or GPU span, whichever is longer).
     warmup_factor: float = 1.5
@@ -66,6 +69,9 @@ class DiagnoseConfig:
     straggler_share: float = 0.6
     #: load_imbalance: (max − min) / max of per-rank compute time at or above this.
     imbalance_min: float = 0.10
+    #: data_movement: copy/concat/cast/layout kernels at or above this share of the window's
+    #: GPU time (0–1) are reported.
+    data_movement_share: float = 0.15
     #: ncu: kernels that make up this share of the window's kernel time are checked.
     ncu_top_share: float = 0.8
     #: ncu / model: a kernel or layer reaching less than this share of its bound is reported.

@@ -144,6 +144,22 @@ class Context:
         return _table(self.trace, "memsets")
 
     @cached_property
+    def graphs(self) -> pl.DataFrame:
+        """CUDA graph launches traced whole (``graph_trace``): GPU work like kernels."""
+        return _table(self.trace, "graph_trace")
+
+    @cached_property
+    def graph_launches(self) -> pl.DataFrame:
+        """One row per CUDA graph launch (:func:`~tracekit.analysis.graphs.graph_launches`):
+        from :attr:`graphs` (traced whole), or from the graph-node kernels, memcpys and
+        memsets of a per-node capture (read only when the export records graph nodes)."""
+        from tracekit.analysis.graphs import graph_launches, node_operations
+
+        nodes = node_operations(self.trace)
+        return graph_launches(self.graphs, self.api_source, kernels=nodes.get("kernels"), memcpys=nodes.get("memcpys"),
+                              memsets=nodes.get("memsets"))
+
+    @cached_property
     def cuda_api(self) -> pl.DataFrame:
         return _table(self.trace, "cuda_api")
 
@@ -181,7 +197,7 @@ class Context:
         filter it with :meth:`ops_where` instead; asking builds it whole."""
         if self._big is not None:
             return self._big.where(pl.lit(True))
-        return gpu_ops(self.kernels, self.memcpys, self.memsets)
+        return gpu_ops(self.kernels, self.memcpys, self.memsets, self.graphs)
 
     @property
     def _big_kernels(self) -> OpsByColumn | None:

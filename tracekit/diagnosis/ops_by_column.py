@@ -2,8 +2,8 @@
 
 ``diagnose`` needs few of a big trace's operations: those launched in the sampled steps, those
 around the sampled window, and a count. :class:`OpsByColumn` answers ``ops.filter(expr)``
-(``ops`` being :func:`~tracekit.analysis._frames.gpu_ops` of the whole kernel, memcpy and
-memset tables) without building ``ops``: the kernel columns the predicate reads are read from
+(``ops`` being :func:`~tracekit.analysis._frames.gpu_ops` of the whole kernel, memcpy,
+memset and graph-launch tables) without building ``ops``: the kernel columns the predicate reads are read from
 the column cache, the matching rows found, and only those rows of the other columns gathered
 (names looked up for them only). The rows, their order and their values are those of
 ``ops.filter(expr)``; ``tests/test_diagnose_by_column.py`` checks it on real exports.
@@ -61,10 +61,12 @@ class OpsByColumn:
         self._src = trace.columns_on_demand("kernels", [*KERNEL_COLUMNS, "name_id", "short_name_id"])
         self.memcpys: pl.DataFrame = trace.memcpys
         self.memsets: pl.DataFrame = trace.memsets
+        graphs = getattr(trace, "graph_trace", None)
+        self.graphs: pl.DataFrame = graphs if isinstance(graphs, pl.DataFrame) else S.empty("graph_trace")
 
     @cached_property
     def columns(self) -> list[str]:
-        return gpu_ops(self._gather(_NONE, KERNEL_COLUMNS), self.memcpys.head(0), self.memsets.head(0)).columns
+        return gpu_ops(self._gather(_NONE, KERNEL_COLUMNS), self.memcpys.head(0), self.memsets.head(0), self.graphs.head(0)).columns
 
     @cached_property
     def kernel_rows(self) -> int:
@@ -86,7 +88,7 @@ class OpsByColumn:
         """The bound of :func:`~tracekit.nsys.readers.implausible_end` over all operations
         (ns): operations ending after it are left out of ``ops``; ``None`` when no start is known."""
         lows, highs = [], []
-        for s in (self._src["start_ns"], self.memcpys["start_ns"], self.memsets["start_ns"]):
+        for s in (self._src["start_ns"], self.memcpys["start_ns"], self.memsets["start_ns"], self.graphs["start_ns"]):
             if s.len() and s.null_count() < s.len():
                 lows.append(s.min())
                 highs.append(s.max())
@@ -132,7 +134,7 @@ class OpsByColumn:
         ``end_ns``, ``correlation_id`` … of the kernel, memcpy and memset tables) and
         :meth:`kernels_where` of ``expr``, from one read of the kernel rows."""
         kernels = self.kernels_where(expr)
-        ops = gpu_ops(kernels, self.memcpys.filter(expr), self.memsets.filter(expr), end_bound=self.end_bound)
+        ops = gpu_ops(kernels, self.memcpys.filter(expr), self.memsets.filter(expr), self.graphs.filter(expr), end_bound=self.end_bound)
         return ops, kernels
 
     def where(self, expr: pl.Expr) -> pl.DataFrame:
@@ -146,8 +148,8 @@ class OpsByColumn:
         rows = self._kernel_rows_where(pl.lit(True), plausible=True)
         plain = [c for c in columns if c != "name"]
         kernels = self._gather(rows, plain)
-        # the memcpys and memsets as gpu_ops stacks them (no kernel rows)
-        ops = gpu_ops(self._gather(_NONE, KERNEL_COLUMNS), self.memcpys, self.memsets, end_bound=self.end_bound)
+        # the memcpys, memsets and graph launches as gpu_ops stacks them (no kernel rows)
+        ops = gpu_ops(self._gather(_NONE, KERNEL_COLUMNS), self.memcpys, self.memsets, self.graphs, end_bound=self.end_bound)
         if "name" not in columns:
             return pl.concat([kernels, ops.select(plain)], how="vertical_relaxed")
         ids = self._src["name_id"] if rows is None else self._src["name_id"].gather(rows)

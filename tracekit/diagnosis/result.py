@@ -12,9 +12,9 @@ __all__ = ["CATEGORIES", "SEVERITIES", "Diagnosis", "Finding", "Window"]
 
 #: The categories a finding can have (rules may add more in later versions).
 CATEGORIES = (
-    "host_bound", "launch_bound", "sync_stall", "pageable_memcpy", "no_tensor_cores", "memory_growth",
+    "host_bound", "launch_bound", "graph_launch", "sync_stall", "pageable_memcpy", "data_movement", "no_tensor_cores", "memory_growth",
     "exposed_communication", "straggler", "load_imbalance", "low_gpu_utilization",
-    "memory_bound_kernel", "compute_bound_kernel", "below_model_bound", "warmup",
+    "memory_bound_kernel", "compute_bound_kernel", "below_model_bound", "warmup", "trace_coverage",
 )
 SEVERITIES = ("high", "medium", "low", "info")
 _SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}

@@ -13,6 +13,7 @@ import shlex
 import numpy as np
 import polars as pl
 
+from tracekit.analysis.gpu_time import GRAPH_LAUNCH_API
 from tracekit.analysis.launch import launch_bound_stretches
 from tracekit.analysis.memory import copies
 from tracekit.diagnosis.context import Context
@@ -74,6 +75,12 @@ def _main_gaps(ctx: Context) -> pl.DataFrame:
     if gaps.height:
         gaps = _mark_stretch_gaps(gaps, _stretches(ctx), [*ctx.rk, "device_id"])
         gaps = _mark_sync_gaps(ctx, gaps)
+        # the GPU waited for the host's cudaGraphLaunch: graph_launch's, not a sync's or the host's
+        gl = (pl.col("cause") == "launch_bound") & pl.col("next_api").str.contains(GRAPH_LAUNCH_API).fill_null(False)
+        gaps = gaps.with_columns(gl.alias("graph_launch")).with_columns(
+            pl.when(pl.col("graph_launch")).then(None).otherwise(pl.col(c)).alias(c)
+            for c in ("after_sync", "sync_start_ns", "sync_end_ns")
+        )
     ctx.__dict__["_classified_gaps"] = gaps
     return gaps
 
@@ -184,14 +191,16 @@ def _range_during(ctx: Context, gaps: pl.DataFrame) -> pl.DataFrame:
     nv = ctx.nvtx
     if nv.height == 0 or gaps.height == 0 or "end_ns" not in nv.columns:
         return gaps.with_columns(pl.lit(None, pl.Utf8).alias("host_range"))
-    pat = f"(?i){ctx.config.iteration_pattern}"
     cols = [c for c in ("text", "name") if c in nv.columns]
     label = pl.coalesce(cols) if cols else pl.lit(None, pl.Utf8)
     w = ctx.window
+    full = ctx.full_window
+    # the iteration ranges themselves cover every gap: they name no place
+    steps = full.iterations["name"].drop_nulls().unique() if full.method == "nvtx" and "name" in full.iterations.columns else pl.Series([], dtype=pl.Utf8)
     r = nv.filter(
         pl.col("end_ns").is_not_null() & (pl.col("end_ns") > w.start_ns) & (pl.col("start_ns") < w.end_ns)
     ).select(pl.col("start_ns"), pl.col("end_ns"), label.alias("_label"))
-    r = r.filter(pl.col("_label").is_not_null() & ~pl.col("_label").str.contains(pat)).sort("start_ns")
+    r = r.filter(pl.col("_label").is_not_null() & ~pl.col("_label").is_in(steps.implode())).sort("start_ns")
     if r.height == 0:
         return gaps.with_columns(pl.lit(None, pl.Utf8).alias("host_range"))
     st, en, labels = r["start_ns"].to_numpy(), r["end_ns"].to_numpy(), r["_label"].to_list()
@@ -338,6 +347,54 @@ def launch_bound(ctx: Context) -> list[Finding]:
             f"tracekit capture nsys --cuda-graph-trace node -- {_cmd(ctx)}",
             f"tracekit stats -r cuda_kern_exec_sum {ctx.trace_path}",
         ],
+    )]
+
+
+def graph_launch(ctx: Context) -> list[Finding]:
+    """``graph_launch``: the GPU idles before a CUDA graph replay while the host is still in
+    the call that launches it (``idle_gaps`` cause ``launch_bound`` with a ``cudaGraphLaunch``
+    as the next operation's call). Graph-replayed work is never ``launch_bound`` or
+    ``host_bound``: what is left is the launch of the graph itself, whose host cost grows with
+    its node count, paid after the previous step's results came back. ``time_ns`` = those
+    gaps in the window on the GPU where they add up most."""
+    gaps = _main_gaps(ctx)
+    if gaps.height == 0 or "graph_launch" not in gaps.columns:
+        return []
+    g = gaps.filter(pl.col("graph_launch"))
+    if g.height == 0:
+        return []
+    keys = [*ctx.rk, "device_id"]
+    per_dev = g.group_by(keys).agg(pl.col("duration_ns").sum().alias("idle_ns"), pl.len().alias("gaps")).sort("idle_ns", descending=True)
+    top = per_dev.row(0, named=True)
+    total = int(top["idle_ns"])
+    sev = ctx.config.severity(ctx.share(total))
+    if sev is None:
+        return []
+    w = ctx.window
+    launches = ctx.graph_launches
+    if launches.height:
+        launches = launches.filter((pl.col("start_ns") >= w.start_ns) & (pl.col("start_ns") < w.end_ns))
+    call = launches["launch_api_ns"].median() if launches.height else None
+    nodes = launches["kernels"].median() if launches.height else None
+    node_mode = launches.height > 0 and (launches["mode"] == "node").all()
+    what = f"cudaGraphLaunch takes {fmt_ns(call)} per launch" if call is not None else "the graph launch call fills the gap"
+    if nodes is not None:
+        what += f" for {nodes:.0f} kernels"
+    note = (" (per-node tracing lengthens every graph launch several times over: measure the launch cost with "
+            "--cuda-graph-trace=graph)") if node_mode else ""
+    ev = g.join(per_dev.head(1).select(keys), on=keys).sort("duration_ns", descending=True).head(20).select(
+        *keys, "start_ns", "end_ns", "duration_ns", "next_op", "next_api", "next_launched_ns", "launch_ns")
+    return [Finding(
+        "graph_launch", sev,
+        f"GPU idle {ctx.per_step(total)} ({ctx.share(total):.0%} of the window) before each CUDA graph replay while the host "
+        f"launches it: {what}{note}",
+        time_ns=total, share=ctx.share(total), evidence=ev,
+        advice="The graph replays back to back only if the next launch is issued before the GPU runs dry: launch step N+1 "
+        "before waiting on step N's output (copy the sampled ids to pinned memory with non_blocking=True and wait on a CUDA "
+        "event when they are needed — vLLM's async scheduling), keep input preparation off that path, and shrink the "
+        "graph's node count (fused kernels: torch.compile) — a launch costs host time per node.",
+        next=[f"tracekit capture nsys --cuda-graph-trace graph -- {_cmd(ctx)}",
+              f"tracekit stats -r cuda_api_sum {ctx.trace_path}"],
     )]
 
 
@@ -509,4 +566,4 @@ def low_gpu_utilization(ctx: Context, explained_ns: int) -> list[Finding]:
     )]
 
 
-HOST_RULES = (warmup, host_bound, launch_bound, sync_stall, pageable_memcpy)
+HOST_RULES = (warmup, host_bound, launch_bound, graph_launch, sync_stall, pageable_memcpy)

@@ -1,8 +1,11 @@
 """The steady-state window: iterations from NVTX ranges or from the repeating kernel sequence,
 warm-up iterations excluded.
 
-Iterations come from NVTX ranges matching ``step|iter`` (:func:`tracekit.analysis.iterations.
-iterations`). Without such ranges, the kernel names of the busiest GPU are searched for a
+Iterations come from NVTX ranges named step, iter, iteration, batch, epoch, decode or forward
+(as words; :func:`tracekit.analysis.iterations.iterations`), when at least two of them repeat.
+Without them, a CUDA graph replayed at least ``min_repeats`` times that holds at least
+:data:`GRAPH_STEP_SHARE` of its device's GPU time gives one step per replay
+(:func:`graph_replay_iterations`: how serving engines and ``torch.compile`` run decode). Without such ranges, the kernel names of the busiest GPU are searched for a
 period: the smallest ``p`` such that, over a repeating part of the sequence that covers at
 least ``period_coverage`` of it, at least ``period_match`` of the names equal the name ``p``
 operations later, repeated at least ``min_repeats`` times. The phase is the one whose boundary kernels follow the longest GPU
@@ -25,7 +28,7 @@ from tracekit.diagnosis.config import DiagnoseConfig
 from tracekit.diagnosis.context import Context, _within_any
 from tracekit.diagnosis.result import Window
 
-__all__ = ["find_period", "kernel_period_iterations", "search_window", "steady_ops", "steady_window"]
+__all__ = ["find_period", "graph_replay_iterations", "kernel_period_iterations", "search_window", "steady_ops", "steady_window"]
 
 _TAIL = 50_000
 
@@ -134,6 +137,56 @@ def kernel_period_iterations(kernels: pl.DataFrame, config: DiagnoseConfig) -> p
     return pl.DataFrame(rows, schema=empty.schema, orient="row")
 
 
+#: Graph replays define the steps only when the replayed graph holds at least this share of
+#: its device's GPU time (a graph captured for one small part of a step does not).
+GRAPH_STEP_SHARE = 0.25
+
+
+def graph_replay_iterations(launches: pl.DataFrame, ops: pl.DataFrame, config: DiagnoseConfig) -> pl.DataFrame:
+    """Iterations from CUDA graph replays: serving engines and ``torch.compile`` replay each
+    decode step as one graph, so without NVTX step ranges the replays of the graph that holds
+    the most GPU time are the steps.
+
+    Parameters
+    ----------
+    launches
+        :func:`~tracekit.analysis.graphs.graph_launches` (either trace mode).
+    ops
+        The GPU operations (``device_id``, ``duration_ns``; ``rank``), to weigh the graph
+        against its device's work (:data:`GRAPH_STEP_SHARE`).
+
+    Returns the columns of :func:`kernel_period_iterations`: step ``i`` runs from the start of
+    replay ``i`` to the start of replay ``i + 1`` (the last one to its end); ``kernels`` is the
+    replay's kernels in per-node traces, else 1. Empty when no graph was launched at least
+    ``min_repeats`` times or none holds enough of its device's time.
+    """
+    empty = pl.DataFrame(schema={"iteration": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64,
+                                 "duration_ns": pl.Int64, "gpu_span_ns": pl.Int64, "kernels": pl.Int64})
+    if launches.height < config.min_repeats:
+        return empty
+    dev = [c for c in ("rank", "device_id") if c in launches.columns]
+    graph = [*dev, "pid", "graph_exec_id"]
+    per = launches.group_by(graph).agg(pl.len().alias("n"), pl.col("gpu_time_ns").sum().alias("g")).filter(pl.col("n") >= config.min_repeats)
+    if per.height == 0:
+        return empty
+    busy = ops.group_by([c for c in dev if c in ops.columns]).agg(pl.col("duration_ns").sum().alias("_all")) if ops.height else None
+    if busy is not None and busy.height:
+        per = per.join(busy, on=[c for c in dev if c in ops.columns], how="left").filter(
+            pl.col("_all").is_null() | (pl.col("g") >= GRAPH_STEP_SHARE * pl.col("_all")))
+    if per.height == 0:
+        return empty
+    top = per.sort(["g", *graph], descending=[True, *([False] * len(graph))], nulls_last=True).head(1).select(graph)
+    reps = launches.join(top, on=graph).sort("start_ns")
+    starts = reps["start_ns"].to_list()
+    ends = reps["end_ns"].to_list()
+    kernels = reps["kernels"].fill_null(1).to_list()
+    rows = []
+    for i, (s0, e0, k) in enumerate(zip(starts, ends, kernels, strict=True)):
+        e = starts[i + 1] if i + 1 < len(starts) else e0
+        rows.append((i, s0, e, e - s0, e - s0, int(k)))
+    return pl.DataFrame(rows, schema=empty.schema, orient="row")
+
+
 def _warmup_count(lengths: list[int], factor: float) -> int:
     n = len(lengths)
     count = 0
@@ -163,6 +216,8 @@ def _nvtx_iterations(ops_with_launch: OpsWithLaunch, nvtx: pl.DataFrame, config:
                                               nulls_last=True).head(1).select(proc)
     ranges = ranges.join(main, on=proc).sort("iteration")
     n = ranges.height
+    if n < 2:  # one matching range is not a loop (a compiler's one-off "…iter…" range)
+        return pl.DataFrame()
     if n > config.exact_steps:
         mid = n // 2
         half = config.sample_steps // 2 + 5
@@ -220,6 +275,7 @@ def steady_window(
     *,
     trace_start_ns: int | None = None,
     trace_end_ns: int | None = None,
+    graph_launches: pl.DataFrame | None = None,
 ) -> Window:
     """The analysed window of a trace (see the module doc). ``kernels`` is the sequence
     searched for a period: the busiest GPU's operations (``gpu_ops``) or kernels, or a
@@ -245,14 +301,19 @@ def steady_window(
             pl.max_horizontal("duration_ns", pl.col("gpu_span_ns").fill_null(0)).alias("length_ns"),
         )
     else:
-        it = kernel_period_iterations(get(["rank", "device_id", "start_ns", "end_ns", "duration_ns", "name"]), config)
-        method, why = "kernel_period", "no NVTX iteration ranges: iterations from the repeating kernel sequence"
+        it = pl.DataFrame()
+        if graph_launches is not None and graph_launches.height:
+            it = graph_replay_iterations(graph_launches, get(["rank", "device_id", "duration_ns"]), config)
+            method, why = "graph_replays", "no NVTX iteration ranges: one step per replay of the CUDA graph that holds the most GPU time"
+        if it.height == 0:
+            it = kernel_period_iterations(get(["rank", "device_id", "start_ns", "end_ns", "duration_ns", "name"]), config)
+            method, why = "kernel_period", "no NVTX iteration ranges: iterations from the repeating kernel sequence"
         n_total = it.height
         if it.height:
             it = it.with_columns(
                 pl.col("start_ns").alias("w_start"), pl.col("end_ns").alias("w_end"), pl.col("duration_ns").alias("length_ns")
             )
-        if nvtx.height == 0:
+        if nvtx.height == 0 and method == "kernel_period":
             why = "no NVTX ranges: iterations from the repeating kernel sequence"
     if it.height:  # iterations without a time (a damaged NVTX table) cannot bound a window
         it = it.filter(pl.col("w_start").is_not_null() & pl.col("w_end").is_not_null() & pl.col("length_ns").is_not_null())
@@ -290,7 +351,7 @@ def search_window(ctx: Context) -> Window:
     """:func:`steady_window` of a diagnosis context, as ``diagnose`` finds it: launch columns
     only for the operations of the measured steps, the operations a column at a time on a big
     export (``Context.ops_for_window``)."""
-    return steady_window(ctx.ops_for_window, ctx.launched_ops, ctx.nvtx, ctx.config)
+    return steady_window(ctx.ops_for_window, ctx.launched_ops, ctx.nvtx, ctx.config, graph_launches=ctx.graph_launches)
 
 
 def _sample_whole(window: Window, ops: pl.DataFrame, config: DiagnoseConfig) -> Window:
@@ -316,7 +377,7 @@ def steady_ops(trace: Any) -> tuple[pl.DataFrame, list[int], str]:
 
     cfg = DiagnoseConfig(exact_steps=10**9, max_window_ops=10**12)  # every step measured, no sampling
     ctx = Context(trace, cfg)
-    w = steady_window(ctx.ops, ctx.ops_with_launch, ctx.nvtx, cfg)
+    w = steady_window(ctx.ops, ctx.ops_with_launch, ctx.nvtx, cfg, graph_launches=ctx.graph_launches)
     ops = ctx.ops_with_launch
     it = w.iterations
     if it.height == 0:
