@@ -262,7 +262,7 @@ def test_every_sample_diagnoses(path: Path) -> None:
     assert f.columns == ["category", "severity", "time_ns", "share", "title", "evidence", "advice", "next"]
     assert set(f["severity"]) <= {"high", "medium", "low", "info"}
     payload = json.loads(d.to_json())
-    assert payload["window"]["method"] in ("nvtx", "kernel_period", "whole_trace")
+    assert payload["window"]["method"] in ("nvtx", "graph_replays", "kernel_period", "whole_trace")
     assert d.to_markdown().startswith("# Diagnosis")
 
 
@@ -272,7 +272,7 @@ def test_cli_formats_and_errors(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     payload = json.loads(out.stdout)
     assert payload["findings"][0]["category"] == "host_bound"
-    assert set(payload) == {"trace", "window", "findings"}
+    assert set(payload) == {"trace", "window", "phases", "findings"}
     bad = subprocess.run([*exe, str(_export("host_bound")), "--set", "nope=1"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "unknown diagnosis setting" in bad.stderr
     md = subprocess.run([*exe, str(_export("launch_bound")), "-f", "markdown"], capture_output=True, text=True, timeout=300)

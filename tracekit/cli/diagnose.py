@@ -27,6 +27,8 @@ def diagnose(
     files: list[str] = typer.Argument(..., help="Nsight Systems export(s); several files = one per rank."),  # noqa: B008
     ncu: str | None = typer.Option(None, "--ncu", help="Nsight Compute report of the same program (.ncu-rep)."),
     model: str | None = typer.Option(None, "--model", help="Transformer description (YAML or HF config.json)."),
+    batch: int | None = typer.Option(None, "--batch", help="With --model: sequences per step (overrides the description)."),
+    prompt_len: int | None = typer.Option(None, "--prompt-len", help="With --model: prompt tokens per sequence (the prefill)."),
     fmt: str = typer.Option("table", "--format", "-f", help="table, json or markdown."),
     window: str | None = typer.Option(None, "--window", help="START_NS:END_NS to analyse instead of the steady state."),
     settings: list[str] = typer.Option([], "--set", help="Rule threshold NAME=VALUE (repeatable; see docs/diagnose.md)."),  # noqa: B008
@@ -46,7 +48,7 @@ def diagnose(
     if type(trace).__name__ == "NcuReport":
         msg = f"{files[0]} is an Nsight Compute report; pass the Nsight Systems export and give the report with --ncu"
         raise TracekitError(msg)
-    d = run(trace, ncu=ncu, model=model, window=_window(window), config=cfg)
+    d = run(trace, ncu=ncu, model=model_with(model, batch, prompt_len), window=_window(window), config=cfg)
     if fmt == "json":
         print(d.to_json())
         return
@@ -54,6 +56,23 @@ def diagnose(
         print(d.to_markdown())
         return
     render(d, top or None)
+
+
+def model_with(model: str | None, batch: int | None, prompt_len: int | None) -> object:
+    """``--model`` with ``--batch``/``--prompt-len`` applied (the description, loaded), or the
+    path as given when neither is set; ``--batch`` without ``--model`` is an error."""
+    from tracekit.errors import TracekitError
+
+    overrides = {k: v for k, v in (("batch", batch), ("prompt_len", prompt_len)) if v is not None}
+    if model is None:
+        if overrides:
+            raise TracekitError("--batch/--prompt-len describe the model's step: give --model too")
+        return None
+    if not overrides:
+        return model
+    from tracekit.model import load_model
+
+    return load_model(model, **overrides)
 
 
 def render(d, top: int | None = None, *, title: str | None = None) -> None:  # type: ignore[no-untyped-def]

@@ -146,9 +146,12 @@ class Diagnosis:
     ``advice``, ``next`` (list of commands). ``window`` is the analysed :class:`Window`.
     """
 
-    def __init__(self, trace_name: str, window: Window, findings: list[Finding]) -> None:
+    def __init__(self, trace_name: str, window: Window, findings: list[Finding], *, phases: pl.DataFrame | None = None) -> None:
         self.trace_name = trace_name
         self.window = window
+        #: :func:`tracekit.analysis.phases.phase_summary` of the trace (with the model's MFU/MBU
+        #: when ``diagnose(model=…)``); empty when no generation phases were found.
+        self.phases = phases if phases is not None else pl.DataFrame()
         order = sorted(
             findings,
             key=lambda f: (_SEVERITY_RANK.get(f.severity, 9), -(f.time_ns if f.time_ns is not None else -1)),
@@ -191,6 +194,7 @@ class Diagnosis:
         return {
             "trace": self.trace_name,
             "window": self.window.as_dict(),
+            "phases": self.phases.to_dicts(),
             "findings": [
                 {
                     "category": f.category, "severity": f.severity, "time_ns": f.time_ns, "share": f.share,
@@ -211,7 +215,30 @@ class Diagnosis:
         if w.sampled:
             what = f"{w.sample_steps} steps" if w.sample_steps else fmt_ns((w.sample_end_ns or 0) - (w.sample_start_ns or 0))
             sample = f"; rules run on {what} from its middle, times at stake scaled ×{w.scale:.3g}"
-        return f"window {fmt_ns(w.duration_ns)} ({w.method}{steps}{warm}): {w.reason}{sample}"
+        text = f"window {fmt_ns(w.duration_ns)} ({w.method}{steps}{warm}): {w.reason}{sample}"
+        phases = self.phases_text()
+        return f"{text}\n{phases}" if phases else text
+
+    def phases_text(self) -> str:
+        """One line on the generation phases: time to first token, time per output token
+        (median and p90), GPU busy share, and MFU/MBU when the model was given; ``""`` when
+        the trace shows no prefill/decode steps."""
+        p = self.phases
+        if p.height == 0:
+            return ""
+        parts = []
+        for r in p.iter_rows(named=True):
+            eff = ""
+            if r.get("mfu") is not None and r.get("mbu") is not None:
+                eff = f", MFU {r['mfu']:.1%}, MBU {r['mbu']:.1%}"
+            busy = f", GPU busy {r['busy_share']:.0%}" if r.get("busy_share") is not None else ""
+            if r["phase"] == "prefill":
+                parts.append(f"prefill: time to first token {fmt_ns(r['ttft_ns'])}{busy}{eff}")
+            else:
+                tpot = (f"time per output token {fmt_ns(r['tpot_median_ns'])} (p90 {fmt_ns(r['tpot_p90_ns'])})"
+                        if r.get("tpot_median_ns") is not None else f"step {fmt_ns(r['step_median_ns'])}")
+                parts.append(f"decode: {r['steps']} steps, {tpot}{busy}{eff}")
+        return "phases — " + "; ".join(parts)
 
     def to_markdown(self) -> str:
         lines = [f"# Diagnosis of `{self.trace_name}`", "", self.window_text(), ""]

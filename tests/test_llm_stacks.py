@@ -1,0 +1,282 @@
+"""The programs users profile, captured on an H100 (sample_traces/llm_stacks): HF generate()
+with per-module ranges, a decode loop replayed from a CUDA graph (graph and node tracing), the
+same on two GPUs with NCCL inside the graph, torch.compile decodes.
+
+Every number checked here is recomputed from the export by plain SQL, or compared with the
+`nsys stats` CSVs that the capturing nsys printed."""
+
+from __future__ import annotations
+
+import collections
+import sqlite3
+import warnings
+
+import polars as pl
+import pytest
+
+import tracekit
+from tracekit.analysis.graphs import graph_launch_cost, graph_summary
+from tracekit.analysis.phases import phase_summary, trace_generation_steps
+from tracekit.stats import REPORTS as STATS_REPORTS
+from tracekit.stats import run_report
+
+from .conftest import llm_capture, llm_capture_names
+from .nsys_reference import assert_same_as_nsys, read_reference
+
+NAMES = llm_capture_names()
+_OPEN: dict[str, object] = {}
+
+
+def _trace(name: str):  # noqa: ANN202 - NsysTrace
+    if name not in _OPEN:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _OPEN[name] = tracekit.open(llm_capture(name))
+    return _OPEN[name]
+
+
+def _sql(name: str, query: str) -> list[tuple]:
+    con = sqlite3.connect(f"file:{llm_capture(name)}?mode=ro", uri=True)
+    try:
+        return con.execute(query).fetchall()
+    finally:
+        con.close()
+
+
+def test_the_captures_are_there() -> None:
+    assert set(NAMES) >= {"hf_generate_eager", "graph_decode_graphtrace", "graph_decode_nodetrace", "tp2_graph_decode_graphtrace",
+                          "tp2_graph_decode_nodetrace", "hf_generate_compile", "compile_kvcopy"}
+
+
+# -- tracekit stats stays identical to nsys stats (graph rows are in none of its reports) -----------
+def _stats_cases() -> list[tuple[str, str]]:
+    cases = []
+    for name in NAMES:
+        stats = llm_capture(name).parent / "stats"
+        for ref in sorted(stats.glob("*.csv")):
+            report = ref.stem[len(name) + 1:]
+            if report in STATS_REPORTS:
+                cases.append((name, report))
+    return cases
+
+
+@pytest.mark.parametrize(("name", "report"), _stats_cases())
+def test_stats_equal_the_capturing_nsys(name: str, report: str) -> None:
+    reference = read_reference(llm_capture(name).parent / "stats" / f"{name}_{report}.csv")
+    if not reference:  # nsys printed nothing (no NVTX in the capture): tracekit says why
+        from tracekit.errors import UnsupportedReportError
+
+        with pytest.raises(UnsupportedReportError, match="NVTX"):
+            run_report(_trace(name), report, convention="2025")
+        return
+    result = run_report(_trace(name), report, convention="2025")
+    ours = [result.columns, *result.formatted_rows()]
+    assert collections.Counter(map(tuple, ours[1:])) == collections.Counter(map(tuple, reference[1:]))
+    # rows in nsys's order; rows nsys's sort key leaves tied (two GPUs' operations starting in
+    # the same nanosecond) are compared as sets
+    assert_same_as_nsys(result, reference, ordered=report != "nvtx_sum")
+
+
+def test_every_capture_has_its_stats() -> None:
+    assert len(_stats_cases()) == 11 * len(NAMES)
+
+
+# -- graph launches ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["graph_decode_graphtrace", "tp2_graph_decode_graphtrace"])
+def test_graph_trace_rows_are_read_exactly(name: str) -> None:
+    t = _trace(name)
+    rows = _sql(name, "SELECT start, end, deviceId, streamId, correlationId, graphId, graphExecId FROM CUPTI_ACTIVITY_KIND_GRAPH_TRACE ORDER BY start")
+    ours = t.graph_trace.sort("start_ns").select("start_ns", "end_ns", "device_id", "stream_id", "correlation_id", "graph_id", "graph_exec_id")
+    assert ours.rows() == rows
+    assert t.meta.cuda_graph_trace == "graph"
+    assert _trace("graph_decode_nodetrace").meta.cuda_graph_trace == "node"
+
+
+def test_graphs_name_the_launching_call_and_its_nvtx_range() -> None:
+    g = _trace("graph_decode_graphtrace").graphs
+    assert g.height == 32 and (g["mode"] == "graph").all()
+    assert g["api_name"].str.starts_with("cudaGraphLaunch").all()
+    assert g["nvtx_path"].to_list() == [f"decode.{i}" for i in range(32)]
+    # the launching call by SQL: same correlation id, same process
+    first = g.row(0, named=True)
+    (api,) = _sql("graph_decode_graphtrace", f"SELECT r.start, r.end FROM CUPTI_ACTIVITY_KIND_RUNTIME r WHERE r.correlationId = {first['correlation_id']} "
+                  f"AND (r.globalTid >> 24) = ({first['global_pid']} >> 24)")
+    assert (first["api_start_ns"], first["api_end_ns"]) == api
+
+
+def test_node_mode_groups_each_replay_by_its_launch() -> None:
+    g = _trace("graph_decode_nodetrace").graphs
+    assert g.height == 32 and (g["mode"] == "node").all()
+    assert (g["kernels"] == 875).all() and (g["memsets"] == 2).all()
+    # by SQL: kernels sharing a cudaGraphLaunch's correlation id
+    rows = _sql("graph_decode_nodetrace", "SELECT correlationId, COUNT(*), MIN(start), MAX(end) FROM CUPTI_ACTIVITY_KIND_KERNEL "
+                "WHERE graphNodeId IS NOT NULL GROUP BY correlationId ORDER BY MIN(start)")
+    assert [(r[0], r[1]) for r in rows] == list(zip(g["correlation_id"].to_list(), g["kernels"].to_list(), strict=True))
+
+
+def test_both_trace_modes_give_the_same_numbers() -> None:
+    """Launches and GPU time per replay agree between the graph-mode and node-mode captures of
+    one program (node mode's span is stretched by per-node tracing; its busy time is not)."""
+    whole = graph_summary(_trace("graph_decode_graphtrace").graphs).row(0, named=True)
+    nodes = graph_summary(_trace("graph_decode_nodetrace").graphs).row(0, named=True)
+    assert whole["launches"] == nodes["launches"] == 32
+    assert whole["graph_exec_id"] == nodes["graph_exec_id"]
+    assert nodes["busy_median_ns"] == pytest.approx(whole["busy_median_ns"], rel=0.02)
+    assert nodes["replay_median_ns"] > 1.1 * whole["replay_median_ns"]  # per-node tracing stretches the span
+    for name in ("tp2_graph_decode_graphtrace", "tp2_graph_decode_nodetrace"):
+        per_gpu = graph_summary(_trace(name).graphs)
+        assert sorted(per_gpu["devices"].to_list()) == ["0", "1"] and (per_gpu["launches"] == 32).all()
+
+
+def test_launch_cost_against_the_launches_a_replay_replaces() -> None:
+    t = _trace("graph_decode_nodetrace")
+    cost = graph_launch_cost(t.graphs, t.cuda_api).row(0, named=True)
+    eager = _sql("graph_decode_nodetrace", "SELECT r.end - r.start FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON s.id = r.nameId "
+                 "WHERE s.value LIKE 'cudaLaunchKernel%' OR s.value LIKE 'cuLaunchKernel%'")
+    median = float(pl.Series([e[0] for e in eager]).median())  # type: ignore[arg-type]
+    assert cost["kernel_launch_median_ns"] == median
+    assert cost["replaced_launch_ns"] == pytest.approx(875 * median)
+    assert cost["saved_per_launch_ns"] == pytest.approx(875 * median - cost["launch_api_median_ns"])
+
+
+def test_graph_replays_count_as_gpu_work() -> None:
+    from tracekit.analysis._frames import gpu_ops
+    from tracekit.analysis.gpu_time import busy_time
+
+    t = _trace("graph_decode_graphtrace")
+    busy = busy_time(gpu_ops(t.kernels, t.memcpys, t.memsets, t.graph_trace)).row(0, named=True)
+    without = busy_time(gpu_ops(t.kernels, t.memcpys, t.memsets)).row(0, named=True)
+    (graph_ns,) = _sql("graph_decode_graphtrace", "SELECT SUM(end - start) FROM CUPTI_ACTIVITY_KIND_GRAPH_TRACE")[0]
+    assert busy["busy_ns"] >= graph_ns > 10 * without["busy_ns"]
+
+
+# -- diagnose ------------------------------------------------------------------------------------------
+_DIAG: dict[str, object] = {}
+
+
+def _diagnose(name: str):  # noqa: ANN202 - Diagnosis
+    if name not in _DIAG:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _DIAG[name] = tracekit.diagnose(_trace(name))
+    return _DIAG[name]
+
+
+@pytest.mark.parametrize("name", ["graph_decode_graphtrace", "graph_decode_nodetrace", "tp2_graph_decode_graphtrace",
+                                  "tp2_graph_decode_nodetrace"])
+def test_graph_replayed_decode_is_never_launch_or_host_bound_at_high_severity(name: str) -> None:
+    d = _diagnose(name)
+    f = d.findings
+    assert f.filter(pl.col("category") == "launch_bound").height == 0
+    assert f.filter((pl.col("category") == "host_bound") & (pl.col("severity") == "high")).height == 0
+    assert d.window.method in ("nvtx", "graph_replays")
+    assert d.window.steps >= 30  # the decode steps, not the prefill's layers
+
+
+def test_graph_launch_gap_is_the_launch_call() -> None:
+    """graph_launch's time = GPU idle gaps before a replay filled by its cudaGraphLaunch call,
+    recomputed from the graph rows: the gap from the previous GPU operation's end to each
+    replay's start, where the launch call ends after the gap began."""
+    d = _diagnose("graph_decode_graphtrace")
+    row = d.findings.filter(pl.col("category") == "graph_launch").row(0, named=True)
+    assert row["severity"] == "medium" and "cudaGraphLaunch takes 225 µs" in row["title"]
+    w = d.window
+    t = _trace("graph_decode_graphtrace")
+    from tracekit.analysis._frames import gpu_ops
+
+    ops = gpu_ops(t.kernels, t.memcpys, t.memsets, t.graph_trace).sort("start_ns")
+    ends = ops["end_ns"].cum_max().shift(1)
+    g = t.graphs.join(ops.with_columns(ends.alias("_prev")).select("start_ns", "_prev"), on="start_ns")
+    gaps = g.filter((pl.col("start_ns") >= w.start_ns) & (pl.col("start_ns") < w.end_ns) & (pl.col("api_end_ns") > pl.col("_prev"))
+                    & (pl.col("start_ns") - pl.col("_prev") >= 10_000))
+    assert row["time_ns"] == pytest.approx(int((gaps["start_ns"] - gaps["_prev"]).sum()), rel=0.05)
+
+
+def test_graph_mode_says_what_it_could_not_see() -> None:
+    f = _diagnose("graph_decode_graphtrace").findings.filter(pl.col("category") == "trace_coverage")
+    assert f.height == 1 and "31 CUDA graph replays" in f["title"][0] and "--cuda-graph-trace node" in f["next"][0][0]
+
+
+def test_phases_in_the_window_line() -> None:
+    d = _diagnose("graph_decode_graphtrace")
+    p = d.phases.rows_by_key("phase", named=True, unique=True)
+    assert p["decode"]["steps"] == 32 and p["prefill"]["steps"] == 1
+    assert "time per output token 2.71 ms" in d.window_text()
+
+
+def test_no_finding_claims_more_than_its_window() -> None:
+    from .conftest import sample_exports
+
+    for path in [*sample_exports(), *(llm_capture(n) for n in NAMES)]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            d = tracekit.diagnose(path)
+        shares = d.findings["share"].drop_nulls()
+        assert shares.len() == 0 or shares.max() <= 1.0, path.name  # type: ignore[operator]
+
+
+# -- data movement ---------------------------------------------------------------------------------------
+def test_kv_cache_grown_with_cat_is_named() -> None:
+    """HF's DynamicCache grows the KV cache with torch.cat: the data_movement finding names the
+    concat kernels; their share of GPU time is recomputed from the kernel table."""
+    d = _diagnose("hf_generate_eager")
+    row = d.findings.filter(pl.col("category") == "data_movement").row(0, named=True)
+    assert "CatArrayBatchedCopy" in row["title"] and "concat" in row["title"] and "cache_implementation='static'" in row["advice"]
+    w = d.window
+    (cat, total) = _sql("hf_generate_eager", "SELECT SUM(CASE WHEN s.value LIKE '%CatArrayBatchedCopy%' THEN k.end - k.start END), "
+                        "SUM(k.end - k.start) FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = k.demangledName "
+                        f"WHERE k.start >= {w.start_ns} AND k.start < {w.end_ns}")[0]
+    ev = pl.DataFrame(d.items[[f.category for f in d.items].index("data_movement")].evidence)
+    assert int(ev.filter(pl.col("kind") == "concat")["gpu_time_ns"].sum()) == cat
+    assert f"concat {cat / total:.0%}" in row["title"]
+
+
+def test_graph_decode_without_big_copies_has_no_data_movement_finding() -> None:
+    assert _diagnose("compile_kvcopy").findings.filter(pl.col("category") == "data_movement").height == 0
+
+
+# -- phases ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("name", "source", "decode_steps"), [
+    ("graph_decode_graphtrace", "nvtx", 32), ("graph_decode_nodetrace", "nvtx", 32),
+    ("tp2_graph_decode_graphtrace", "graph_replays", 32), ("tp2_graph_decode_nodetrace", "graph_replays", 32),
+    ("hf_generate_eager", "module", 23), ("hf_generate_compile", "graph_replays", 23), ("compile_kvcopy", "nvtx", 24),
+])
+def test_generation_phases(name: str, source: str, decode_steps: int) -> None:
+    steps = trace_generation_steps(_trace(name))
+    assert steps["source"].unique().to_list() == [source]
+    s = phase_summary(steps).rows_by_key("phase", named=True, unique=True)
+    assert s["prefill"]["steps"] == 1 and s["decode"]["steps"] == decode_steps
+    assert s["prefill"]["ttft_ns"] > 0 and s["decode"]["tpot_median_ns"] > 0
+
+
+def test_time_per_output_token_by_hand() -> None:
+    """TPOT = intervals between consecutive decode.N range starts (NVTX, plain SQL)."""
+    s = phase_summary(trace_generation_steps(_trace("graph_decode_graphtrace"))).rows_by_key("phase", named=True, unique=True)
+    starts = [r[0] for r in _sql("graph_decode_graphtrace", "SELECT e.start FROM NVTX_EVENTS e LEFT JOIN StringIds s ON s.id = e.textId "
+                                 "WHERE COALESCE(e.text, s.value) LIKE 'decode.%' ORDER BY e.start")]
+    diffs = pl.Series([b - a for a, b in zip(starts, starts[1:], strict=False)], dtype=pl.Float64)
+    assert s["decode"]["tpot_median_ns"] == diffs.median()
+    assert s["decode"]["tpot_p90_ns"] == diffs.quantile(0.9, interpolation="nearest")
+    (pre,) = _sql("graph_decode_graphtrace", "SELECT e.start FROM NVTX_EVENTS e LEFT JOIN StringIds s ON s.id = e.textId "
+                  "WHERE COALESCE(e.text, s.value) = 'prefill'")
+    assert s["prefill"]["ttft_ns"] > 0 and pre[0] < starts[0]
+
+
+def test_annotate_ranges_reached_nsys() -> None:
+    """The HF capture's per-module ranges came from --annotate-torch (an unmodified script): 24
+    forwards × (root + model + 28 layers × 5 + embed, rotary, norm, lm_head)."""
+    counts = dict(_sql("hf_generate_eager", "SELECT COALESCE(e.text, s.value), COUNT(*) FROM NVTX_EVENTS e LEFT JOIN StringIds s "
+                       "ON s.id = e.textId GROUP BY 1"))
+    assert counts["Qwen3ForCausalLM"] == 24 and counts["model.layers.27.self_attn"] == 24 and counts["lm_head"] == 24
+    assert len(counts) == 2 + 28 * 5 + 4
+    assert not any(k.endswith("q_proj") for k in counts)  # depth 3
+
+
+def test_the_hf_capture_records_how_it_was_annotated() -> None:
+    import json
+
+    from .conftest import LLM_STACKS
+
+    record = json.loads((LLM_STACKS / "hf_generate_eager" / "tracekit_experiment.json").read_text())
+    assert record["options"]["annotate_torch"] == {"depth": 3, "include": [], "exclude": [], "backward": False}
+    assert record["status"] == "complete"
