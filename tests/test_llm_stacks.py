@@ -280,3 +280,23 @@ def test_the_hf_capture_records_how_it_was_annotated() -> None:
     record = json.loads((LLM_STACKS / "hf_generate_eager" / "tracekit_experiment.json").read_text())
     assert record["options"]["annotate_torch"] == {"depth": 3, "include": [], "exclude": [], "backward": False}
     assert record["status"] == "complete"
+
+
+def test_graph_step_is_judged_against_the_model() -> None:
+    """A replayed decode step hides its layers: the whole step is compared with the model
+    (Qwen3-0.6B, batch 4, prompt 128): MBU = the model's decode bytes ÷ (TPOT × HBM bandwidth)."""
+    from tracekit.model import load_model
+    from tracekit.model.phases import phase_costs
+    from tracekit.ncu.specs import find_spec
+
+    cfg = load_model("tests/data/hf_configs/qwen3_0.6b.json", batch=4, prompt_len=128)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        d = tracekit.diagnose(_trace("graph_decode_graphtrace"), model=cfg)
+    row = d.findings.filter(pl.col("category") == "below_model_bound").row(0, named=True)
+    assert row["title"].startswith("Decode reaches 14% of the model's bound")
+    dec = d.phases.filter(pl.col("phase") == "decode").row(0, named=True)
+    spec = find_spec("NVIDIA H100 80GB HBM3", 85017493504)
+    costs = phase_costs(cfg, decode_steps=32, gpu=spec).rows_by_key("phase", named=True, unique=True)
+    assert dec["mbu"] == pytest.approx(costs["decode"]["bytes"] / (dec["tpot_median_ns"] * 1e-9 * spec.bandwidth_gbps * 1e9))
+    assert row["time_ns"] == pytest.approx((dec["tpot_median_ns"] - costs["decode"]["predicted_min_ns"]) * d.window.steps, rel=1e-6)

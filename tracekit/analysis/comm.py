@@ -120,18 +120,23 @@ def categorize_ops(
     kernels: pl.DataFrame,
     memcpys: pl.DataFrame | None = None,
     memsets: pl.DataFrame | None = None,
+    graphs: pl.DataFrame | None = None,
     *,
     patterns: Sequence[CommPattern] | None = None,
 ) -> pl.DataFrame:
-    """Kernels, memcpys and memsets stacked (:func:`tracekit.analysis._frames.gpu_ops`) with
-    ``category`` (``compute``, ``communication``, ``memcpy``) and ``comm_kind``.
+    """Kernels, memcpys, memsets and whole-graph launches stacked
+    (:func:`tracekit.analysis._frames.gpu_ops`) with ``category`` (``compute``,
+    ``communication``, ``memcpy``) and ``comm_kind``.
 
     Communication kernels per :func:`classify_communication`; peer copies
     (:func:`peer_copy_expr`) are communication of kind ``copy_engine``; other copies and
-    memsets are ``memcpy``; every other kernel is ``compute``.
+    memsets are ``memcpy``; every other kernel is ``compute``. A CUDA graph replay traced whole
+    (``graph_trace`` rows) is ``compute``: its kernels are not in the trace, so collectives
+    captured inside it cannot be told apart (trace with ``--cuda-graph-trace=node`` to see them,
+    where they are ordinary communication kernels).
     """
     k = classify_communication(kernels, patterns=patterns)
-    keys = rank_keys(*(f for f in (kernels, memcpys, memsets) if f is not None))
+    keys = rank_keys(*(f for f in (kernels, memcpys, memsets, graphs) if f is not None and f.width))
     base = [*keys, "pid", "global_pid", "device_id", "context_id", "stream_id", "correlation_id",
             "start_ns", "end_ns", "duration_ns"]
     parts = [k.select(*base, "name", pl.lit(None, pl.Int64).alias("bytes"), pl.lit("kernel").alias("op_kind"),
@@ -148,6 +153,10 @@ def categorize_ops(
     if memsets is not None and memsets.height:
         ops = gpu_ops(kernels.head(0), None, memsets).filter(pl.col("op_kind") == "memset")
         parts.append(ops.with_columns(pl.lit("memcpy").alias("category"), pl.lit(None, pl.Utf8).alias("comm_kind"))
+                     .select(parts[0].columns))
+    if graphs is not None and graphs.height:
+        ops = gpu_ops(kernels.head(0), None, None, graphs).filter(pl.col("op_kind") == "graph")
+        parts.append(ops.with_columns(pl.lit("compute").alias("category"), pl.lit(None, pl.Utf8).alias("comm_kind"))
                      .select(parts[0].columns))
     return pl.concat(parts, how="vertical_relaxed")
 

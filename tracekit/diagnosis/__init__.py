@@ -183,26 +183,7 @@ def diagnose(
             if f.time_ns is not None and f.category != "warmup":
                 f.time_ns = round(f.time_ns * full.scale)
     _cap_at_window(findings, full)
-    return Diagnosis(_trace_name(tr), full, findings, phases=_phases(ctx, model))
-
-
-def _phases(ctx: Any, model: Any) -> Any:
-    """The generation phases (:func:`tracekit.analysis.phases.phase_summary`), with the
-    model's MFU/MBU when given; empty on a big export read a column at a time (the launch join
-    of every operation is what the by-column path avoids) or a trace set."""
-    import polars as pl
-
-    from tracekit.analysis.phases import generation_steps, phase_summary
-
-    if ctx.by_column is not None or ctx.rk:
-        return pl.DataFrame()
-    summary = phase_summary(generation_steps(ctx.ops_with_launch, ctx.nvtx, ctx.graph_launches))
-    if model is None or summary.height == 0:
-        return summary
-    from tracekit.model.compare import _gpu_of
-    from tracekit.model.phases import phase_efficiency
-
-    return phase_efficiency(summary, model, gpu=_gpu_of(ctx.trace, None))
+    return Diagnosis(_trace_name(tr), full, findings, phases=ctx.phases)
 
 
 def _cap_at_window(findings: list[Finding], window: Window) -> None:

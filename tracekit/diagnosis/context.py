@@ -160,6 +160,23 @@ class Context:
                               memsets=nodes.get("memsets"))
 
     @cached_property
+    def phases(self) -> pl.DataFrame:
+        """The generation phases (:func:`tracekit.analysis.phases.phase_summary`), with the
+        model's MFU/MBU/efficiency when ``model`` is given; empty on a big export read a column
+        at a time (the launch join of every operation is what that path avoids) or a trace set."""
+        from tracekit.analysis.phases import generation_steps, phase_summary
+
+        if self.by_column is not None or self.rk:
+            return pl.DataFrame()
+        summary = phase_summary(generation_steps(self.ops_with_launch, self.nvtx, self.graph_launches))
+        if self.model is None or summary.height == 0:
+            return summary
+        from tracekit.model.compare import _gpu_of
+        from tracekit.model.phases import phase_efficiency
+
+        return phase_efficiency(summary, self.model, gpu=_gpu_of(self.trace, None))
+
+    @cached_property
     def cuda_api(self) -> pl.DataFrame:
         return _table(self.trace, "cuda_api")
 

@@ -35,7 +35,9 @@ def _breakdown(ctx: Context) -> pl.DataFrame:
     )
     if not has_comm and not peer:  # no communication at all: skip the segment table
         return pl.DataFrame()
-    ops = categorize_ops(k, ctx.memcpys_w if ctx.memcpys_w.height else None)
+    w = ctx.window
+    graphs = ctx.graphs.filter((pl.col("start_ns") >= w.start_ns) & (pl.col("start_ns") < w.end_ns)) if ctx.graphs.height else None
+    ops = categorize_ops(k, ctx.memcpys_w if ctx.memcpys_w.height else None, None, graphs)
     seg = activity_segments(ops, start_ns=ctx.window.start_ns, end_ns=ctx.window.end_ns)
     return overlap_breakdown(seg)
 

@@ -29,9 +29,14 @@ def model_findings(ctx: Context) -> list[Finding]:
     cmp = _comparison(ctx)
     need = {"layer", "measured_ns", "predicted_min_ns", "efficiency"}
     if cmp.height == 0 or not need <= set(cmp.columns):
+        steps = phase_findings(ctx)
+        if steps is not None:
+            return steps
         return [Finding("below_model_bound", "info",
-                        "Model not compared: the trace has no NVTX layer ranges the model's layers map to",
-                        advice="Mark layers with NVTX ranges (layer.N / layers.N; torch.cuda.nvtx or emit_nvtx).")]
+                        "Model not compared: the trace has no NVTX layer ranges the model's layers map to, and no "
+                        "prefill/decode steps",
+                        advice="Mark layers with NVTX ranges (layer.N / layers.N; torch.cuda.nvtx or emit_nvtx, or "
+                        "tracekit capture nsys --annotate-torch).")]
     layers = cmp.filter(pl.col("layer").is_not_null())
     if "step" in layers.columns and ctx.window.warmup_steps:
         layers = layers.filter(pl.col("step") >= ctx.window.warmup_steps)
@@ -59,3 +64,37 @@ def model_findings(ctx: Context) -> list[Finding]:
         "FLOPs (tensor cores in bf16/fp8, larger GEMM tiles, FlashAttention).",
         next=[f"tracekit capture both --top-n 5 -- {_cmd(ctx)}"],
     )]
+
+
+def phase_findings(ctx: Context) -> list[Finding] | None:
+    """Whole steps against the model when layers cannot be (a decode replayed from a CUDA
+    graph hides its layers): each generation phase whose efficiency (the model's minimum ÷
+    measured time per token or to first token, :func:`tracekit.model.phases.phase_efficiency`)
+    is below ``efficiency_min``, for the decode phase (the steady window; the prefill is a
+    one-off, shown in the phases line). ``time_ns`` = (measured − minimum) × the window's
+    steps. ``None`` without phases."""
+    p = ctx.phases
+    if p.height == 0 or "efficiency" not in p.columns:
+        return None
+    # the decode steps are the steady window; a prefill is a one-off outside it
+    slow = p.filter((pl.col("phase") == "decode") & pl.col("efficiency").is_not_null() & (pl.col("efficiency") < ctx.config.efficiency_min))
+    if slow.height == 0:
+        return []
+    out = []
+    for r in slow.iter_rows(named=True):
+        steps = ctx.window.steps if r["phase"] == "decode" and ctx.window.steps else (r["steps"] if r["phase"] == "decode" else 1)
+        total = int(max(r["time_ns"] - r["predicted_min_ns"], 0) * steps)
+        sev = ctx.config.severity(ctx.share(total)) or "low"
+        what = "time per output token" if r["phase"] == "decode" else "time to first token"
+        out.append(Finding(
+            "below_model_bound", sev,
+            f"{r['phase'].capitalize()} reaches {r['efficiency']:.0%} of the model's bound: {what} {fmt_ns(r['time_ns'])} "
+            f"against {fmt_ns(r['predicted_min_ns'])} at the roofline (MFU {r['mfu']:.1%}, MBU {r['mbu']:.1%})",
+            time_ns=total, share=ctx.share(total), evidence=slow.filter(pl.col("phase") == r["phase"]),
+            advice="A replayed step that keeps the GPU busy is bound by its kernels: decode by weight and KV-cache "
+            "bytes (fused attention for decode — a math/fallback SDPA over the whole cache, unfused RoPE and norms, "
+            "small GEMMs at low batch; raise the batch, quantise weights/KV), prefill by FLOPs. Trace the graph's kernels "
+            "(--cuda-graph-trace node) or profile them with ncu to see which.",
+            next=[f"tracekit capture nsys --cuda-graph-trace node -- {_cmd(ctx)}", f"tracekit capture both --top-n 5 -- {_cmd(ctx)}"],
+        ))
+    return out

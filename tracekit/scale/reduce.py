@@ -63,7 +63,7 @@ def reductions_of(trace: object, names: tuple[str, ...] = REDUCTIONS) -> dict[st
             elif name == "busy":
                 out[name] = busy_time(ops)
             else:
-                cat = categorize_ops(kernels, t.memcpys, t.memsets)  # type: ignore[attr-defined]
+                cat = categorize_ops(kernels, t.memcpys, t.memsets, graph_trace_of(t))  # type: ignore[attr-defined]
                 out[name] = overlap_breakdown(activity_segments(cat))
         elif name == "findings":
             from tracekit.diagnosis import diagnose
