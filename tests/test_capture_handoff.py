@@ -1,9 +1,12 @@
-"""The nsys -> ncu handoff: one ncu pass per top kernel, launches read back, status ``partial``.
+"""The nsys -> ncu handoff: one ncu pass per top kernel instantiation, launches read back,
+status ``partial``.
 
-The kernels come from the real decode export (``sample_traces/llm_decode_1gpu``), whose most
-frequent kernel (``elementwise_kernel``, the KV-cache/reshape copies: 128 launches) sits between
-two cuBLAS GEMMs in the top three; the launches are read back from the real ncu reports in
-``sample_traces/ncu``.
+The kernels come from the real decode export (``sample_traces/llm_decode_1gpu``). By function
+name its most frequent kernel (``elementwise_kernel``: 128 launches of several instantiations —
+copies, multiplies, adds) sits between two cuBLAS GEMMs in the top three; by instantiation, what
+ncu targets with ``--kernel-name-base mangled``, no single elementwise instantiation makes the
+top three and the RMSNorm kernel (``vectorized_layer_norm_kernel``) does. The launches are read
+back from the real ncu reports in ``sample_traces/ncu``.
 """
 
 from __future__ import annotations
@@ -48,6 +51,9 @@ DRILL = NCU / "ncu_decode_drilldown" / "ncu_decode_drilldown.ncu-rep"
 FULL = NCU / "ncu_probe_full" / "ncu_probe_full.ncu-rep"
 GEMM_A = "nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNT"
 GEMM_B = "nvjet_sm90_tst_8x64_64x16_2x1_v_bz_TNN"
+#: The RMSNorm kernel's mangled name (what nsys and ncu both record for it).
+NORM = ("_ZN2at6native53_GLOBAL__N__21739cd4_20_layer_norm_kernel_cu_9c5ada8a28vectorized_layer_norm_kernelIN"
+        "3c108BFloat16EfLb1EEEviT0_PKT_S8_S8_PS5_S9_PS6_")
 SECTIONS = [a for s in HANDOFF_SECTIONS for a in ("--section", s)]
 
 
@@ -84,18 +90,19 @@ def test_one_pass_per_kernel_with_its_own_launches(decode: tuple[dict, list[pl.D
     info: dict[str, object] = {}
     cc = gpu_compute_capability([DECODE])
     assert cc == "9.0"  # two H200s
-    passes = handoff_passes(exp, summary, frames, compute_capability=cc, info=info)
-    assert [(p.index, p.kernel, p.step) for p in passes] == [
-        (1, GEMM_A, "ncu-1"),
-        (2, "elementwise_kernel", "ncu-2"),
-        (3, GEMM_B, "ncu-3"),
+    passes = handoff_passes(exp, summary, frames, compute_capability=cc, info=info, reports=[DECODE])
+    assert [(p.index, p.kernel, p.short_name, p.step) for p in passes] == [
+        (1, GEMM_A, GEMM_A, "ncu-1"),
+        (2, GEMM_B, GEMM_B, "ncu-2"),
+        (3, NORM, "vectorized_layer_norm_kernel", "ncu-3"),
     ]
+    assert passes[2].demangled is not None and passes[2].demangled.startswith("void at::native::<unnamed>::vectorized_layer_norm_kernel<")
     for p in passes:
         argv = profiler_command(exp, "ncu", "/opt/ncu", Path("/exp"), p.options)
         assert argv == [
             "/opt/ncu", *SECTIONS,
             "--metrics", "dram__bytes_read.sum,dram__bytes_write.sum",
-            "--kernel-name-base", "function",
+            "--kernel-name-base", "mangled",
             "--kernel-name", f"regex:^{re.escape(p.kernel or '')}$",
             "--launch-count", str(LAUNCHES_PER_KERNEL),
             "--nvtx", "--nvtx-include", "step.1/",
@@ -103,9 +110,39 @@ def test_one_pass_per_kernel_with_its_own_launches(decode: tuple[dict, list[pl.D
             "--export", f"/exp/report_k{p.index}",
             "python3", "decode.py", "--steps", "4",
         ]  # fmt: skip
-    assert [p.nsys_launches for p in passes] == [64, 128, 32]
-    assert info["source"] == "nsys" and info["launch_count"] == 3
+    # ranked by GPU time inside step.1 (the NVTX filter ncu applies), checked by SQL below
+    assert [p.nsys_launches for p in passes] == [8, 4, 9]
+    assert info["source"] == "nsys" and info["launch_count"] == 3 and info["ranked"] == "inside --nvtx-include step.1/"
     assert info["sections"] == [*DRILLDOWN_SECTIONS, "SpeedOfLight_HierarchicalHalfRooflineChart"]
+
+
+def test_ranking_inside_the_nvtx_range_by_sql() -> None:
+    """The launches and GPU time of each handed-over kernel inside step.1: kernels whose
+    launching call lies inside the step.1 range (same thread), summed by mangled name."""
+    import sqlite3
+
+    con = sqlite3.connect(f"file:{DECODE}?mode=ro", uri=True)
+    (s0, s1, tid), = con.execute("SELECT e.start, e.end, e.globalTid FROM NVTX_EVENTS e LEFT JOIN StringIds s ON s.id = e.textId "
+                                 "WHERE COALESCE(e.text, s.value) = 'step.1'").fetchall()
+    rows = dict(((m, (n, t)) for m, n, t in con.execute(
+        "SELECT m.value, COUNT(*), SUM(k.end - k.start) FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN CUPTI_ACTIVITY_KIND_RUNTIME r "
+        "ON r.correlationId = k.correlationId AND (r.globalTid >> 24) = (k.globalPid >> 24) JOIN StringIds m ON m.id = k.mangledName "
+        f"WHERE r.globalTid = {tid} AND r.start >= {s0} AND r.end <= {s1} GROUP BY m.value")))
+    con.close()
+    top = sorted(rows.items(), key=lambda kv: -kv[1][1])[:3]
+    summary: dict[str, object] = {}
+    frames: list[pl.DataFrame] = []
+    summary = summarize_nsys(DECODE, frames=frames)
+    passes = handoff_passes(_both(nvtx_include="step.1/"), summary, frames, reports=[DECODE])
+    assert [(p.kernel, p.nsys_launches, p.nsys_total_ns) for p in passes] == [(m, n, t) for m, (n, t) in top]
+
+
+def test_without_the_exports_ranking_is_over_the_whole_trace(decode: tuple[dict, list[pl.DataFrame]]) -> None:
+    summary, frames = decode
+    info: dict[str, object] = {}
+    passes = handoff_passes(_both(nvtx_include="step.1/"), summary, frames, info=info)
+    assert [p.short_name for p in passes] == [GEMM_A, GEMM_B, "vectorized_layer_norm_kernel"]
+    assert [p.nsys_launches for p in passes] == [64, 32, 72] and info["ranked"] == "whole trace"
 
 
 def test_user_options_are_kept_and_extended(decode: tuple[dict, list[pl.DataFrame]]) -> None:
@@ -165,8 +202,9 @@ def test_handoff_from_a_corpus_export() -> None:
         NSYS_CORPUS / "nsys2026.2_nsysai_mfu_2xh100_nccl_slice.sqlite", frames=frames
     )
     passes = handoff_passes(_both(), summary, frames)
-    assert passes[0].kernel == "flash_fwd_kernel"
-    assert passes[0].options.kernel_name == "regex:^flash_fwd_kernel$"
+    assert passes[0].short_name == "flash_fwd_kernel" and passes[0].kernel.startswith("_ZN5flash16flash_fwd_kernelI")  # type: ignore[union-attr]
+    assert passes[0].options.kernel_name == f"regex:^{re.escape(passes[0].kernel or '')}$"
+    assert passes[0].options.kernel_name_base == "mangled" and passes[0].match == "mangled_name"
     assert len({p.kernel for p in passes}) == 3
 
 
@@ -174,20 +212,21 @@ def test_launches_read_back_from_real_reports(decode: tuple[dict, list[pl.DataFr
     counts = profiled_launches([DRILL])
     assert counts[GEMM_A] == 8 and counts["elementwise_kernel"] == 16 and counts[GEMM_B] == 4
     assert sum(counts.values()) == 60
+    assert profiled_launches([DRILL], "mangled_name")[NORM] == 9
     summary, frames = decode
     passes = handoff_passes(_both(), summary, frames)
-    # passes 1 and 2 got the decode step's report; pass 3's report holds none of GEMM_B
+    # passes 1 and 2 got the decode step's report; pass 3's report holds no RMSNorm kernel
     records = launch_records(passes, {1: [DRILL], 2: [DRILL], 3: [FULL]})
-    assert [(r["kernel"], r["profiled_launches"]) for r in records] == [
-        (GEMM_A, 8),
-        ("elementwise_kernel", 16),
-        (GEMM_B, 0),
+    assert [(r["kernel"], r["short_name"], r["match"], r["profiled_launches"]) for r in records] == [
+        (GEMM_A, GEMM_A, "mangled_name", 8),
+        (GEMM_B, GEMM_B, "mangled_name", 4),
+        (NORM, "vectorized_layer_norm_kernel", "mangled_name", 0),
     ]
     assert records[2]["reports"] == ["ncu_probe_full.ncu-rep"]
     assert (
-        sum(records[2]["other_kernels"].values()) == 3 and GEMM_B not in records[2]["other_kernels"]
+        sum(records[2]["other_kernels"].values()) == 3 and NORM not in records[2]["other_kernels"]
     )
-    assert missing_kernels(records) == [GEMM_B]
+    assert missing_kernels(records) == [NORM]
     broken = launch_records(passes[:1], {1: [DECODE]})  # not an ncu report: count unknown
     assert broken[0]["profiled_launches"] is None and broken[0]["error"]
     assert missing_kernels(broken) == []
@@ -249,12 +288,13 @@ def test_a_kernel_without_launches_makes_the_capture_partial(
     state = _replay_run(
         tmp_path / "exp",
         decode,
-        {GEMM_A: str(DRILL), "elementwise_kernel": str(DRILL), GEMM_B: None},
+        {GEMM_A: str(DRILL), GEMM_B: str(DRILL), NORM: None},
     )
     res = state.result
     assert res.status == "partial" and not res.complete and res.error is None
-    assert res.handoff is not None and res.handoff["missing"] == [GEMM_B]
-    assert any(GEMM_B in w for w in res.warnings)
+    assert res.handoff is not None and res.handoff["missing"] == [NORM]
+    assert res.handoff["ranked"] == "inside --nvtx-include step.1/"
+    assert any(NORM in w for w in res.warnings)
     assert [s["step"] for s in res.steps] == ["ncu-1", "ncu-2", "ncu-3"]
     assert [p.name for p in res.reports["ncu"]] == ["report_k1.ncu-rep", "report_k2.ncu-rep"]
     record = json.loads((state.folder / "experiment.json").read_text())
@@ -263,25 +303,25 @@ def test_a_kernel_without_launches_makes_the_capture_partial(
         (p["kernel"], p["profiled_launches"], p["reports"]) for p in record["handoff"]["passes"]
     ] == [
         (GEMM_A, 8, ["report_k1.ncu-rep"]),
-        ("elementwise_kernel", 16, ["report_k2.ncu-rep"]),
-        (GEMM_B, 0, []),
+        (GEMM_B, 4, ["report_k2.ncu-rep"]),
+        (NORM, 0, []),
     ]
     written = json.loads((state.folder / "summary.json").read_text())
     assert written["status"] == "partial"
-    assert written["handoff"] == {GEMM_A: 8, "elementwise_kernel": 16, GEMM_B: 0}
+    assert written["handoff"] == {GEMM_A: 8, GEMM_B: 4, NORM: 0}
     commands = (state.folder / "command.txt").read_text()
-    assert commands.count("--kernel-name-base function") == 3
-    assert f"regex:^{GEMM_B}$" in commands
+    assert commands.count("--kernel-name-base mangled") == 3
+    assert f"regex:^{GEMM_B}$" in commands and f"regex:^{re.escape(NORM)}$" in commands
 
 
 def test_every_kernel_profiled_is_complete_and_none_is_failed(
     tmp_path: Path, decode: tuple[dict, list[pl.DataFrame]]
 ) -> None:
-    every = {GEMM_A: str(DRILL), "elementwise_kernel": str(DRILL), GEMM_B: str(DRILL)}
+    every = {GEMM_A: str(DRILL), GEMM_B: str(DRILL), NORM: str(DRILL)}
     state = _replay_run(tmp_path / "all", decode, every)
     assert state.result.status == "complete"
     assert state.result.handoff is not None and "missing" not in state.result.handoff
-    assert state.result.summary["handoff"] == {GEMM_A: 8, "elementwise_kernel": 16, GEMM_B: 4}
+    assert state.result.summary["handoff"] == {GEMM_A: 8, GEMM_B: 4, NORM: 9}
     none = _replay_run(tmp_path / "none", decode, {})
     assert none.result.status == "failed"
     assert none.result.error is not None and "no report in any handoff pass" in none.result.error
@@ -318,18 +358,20 @@ def _copies(folder: Path, source: Path, names: list[str]) -> Path:
 def test_plan_and_check_on_recorded_reports(e2e: object, tmp_path: Path) -> None:
     spec = json.loads((ROOT / "tests/gpu/handoff_nsys_command.json").read_text())
     plan = e2e.make_plan(DECODE, spec)  # type: ignore[attr-defined]
-    assert [p["kernel"] for p in plan["passes"]] == [GEMM_A, "elementwise_kernel", GEMM_B]
-    argv = plan["passes"][1]["argv"]
+    assert [p["kernel"] for p in plan["passes"]] == [GEMM_A, GEMM_B, NORM]
+    assert [p["match"] for p in plan["passes"]] == ["mangled_name"] * 3
+    argv = plan["passes"][2]["argv"]
     assert argv[0] == "{NCU}" and argv[-2:] == ["python3", "tests/gpu/handoff_workload.py"]
-    assert argv[argv.index("--kernel-name") + 1] == "regex:^elementwise_kernel$"
-    assert argv[argv.index("--export") + 1] == "{WORK}/report_k2"
+    assert argv[argv.index("--kernel-name") + 1] == f"regex:^{re.escape(NORM)}$"
+    assert argv[argv.index("--kernel-name-base") + 1] == "mangled"
+    assert argv[argv.index("--export") + 1] == "{WORK}/report_k3"
     old = plan["baseline"]["argv"]
-    assert old[old.index("--launch-count") + 1] == "9"
+    assert old[old.index("--launch-count") + 1] == "9" and old[old.index("--kernel-name-base") + 1] == "function"
     reports = [p["report"] for p in plan["passes"]]
     # the decode drill-down report has the three kernels but no DRAM byte or tensor FLOP counters
     drill = _copies(tmp_path / "drill", DRILL, reports)
     failures, seen = e2e.check_reports(plan, drill, DECODE)  # type: ignore[attr-defined]
-    assert [e["launches"][e["kernel"]] for e in seen["passes"]] == [8, 16, 4]
+    assert [e["launches"][e["kernel"]] for e in seen["passes"]] == [8, 4, 9]
     assert all(
         j["status"].startswith("matched")
         for e in seen["passes"]
@@ -337,7 +379,7 @@ def test_plan_and_check_on_recorded_reports(e2e: object, tmp_path: Path) -> None
         if j["side"] == "ncu"
     )
     assert (
-        "ncu-2: dram_bandwidth of elementwise_kernel: 16 rows, null ['dram_read_bytes', 'dram_write_bytes']"
+        f"ncu-3: dram_bandwidth of {NORM}: 9 rows, null ['dram_read_bytes', 'dram_write_bytes']"
         in failures
     )
     assert any(
@@ -396,7 +438,8 @@ def test_the_h100_run_profiled_every_handed_over_kernel(e2e: object, tmp_path: P
     summary = summarize_nsys(run_dir / "report.sqlite", frames=frames)
     exp = Experiment(command=["python3", "tests/gpu/handoff_workload.py"], mode="both", top_n=3)
     passes = handoff_passes(exp, summary, frames, compute_capability="9.0")
-    assert [p.kernel for p in passes] == kernels
+    # each of the three is one instantiation: the passes now target it by its mangled name
+    assert [p.short_name for p in passes] == kernels and [p.match for p in passes] == ["mangled_name"] * 3
     assert [p.nsys_launches for p in passes] == [1536, 12, 12]  # the frequent kernel is not the longest
     records = launch_records(passes, {p.index: [run_dir / f"report_k{p.index}.ncu-rep"] for p in passes})
     assert [(r["profiled_launches"], r["other_kernels"]) for r in records] == [(3, {})] * 3

@@ -45,6 +45,7 @@ import argparse
 import glob
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -68,6 +69,24 @@ CAPTURE_LAYER: dict[str, Any] = {
     "nsys": {"capture_range": "cudaProfilerApi"},
     "ncu": {"nvtx_include": ["step.1/"]},
 }
+#: Issue 27 §2: ``tracekit capture both --top-n 3 --capture-range cudaProfilerApi --nvtx-include
+#: decode.2/ -- python3 sample_traces/workloads/graph_decode.py --mode eager --nvtx --batch 8
+#: --prompt 2048 --steps 4 --layers 8``: a long prefill whose GEMMs dominate the whole trace,
+#: then decode steps whose kernels differ; the filter asks for decode step 2.
+DECODE_LAYER: dict[str, Any] = {
+    "mode": "both",
+    "top_n": 3,
+    "command": ["python3", "sample_traces/workloads/graph_decode.py", "--mode", "eager", "--nvtx", "--batch", "8",
+                "--prompt", "2048", "--steps", "4", "--layers", "8"],
+    "nsys": {"capture_range": "cudaProfilerApi"},
+    "ncu": {"nvtx_include": ["decode.2/"]},
+}
+SCENARIOS: dict[str, dict[str, Any]] = {"gemm": CAPTURE_LAYER, "decode": DECODE_LAYER}
+
+
+def command_file(scenario: str) -> Path:
+    """The committed nsys command spec of ``scenario`` (``gemm``: issue 17's; ``decode``: 27 §2)."""
+    return COMMAND_FILE if scenario == "gemm" else ROOT / "tests" / "gpu" / f"handoff_{scenario}_nsys_command.json"
 
 
 def _subst(argv: list[str], values: dict[str, str]) -> list[str]:
@@ -121,13 +140,13 @@ def _run(argv: list[str], log: Path, env: dict[str, str], timeout_s: float) -> d
 # -- step 0 (local): the nsys command lines ------------------------------------------------------
 
 
-def nsys_command_spec() -> dict[str, Any]:
+def nsys_command_spec(scenario: str = "gemm") -> dict[str, Any]:
     """What ``capture both`` runs for the nsys half, with ``{NSYS}``/``{WORK}`` placeholders."""
     from tracekit.capture import commands as cmds
     from tracekit.capture.config import resolve
     from tracekit.capture.prepare import profiler_command, program_env
 
-    exp, _, _ = resolve(CAPTURE_LAYER)
+    exp, _, _ = resolve(SCENARIOS[scenario])
     folder = Path(WORK_TOKEN)
     report = folder / f"{exp.nsys.output_name}.nsys-rep"
     extra_env = {k: v for k, v in program_env(exp).items() if os.environ.get(k) != v}
@@ -143,8 +162,9 @@ def nsys_command_spec() -> dict[str, Any]:
 
 
 def cmd_nsys_command(args: argparse.Namespace) -> int:
-    _write_json(COMMAND_FILE, nsys_command_spec())
-    print(f"wrote {COMMAND_FILE.relative_to(ROOT)}")
+    path = command_file(args.scenario)
+    _write_json(path, nsys_command_spec(args.scenario))
+    print(f"wrote {path.relative_to(ROOT)}")
     return 0
 
 
@@ -169,7 +189,7 @@ def _libdw_env() -> dict[str, str]:
 
 
 def cmd_nsys_step(args: argparse.Namespace) -> int:
-    spec = json.loads(COMMAND_FILE.read_text())
+    spec = json.loads(command_file(args.scenario).read_text())
     out = _out_dir(args.out)
     work = Path(args.work)
     shutil.rmtree(work, ignore_errors=True)
@@ -217,15 +237,27 @@ def make_plan(sqlite: Path, spec: dict[str, Any]) -> dict[str, Any]:
     summary = summarize_nsys(sqlite, frames=frames)  # as the nsys step of a capture does
     cc = gpu_compute_capability([sqlite])
     info: dict[str, Any] = {}
-    passes = handoff_passes(exp, summary, frames, compute_capability=cc, info=info)
+    passes = handoff_passes(exp, summary, frames, compute_capability=cc, info=info, reports=[sqlite])
     work = Path(WORK_TOKEN)
-    names = [p.kernel for p in passes if p.kernel]
-    old = dataclasses.replace(  # what the handoff ran before: one filter, one shared count
+    names = [p.short_name or p.kernel for p in passes if p.kernel]
+    old = dataclasses.replace(  # what the handoff ran before issue 17: one function-name filter, one shared count
         passes[0].options,
         kernel_name=cmds.kernel_name_regex(names),
+        kernel_name_base="function",
         launch_count=3 * len(names),
         output_name=BASELINE,
     )
+    # what it ran before issue 27: one pass per function name, ranked over the whole trace
+    from tracekit.capture.handoff import top_kernels
+
+    before = [
+        {"step": f"before-{i}", "kernel": k["name"], "match": "short_name", "report": f"before_k{i}.ncu-rep",
+         "nsys_launches": k["launches"], "nsys_total_ns": k["total_ns"],
+         "argv": profiler_command(exp, "ncu", NCU_TOKEN, work, dataclasses.replace(
+             passes[0].options, kernel_name=f"regex:^{re.escape(k['name'])}$", kernel_name_base="function",
+             output_name=f"before_k{i}"))}
+        for i, k in enumerate(top_kernels(frames, summary, exp.top_n), start=1)
+    ]
     return {
         "sqlite": sqlite.name,
         "compute_capability": cc,
@@ -236,6 +268,9 @@ def make_plan(sqlite: Path, spec: dict[str, Any]) -> dict[str, Any]:
                 "index": p.index,
                 "step": p.step,
                 "kernel": p.kernel,
+                "match": p.match,
+                "short_name": p.short_name,
+                "demangled": p.demangled,
                 "nsys_launches": p.nsys_launches,
                 "nsys_total_ns": p.nsys_total_ns,
                 "report": f"{p.options.output_name}.ncu-rep",
@@ -248,11 +283,12 @@ def make_plan(sqlite: Path, spec: dict[str, Any]) -> dict[str, Any]:
             "report": f"{BASELINE}.ncu-rep",
             "argv": profiler_command(exp, "ncu", NCU_TOKEN, work, old),
         },
+        "before": before,
     }
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    spec = json.loads(COMMAND_FILE.read_text())
+    spec = json.loads(command_file(args.scenario).read_text())
     plan = make_plan(Path(args.sqlite), spec)
     _write_json(Path(args.plan), plan)
     for p in plan["passes"]:
@@ -276,7 +312,8 @@ def cmd_ncu_step(args: argparse.Namespace) -> int:
     record["ncu_version"] = subprocess.run(
         [ncu, "--version"], capture_output=True, text=True, check=False
     ).stdout.strip()
-    runs = list(plan["passes"]) + ([] if args.no_baseline else [plan["baseline"]])
+    runs = list(plan["passes"]) + ([] if args.no_baseline else [plan["baseline"]]) + (
+        list(plan.get("before", [])) if args.before else [])
     for run in runs:
         result = _run(_subst(run["argv"], values), out / "ncu.log", env, args.timeout)
         result.update(step=run["step"], kernel=run.get("kernel"), report=run["report"])
@@ -330,13 +367,14 @@ def check_reports(
         if not path.exists():
             failures.append(f"{p['step']}: no report {p['report']}")
             continue
-        counts = profiled_launches([path])
+        column = p.get("match", "short_name")  # plans made before instantiation targeting: function names
+        counts = profiled_launches([path], column)
         entry["launches"] = counts
         if not counts.get(kernel):
             failures.append(f"{p['step']}: {kernel} not in {p['report']} (it holds {counts})")
             continue
         report = NcuReport.from_path(path)
-        ids = report.kernels.filter(pl.col("short_name") == kernel)["id"]
+        ids = report.kernels.filter(pl.col(column) == kernel)["id"]
         tensor = views.tensor_core_utilization(report).filter(pl.col("id").is_in(ids.to_list()))
         has_tensor = bool((tensor["tensor_flop"].fill_null(0) > 0).all())
         entry["tensor_flop"] = tensor["tensor_flop"].to_list()
@@ -349,7 +387,7 @@ def check_reports(
         if nsys_kernels is not None:
             matched, summary = join_ncu_to_nsys(nsys_kernels, report.kernels)
             entry["join"] = summary.to_dicts()
-            matched = matched.filter(pl.col("short_name") == kernel)
+            matched = matched.filter(pl.col("ncu_id").is_in(ids.implode()))
             if matched.height != ids.len():
                 failures.append(
                     f"{p['step']}: {matched.height} of {ids.len()} {kernel} launches matched in nsys"
@@ -369,6 +407,10 @@ def check_reports(
     baseline = ncu_dir / plan["baseline"]["report"]
     if baseline.exists():  # the old command: which kernels one shared count reached
         seen["baseline_launches"] = profiled_launches([baseline])
+    if plan.get("before"):  # the passes issue 27 replaced: function names ranked over the whole trace
+        seen["before"] = [{"kernel": b["kernel"], "nsys_launches": b["nsys_launches"],
+                           "launches": profiled_launches([ncu_dir / b["report"]]) if (ncu_dir / b["report"]).exists() else {}}
+                          for b in plan["before"]]
     return failures, seen
 
 
@@ -390,12 +432,15 @@ def cmd_check(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("nsys-command", help="(local) write tests/gpu/handoff_nsys_command.json")
+    p = sub.add_parser("nsys-command", help="(local) write tests/gpu/handoff[_SCENARIO]_nsys_command.json")
+    p.add_argument("--scenario", choices=sorted(SCENARIOS), default="gemm")
     p = sub.add_parser("nsys-step", help="(device) nsys + sqlite export into $OUT")
+    p.add_argument("--scenario", choices=sorted(SCENARIOS), default="gemm")
     p.add_argument("--out", help="default $OUT")
     p.add_argument("--work", default="/tmp/handoff_nsys")
     p.add_argument("--timeout", type=float, default=240)
     p = sub.add_parser("plan", help="(local) the handoff passes from the step-1 export")
+    p.add_argument("--scenario", choices=sorted(SCENARIOS), default="gemm")
     p.add_argument("--sqlite", required=True)
     p.add_argument("--plan", default=str(ARTIFACTS / "plan.json"))
     p = sub.add_parser("ncu-step", help="(device) the planned ncu passes into $OUT")
@@ -403,6 +448,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="default $OUT")
     p.add_argument("--timeout", type=float, default=120, help="per ncu run")
     p.add_argument("--no-baseline", action="store_true", help="skip the old single-filter run")
+    p.add_argument("--before", action="store_true", help="also run the passes of before issue 27 (function names, whole trace)")
     p = sub.add_parser("check", help="(local) the three kernels and their columns")
     p.add_argument("--ncu-dir", required=True)
     p.add_argument("--sqlite", help="the step-1 export, for join_ncu_to_nsys")

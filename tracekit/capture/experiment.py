@@ -142,6 +142,20 @@ class ExperimentResult:
         }
 
 
+def _killed_by(res: ProcessResult) -> str | None:
+    """The signal that ended a profiler on its own (``SIGKILL``), or ``None``: it exited, or
+    tracekit stopped it (timeout, interrupt)."""
+    import signal
+
+    rc = res.returncode
+    if rc is None or rc >= 0 or res.status in ("timeout", "interrupted"):
+        return None
+    try:
+        return f"{signal.Signals(-rc).name} (signal {-rc})"
+    except ValueError:
+        return f"signal {-rc}"
+
+
 class _Run:
     """The mutable state of one experiment while it runs."""
 
@@ -260,9 +274,18 @@ class _Run:
         self.result.target_exit_code, self.result.target_exit_code_source = rc_source
         reports = sorted([*self.folder.glob("*.nsys-rep"), *self.folder.glob("*.qdrep")])
         self.result.reports["nsys"] = reports
+        killed = _killed_by(res)
+        if killed:  # nsys itself died of a signal nobody in tracekit sent
+            self.result.error = (
+                f"nsys was killed by {killed} after {res.wall_s:.0f} s (not by tracekit); "
+                + ("its report was not written" if not reports else "its report may be incomplete")
+                + ("; the program's processes it left were stopped" if res.signals_sent else "")
+            )
+            if not reports:
+                return False
         error = preflight.nsys_outcome_error(self.folder, reports, lines)
         if error:
-            self.result.error = error
+            self.result.error = self.result.error or error
             return False
         sqlites: list[Path] = []
         if self.exp.nsys.export_sqlite and res.status != "interrupted":
@@ -362,6 +385,7 @@ class _Run:
                     self.result.reports.get("sqlite") or []
                 ),
                 info=info,
+                reports=self.result.reports.get("sqlite") or [],
             )
         except CaptureError as exc:  # nothing to hand over: the nsys half stays usable
             self.result.error = str(exc)

@@ -4,8 +4,10 @@ One ncu run with ``-k regex:^(?:a|b|c)$ --launch-count N`` profiles the first N 
 match any of the names, so the most frequent kernel can take them all. ncu has a single kernel
 filter and one launch count per run (``--filter-mode per-launch-config`` counts per grid/block
 shape, not per kernel), so the handoff runs the program once per kernel:
-``--kernel-name-base function -k regex:^name$ [--launch-skip S] --launch-count C``, each pass
-writing ``<output_name>_k<i>.ncu-rep``. Every pass collects at least the ``kernel-drilldown``
+``--kernel-name-base mangled -k regex:^<mangled name>$ [--launch-skip S] --launch-count C`` — one
+kernel *instantiation*, not every kernel sharing a function name — each pass writing
+``<output_name>_k<i>.ncu-rep``. With an NVTX include/exclude the kernels are ranked by their GPU
+time inside those ranges (the nsys projection ncu's filter means), not over the whole trace. Every pass collects at least the ``kernel-drilldown``
 sections (SOL, rooflines including the tensor roofline, compute and memory workload, occupancy,
 launch statistics), the half-precision roofline and the DRAM byte counters, so tracekit's
 Tensor Core, DRAM, SOL and roofline views have every column.
@@ -42,6 +44,7 @@ __all__ = [
     "launch_records",
     "missing_kernels",
     "profiled_launches",
+    "top_kernel_instances",
     "top_kernels",
 ]
 
@@ -74,6 +77,12 @@ class HandoffPass:
     options: NcuOptions
     nsys_launches: int | None = None
     nsys_total_ns: int | None = None
+    #: The ncu ``kernels`` column ``kernel`` is compared with: ``mangled_name`` (the pass targets
+    #: one instantiation by its mangled name), ``name`` (demangled) or ``short_name`` (function).
+    match: str = "short_name"
+    #: The kernel's function and demangled names (shown; ``kernel`` may be a mangled name).
+    short_name: str | None = None
+    demangled: str | None = None
 
     @property
     def step(self) -> str:
@@ -121,6 +130,111 @@ def top_kernels(
         entry["launches"] += int(k.get("count") or 0)
         entry["total_ns"] += int(k.get("total_ns") or 0)
     return sorted(merged.values(), key=lambda k: (-k["total_ns"], k["name"]))[:top_n]
+
+
+#: The nsys kernel columns an NVTX-scoped ranking reads.
+_SCOPE_COLUMNS = ["pid", "global_pid", "device_id", "correlation_id", "start_ns", "end_ns", "duration_ns",
+                  "name", "short_name", "mangled_name"]
+
+
+def _scoped_kernels(path: Path, includes: Sequence[str], excludes: Sequence[str], notes: list[str]) -> pl.DataFrame | None:
+    """The kernels of the nsys export ``path`` launched inside the NVTX ``includes`` and
+    outside the ``excludes`` (ncu's push/pop grammar evaluated on each kernel's NVTX path, the
+    ranges that enclose its launching call: what ncu's filter sees); ``None`` when the export
+    cannot be read. Expressions a push/pop path cannot decide (start/end ranges, ``regex:``,
+    ``Domain@``) filter nothing and are named in ``notes``."""
+    try:
+        import polars as pl
+
+        import tracekit
+        from tracekit.analysis.attribution import NVTX_COLUMNS, attribute_nvtx, launch_info
+        from tracekit.analysis.nsys_ncu import nvtx_include_matches
+
+        trace = tracekit.open(path)
+        kernels = trace.table("kernels", _SCOPE_COLUMNS)
+        api = trace.columns_on_demand("cuda_api", ["correlation_id", "global_tid", "name", "start_ns", "end_ns", "api"])
+        att = attribute_nvtx(launch_info(kernels, api), trace.table("nvtx", list(NVTX_COLUMNS)), fallback="none")
+    except Exception as exc:  # ranked over the whole trace instead (noted)
+        notes.append(f"could not read the NVTX ranges of {path.name} ({type(exc).__name__}: {exc}); ranked over the whole trace")
+        return None
+    paths = att["nvtx_path"].to_list()
+    keep = [True] * len(paths)
+    for expr in includes:
+        if nvtx_include_matches("x", expr) is None:
+            notes.append(f"--nvtx-include {expr!r} cannot be judged from push/pop paths; not applied to the ranking")
+            continue
+    judged_in = [e for e in includes if nvtx_include_matches("x", e) is not None]
+    judged_out = [e for e in excludes if nvtx_include_matches("x", e) is not None]
+    notes.extend(f"--nvtx-exclude {e!r} cannot be judged from push/pop paths; not applied to the ranking"
+                 for e in excludes if e not in judged_out)
+    for i, p in enumerate(paths):
+        if judged_in and not any(nvtx_include_matches(p, e) for e in judged_in):
+            keep[i] = False
+        elif any(nvtx_include_matches(p, e) for e in judged_out):
+            keep[i] = False
+    return att.filter(pl.Series(keep, dtype=pl.Boolean))
+
+
+def top_kernel_instances(
+    kernel_frames: Sequence[pl.DataFrame],
+    nsys_summary: Mapping[str, Any],
+    top_n: int,
+    *,
+    reports: Sequence[Path] = (),
+    nvtx_include: Sequence[str] = (),
+    nvtx_exclude: Sequence[str] = (),
+    notes: list[str] | None = None,
+) -> tuple[list[dict[str, Any]], str]:
+    """The ``top_n`` kernel instantiations by GPU time, and where they were ranked.
+
+    With an NVTX include or exclude and the nsys exports (``reports``), kernels are ranked by
+    their GPU time inside those ranges (the nsys projection the ncu filter means: the ranges
+    that enclose each kernel's launching call); otherwise over the whole trace. A kernel is its
+    *instantiation*: the mangled name where nsys recorded one, else the demangled name — not
+    the function name that ``elementwise_kernel``'s multiply, SiLU and add share.
+
+    Returns ``(kernels, scope)``: one dict per kernel (``key`` — the name an ncu pass matches,
+    ``name_base`` — ``mangled``/``demangled``/``function``, ``name`` — the function name,
+    ``demangled``, ``mangled``, ``launches``, ``total_ns``) and ``scope`` (``"whole trace"`` or
+    the NVTX filter).
+    """
+    notes = [] if notes is None else notes
+    frames = list(kernel_frames)
+    scope = "whole trace"
+    if (nvtx_include or nvtx_exclude) and reports:
+        scoped = [_scoped_kernels(Path(r), nvtx_include, nvtx_exclude, notes) for r in reports]
+        if all(f is not None for f in scoped):
+            frames = [f for f in scoped if f is not None]
+            parts = [f"--nvtx-include {e}" for e in nvtx_include] + [f"--nvtx-exclude {e}" for e in nvtx_exclude]
+            scope = "inside " + " ".join(parts)
+    if not frames:
+        return [{**k, "key": k["name"], "name_base": "function", "demangled": None, "mangled": None}
+                for k in top_kernels([], nsys_summary, top_n)], scope
+    import polars as pl
+
+    frame = pl.concat(frames, how="diagonal_relaxed")
+    if "duration_ns" not in frame.columns:
+        frame = frame.with_columns(duration_ns=pl.col("end_ns") - pl.col("start_ns"))
+    for col in ("short_name", "mangled_name", "name"):
+        if col not in frame.columns:
+            frame = frame.with_columns(pl.lit(None, pl.Utf8).alias(col))
+    function = pl.coalesce(pl.col("short_name"), pl.col("name").map_elements(cmds.kernel_function_name, return_dtype=pl.Utf8))
+    mangled = pl.col("mangled_name").filter(pl.col("mangled_name").is_not_null())
+    ranked = (
+        frame.with_columns(pl.coalesce("mangled_name", "name", function).alias("_key"), function.alias("_function"))
+        .filter(pl.col("_key").is_not_null() & (pl.col("_key") != ""))
+        .group_by("_key")
+        .agg(pl.len().alias("launches"), pl.col("duration_ns").sum().alias("total_ns"), pl.col("_function").first(),
+             pl.col("name").first().alias("_demangled"), mangled.first().alias("_mangled"))
+        .sort(["total_ns", "_key"], descending=[True, False])
+        .head(top_n)
+    )
+    out = []
+    for r in ranked.iter_rows(named=True):
+        base = "mangled" if r["_mangled"] else ("demangled" if r["_demangled"] else "function")
+        out.append({"key": r["_key"], "name_base": base, "name": r["_function"], "demangled": r["_demangled"],
+                    "mangled": r["_mangled"], "launches": int(r["launches"]), "total_ns": int(r["total_ns"] or 0)})
+    return out, scope
 
 
 def dram_byte_metrics(compute_capability: str | None) -> tuple[str, ...]:
@@ -176,6 +290,7 @@ def handoff_passes(
     *,
     compute_capability: str | None = None,
     info: dict[str, Any] | None = None,
+    reports: Sequence[Path] = (),
 ) -> list[HandoffPass]:
     """The ncu passes of mode ``nsys+ncu``: one per top kernel that nsys found.
 
@@ -190,14 +305,20 @@ def handoff_passes(
     compute_capability
         Of the profiled GPU (``"9.0"``), to name the DRAM byte counters; ``None``: the common names.
     info
-        Receives what was decided: ``kernels`` (name, nsys launches, total ns), ``launch_count``
-        and ``launch_skip`` per pass, ``sections``, ``metrics``, ``source``.
+        Receives what was decided: ``kernels`` (names, nsys launches, total ns), ``ranked``
+        (where: the whole trace or the NVTX filter), ``notes``, ``launch_count`` and
+        ``launch_skip`` per pass, ``sections``, ``metrics``, ``source``.
+    reports
+        The nsys ``.sqlite`` exports: with an NVTX include/exclude in ``exp.ncu``, kernels are
+        ranked by their GPU time inside those ranges (:func:`top_kernel_instances`).
 
     Returns
     -------
     list[HandoffPass]
-        One pass per kernel with ``--kernel-name-base function``, ``-k regex:^name$``, the
-        user's ``--launch-skip`` (if any) and ``--launch-count`` (the user's, else
+        One pass per kernel instantiation with ``--kernel-name-base mangled`` and
+        ``-k regex:^<mangled name>$`` (``demangled``/the demangled name where nsys recorded no
+        mangled name; ``function``/the function name without kernel tables), the user's
+        ``--launch-skip`` (if any) and ``--launch-count`` (the user's, else
         :data:`LAUNCHES_PER_KERNEL`); a single pass with the user's filter when ``exp.ncu``
         has a kernel name or id.
 
@@ -214,32 +335,36 @@ def handoff_passes(
         return [
             HandoffPass(1, None, dataclasses.replace(opts, output_name=f"{opts.output_name}_k1"))
         ]
-    top = top_kernels(kernel_frames, nsys_summary, exp.top_n)
+    notes: list[str] = []
+    top, scope = top_kernel_instances(kernel_frames, nsys_summary, exp.top_n, reports=reports,
+                                      nvtx_include=opts.nvtx_include, nvtx_exclude=opts.nvtx_exclude, notes=notes)
     if not top:
+        where = "" if scope == "whole trace" else f" {scope}"
         msg = (
-            "the nsys step found no kernels to hand to ncu; check the capture range, "
-            "or run mode 'ncu' with a kernel filter"
+            f"the nsys step found no kernels{where} to hand to ncu; check the capture range and the NVTX "
+            "filter, or run mode 'ncu' with a kernel filter"
         )
         raise CaptureError(msg)
     count = opts.launch_count or LAUNCHES_PER_KERNEL
-    info.update(source="nsys", launch_count=count, launch_skip=opts.launch_skip, kernels=top)
+    info.update(source="nsys", launch_count=count, launch_skip=opts.launch_skip, kernels=top, ranked=scope, notes=notes)
+    match = {"mangled": "mangled_name", "demangled": "name", "function": "short_name"}
     passes = []
     for index, kernel in enumerate(top, start=1):
         pass_opts = dataclasses.replace(
             opts,
-            kernel_name=f"regex:^{re.escape(kernel['name'])}$",
-            kernel_name_base="function",
+            kernel_name=f"regex:^{re.escape(kernel['key'])}$",
+            kernel_name_base=kernel["name_base"],
             launch_count=count,
             output_name=f"{opts.output_name}_k{index}",
         )
-        passes.append(
-            HandoffPass(index, kernel["name"], pass_opts, kernel["launches"], kernel["total_ns"])
-        )
+        passes.append(HandoffPass(index, kernel["key"], pass_opts, kernel["launches"], kernel["total_ns"],
+                                  match=match[kernel["name_base"]], short_name=kernel["name"], demangled=kernel["demangled"]))
     return passes
 
 
-def profiled_launches(reports: Iterable[Path]) -> dict[str, int]:
-    """Launches per kernel function name (ncu ``short_name``) over ncu reports.
+def profiled_launches(reports: Iterable[Path], column: str = "short_name") -> dict[str, int]:
+    """Launches per kernel name over ncu reports: by ``column`` of their ``kernels`` table
+    (``short_name``: the function; ``mangled_name`` or ``name``: the instantiation).
 
     Reads each report's ``kernels`` table with :class:`tracekit.ncu.report.NcuReport`.
 
@@ -253,7 +378,7 @@ def profiled_launches(reports: Iterable[Path]) -> dict[str, int]:
     counts: dict[str, int] = {}
     for path in reports:
         with NcuReport.from_path(path) as report:
-            for name in report.kernels["short_name"].to_list():
+            for name in report.kernels[column].to_list():
                 counts[name] = counts.get(name, 0) + 1
     return counts
 
@@ -277,6 +402,9 @@ def launch_records(
         record: dict[str, Any] = {
             "pass": p.index,
             "kernel": p.kernel,
+            "short_name": p.short_name,
+            "demangled": p.demangled,
+            "match": p.match,
             "launch_skip": p.options.launch_skip,
             "launch_count": p.options.launch_count,
             "nsys_launches": p.nsys_launches,
@@ -285,7 +413,7 @@ def launch_records(
             "other_kernels": {},
         }
         try:
-            counts = profiled_launches(paths)
+            counts = profiled_launches(paths, p.match if p.kernel is not None else "short_name")
         except Exception as exc:  # recorded: the count is then unknown, not zero
             record.update(profiled_launches=None, error=f"{type(exc).__name__}: {exc}")
             records.append(record)
