@@ -1,4 +1,4 @@
 """Pure analyses over tracekit's tables: frames in, frames out (no I/O, no plotting).
 
-Modules by topic: attribution, breakdowns, torch_ops, families, gpu_time, launch, iterations, memory (copies, memory over time, memory per NVTX range: layer_memory), metrics (and the NCCL/rank analyses).
+Modules by topic: attribution, breakdowns, layers (layer and block of an NVTX path, forwards as steps), torch_ops, families, gpu_time, launch, iterations, memory (copies, memory over time, memory per NVTX range: layer_memory), metrics (and the NCCL/rank analyses).
 """

@@ -15,6 +15,7 @@ import polars as pl
 
 from tracekit.analysis._frames import max_int, rank_keys
 from tracekit.analysis.attribution import _nvtx_tree
+from tracekit.analysis.layers import DEFAULT_LAYER_PATTERN, layer_of
 
 __all__ = [
     "DEFAULT_LAYER_PATTERN",
@@ -23,11 +24,6 @@ __all__ = [
     "level_breakdown",
     "range_breakdown",
 ]
-
-#: ``layer.N``, ``layers.N``, ``blocks.N``, ``h.N`` (GPT-2), as a path step
-#: (``step.3/layer.2/attn``) or a dotted module name (``model.layers.5.mlp.down_proj``).
-#: Group 1 is the layer number, group 2 (optional) the sub-block that follows it.
-DEFAULT_LAYER_PATTERN = r"(?:^|[/.:])(?:layers?|blocks?|h)[._/](\d+)(?:[./]([A-Za-z_]\w*)(?:[/.]|$))?"
 
 _UNATTRIBUTED = "(none)"
 
@@ -119,14 +115,6 @@ def level_breakdown(attributed: pl.DataFrame, nvtx: pl.DataFrame, *, level: int 
     return _aggregate(frame, [*keys, *extra, "range", "path"])
 
 
-def layer_of(text: pl.Expr, pattern: str = DEFAULT_LAYER_PATTERN) -> tuple[pl.Expr, pl.Expr]:
-    """``(layer, block)`` expressions parsed from a path or dotted name with ``pattern``
-    (group 1: layer number, group 2: sub-block; the first match counts)."""
-    layer = text.str.extract(pattern, 1).cast(pl.Int64, strict=False)
-    block = text.str.extract(pattern, 2)
-    return layer, block
-
-
 def layer_matrix(
     attributed: pl.DataFrame,
     *,
@@ -136,10 +124,11 @@ def layer_matrix(
 ) -> pl.DataFrame:
     """GPU time per layer and sub-block: the data of a layer × block heatmap.
 
-    Works with nested ranges (``step.0/layer.2/attn``) and dotted names
-    (``model.layers.2.self_attn``): ``pattern`` is searched in ``column`` (the path by
-    default). Group 1 of the pattern is the layer number, group 2 the sub-block; work
-    directly inside a layer range has a null ``block``.
+    Works with nested ranges (``step.0/layer.2/attn``) and the module paths of
+    ``--annotate-torch`` (``Qwen3ForCausalLM/model/model.layers.2/model.layers.2.self_attn``:
+    layer 2, block ``self_attn``): ``pattern`` is searched in ``column`` (the path by
+    default; :func:`tracekit.analysis.layers.layer_of`). Group 1 of the pattern is the layer
+    number, group 2 the sub-block; work directly inside a layer range has a null ``block``.
 
     Returns long rows (``rank``,) ``extra``, ``layer``, ``block``, ``gpu_time_ns``, ``ops``,
     ``kernels``, ``mean_ns``, ``share`` (of all GPU time in the input) sorted by layer and

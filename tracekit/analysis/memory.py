@@ -13,6 +13,7 @@ import polars as pl
 from tracekit.analysis._frames import process_key, rank_keys
 from tracekit.analysis.attribution import launch_info, nvtx_ranges
 from tracekit.analysis.iterations import DEFAULT_ITERATION_PATTERN, iteration_ranges
+from tracekit.analysis.layers import forward_ranges
 
 __all__ = [
     "DEFAULT_PHASES",
@@ -301,13 +302,18 @@ def layer_memory(
         The whole ``nvtx`` table (see :func:`~tracekit.analysis.attribution.nvtx_ranges`).
     ranges
         Regular expression searched in each range's label (``domain:name`` or ``name``), e.g.
-        ``r"^layer\\.\\d+$"``; ``None`` keeps every closed push/pop and start/end range.
+        ``r"^layer\\.\\d+$"``, or :data:`~tracekit.analysis.layers.LAYER_RANGE_PATTERN` for
+        every layer's own range (``layer.3``, ``model.layers.3``, ``transformer.h.3``);
+        ``None`` keeps every closed push/pop and start/end range.
     kinds
         Memory kinds counted (default: all but host memory, :data:`HOST_MEMORY_KINDS`).
     per_step
         ``True``: ``step`` is the iteration (:func:`~tracekit.analysis.iterations.
         iteration_ranges`, default pattern ``step|iter``) of the range's process that contains
-        the range's start; a string is that pattern instead; ``False`` leaves ``step`` null.
+        the range's start or, in a trace without iteration ranges, the forward
+        (:func:`~tracekit.analysis.layers.forward_ranges`: one per run of the layers, such as
+        ``--annotate-torch``'s root-module range, numbered from 0 per process); a string is
+        that iteration pattern instead (no forwards); ``False`` leaves ``step`` null.
     phases
         Phase name → regular expression searched in the range's NVTX ``path`` (its own label
         and those of the ranges enclosing it on its thread); the first match names the phase,
@@ -379,6 +385,10 @@ def layer_memory(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             its = iteration_ranges(nvtx, pattern=pattern)
+        if its.height == 0 and per_step is True:
+            # no step ranges: each forward (one run of the layers, e.g. --annotate-torch's
+            # root module range) is a step
+            its = forward_ranges(nvtx).rename({"forward": "iteration"})
         win = its.select(*rk, "pid", "start_ns", pl.col("iteration").alias("step"), pl.col("end_ns").alias("_step_end"))
         r = r.join_asof(win.sort([*rk, "pid", "start_ns"]), on="start_ns", by=[*rk, "pid"], strategy="backward",
                         check_sortedness=False)

@@ -16,6 +16,8 @@ def model(
     gpu: str | None = typer.Option(None, "--gpu", help="GPU name for the peaks, e.g. 'NVIDIA H100 80GB HBM3' (default: the trace's)."),
     phase: str | None = typer.Option(None, "--phase", help="prefill or decode (overrides the config)."),
     batch: int | None = typer.Option(None, "--batch", help="Sequences per step (overrides the config)."),
+    prompt_len: int | None = typer.Option(None, "--prompt-len", help="Prompt tokens per sequence of a prefill step (overrides the config)."),
+    context_len: int | None = typer.Option(None, "--context-len", help="Tokens a decode step attends to (overrides the config)."),
     trace: str | None = typer.Option(None, "--trace", help="A trace whose NVTX layer ranges are compared with the model."),
     fmt: str = typer.Option("table", "--format", "-f", help="table or json."),
 ) -> None:
@@ -31,7 +33,8 @@ def model(
 
     if fmt not in ("table", "json"):
         raise TracekitError(f"--format {fmt!r}: choose table or json")
-    overrides = {k: v for k, v in (("phase", phase), ("batch", batch)) if v is not None}
+    overrides = {k: v for k, v in (("phase", phase), ("batch", batch), ("prompt_len", prompt_len), ("context_len", context_len))
+                 if v is not None}
     cfg = load_model(config, **overrides)
     opened: Any = tracekit.open(trace) if trace else None
     if opened is not None and not hasattr(opened, "nvtx"):
@@ -70,11 +73,15 @@ def model(
     console.print(t)
     if cmp is not None:
         if cmp.height == 0:
-            console.print("the trace has no NVTX layer ranges (layer.N, layers.N …): nothing to compare")
+            console.print("the trace has no NVTX layer ranges (layer.N, model.layers.N …; capture with --annotate-torch): "
+                          "nothing to compare")
             return
         med = cmp.group_by("layer").agg(pl.col("measured_ns").median(), pl.col("predicted_min_ns").first(),
                                         pl.col("efficiency").median(), pl.col("mfu").median(), pl.col("mbu").median()).sort("layer", nulls_last=True)
-        t2 = Table(title="measured vs predicted (median over steady steps; layer blank = whole step)")
+        n_steps = cmp["step"].n_unique()
+        phases = sorted({p for p in cmp["phase"].to_list() if p is not None})
+        kind = f"{'/'.join(phases)} forwards" if phases else "steady steps"
+        t2 = Table(title=f"measured vs predicted (median over {n_steps} {kind}; layer blank = whole step)")
         for c in med.columns:
             t2.add_column(c, justify="right")
         for r in med.iter_rows():

@@ -12,6 +12,7 @@ import numpy as np
 import polars as pl
 
 from tracekit.analysis.families import with_family
+from tracekit.analysis.layers import layer_of
 from tracekit.analysis.memory import layer_memory, memory_timeline
 from tracekit.analysis.metrics import kernel_metrics, metric_names
 from tracekit.diagnosis.context import Context
@@ -172,7 +173,33 @@ def _growth_inside(ctx: Context, mu: pl.DataFrame, dev: dict[str, Any], lo: int,
     top = per.row(0, named=True)
     if top["net_growth_bytes"] <= 0:
         return "; no NVTX range inside the steps grows: it happens between them"
-    return f"; {min(top['net_growth_bytes'] / growth, 1.0):.0%} of it inside NVTX range {top['name']!r}"
+    return _growth_in_layers(lm, top["name"], growth) or f"; {min(top['net_growth_bytes'] / growth, 1.0):.0%} of it inside NVTX range {top['name']!r}"
+
+
+def _growth_in_layers(lm: pl.DataFrame, top: str, growth: float) -> str:
+    """The layers' share of the growth when the range that grows most holds the layers (the
+    model's root-module or ``forward`` range: naming it says nothing), with the sub-block
+    (``self_attn``, ``mlp``) that grows most; "" otherwise. Layers and blocks are those of
+    :func:`~tracekit.analysis.layers.layer_of` on the ranges' paths."""
+    parent_path = pl.when(pl.col("path").str.contains("/")).then(pl.col("path").str.replace(r"/[^/]*$", ""))
+    layer, block = layer_of(pl.col("path"))
+    p_layer, p_block = layer_of(parent_path)
+    lm = lm.with_columns(layer.alias("_layer"), block.alias("_block"), p_layer.alias("_p_layer"), p_block.alias("_p_block"))
+    own = lm.filter(pl.col("_layer").is_not_null() & pl.col("_p_layer").is_null())  # each layer's outermost range
+    holders = set(own.select(parent_path.str.split("/").alias("_up")).explode("_up")["_up"].drop_nulls().to_list())
+    total = int(own["net_growth_bytes"].sum())
+    if top not in holders or total <= 0:
+        return ""
+    grew = own.filter(pl.col("net_growth_bytes") > 0)
+    n_grew, n_all = grew["_layer"].n_unique(), own["_layer"].n_unique()
+    where = (f"NVTX range {grew['name'][0]!r}" if grew["name"].n_unique() == 1
+             else f"the layer ranges ({n_grew} of {n_all} layers grow)")
+    subs = lm.filter(pl.col("_block").is_not_null() & pl.col("_p_layer").is_not_null() & pl.col("_p_block").is_null())
+    per_block = subs.group_by("_block").agg(pl.col("net_growth_bytes").sum()).sort(["net_growth_bytes", "_block"], descending=[True, False])
+    most = ""
+    if per_block.height and per_block["net_growth_bytes"][0] > total / 2:
+        most = f", most in {'its' if n_grew == 1 else 'their'} {per_block['_block'][0]!r} sub-ranges"
+    return f"; {min(total / growth, 1.0):.0%} of it inside {where}{most}"
 
 
 def memory_growth(ctx: Context) -> list[Finding]:
@@ -183,7 +210,9 @@ def memory_growth(ctx: Context) -> list[Finding]:
     (GPU memory − in use at the last step) / slope steps. The title names the NVTX range
     inside the steps whose instances add most of the growth between the first and last steady
     step ends (:func:`~tracekit.analysis.memory.layer_memory`), or says it happens between
-    ranges. ``time_ns`` is null: the cost is memory, not time."""
+    ranges; when that range holds the model's layers (a root-module or ``forward`` range), the
+    layers' share instead, with how many of them grow and the sub-block (``self_attn``) that
+    grows most. ``time_ns`` is null: the cost is memory, not time."""
     mu = getattr(ctx.trace, "memory_usage", None)
     if mu is None or mu.height == 0:
         return []

@@ -22,7 +22,8 @@ def _comparison(ctx: Context) -> pl.DataFrame:
 
 
 def model_findings(ctx: Context) -> list[Finding]:
-    """Per layer, over the steady steps: measured GPU time against the model's minimum
+    """Per layer, over compare's steps (the steady NVTX steps, or the forwards of the model's
+    phase in a trace of module ranges): measured GPU time against the model's minimum
     (``tracekit.model.compare``). A layer whose median efficiency is below
     ``efficiency_min`` is reported; ``time_ns`` = Σ over the window's steps of (measured −
     predicted minimum) for those layers, what reaching the bound would save."""
@@ -35,11 +36,11 @@ def model_findings(ctx: Context) -> list[Finding]:
         return [Finding("below_model_bound", "info",
                         "Model not compared: the trace has no NVTX layer ranges the model's layers map to, and no "
                         "prefill/decode steps",
-                        advice="Mark layers with NVTX ranges (layer.N / layers.N; torch.cuda.nvtx or emit_nvtx, or "
-                        "tracekit capture nsys --annotate-torch).")]
+                        advice="Mark layers with NVTX ranges: tracekit capture nsys --annotate-torch (module paths such as "
+                        "model.layers.3), or layer.N ranges with torch.cuda.nvtx.")]
+    # compare's steps are already the ones to judge (steady NVTX steps, or the forwards of the
+    # model's phase): the window's warm-up count numbers other steps
     layers = cmp.filter(pl.col("layer").is_not_null())
-    if "step" in layers.columns and ctx.window.warmup_steps:
-        layers = layers.filter(pl.col("step") >= ctx.window.warmup_steps)
     per = layers.group_by("layer").agg(
         pl.col("measured_ns").sum(), pl.col("predicted_min_ns").sum(), pl.col("efficiency").median(),
         pl.col("measured_ns").median().alias("median_step_ns"), pl.col("predicted_min_ns").first().alias("min_step_ns"),

@@ -7,7 +7,13 @@ from typing import Any
 import polars as pl
 
 from tracekit.analysis.attribution import attribute_nvtx
-from tracekit.analysis.breakdowns import DEFAULT_LAYER_PATTERN, layer_of
+from tracekit.analysis.layers import (
+    DEFAULT_LAYER_PATTERN,
+    forward_ranges,
+    forwards,
+    in_forward,
+    layer_of,
+)
 from tracekit.model.config import TransformerConfig, load_model
 from tracekit.model.costs import model_costs, peaks
 from tracekit.ncu.specs import GpuSpec, find_spec
@@ -27,6 +33,20 @@ def _gpu_of(trace: Any, gpu: Any) -> Any:
     return find_spec(row.get("name"), row.get("total_memory_bytes"))
 
 
+def _forward_steps(trace: Any, ranges: pl.DataFrame, phase: str) -> tuple[pl.DataFrame, list[int], pl.DataFrame]:
+    """Every GPU operation launched in a forward with ``step`` = its forward, the forwards
+    of ``phase`` (or of no known phase), and each forward's phase."""
+    from tracekit.diagnosis.config import DiagnoseConfig
+    from tracekit.diagnosis.context import Context
+
+    ops = Context(trace, DiagnoseConfig()).ops_with_launch
+    per = forwards(ops, ranges)
+    keep = per.filter(pl.col("phase").is_null() | (pl.col("phase") == phase))
+    inside = in_forward(ops, ranges).rename({"forward": "step"}).drop("forward_range_id")
+    phases = per.group_by(pl.col("forward").alias("step")).agg(pl.col("phase").first())
+    return inside, sorted(set(keep["forward"].to_list())), phases
+
+
 def compare(
     trace: Any,
     model: Any,
@@ -34,25 +54,43 @@ def compare(
     gpu: Any = None,
     layer_pattern: str = DEFAULT_LAYER_PATTERN,
 ) -> pl.DataFrame:
-    """Per steady step and layer: measured GPU time against the model's minimum.
+    """Per step and layer: measured GPU time against the model's minimum.
 
     The trace's layers are the NVTX ranges whose path matches ``layer_pattern``
-    (``layer.3``, ``model.layers.3``; the layer matrix's rule); a GPU operation counts in the
-    layer of its launching call's innermost range and in the step of
-    :func:`tracekit.diagnosis.window.steady_ops`. The model is a :class:`TransformerConfig`
-    (or anything :func:`load_model` takes); its layers are this trace's shard (``tp``) and
-    stage (``pp``); the GPU is ``gpu`` (a name, a spec, or an Nsight Compute report whose own
-    measured peaks are used) or the trace's first GPU (name and memory).
+    (``layer.3``, ``model.layers.3``; :func:`tracekit.analysis.layers.layer_of`); a GPU
+    operation counts in the layer of its launching call's innermost range.
+
+    Steps are found in this order:
+
+    1. NVTX iteration ranges (``step.N``, ``iter``, ``decode`` …): the steady steps of
+       :func:`tracekit.diagnosis.window.steady_ops`, warm-up left out.
+    2. Otherwise forward ranges (:func:`tracekit.analysis.layers.forward_ranges`: the
+       outermost range around each run of the layers, e.g. ``--annotate-torch``'s root module
+       ``Qwen3ForCausalLM``, one per ``generate()`` token): one step per forward, numbered
+       from 0 per process, an operation in the forward whose range holds its launching call
+       on the same thread. Each forward has a ``phase`` (:func:`tracekit.analysis.layers.
+       forwards`: the ones taking over twice the median GPU time are ``prefill``, the others
+       ``decode``; null when all are alike) and only those of the model's ``phase`` (or null)
+       are compared: in a ``generate()`` trace a decode model sees the decode forwards, a
+       prefill model the prompt's.
+    3. Otherwise the steady steps of ``steady_ops`` (CUDA graph replays or the repeating
+       kernel sequence).
+
+    The model is a :class:`TransformerConfig` (or anything :func:`load_model` takes); its
+    layers are this trace's shard (``tp``) and stage (``pp``); the GPU is ``gpu`` (a name, a
+    spec, or an Nsight Compute report whose own measured peaks are used) or the trace's
+    first GPU (name and memory).
 
     Returns
     -------
     One row per (``step``, ``layer``) plus one per step with ``layer`` null (the whole step:
-    every operation of the step, the model's whole stage): ``measured_ns`` (summed GPU
-    operation time, ns), ``predicted_min_ns`` (Σ of the layer's blocks' ``min_time_ns``),
-    ``flops``, ``bytes`` (the model's), ``efficiency`` (predicted / measured, 0–1 when the
-    model's bound holds), ``mfu`` (FLOPs / (measured × peak FLOP/s)), ``mbu`` (bytes /
-    (measured × peak bandwidth)), ``bound`` (of the layer's biggest block), ``gpu``.
-    Empty (same columns) when the trace has no layer ranges.
+    every operation of the step, the model's whole stage): ``step``, ``phase`` (forward
+    steps: ``prefill``/``decode``/null; null for the others), ``layer``, ``measured_ns``
+    (summed GPU operation time, ns), ``predicted_min_ns`` (Σ of the layer's blocks'
+    ``min_time_ns``), ``flops``, ``bytes`` (the model's), ``efficiency`` (predicted /
+    measured, 0–1 when the model's bound holds), ``mfu`` (FLOPs / (measured × peak
+    FLOP/s)), ``mbu`` (bytes / (measured × peak bandwidth)), ``bound`` (of the layer's
+    biggest block), ``gpu``. Empty (same columns) when the trace has no layer ranges.
     """
     from tracekit.diagnosis.window import steady_ops
 
@@ -60,13 +98,18 @@ def compare(
     spec = _gpu_of(trace, gpu)
     costs = model_costs(cfg, gpu=spec)
     flops_s, bw, name = peaks(spec, cfg.dtype)
-    schema = {"step": pl.Int64, "layer": pl.Int64, "measured_ns": pl.Int64, "predicted_min_ns": pl.Float64,
-              "flops": pl.Float64, "bytes": pl.Float64, "efficiency": pl.Float64, "mfu": pl.Float64,
-              "mbu": pl.Float64, "bound": pl.Utf8, "gpu": pl.Utf8}
-    ops, steps, _ = steady_ops(trace)
+    schema = {"step": pl.Int64, "phase": pl.Utf8, "layer": pl.Int64, "measured_ns": pl.Int64,
+              "predicted_min_ns": pl.Float64, "flops": pl.Float64, "bytes": pl.Float64, "efficiency": pl.Float64,
+              "mfu": pl.Float64, "mbu": pl.Float64, "bound": pl.Utf8, "gpu": pl.Utf8}
     nvtx = getattr(trace, "nvtx", pl.DataFrame())
+    ops, steps, method = steady_ops(trace)
     if ops.height == 0 or nvtx.height == 0:
         return pl.DataFrame(schema=schema)
+    phases = pl.DataFrame(schema={"step": pl.Int64, "phase": pl.Utf8})
+    if method != "nvtx":
+        fr = forward_ranges(nvtx, pattern=layer_pattern)
+        if fr.height:
+            ops, steps, phases = _forward_steps(trace, fr, cfg.phase)
     att = attribute_nvtx(ops, nvtx)
     layer, _block = layer_of(pl.col("nvtx_path"), layer_pattern)
     att = att.with_columns(layer.alias("layer"))
@@ -87,7 +130,7 @@ def compare(
         per_layer.join(model_layers, on="layer", how="left"),
         per_step.join(whole, how="cross"),
     ], how="diagonal_relaxed")
-    rows = rows.filter(pl.col("step").is_in(steps))
+    rows = rows.filter(pl.col("step").is_in(steps)).join(phases, on="step", how="left")
     m = pl.col("measured_ns").cast(pl.Float64)
     out = rows.with_columns(
         pl.when(m > 0).then(pl.col("predicted_min_ns") / m).alias("efficiency"),

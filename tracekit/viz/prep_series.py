@@ -9,6 +9,8 @@ from collections.abc import Sequence
 
 import polars as pl
 
+from tracekit.analysis.layers import LAYER_RANGE_PATTERN
+
 Window = tuple[int, int]
 
 #: GPU metrics shown by default (nsys ``--gpu-metrics-devices``; stable names of ``gpu_metrics``).
@@ -143,9 +145,10 @@ def _bin_memory(
 
 
 # -- memory per NVTX range (layer) ----------------------------------------------------------------
-#: Ranges the memory views show by default: ``layer.N`` (and ``layers.N``, ``block N``, ``h.N``),
-#: ``backward`` and ``optimizer``.
-LAYER_MEMORY_PATTERN = r"(?i)^(?:[a-z_]*layers?|blocks?|h)[ ._:-]?\d+$|^(?:backward|optimizer)$"
+#: Ranges the memory views show by default: a layer's own range (``layer.N``, ``layers.N``,
+#: ``block N``, ``h.N`` and module paths such as ``model.layers.N``:
+#: :data:`tracekit.analysis.layers.LAYER_RANGE_PATTERN`), ``backward`` and ``optimizer``.
+LAYER_MEMORY_PATTERN = LAYER_RANGE_PATTERN + r"|^(?:backward|optimizer)$"
 
 
 def _lane_keys(per_range: pl.DataFrame) -> list[str]:
