@@ -262,7 +262,7 @@ def test_every_sample_diagnoses(path: Path) -> None:
     assert f.columns == ["category", "severity", "time_ns", "share", "title", "evidence", "advice", "next"]
     assert set(f["severity"]) <= {"high", "medium", "low", "info"}
     payload = json.loads(d.to_json())
-    assert payload["window"]["method"] in ("nvtx", "graph_replays", "kernel_period", "whole_trace")
+    assert payload["window"]["method"] in ("nvtx", "forwards", "graph_replays", "kernel_period", "whole_trace")
     assert d.to_markdown().startswith("# Diagnosis")
 
 
@@ -361,7 +361,7 @@ def test_the_three_commands_on_every_export(path: Path) -> None:
     from tracekit.model import compare
 
     d = diagnose(path)
-    assert d.findings.height >= 0 and d.window.method in ("nvtx", "kernel_period", "whole_trace")
+    assert d.findings.height >= 0 and d.window.method in ("nvtx", "forwards", "graph_replays", "kernel_period", "whole_trace")
     assert all(f.title for f in d.items)
     diff = tracekit.diff(path, path)
     assert all(set(frame["verdict"]) <= {"no change"} for frame in diff.levels.values())

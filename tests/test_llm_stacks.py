@@ -300,3 +300,13 @@ def test_graph_step_is_judged_against_the_model() -> None:
     costs = phase_costs(cfg, decode_steps=32, gpu=spec).rows_by_key("phase", named=True, unique=True)
     assert dec["mbu"] == pytest.approx(costs["decode"]["bytes"] / (dec["tpot_median_ns"] * 1e-9 * spec.bandwidth_gbps * 1e9))
     assert row["time_ns"] == pytest.approx((dec["tpot_median_ns"] - costs["decode"]["predicted_min_ns"]) * d.window.steps, rel=1e-6)
+
+
+def test_hf_window_is_one_step_per_forward() -> None:
+    """No step ranges in the HF capture: the window's steps are the forwards (the root-module
+    ranges that each run the 28 layers once), one per generated token."""
+    w = _diagnose("hf_generate_eager").window
+    assert w.method == "forwards" and w.steps == 24 and "Qwen3ForCausalLM" in w.reason and "28 layers" in w.reason
+    (n,) = _sql("hf_generate_eager", "SELECT COUNT(*) FROM NVTX_EVENTS e LEFT JOIN StringIds s ON s.id = e.textId "
+                "WHERE COALESCE(e.text, s.value) = 'Qwen3ForCausalLM'")[0]
+    assert n == 24

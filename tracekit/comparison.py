@@ -61,7 +61,7 @@ def _steady_steps(trace: Any) -> _Side:
 
     cfg = DiagnoseConfig(exact_steps=10**9, max_window_ops=10**12)  # every step measured, no sampling
     ctx = Context(trace, cfg)
-    w = steady_window(ctx.ops, ctx.ops_with_launch, ctx.nvtx, cfg)
+    w = steady_window(ctx.ops, ctx.ops_with_launch, ctx.nvtx, cfg, graph_launches=ctx.graph_launches)
     ops = ctx.ops_with_launch
     it = w.iterations
     if it.height == 0:

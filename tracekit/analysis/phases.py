@@ -6,9 +6,10 @@ steps, from the first of these sources that gives at least :data:`MIN_STEPS`:
 
 1. ``nvtx``: ranges named ``prefill`` (also ``prompt``/``context`` as words) and the
    iteration ranges (``decode.N``, ``step.N`` …, :data:`~tracekit.analysis.iterations.ITERATION_WORDS`);
-2. ``module``: an outermost NVTX range that repeats under one name, one per forward: the root
-   module's range that ``tracekit.torch.annotate`` / ``--annotate-torch`` pushes
-   (``Qwen3ForCausalLM``);
+2. ``module``: one step per forward, the ranges that run the model's layers once
+   (:func:`tracekit.analysis.layers.forward_ranges`: the root module's range that
+   ``tracekit.torch.annotate`` / ``--annotate-torch`` pushes, ``Qwen3ForCausalLM``), else an
+   outermost NVTX range of the default domain that repeats under one name;
 3. ``graph_replays``: each replay of the CUDA graph that holds the most GPU time is a decode
    step (serving engines, ``torch.compile(mode="reduce-overhead")``); the GPU work before the
    first replay, back to the previous idle gap longer than a step, is the prefill;
@@ -16,8 +17,9 @@ steps, from the first of these sources that gives at least :data:`MIN_STEPS`:
    (:func:`~tracekit.analysis.period.find_period`); the work before it is the prefill.
 
 Without a ``prefill`` range, a leading step whose GPU busy time is at least
-``prefill_factor`` times the median of the others is the prefill (the prompt's forward does
-a prompt's worth of work; warm-up is excluded by capturing after it).
+``prefill_factor`` (:data:`~tracekit.analysis.layers.PREFILL_FACTOR`) times the median of the
+others is the prefill (the prompt's forward does a prompt's worth of work; warm-up is excluded
+by capturing after it).
 
 :func:`phase_summary` gives per phase the time to first token, the time per output token
 (median and 90th percentile of the intervals between decode steps) and the GPU busy share.
@@ -35,6 +37,7 @@ import polars as pl
 from tracekit.analysis._frames import interval_union, process_key, rank_keys
 from tracekit.analysis.attribution import _nvtx_tree
 from tracekit.analysis.iterations import DEFAULT_ITERATION_PATTERN, word_pattern
+from tracekit.analysis.layers import PREFILL_FACTOR, forward_ranges
 from tracekit.analysis.period import find_period
 
 __all__ = ["MIN_STEPS", "PREFILL_PATTERN", "STEP_COLUMNS", "generation_steps", "phase_summary", "trace_generation_steps"]
@@ -110,8 +113,12 @@ def _from_nvtx(nvtx: pl.DataFrame, rk: list[str], pattern: str) -> tuple[pl.Data
     tagged = _outermost(tagged, rk)
     if tagged.filter(~pl.col("_pre")).height >= MIN_STEPS - 1 or (tagged.height >= MIN_STEPS and tagged["_pre"].any()):
         return tagged.with_columns(pl.when(pl.col("_pre")).then(pl.lit("prefill")).otherwise(None).alias("_phase")), "nvtx"
-    # one forward per outermost range of the default domain that repeats under one name
-    # (not a library's own ranges: NCCL's ncclAllReduce repeats too)
+    # one forward per range that runs the model's layers once (tracekit.analysis.layers), else
+    # per outermost range of the default domain that repeats under one name (not a library's
+    # own ranges: NCCL's ncclAllReduce repeats too)
+    fwd = forward_ranges(nvtx)
+    if fwd.height >= MIN_STEPS:
+        return fwd.rename({"name": "label"}).with_columns(pl.lit(False).alias("_pre"), pl.lit(None, pl.Utf8).alias("_phase")), "module"
     default = _nvtx_ranges(nvtx.filter(pl.col("domain").is_null() | (pl.col("domain") == "")), rk) if "domain" in nvtx.columns else r
     top = _outermost(default.with_columns(pl.lit(False).alias("_pre")), rk)
     counts = top.group_by([*rk, "pid", "label"]).len().filter(pl.col("len") >= MIN_STEPS).sort("len", descending=True)
@@ -202,7 +209,7 @@ def generation_steps(
     graph_launches: pl.DataFrame | None = None,
     *,
     pattern: str = DEFAULT_ITERATION_PATTERN,
-    prefill_factor: float = 3.0,
+    prefill_factor: float = PREFILL_FACTOR,
 ) -> pl.DataFrame:
     """The prefill and decode steps of a generation (see the module doc for the sources).
 

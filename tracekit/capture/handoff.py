@@ -168,9 +168,7 @@ def _scoped_kernels(path: Path, includes: Sequence[str], excludes: Sequence[str]
     notes.extend(f"--nvtx-exclude {e!r} cannot be judged from push/pop paths; not applied to the ranking"
                  for e in excludes if e not in judged_out)
     for i, p in enumerate(paths):
-        if judged_in and not any(nvtx_include_matches(p, e) for e in judged_in):
-            keep[i] = False
-        elif any(nvtx_include_matches(p, e) for e in judged_out):
+        if judged_in and not any(nvtx_include_matches(p, e) for e in judged_in) or any(nvtx_include_matches(p, e) for e in judged_out):
             keep[i] = False
     return att.filter(pl.Series(keep, dtype=pl.Boolean))
 

@@ -171,10 +171,10 @@ class Context:
         summary = phase_summary(generation_steps(self.ops_with_launch, self.nvtx, self.graph_launches))
         if self.model is None or summary.height == 0:
             return summary
-        from tracekit.model.compare import _gpu_of
+        from tracekit.model.gpu import gpu_of
         from tracekit.model.phases import phase_efficiency
 
-        return phase_efficiency(summary, self.model, gpu=_gpu_of(self.trace, None))
+        return phase_efficiency(summary, self.model, gpu=gpu_of(self.trace, None))
 
     @cached_property
     def cuda_api(self) -> pl.DataFrame:

@@ -124,7 +124,7 @@ def _mark_sync_gaps(ctx: Context, gaps: pl.DataFrame) -> pl.DataFrame:
 
 def _after_warmup_cmd(ctx: Context) -> str:
     w = ctx.full_window
-    if w.method == "nvtx" and "name" in w.iterations.columns and w.iterations.height > w.warmup_steps:
+    if w.method in ("nvtx", "forwards") and "name" in w.iterations.columns and w.iterations.height > w.warmup_steps:
         first = w.iterations["name"][w.warmup_steps]
         return f"tracekit capture nsys --capture-range nvtx --nvtx-capture '{first}' -- {_cmd(ctx)}"
     return f"tracekit capture nsys --capture-range cudaProfilerApi -- {_cmd(ctx)}  # call torch.cuda.profiler.start() after warm-up"
@@ -196,7 +196,8 @@ def _range_during(ctx: Context, gaps: pl.DataFrame) -> pl.DataFrame:
     w = ctx.window
     full = ctx.full_window
     # the iteration ranges themselves cover every gap: they name no place
-    steps = full.iterations["name"].drop_nulls().unique() if full.method == "nvtx" and "name" in full.iterations.columns else pl.Series([], dtype=pl.Utf8)
+    steps = (full.iterations["name"].drop_nulls().unique() if full.method in ("nvtx", "forwards") and "name" in full.iterations.columns
+             else pl.Series([], dtype=pl.Utf8))
     r = nv.filter(
         pl.col("end_ns").is_not_null() & (pl.col("end_ns") > w.start_ns) & (pl.col("start_ns") < w.end_ns)
     ).select(pl.col("start_ns"), pl.col("end_ns"), label.alias("_label"))

@@ -2,7 +2,9 @@
 warm-up iterations excluded.
 
 Iterations come from NVTX ranges named step, iter, iteration, batch, epoch, decode or forward
-(as words; :func:`tracekit.analysis.iterations.iterations`), when at least two of them repeat.
+(as words; :func:`tracekit.analysis.iterations.iterations`), when at least two of them repeat;
+else the ranges that each run the model's layers once (:func:`tracekit.analysis.layers.
+forward_ranges`: a forward per generated token in a Hugging Face trace with ``--annotate-torch``).
 Without them, a CUDA graph replayed at least ``min_repeats`` times that holds at least
 :data:`GRAPH_STEP_SHARE` of its device's GPU time gives one step per replay
 (:func:`graph_replay_iterations`: how serving engines and ``torch.compile`` run decode). Without such ranges, the kernel names of the busiest GPU are searched for a
@@ -16,6 +18,7 @@ or GPU span, whichever is longer) is warm-up; at most half of them are dropped.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -29,6 +32,7 @@ from tracekit.analysis.iterations import (
     iteration_ranges,
     iterations,
 )
+from tracekit.analysis.layers import forward_ranges
 from tracekit.analysis.period import find_period
 from tracekit.diagnosis.config import DiagnoseConfig
 from tracekit.diagnosis.context import Context, _within_any
@@ -248,9 +252,20 @@ def steady_window(
             return frame.select([c for c in columns if c in frame.columns])
 
     its = _nvtx_iterations(ops_with_launch, nvtx, config) if nvtx.height else pl.DataFrame()
+    forwards_why = None
+    if its.height == 0 and nvtx.height:
+        # no step ranges: the ranges that each run the model's layers once (a forward per token
+        # of generate(), as --annotate-torch's root-module ranges give them) are the steps
+        fwd = forward_ranges(nvtx)
+        if fwd.height >= 2:
+            names = fwd["name"].drop_nulls().unique().sort().to_list()
+            exact = "^(?:" + "|".join(re.escape(n) for n in names) + ")$"
+            its = _nvtx_iterations(ops_with_launch, nvtx, replace(config, iteration_pattern=exact))
+            shown = ", ".join(names[:3]) + (" …" if len(names) > 3 else "")
+            forwards_why = f"NVTX forward ranges ({shown}: each runs the model's {int(fwd['layers'].max() or 0)} layers once)"
     named = ("named " + ", ".join(ITERATION_WORDS[:-1]) + f" or {ITERATION_WORDS[-1]}" if config.iteration_pattern == DEFAULT_ITERATION_PATTERN
              else f"matching {config.iteration_pattern!r}")
-    method, why = "nvtx", f"NVTX iteration ranges ({named})"
+    method, why = ("forwards", forwards_why) if forwards_why else ("nvtx", f"NVTX iteration ranges ({named})")
     n_total = its.height
     if its.height:
         n_total = int(its["iteration"].max()) + 1  # type: ignore[arg-type]
@@ -342,7 +357,7 @@ def steady_ops(trace: Any) -> tuple[pl.DataFrame, list[int], str]:
     if it.height == 0:
         return ops.with_columns(pl.lit(0, pl.Int64).alias("step")), [0], w.method
     steady = it.slice(w.warmup_steps).select(pl.col("iteration").cast(pl.Int64).alias("step"), "start_ns", "end_ns", "w_start", "w_end")
-    if w.method == "nvtx":
+    if w.method in ("nvtx", "forwards"):  # steps are CPU ranges: an operation is in the step its launch is in
         j = ops.filter(pl.col("api_start_ns").is_not_null()).sort("api_start_ns").join_asof(
             steady.select("step", pl.col("start_ns").alias("api_start_ns"), pl.col("end_ns").alias("_e")).sort("api_start_ns"),
             on="api_start_ns", strategy="backward",

@@ -16,21 +16,9 @@ from tracekit.analysis.layers import (
 )
 from tracekit.model.config import TransformerConfig, load_model
 from tracekit.model.costs import model_costs, peaks
-from tracekit.ncu.specs import GpuSpec, find_spec
+from tracekit.model.gpu import gpu_of as _gpu_of
 
 __all__ = ["compare"]
-
-
-def _gpu_of(trace: Any, gpu: Any) -> Any:
-    if isinstance(gpu, GpuSpec) or (gpu is not None and hasattr(gpu, "metrics")):
-        return gpu  # a spec, or an NcuReport whose measured peaks are used
-    if isinstance(gpu, str):
-        return find_spec(gpu)
-    g = getattr(trace, "gpus", pl.DataFrame())
-    if g.height == 0:
-        return None
-    row = g.row(0, named=True)
-    return find_spec(row.get("name"), row.get("total_memory_bytes"))
 
 
 def _forward_steps(trace: Any, ranges: pl.DataFrame, phase: str) -> tuple[pl.DataFrame, list[int], pl.DataFrame]:
