@@ -4,7 +4,7 @@
 #   bash sample_traces/workloads/capture.sh OUTDIR TARGET...
 #
 # TARGETs: decode1 train1 tp2 tp2ranks tp2pp2 customar ncu_drill ncu_full ncu_prec planted planted_metrics planted_sync planted_ncu ncu_int8 reexport
-#          hf_eager graph1 compile tp2graph overhead (issue 26: HF generate, CUDA graphs, torch.compile)
+#          hf_eager graph1 compile compile_functional tp2graph overhead (issue 26: HF generate, CUDA graphs, torch.compile)
 # NSYS / NCU name the tools (default: nsys/ncu on PATH, else the nsys shipped inside
 # Nsight Compute 2025.3.1). Each nsys target leaves NAME.nsys-rep, NAME.sqlite and the
 # `nsys stats --format csv` output of that same nsys in OUTDIR/NAME/; each ncu target
@@ -168,6 +168,8 @@ for target in "$@"; do
       llm_target hf_generate_compile -- --cuda-graph-trace=node \
           env TORCH_LOGS=perf_hints "$PY" hf_generate.py --mode static-compile --layers 8 --batch 8 --prompt 512 --new-tokens 24
       llm_target compile_kvcopy -- env TORCH_LOGS=perf_hints "$PY" graph_decode.py --mode compile-kvcopy --nvtx --layers 8 --batch 8 --prompt 512 --steps 24
+      llm_target compile_functional -- env TORCH_LOGS=perf_hints "$PY" graph_decode.py --mode compile-functional --nvtx --layers 8 --batch 8 --prompt 512 --steps 24 ;;
+    compile_functional)  # the functional-cache compiled decode alone (each step copies the whole KV cache)
       llm_target compile_functional -- env TORCH_LOGS=perf_hints "$PY" graph_decode.py --mode compile-functional --nvtx --layers 8 --batch 8 --prompt 512 --steps 24 ;;
     tp2graph)  # vLLM-style 2-GPU tensor-parallel decode: NCCL all-reduce per layer inside the decode graph, prefill eager, no NVTX
       llm_target tp2_graph_decode_graphtrace -- --cuda-graph-trace=graph --gpu-metrics-devices=all --gpu-metrics-frequency=500 \

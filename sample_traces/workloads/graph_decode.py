@@ -20,8 +20,10 @@ Modes:
   with the KV cache passed as plain tensors that the step writes into: PyTorch skips CUDA
   graphs for it ("mutated inputs").
 * ``compile-functional``: the same, but each step returns new caches
-  (``cache.index_copy(2, pos, k)``, the functional style of code ported from JAX): every
-  step copies every layer's whole KV cache.
+  (``cache.index_copy(2, pos, k)``, the functional style of code ported from JAX), and, as
+  PyTorch's CUDA-graph error for outputs fed back as inputs asks, the step is marked
+  (``torch.compiler.cudagraph_mark_step_begin``) and the new caches are cloned outside the
+  compiled code: every step copies every layer's whole KV cache, more than once.
 
 NVTX: ``prefill`` and ``decode.<i>`` ranges when ``--nvtx`` is given (a serving engine has
 none by default; the TP capture leaves them out). The profiled part runs between
@@ -240,7 +242,16 @@ def main() -> None:
 
     @torch.inference_mode()
     def eager_step() -> torch.Tensor:
-        return step_fn(ids_buf, pos_buf, caches)
+        if FUNCTIONAL and cuda:
+            # what PyTorch's error asks for when a step feeds its outputs back in: mark the step
+            # and clone the new caches outside the compiled code (each clone copies the whole cache)
+            torch.compiler.cudagraph_mark_step_begin()
+        out = step_fn(ids_buf, pos_buf, caches)
+        if FUNCTIONAL:
+            for c in caches:
+                c[0], c[1] = c[0].clone(), c[1].clone()
+            out = out.clone()
+        return out
 
     with torch.inference_mode():
         next_ids = prefill()
