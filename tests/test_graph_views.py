@@ -242,3 +242,130 @@ def test_chrome_json_node_replays(tmp_path: Path) -> None:
     assert len(replays) == 32
     assert {names[(e["pid"], e["tid"])] for e in replays} == {"GPU 0 · CUDA graph replays"}
     assert all(e["args"]["kernel_count"] == 875 and e["args"]["gpu_time_ns"] <= round(e["dur"] * 1000) for e in replays)
+
+
+# -- HTML report ----------------------------------------------------------------------------------------------
+def _union_ns(intervals: list[tuple[int, int]]) -> int:
+    total, cur_lo, cur_hi = 0, None, None
+    for lo, hi in sorted(intervals):
+        if cur_hi is None or lo > cur_hi:
+            if cur_hi is not None:
+                total += cur_hi - cur_lo
+            cur_lo, cur_hi = lo, hi
+        else:
+            cur_hi = max(cur_hi, hi)
+    return total + (cur_hi - cur_lo if cur_hi is not None else 0)
+
+
+def _text(document: str, anchor: str) -> str:
+    start = document.index(f'<section id="{anchor}">')
+    body = document[start:document.index("</section>", start)]
+    return re.sub(r"\s+", " ", re.sub(r"<style>.*?</style>|<[^>]+>", " ", body)).replace("&#x27;", "'")
+
+
+@pytest.fixture(scope="module")
+def graph_report(graph_trace: Any) -> str:
+    pytest.importorskip("altair")
+    pytest.importorskip("vl_convert")
+    from tracekit.report.html import build_report
+
+    return build_report(graph_trace)
+
+
+def test_report_has_a_cuda_graphs_section(graph_report: str) -> None:
+    from tracekit.viz.tables import fmt_ns
+
+    text = _text(graph_report, "graphs")
+    assert "Traced whole (nsys --cuda-graph-trace=graph" in text
+    assert "graph launches 32 of 1 graph" in text
+    replay_ns = sum(e - s for s, e, *_ in _graph_rows(GRAPH))
+    assert f"GPU time in replays {fmt_ns(replay_ns)}" in text
+    # the table row: pid, graph exec, graph, mode, device, launches, GPU time
+    (pid,) = _sql(GRAPH, "SELECT DISTINCT globalPid / 16777216 % 16777216 FROM CUPTI_ACTIVITY_KIND_GRAPH_TRACE")[0]
+    assert f"{pid} 2 1 graph 0 32 {fmt_ns(replay_ns)}" in text
+    assert "decode.0" in text  # the NVTX path of the first launch
+    assert '<a href="#graphs">CUDA graphs</a>' in graph_report
+
+
+def test_report_busy_time_counts_replays(graph_report: str) -> None:
+    """GPU 0's busy time, by hand: the union of every kernel, copy, memset and graph replay."""
+    from tracekit.viz.tables import fmt_ns
+
+    ops = [(s, e) for table in ("KERNEL", "MEMCPY", "MEMSET", "GRAPH_TRACE")
+           for s, e in _sql(GRAPH, f"SELECT start, end FROM CUPTI_ACTIVITY_KIND_{table}")]
+    busy = _union_ns(ops)
+    without = _union_ns([(s, e) for table in ("KERNEL", "MEMCPY", "MEMSET")
+                         for s, e in _sql(GRAPH, f"SELECT start, end FROM CUPTI_ACTIVITY_KIND_{table}")])
+    span = max(e for _, e in ops) - min(s for s, _ in ops)
+    assert busy == 79_414_494 and without < busy / 10  # replays are 95 % of it
+    text = _text(graph_report, "overview")
+    assert f"GPU 0 busy {fmt_ns(busy)} of {fmt_ns(span)}" in text
+    assert f"GPU work span {fmt_ns(span)}" in text
+    assert "CUDA graph replays 32 launches traced whole" in text
+    assert "Not listed: 32 CUDA graph replays" in _text(graph_report, "kernels")
+    # the NVTX breakdown sees the decode steps (one replay each)
+    nvtx = _text(graph_report, "nvtx")
+    assert "decode.5" in nvtx and 'class="err"' not in graph_report
+
+
+def test_report_of_a_node_mode_capture(node_trace: Any) -> None:
+    pytest.importorskip("altair")
+    pytest.importorskip("vl_convert")
+    from tracekit.report.html import build_report
+
+    document = build_report(node_trace)
+    text = _text(document, "graphs")
+    assert "Traced per node" in text and "graph launches 32 of 1 graph" in text
+    assert " node 0 32 " in text and " 875 " in text  # mode, device, launches; kernels per replay
+    assert "CUDA graph replays" not in _text(document, "overview")  # the kernels are counted as kernels
+    assert "Not listed" not in _text(document, "kernels") and 'class="err"' not in document
+
+
+def test_report_of_a_trace_without_graphs_has_no_graph_section() -> None:
+    pytest.importorskip("altair")
+    pytest.importorskip("vl_convert")
+    from tracekit.report.html import build_report
+
+    document = build_report(tracekit.open(llm_capture("hf_generate_eager")))
+    assert 'id="graphs"' not in document and "CUDA graph" not in _text(document, "overview")
+
+
+def test_memory_estimate_counts_graph_launches(graph_trace: Any) -> None:
+    from tracekit.nsys.database import GPU_OP_TABLES, gpu_op_estimate
+
+    counts = {t: _sql(GRAPH, f"SELECT count(*) FROM CUPTI_ACTIVITY_KIND_{t}")[0][0]
+              for t in ("KERNEL", "MEMCPY", "MEMSET", "GRAPH_TRACE")}
+    assert gpu_op_estimate(graph_trace.db) == sum(counts.values()) == 764 + 97 + 30 + 32
+    # nsys's cuda_gpu_trace lists no graph rows, and the stats reports read GPU_OP_TABLES
+    assert "CUPTI_ACTIVITY_KIND_GRAPH_TRACE" not in GPU_OP_TABLES
+
+
+# -- viz.prep ---------------------------------------------------------------------------------------------
+def test_prep_gpu_ops_and_breakdown_count_replays(graph_trace: Any, node_trace: Any) -> None:
+    from tracekit.viz import prep
+
+    t = graph_trace
+    ops = prep.gpu_ops(t.kernels, t.memcpys, t.memsets, t.graph_trace)
+    g = ops.filter(pl.col("family") == "graph")
+    assert g.height == 32 and set(g["name"]) == {"[CUDA graph 1]"}
+    assert g["duration_ns"].sum() == sum(e - s for s, e, *_ in _graph_rows(GRAPH))
+    assert prep.gpu_ops(t.kernels, t.memcpys, t.memsets, t.graphs).equals(ops)  # trace.graphs: the same rows
+    lanes = prep.timeline_ops(ops, max_marks=10_000)
+    assert lanes.filter(pl.col("family") == "graph").height == 32
+    b = prep.temporal_breakdown(t.kernels, t.memcpys, t.memsets, t.graph_trace)
+    busy = b.filter(pl.col("category") != "idle")["time_ns"].sum()
+    assert busy == 79_414_494  # test_report_busy_time_counts_replays: the union by hand
+    # per-node launches add nothing: their kernels are kernels already
+    n = node_trace
+    assert prep.gpu_ops(n.kernels, n.memcpys, n.memsets, n.graphs).height == n.kernels.height + n.memcpys.height + (
+        n.memsets.height)
+
+
+def test_timeline_chart_draws_replays(graph_trace: Any) -> None:
+    pytest.importorskip("altair")
+    from tracekit.viz import timeline_chart
+    from tracekit.viz.export import chart_spec
+
+    t = graph_trace
+    spec = json.dumps(chart_spec(timeline_chart(t.kernels, memcpys=t.memcpys, memsets=t.memsets, graphs=t.graph_trace)))
+    assert spec.count("[CUDA graph 1]") >= 32 and '"graph"' in spec
