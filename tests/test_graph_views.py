@@ -369,3 +369,31 @@ def test_timeline_chart_draws_replays(graph_trace: Any) -> None:
     t = graph_trace
     spec = json.dumps(chart_spec(timeline_chart(t.kernels, memcpys=t.memcpys, memsets=t.memsets, graphs=t.graph_trace)))
     assert spec.count("[CUDA graph 1]") >= 32 and '"graph"' in spec
+
+
+# -- TraceExplorer ------------------------------------------------------------------------------------------
+@pytest.mark.notebook
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_explorer_timeline_and_overview_include_replays(graph_trace: Any) -> None:
+    pytest.importorskip("ipywidgets")
+    pytest.importorskip("altair")
+    from tracekit.widgets import TraceExplorer
+
+    ex = TraceExplorer(graph_trace, max_marks=10_000)
+    assert ex.errors == {}
+    rows = _graph_rows(GRAPH)
+    lanes = ex.timeline_lanes.filter(pl.col("family") == "graph")
+    assert lanes.height == 32 and set(lanes["lane"]) == {"GPU 0 · stream 7"}
+    ends = [_sql(GRAPH, f"SELECT min(start), max(end) FROM CUPTI_ACTIVITY_KIND_{t}")[0] for t in ("KERNEL", "MEMCPY", "MEMSET")]
+    assert ex.full_window == (min(lo for lo, _ in ends), max(rows[-1][1], *(hi for _, hi in ends)))
+    assert max(hi for _, hi in (ends[0], ends[2])) < rows[-1][1]  # no kernel or memset after the last replay
+    assert "CUDA graph replays</b></td><td>32 traced whole" in ex.summary.value
+    decode = ex.nvtx_rows.filter(pl.col("name").str.starts_with("decode."))
+    assert decode.height == 32 and decode["gpu_time_ns"].sum() == sum(e - s for s, e, *_ in rows)
+    # a window over the last 10 replays: the views follow
+    lo, hi = rows[-10][0], rows[-1][1]
+    ex.window = (lo, hi)
+    assert ex.timeline_lanes.filter(pl.col("family") == "graph")["count"].sum() == 10
+    compute = ex.breakdown.filter(pl.col("category") == "compute")["time_ns"].item()
+    assert compute >= sum(e - s for s, e, *_ in rows[-10:])
+    assert "CUDA graph replays</b></td><td>10 traced whole" in ex.summary.value
