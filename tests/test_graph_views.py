@@ -397,3 +397,19 @@ def test_explorer_timeline_and_overview_include_replays(graph_trace: Any) -> Non
     compute = ex.breakdown.filter(pl.col("category") == "compute")["time_ns"].item()
     assert compute >= sum(e - s for s, e, *_ in rows[-10:])
     assert "CUDA graph replays</b></td><td>10 traced whole" in ex.summary.value
+
+
+@pytest.mark.notebook
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_compare_says_what_the_kernel_time_leaves_out(graph_trace: Any, node_trace: Any) -> None:
+    """The same decode loop traced per node (A) and whole (B): B's kernel time is 95 % lower
+    only because its replays' kernels were not traced; the summary says how much they hold."""
+    pytest.importorskip("ipywidgets")
+    pytest.importorskip("altair")
+    from tracekit.viz.tables import fmt_ns
+    from tracekit.widgets import Compare
+
+    c = Compare(node_trace, graph_trace, labels=("node", "graph"))
+    replay_ns = sum(e - s for s, e, *_ in _graph_rows(GRAPH))
+    assert "CUDA graph replays traced whole" in c.summary.value
+    assert f"node 0 (0 ns) · graph 32 ({fmt_ns(replay_ns)})" in c.summary.value
