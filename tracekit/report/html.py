@@ -143,16 +143,41 @@ def _graph_launches(trace: Any) -> pl.DataFrame:
     return graphs if isinstance(graphs, pl.DataFrame) else pl.DataFrame()
 
 
-def _busy(trace: Any) -> pl.DataFrame:
-    """:func:`~tracekit.analysis.gpu_time.busy_time` per device of every GPU operation:
-    kernels, copies, memsets and graph launches traced whole."""
-    from tracekit.analysis.gpu_time import busy_time, gpu_ops
-
+def _breakdown(trace: Any) -> pl.DataFrame:
+    """:func:`~tracekit.viz.prep.temporal_breakdown` per GPU (per rank for a trace set) of
+    every GPU operation (kernels, copies, memsets, graph launches traced whole) over the GPU
+    work span; empty when there is none."""
     graphs = _graph_rows(trace)
-    return busy_time(gpu_ops(trace.kernels, trace.memcpys, trace.memsets, graphs))
+    if trace.kernels.is_empty() and graphs is None:
+        return pl.DataFrame()
+    return prep.temporal_breakdown(trace.kernels, trace.memcpys, trace.memsets, graphs)
 
 
-def _overview(page: _Page, trace: Any) -> str:
+def _busy_ns(breakdown: pl.DataFrame) -> pl.DataFrame:
+    """``group`` (``GPU 0``, ``rank 1``), ``busy_ns`` (anything running), ``idle_ns`` and
+    ``window_ns`` (the GPU work span, ns) of a :func:`_breakdown`."""
+    if breakdown.is_empty():
+        return pl.DataFrame(schema={"group": pl.Utf8, "busy_ns": pl.Int64, "idle_ns": pl.Int64, "window_ns": pl.Int64})
+    idle = pl.col("category") == "idle"
+    return breakdown.group_by("group", maintain_order=True).agg(
+        pl.col("time_ns").filter(~idle).sum().alias("busy_ns"), pl.col("time_ns").filter(idle).sum().alias("idle_ns"),
+        pl.col("window_ns").first(),
+    )
+
+
+def _memo(make: Callable[[], pl.DataFrame]) -> Callable[[], pl.DataFrame]:
+    """``make`` run once, on first use: a frame that several sections show."""
+    box: list[pl.DataFrame] = []
+
+    def get() -> pl.DataFrame:
+        if not box:
+            box.append(make())
+        return box[0]
+
+    return get
+
+
+def _overview(page: _Page, trace: Any, breakdown: Callable[[], pl.DataFrame]) -> str:
     from tracekit.viz import breakdown_chart, iterations_chart
 
     k = trace.kernels
@@ -193,22 +218,16 @@ def _overview(page: _Page, trace: Any) -> str:
             f"{graphs.height:,} launches traced whole, {fmt_ns(graphs['duration_ns'].sum())} GPU time "
             "(their kernels are not in the trace: see CUDA graphs)",
         ))  # fmt: skip
-    busy = _busy(trace) if not (k.is_empty() and graphs is None) else pl.DataFrame()
-    for r in busy.iter_rows(named=True):
+    for r in _busy_ns(breakdown()).iter_rows(named=True):
         rows.append((
-            f"GPU {r['device_id']} busy",
-            f"{fmt_ns(r['busy_ns'])} of {fmt_ns(r['span_ns'])} from its first to its last operation "
-            f"({(r['utilization'] or 0):.0%}); idle {fmt_ns(r['idle_ns'])}",
+            f"{r['group']} busy",
+            f"{fmt_ns(r['busy_ns'])} of {fmt_ns(r['window_ns'])}, the GPU work span "
+            f"({r['busy_ns'] / max(r['window_ns'], 1):.0%}); idle {fmt_ns(r['idle_ns'])}",
         ))  # fmt: skip
     rows += [("NVTX events", f"{trace.nvtx.height:,}"), ("GPU metric samples", f"{trace.gpu_metrics.height:,}")]
     out = _facts(rows)
-    if not (k.is_empty() and graphs is None):
-        out += page.chart(
-            breakdown_chart(
-                prep.temporal_breakdown(k, trace.memcpys, trace.memsets, graphs),
-                title="Where the GPU time goes",
-            )
-        )
+    if not breakdown().is_empty():
+        out += page.chart(breakdown_chart(breakdown(), title="Where the GPU time goes"))
     its = prep.iteration_times(trace.nvtx)
     if not its.is_empty():
         out += page.chart(iterations_chart(its, title="Iteration times"))
@@ -307,14 +326,14 @@ _MODE_TEXT = {
 }
 
 
-def _graphs(page: _Page, trace: Any) -> str:
+def _graphs(page: _Page, trace: Any, breakdown: Callable[[], pl.DataFrame]) -> str:
     from tracekit.analysis.graphs import graph_summary
     from tracekit.viz import iterations_chart
 
     launches = _graph_launches(trace)
     if launches.is_empty():
         return _note("No CUDA graph launches in this trace.")
-    busy = _busy(trace)
+    busy = _busy_ns(breakdown())
     total = int(busy["busy_ns"].sum()) if busy.height else None
     summary = graph_summary(launches, total_gpu_ns=total)
     modes = sorted(set(launches["mode"].drop_nulls().to_list()))
@@ -544,10 +563,11 @@ def build_report(
     if trace is not None:
         origin = (prep.data_window(trace.kernels, trace.memcpys, trace.memsets, _graph_rows(trace)) or (None, None))[0]
         page.section("findings", "Findings", lambda: _findings(trace, ncu))
-        page.section("overview", "Overview", lambda: _overview(page, trace))
+        breakdown = _memo(lambda: _breakdown(trace))
+        page.section("overview", "Overview", lambda: _overview(page, trace, breakdown))
         page.section("kernels", "Top kernels", lambda: _kernels(page, trace, top_n))
         if _has_graph_launches(trace):
-            page.section("graphs", "CUDA graphs", lambda: _graphs(page, trace))
+            page.section("graphs", "CUDA graphs", lambda: _graphs(page, trace, breakdown))
         page.section("nvtx", "NVTX breakdown", lambda: _nvtx(page, trace))
         page.section("timeline", "Timeline", lambda: _timeline(page, trace, max_marks))
         page.section("communication", "Communication", lambda: _communication(page, trace))
