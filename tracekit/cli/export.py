@@ -82,9 +82,10 @@ def perfetto(
         "--metrics", help="GPU metrics to write as counters: comma-separated gpu_metrics names, 'all' or 'none' "
                           "(default: sms_active, tensor_active, dram_read_bandwidth, dram_write_bandwidth).")] = None,
 ) -> None:
-    """Write a Perfetto trace (ui.perfetto.dev): one process per rank, a track per GPU stream,
-    CPU threads with CUDA API calls and NVTX ranges, launch → kernel flows, memory and GPU-metric
-    counters, NCCL calls with op, bytes and peer. Streamed to disk; see docs/export.md."""
+    """Write a Perfetto trace (ui.perfetto.dev): one process per rank, a track per GPU stream
+    (kernels, copies, CUDA graph replays), CPU threads with CUDA API calls and NVTX ranges,
+    launch → kernel flows, memory and GPU-metric counters, NCCL calls with op, bytes and peer.
+    Streamed to disk; see docs/export.md."""
     import tracekit
     from tracekit.errors import TracekitError
     from tracekit.export import DEFAULT_METRICS, chrome_json, parse_window

@@ -43,6 +43,7 @@ _CAT_ARGS: dict[str, tuple[str, ...]] = {
                "a_correlation"),
     "memcpy": ("a_bytes", "a_copy_kind", "a_src_kind", "a_dst_kind", "a_device", "a_stream", "a_correlation"),
     "memset": ("a_bytes", "a_value", "a_mem_kind", "a_device", "a_stream", "a_correlation"),
+    "graph": ("a_graph_id", "a_graph_exec", "a_kernel_count", "a_gpu_time", "a_device", "a_stream", "a_correlation"),
     "cuda_api": ("a_correlation", "a_return"),
     "nvtx": ("a_domain",),
     "nccl": ("a_op", "a_bytes", "a_peer", "a_root", "a_comm", "a_comm_rank", "a_comm_nranks", "a_dtype", "a_reduction",

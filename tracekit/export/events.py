@@ -6,8 +6,10 @@ Track tree (see docs/export.md):
 * one **process** track per process (per rank and process for a trace set), named
   ``rank R · NAME (pid P)``; under it one **thread** track per CPU thread with CUDA API calls and
   NVTX push/pop ranges (nested slices) and NVTX marks (instants), one **stream** track per GPU
-  stream (kernels, memcpys, memsets), ``NCCL calls`` per calling thread, ``NVTX start/end
-  ranges`` and one ``GPU d memory in use`` counter per device the process allocated on;
+  stream (kernels, memcpys, memsets, CUDA graph launches traced whole), one ``GPU d · CUDA graph
+  replays`` track per device for graphs traced per node (:mod:`tracekit.export.graphs`),
+  ``NCCL calls`` per calling thread, ``NVTX start/end ranges`` and one ``GPU d memory in use``
+  counter per device the process allocated on;
 * one **GPU** track per GPU with GPU-metric counters under it.
 
 A slice that partly overlaps a slice of its own track (it starts inside it and ends after it)
@@ -28,6 +30,14 @@ import numpy as np
 import polars as pl
 
 from tracekit.errors import TracekitError
+from tracekit.export.graphs import (
+    GRAPH_COLS,
+    REPLAY_TRACK,
+    graph_op_slices,
+    graph_ops,
+    node_replays,
+    replay_slices,
+)
 
 __all__ = ["CATEGORIES", "DEFAULT_METRICS", "ExportModel", "ExportSummary", "Timeline", "Track", "build_model",
            "parse_window", "steady_bounds", "stream_model"]
@@ -35,7 +45,7 @@ __all__ = ["CATEGORIES", "DEFAULT_METRICS", "ExportModel", "ExportSummary", "Tim
 #: GPU metrics exported by default (``gpu_metrics.metric`` names); ``metrics="all"`` takes every one.
 DEFAULT_METRICS: tuple[str, ...] = ("sms_active", "tensor_active", "dram_read_bandwidth", "dram_write_bandwidth")
 #: Slice categories, in the order they are written.
-CATEGORIES: tuple[str, ...] = ("kernel", "memcpy", "memset", "cuda_api", "nvtx", "nccl")
+CATEGORIES: tuple[str, ...] = ("kernel", "memcpy", "memset", "graph", "cuda_api", "nvtx", "nccl")
 
 #: Synthetic ids when one pid appears in several reports: ``(report + 1) * PID_STRIDE + pid``.
 PID_STRIDE = 10_000_000
@@ -71,6 +81,9 @@ ARGS: tuple[tuple[str, str, str], ...] = (
     ("a_protocol", "protocol", "str"),
     ("a_kernel_count", "kernel_count", "int"),
     ("a_gpu_duration", "gpu_duration_ns", "int"),
+    ("a_graph_id", "graph_id", "int"),
+    ("a_graph_exec", "graph_exec_id", "int"),
+    ("a_gpu_time", "gpu_time_ns", "int"),
 )
 _ARG_DTYPES = {col: (pl.Int64 if kind == "int" else pl.Utf8) for col, _, kind in ARGS}
 
@@ -84,8 +97,8 @@ COUNTER_SCHEMA: dict[str, Any] = {"track": pl.Int64, "ts_ns": pl.Int64, "value":
 
 @dataclass
 class Track:
-    """One timeline row. ``kind``: ``process``, ``thread``, ``stream``, ``nccl``, ``nvtx``,
-    ``gpu``, ``counter`` or ``overlap``. ``pid``/``tid`` are the ids written to the file
+    """One timeline row. ``kind``: ``process``, ``thread``, ``stream``, ``graph`` (CUDA graph
+    replays), ``nccl``, ``nvtx``, ``gpu``, ``counter`` or ``overlap``. ``pid``/``tid`` are the ids written to the file
     (synthetic when pids repeat across reports); ``unit`` is a counter's unit (``bytes``, ``%``)."""
 
     uuid: int
@@ -347,6 +360,13 @@ class _Columns:
         self.columns = [c for c in columns if c in TABLES[name] or c == "report"]
         self.height = -1
 
+    @classmethod
+    def of(cls, name: str, frame: pl.DataFrame) -> _Columns:
+        """A table already read whole (a small one: the CUDA graph launches)."""
+        self = cls.__new__(cls)
+        self.name, self.frame, self.columns, self.height = name, frame, list(frame.columns), frame.height
+        return self
+
     def times(self) -> pl.DataFrame:
         """``start_ns`` and ``end_ns`` of every row (one read: a damaged row warns as the eager table does)."""
         if self.frame is not None:
@@ -520,7 +540,8 @@ def _pack(frame: pl.DataFrame) -> np.ndarray | None:
 def _flows(ops: list[_Kept], api: _Kept) -> tuple[list[pl.Series], pl.Series]:
     """Flow ids per kept row of each GPU-operation table and of the API calls: a launch call
     (the outermost call of its correlation id: earliest, longest) → the first GPU operation of
-    that id (earliest; kernels before memcpys before memsets, then table order), both written;
+    that id (earliest; kernels before memcpys before memsets before graph launches, then table
+    order), both written;
     ids 1…n in the order of (report, pid, correlation id). Sorts of packed int64 keys (one
     array per table) rather than joins of key columns; joins when the keys do not pack."""
     keys, starts, srcs, rows = [], [], [], []
@@ -686,6 +707,7 @@ def stream_model(
     kt = _Columns(trace, "kernels", _KERNEL_COLS)
     ct = _Columns(trace, "memcpys", _MEMCPY_COLS)
     st = _Columns(trace, "memsets", _MEMSET_COLS)
+    gt = _Columns.of("graph_trace", graph_ops(trace))  # one row per graph replay: read whole
     at = _Columns(trace, "cuda_api", _API_COLS)
     nvtx = _table(trace, "nvtx", ["report", "pid", "tid", "event_type", "start_ns", "end_ns", "name", "domain"])
     nccl_source = trace if _may_use_nccl(trace, kt.unique_names(), nvtx) else _NoNccl()
@@ -696,7 +718,7 @@ def stream_model(
                                             "correlation_id", "start_ns", "address", "bytes", "mem_kind", "operation", "name"])
 
     # -- processes and ranks (every process of the trace, whatever the window)
-    procs = pl.concat([*(t.distinct(["report", "pid"]) for t in (kt, ct, st, at)),
+    procs = pl.concat([*(t.distinct(["report", "pid"]) for t in (kt, ct, st, gt, at)),
                        *(f.select("report", "pid") for f in (nvtx, nccl, memory))],
                       how="vertical_relaxed").drop_nulls().unique().sort("report", "pid")
     if hasattr(trace, "ranks") and isinstance(trace.ranks, pl.DataFrame) and "report" in trace.ranks.columns:
@@ -728,9 +750,10 @@ def stream_model(
         return frame.join(keep_pids, on=["report", "pid"], how="semi") if keep_pids is not None else frame
 
     nvtx, nccl, memory = only(nvtx), only(nccl), only(memory)
-    # kernels' devices (for the counters of the GPUs the ranks ran on) and span (for a note)
-    # over the whole (rank-filtered) table
-    kernel_devices = (_keep_rows(kt, None, keep_pids)[0].distinct(["report", "device_id"]) if keep_pids is not None
+    # kernels' and graph replays' devices (for the counters of the GPUs the ranks ran on) and
+    # the kernels' span (for a note) over the whole (rank-filtered) table
+    kernel_devices = (pl.concat([_keep_rows(t, None, keep_pids)[0].distinct(["report", "device_id"]) for t in (kt, gt)],
+                                how="vertical_relaxed").unique() if keep_pids is not None
                       else pl.DataFrame(schema={"report": pl.Int64, "device_id": pl.Int64}))  # only used with ranks
 
     def kernel_span() -> tuple[Any, Any]:
@@ -763,7 +786,10 @@ def stream_model(
     api_k, untimed = _keep_rows(at, win, keep_pids, timed_only=True)
     if untimed:
         skipped["CUDA API calls without a start or end time (damaged rows)"] = untimed
-    ops = [_keep_rows(t, win, keep_pids)[0] for t in (kt, ct, st)]
+    ops = [_keep_rows(t, win, keep_pids)[0] for t in (kt, ct, st, gt)]
+    # graphs traced per node: each replay's span on a track of its own, above the streams
+    replays = _keep_window(only(node_replays(trace)).filter(
+        pl.col("start_ns").is_not_null() & pl.col("end_ns").is_not_null()), win)
     nv_ranges = nvtx.filter(pl.col("event_type") == "PushPop")
     open_ranges = nv_ranges.filter(pl.col("end_ns").is_null()).height
     if open_ranges:
@@ -791,6 +817,12 @@ def stream_model(
         thread_rows.append((report, pid, tid, uuid))
     thread_map = pl.DataFrame(thread_rows, schema={"report": pl.Int64, "pid": pl.Int64, "tid": pl.Int64, "track": pl.Int64},
                               orient="row")
+    replay_rows = []
+    for report, pid, dev in replays.select("report", "pid", "device_id").unique().sort(
+            "report", "pid", "device_id", nulls_last=True).iter_rows():
+        replay_rows.append((report, pid, dev, tracks.add(REPLAY_TRACK.format(dev), "graph", proc_uuid[(report, pid)])))
+    replay_map = pl.DataFrame(replay_rows, schema={"report": pl.Int64, "pid": pl.Int64, "device_id": pl.Int64,
+                                                   "track": pl.Int64}, orient="row")
     streams = pl.concat([k.distinct(["report", "pid", "device_id", "stream_id"]) for k in ops],
                         how="vertical_relaxed").unique().sort("report", "pid", "device_id", "stream_id", nulls_last=True)
     stream_rows = []
@@ -817,7 +849,7 @@ def stream_model(
     op_flows, api_flows = _flows(ops, api_k)
 
     bounds = _bounds([api_k.start, *(k.start for k in ops), nv_ranges["start_ns"], nv_startend["start_ns"],
-                      nccl_w["host_start_ns"]], slice_rows)
+                      nccl_w["host_start_ns"], replays["start_ns"]], slice_rows)
     op_pos = [_slice_positions(k.start, bounds) for k in ops]
     api_pos = _slice_positions(api_k.start, bounds)
     for k in (*ops, api_k):
@@ -831,10 +863,12 @@ def stream_model(
             p = pos[j]
             if not len(p):
                 continue
-            f = k.take(_KERNEL_COLS if i == 0 else _MEMCPY_COLS if i == 1 else _MEMSET_COLS, p).with_columns(
+            f = k.take((_KERNEL_COLS, _MEMCPY_COLS, _MEMSET_COLS, GRAPH_COLS)[i], p).with_columns(
                 op_flows[i].gather(p).alias("flow_in"))
             f = _lookup(f, stream_map, ["report", "pid", "device_id", "stream_id"])
-            if i == 0:
+            if i == 3:
+                out.append(graph_op_slices(f))
+            elif i == 0:
                 f = _by_unique_name(f, with_family)
                 out.append(f.select(
                     "track", "start_ns", "end_ns", "name", pl.lit("kernel").alias("cat"), "flow_in",
@@ -863,6 +897,7 @@ def stream_model(
         return out
 
     nv_ranges_by = _frame_slices(nv_ranges, "start_ns", bounds)
+    replays_by = _frame_slices(_lookup(replays, replay_map, ["report", "pid", "device_id"]), "start_ns", bounds)
     nv_se_by = _frame_slices(nv_startend, "start_ns", bounds)
     nccl_by = _frame_slices(nccl_w, "host_start_ns", bounds)
     del nv_ranges, nv_startend, nccl_w
@@ -888,6 +923,10 @@ def stream_model(
             out.append(n.select("track", "start_ns", "end_ns", pl.col("name").fill_null("(unnamed)"), pl.lit("nvtx").alias("cat"),
                                 pl.col("domain").alias("a_domain")))
         return out
+
+    def graph_replay_slices(j: int) -> list[pl.DataFrame]:
+        r = replays_by[j]
+        return [replay_slices(r)] if r.height else []
 
     def nvtx_slices(j: int) -> list[pl.DataFrame]:
         n = nv_se_by[j]
@@ -925,7 +964,7 @@ def stream_model(
 
     def events() -> Iterator[tuple[str, pl.DataFrame]]:
         seen = False
-        for builder in (stream_slices, thread_slices, nvtx_slices, nccl_slices):
+        for builder in (stream_slices, graph_replay_slices, thread_slices, nvtx_slices, nccl_slices):
             nester = _Nester(tracks)
             for j in range(n_slices):
                 frames = builder(j)

@@ -62,8 +62,10 @@ def perfetto(
     https://ui.perfetto.dev or with ``perfetto.trace_processor``).
 
     One process per rank/process, one track per GPU stream (kernels, memcpys, memsets with
-    name, family, grid/block, bytes), CPU threads with CUDA API calls and NVTX ranges nested,
-    a flow from each launch call to its GPU operation, counters for device memory in use and
+    name, family, grid/block, bytes; CUDA graph replays traced whole, ``[CUDA graph N]``), a
+    ``GPU d · CUDA graph replays`` track for graphs traced per node (:mod:`tracekit.export.graphs`),
+    CPU threads with CUDA API calls and NVTX ranges nested, a flow from each launch call to its
+    GPU operation, counters for device memory in use and
     GPU metrics, NCCL calls with op, bytes and peer (docs/export.md lists every field).
 
     ``window`` (``(start_ns, end_ns)``, ``"START:END"`` or ``"steady"``), ``ranks`` and

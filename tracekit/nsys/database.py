@@ -747,11 +747,15 @@ def ensure_memory(path: Path, table: str, rows: int, columns: int, need: int, wh
 
 #: The GPU activity tables: a whole-trace view (the HTML report, ``diff``) holds a row of each.
 GPU_OP_TABLES = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
+#: Tables whose rows tracekit holds as GPU operations: :data:`GPU_OP_TABLES` (what nsys's
+#: ``cuda_gpu_trace`` lists) and the CUDA graph launches traced whole, which it does not list.
+GPU_OP_ESTIMATE_TABLES = (*GPU_OP_TABLES, "CUPTI_ACTIVITY_KIND_GRAPH_TRACE")
 
 
 def gpu_op_estimate(db: ExportSource) -> int:
-    """Kernels, memcpys and memsets of an export, without counting them (row estimates)."""
-    return sum(db.row_estimate(t) for t in GPU_OP_TABLES if db.has_table(t))
+    """Kernels, memcpys, memsets and CUDA graph launches traced whole of an export, without
+    counting them (row estimates)."""
+    return sum(db.row_estimate(t) for t in GPU_OP_ESTIMATE_TABLES if db.has_table(t))
 
 
 def refuse_unless_fits(need: int, doing: str, instead: str) -> None:

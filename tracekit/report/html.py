@@ -2,9 +2,12 @@
 
 The page holds its own JavaScript (Vega, Vega-Lite and vega-embed from vl-convert's bundle),
 its CSS and every chart's data: it opens offline, from a file, on an air-gapped cluster.
-Sections: overview, top kernels, NVTX breakdown, timeline, communication, GPU metrics,
-memory, memory per layer (NVTX ranges) and, with an ncu report, the kernels' speed of light, roofline and Tensor Core / DRAM
-use. A section whose data is missing says so instead of failing the report.
+Sections: overview, top kernels, CUDA graphs (when the program launched any), NVTX breakdown,
+timeline, communication, GPU metrics, memory, memory per layer (NVTX ranges) and, with an ncu
+report, the kernels' speed of light, roofline and Tensor Core / DRAM use. A section whose data
+is missing says so instead of failing the report. CUDA graph launches traced whole
+(``trace.graph_trace``) are GPU work in the overview's numbers, the timeline and the NVTX
+breakdown: their kernels are in no other table.
 """
 
 from __future__ import annotations
@@ -126,17 +129,66 @@ def _findings(trace: Any, ncu: Any) -> str:
     return _note(d.window_text()) + table
 
 
-def _overview(page: _Page, trace: Any) -> str:
+def _graph_rows(trace: Any) -> pl.DataFrame | None:
+    """The trace's CUDA graph launches traced whole (``graph_trace``), or ``None``."""
+    from tracekit.analysis.graphs import graph_trace_of
+
+    return prep.whole_graphs(graph_trace_of(trace))
+
+
+def _graph_launches(trace: Any) -> pl.DataFrame:
+    """``trace.graphs`` (one row per graph launch, either trace mode); empty when the trace
+    object has no such table."""
+    graphs = getattr(trace, "graphs", None)
+    return graphs if isinstance(graphs, pl.DataFrame) else pl.DataFrame()
+
+
+def _breakdown(trace: Any) -> pl.DataFrame:
+    """:func:`~tracekit.viz.prep.temporal_breakdown` per GPU (per rank for a trace set) of
+    every GPU operation (kernels, copies, memsets, graph launches traced whole) over the GPU
+    work span; empty when there is none."""
+    graphs = _graph_rows(trace)
+    if trace.kernels.is_empty() and graphs is None:
+        return pl.DataFrame()
+    return prep.temporal_breakdown(trace.kernels, trace.memcpys, trace.memsets, graphs)
+
+
+def _busy_ns(breakdown: pl.DataFrame) -> pl.DataFrame:
+    """``group`` (``GPU 0``, ``rank 1``), ``busy_ns`` (anything running), ``idle_ns`` and
+    ``window_ns`` (the GPU work span, ns) of a :func:`_breakdown`."""
+    if breakdown.is_empty():
+        return pl.DataFrame(schema={"group": pl.Utf8, "busy_ns": pl.Int64, "idle_ns": pl.Int64, "window_ns": pl.Int64})
+    idle = pl.col("category") == "idle"
+    return breakdown.group_by("group", maintain_order=True).agg(
+        pl.col("time_ns").filter(~idle).sum().alias("busy_ns"), pl.col("time_ns").filter(idle).sum().alias("idle_ns"),
+        pl.col("window_ns").first(),
+    )
+
+
+def _memo(make: Callable[[], pl.DataFrame]) -> Callable[[], pl.DataFrame]:
+    """``make`` run once, on first use: a frame that several sections show."""
+    box: list[pl.DataFrame] = []
+
+    def get() -> pl.DataFrame:
+        if not box:
+            box.append(make())
+        return box[0]
+
+    return get
+
+
+def _overview(page: _Page, trace: Any, breakdown: Callable[[], pl.DataFrame]) -> str:
     from tracekit.viz import breakdown_chart, iterations_chart
 
     k = trace.kernels
     meta = getattr(trace, "meta", None)
-    window = prep.data_window(k, trace.memcpys, trace.memsets)
+    graphs = _graph_rows(trace)
+    window = prep.data_window(k, trace.memcpys, trace.memsets, graphs)
     processes = list(getattr(meta, "processes", None) or [])
     argv = getattr(processes[0], "command", None) if processes else None
     command = shlex.join(argv) if isinstance(argv, list | tuple) else str(argv or "")
     gpus = trace.gpus
-    used = set(k["device_id"].drop_nulls().to_list())
+    used = set(k["device_id"].drop_nulls().to_list()) | (set(graphs["device_id"].drop_nulls().to_list()) if graphs is not None else set())
     gpu_text = (
         ", ".join(
             f"{r['device_id']}: {r['name']}"
@@ -159,17 +211,23 @@ def _overview(page: _Page, trace: Any) -> str:
             f"{k.height:,} launches, {k['short_name'].n_unique():,} distinct, {fmt_ns(k['duration_ns'].sum())} GPU time",
         ),
         ("memory copies", f"{trace.memcpys.height:,} ({fmt_bytes(trace.memcpys['bytes'].sum())})"),
-        ("NVTX events", f"{trace.nvtx.height:,}"),
-        ("GPU metric samples", f"{trace.gpu_metrics.height:,}"),
     ]
+    if graphs is not None:
+        rows.append((
+            "CUDA graph replays",
+            f"{graphs.height:,} launches traced whole, {fmt_ns(graphs['duration_ns'].sum())} GPU time "
+            "(their kernels are not in the trace: see CUDA graphs)",
+        ))  # fmt: skip
+    for r in _busy_ns(breakdown()).iter_rows(named=True):
+        rows.append((
+            f"{r['group']} busy",
+            f"{fmt_ns(r['busy_ns'])} of {fmt_ns(r['window_ns'])}, the GPU work span "
+            f"({r['busy_ns'] / max(r['window_ns'], 1):.0%}); idle {fmt_ns(r['idle_ns'])}",
+        ))  # fmt: skip
+    rows += [("NVTX events", f"{trace.nvtx.height:,}"), ("GPU metric samples", f"{trace.gpu_metrics.height:,}")]
     out = _facts(rows)
-    if not k.is_empty():
-        out += page.chart(
-            breakdown_chart(
-                prep.temporal_breakdown(k, trace.memcpys, trace.memsets),
-                title="Where the GPU time goes",
-            )
-        )
+    if not breakdown().is_empty():
+        out += page.chart(breakdown_chart(breakdown(), title="Where the GPU time goes"))
     its = prep.iteration_times(trace.nvtx)
     if not its.is_empty():
         out += page.chart(iterations_chart(its, title="Iteration times"))
@@ -180,8 +238,13 @@ def _kernels(page: _Page, trace: Any, top_n: int) -> str:
     from tracekit.viz import duration_chart, top_kernels_chart
 
     k = trace.kernels
+    graphs = _graph_rows(trace)
+    hidden = "" if graphs is None else _note(
+        f"Not listed: {graphs.height:,} CUDA graph replays traced whole ({fmt_ns(graphs['duration_ns'].sum())} of GPU "
+        "time), whose kernels are not in the trace (see CUDA graphs)."
+    )
     if k.is_empty():
-        return _note("No kernels in this trace.")
+        return _note("No kernels in this trace.") + hidden
     top = prep.top_kernels(k, n=top_n, by="short_name")
     table = html_table(
         top.select(
@@ -192,7 +255,8 @@ def _kernels(page: _Page, trace: Any, top_n: int) -> str:
         left=("name", "family"),
     )
     return (
-        page.chart(
+        hidden
+        + page.chart(
             top_kernels_chart(top.head(25), title=f"Top {min(top_n, 25)} kernels by GPU time")
         )
         + table
@@ -207,7 +271,7 @@ def _nvtx(page: _Page, trace: Any) -> str:
         return _note(
             "No NVTX ranges in this trace (annotate the program with NVTX to get a breakdown)."
         )
-    attributed = prep.attributed_kernels(trace.kernels, trace.cuda_api, trace.nvtx)
+    attributed = prep.attributed_kernels(trace.kernels, trace.cuda_api, trace.nvtx, _graph_launches(trace))
     tree = prep.nvtx_tree(attributed, max_depth=3)
     out = ""
     matrix = prep.layer_block_matrix(attributed)
@@ -235,15 +299,79 @@ def _nvtx(page: _Page, trace: Any) -> str:
 def _timeline(page: _Page, trace: Any, max_marks: int) -> str:
     from tracekit.viz import timeline_chart
 
-    if trace.kernels.is_empty():
+    graphs = _graph_rows(trace)
+    if trace.kernels.is_empty() and graphs is None:
         return _note("No GPU work to show.")
     chart = timeline_chart(
-        trace.kernels, memcpys=trace.memcpys, memsets=trace.memsets, nvtx=trace.nvtx, max_marks=max_marks, width=1000,
-        title="GPU timeline (drag to select a window)",
+        trace.kernels, memcpys=trace.memcpys, memsets=trace.memsets, graphs=graphs, nvtx=trace.nvtx, max_marks=max_marks,
+        width=1000, title="GPU timeline (drag to select a window)",
     )  # fmt: skip
     return _note(
         f"Lanes with more than {max_marks:,} operations are shown as time bins (opacity = busy share)."
     ) + page.chart(chart)
+
+
+_MODE_TEXT = {
+    "graph": (
+        "Traced whole (nsys --cuda-graph-trace=graph, its default): each launch is one GPU operation spanning its "
+        "replay, counted as GPU work in the overview, the timeline and the NVTX breakdown; the kernels inside are not "
+        "in the trace, so the top-kernels table and the kernel-based findings do not see them. Capture with "
+        "--cuda-graph-trace=node to see them (it lengthens every launch call on the host)."
+    ),
+    "node": (
+        "Traced per node (nsys --cuda-graph-trace=node): every kernel, copy and memset of a replay is in the trace; "
+        "a replay runs from its first operation's start to its last one's end. Per-node tracing lengthens each "
+        "launch call on the host (docs/tables.md), so the launch cost here is above an untraced run's."
+    ),
+}
+
+
+def _graphs(page: _Page, trace: Any, breakdown: Callable[[], pl.DataFrame]) -> str:
+    from tracekit.analysis.graphs import graph_summary
+    from tracekit.viz import iterations_chart
+
+    launches = _graph_launches(trace)
+    if launches.is_empty():
+        return _note("No CUDA graph launches in this trace.")
+    busy = _busy_ns(breakdown())
+    total = int(busy["busy_ns"].sum()) if busy.height else None
+    summary = graph_summary(launches, total_gpu_ns=total)
+    modes = sorted(set(launches["mode"].drop_nulls().to_list()))
+    out = "".join(_note(_MODE_TEXT[m]) for m in modes if m in _MODE_TEXT)
+    out += _facts([
+        ("graph launches", f"{launches.height:,} of {summary.height:,} graph{'s' if summary.height != 1 else ''}"),
+        ("GPU time in replays", f"{fmt_ns(summary['gpu_time_ns'].sum())}" + (
+            f" ({summary['gpu_time_ns'].sum() / total:.1%} of the GPUs' busy time)" if total else "")),
+    ])  # fmt: skip
+    pct = lambda v: "–" if v is None else f"{100 * v:.1f}%"  # noqa: E731
+    shown = summary.select(
+        "pid", "graph_exec_id", "graph_id", "mode", "devices", "launches", "gpu_time_ns", "share", "replay_median_ns",
+        "replay_p90_ns", "kernels_per_replay", "launch_api_median_ns", "first_nvtx_path",
+    )  # fmt: skip
+    out += html_table(
+        shown,
+        formats={c: fmt_ns for c in ("gpu_time_ns", "replay_median_ns", "replay_p90_ns", "launch_api_median_ns")}
+        | {"share": pct, "kernels_per_replay": lambda v: "–" if v is None else f"{v:.0f}"},
+        left=("mode", "devices", "first_nvtx_path"),
+        headers={
+            "graph_exec_id": "graph exec", "graph_id": "graph", "gpu_time_ns": "GPU time", "share": "of busy time",
+            "replay_median_ns": "replay median", "replay_p90_ns": "replay p90", "kernels_per_replay": "kernels / replay",
+            "launch_api_median_ns": "launch call (median)", "first_nvtx_path": "NVTX path (first launch)",
+        },  # fmt: skip
+        max_rows=50,
+    )
+    several = launches.select("pid", "device_id").n_unique() > 1
+    label = pl.concat_str(
+        pl.lit("graph exec "), pl.col("graph_exec_id").cast(pl.Utf8).fill_null("?"),
+        *([pl.lit(" · GPU "), pl.col("device_id").cast(pl.Utf8)] if several else []),
+    )  # fmt: skip
+    replays = (
+        launches.sort("start_ns")
+        .with_columns(label.alias("group"))
+        .with_columns(pl.int_range(pl.len()).over("group").cast(pl.Int64).alias("iteration"))
+        .select("group", "iteration", pl.col("nvtx_path").fill_null("").alias("name"), "start_ns", "end_ns", "duration_ns")
+    )
+    return out + page.chart(iterations_chart(replays, title="Replay span on the GPU, launch by launch"))
 
 
 def _communication(page: _Page, trace: Any) -> str:
@@ -433,10 +561,13 @@ def build_report(
     name = Path(str(getattr(source, "path", None) or (getattr(source, "paths", None) or ["trace"])[0])).name
     page = _Page(title or f"tracekit report: {name}", time.strftime("generated %Y-%m-%d %H:%M"))
     if trace is not None:
-        origin = (prep.data_window(trace.kernels, trace.memcpys, trace.memsets) or (None, None))[0]
+        origin = (prep.data_window(trace.kernels, trace.memcpys, trace.memsets, _graph_rows(trace)) or (None, None))[0]
         page.section("findings", "Findings", lambda: _findings(trace, ncu))
-        page.section("overview", "Overview", lambda: _overview(page, trace))
+        breakdown = _memo(lambda: _breakdown(trace))
+        page.section("overview", "Overview", lambda: _overview(page, trace, breakdown))
         page.section("kernels", "Top kernels", lambda: _kernels(page, trace, top_n))
+        if _has_graph_launches(trace):
+            page.section("graphs", "CUDA graphs", lambda: _graphs(page, trace, breakdown))
         page.section("nvtx", "NVTX breakdown", lambda: _nvtx(page, trace))
         page.section("timeline", "Timeline", lambda: _timeline(page, trace, max_marks))
         page.section("communication", "Communication", lambda: _communication(page, trace))
@@ -448,10 +579,20 @@ def build_report(
     return page.render()
 
 
+def _has_graph_launches(trace: Any) -> bool:
+    """Whether the trace launched CUDA graphs (either trace mode); ``True`` when finding out
+    failed, so that the section shows why instead of vanishing."""
+    try:
+        return not _graph_launches(trace).is_empty()
+    except Exception:
+        log.debug("reading the CUDA graph launches failed", exc_info=True)
+        return True
+
+
 #: Peak memory of a report, measured with ``/usr/bin/time`` on exports built by
 #: ``benchmarks/make_big_trace.py`` (2.5 API calls and 0.2 NVTX ranges per kernel): 1.9 GB for
 #: 1 M kernels, 12.0 GB for 8 M; modelled, a little above both, as a fixed part plus a part per
-#: GPU operation (kernel, memcpy, memset).
+#: GPU operation (kernel, memcpy, memset, CUDA graph launch traced whole).
 REPORT_BASE_BYTES = 500 << 20
 REPORT_BYTES_PER_OP = 1500
 

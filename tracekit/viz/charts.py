@@ -191,6 +191,7 @@ def timeline_chart(
     window: tuple[int, int] | None = None,
     origin_ns: int | None = None,
     max_marks: int = 2000,
+    graphs: pl.DataFrame | None = None,
     nvtx_max_level: int = 2,
     highlight: str | None = None,
     lane_height: int = 16,
@@ -202,9 +203,14 @@ def timeline_chart(
     Parameters
     ----------
     data
-        ``trace.kernels`` (with ``memcpys``/``memsets`` to add copies), or lanes built by
-        :func:`tracekit.viz.prep.timeline_ops` (``lane``, ``lane_order``, ``start_ns``,
-        ``end_ns``, ``name``, ``family``, ``count``, ``busy_fraction``).
+        ``trace.kernels`` (with ``memcpys``/``memsets`` to add copies, ``graphs`` to add CUDA
+        graph replays), or lanes built by :func:`tracekit.viz.prep.timeline_ops` (``lane``,
+        ``lane_order``, ``start_ns``, ``end_ns``, ``name``, ``family``, ``count``,
+        ``busy_fraction``).
+    graphs
+        ``trace.graph_trace``: CUDA graph launches traced whole (nsys's default), whose
+        kernels are in no table; each replay is a mark ``[CUDA graph <graph_id>]`` of family
+        ``graph`` on its stream's lane (:func:`tracekit.viz.prep.gpu_ops`).
     nvtx
         ``trace.nvtx``, :func:`tracekit.viz.prep.nvtx_ranges` output or
         :func:`tracekit.viz.prep.timeline_nvtx` lanes; optional.
@@ -223,7 +229,7 @@ def timeline_chart(
     if "lane" in data.columns:
         lanes = data
     else:
-        ops = prep.gpu_ops(data, memcpys, memsets)
+        ops = prep.gpu_ops(data, memcpys, memsets, graphs)
         lanes = prep.timeline_ops(ops, window=window, max_marks=max_marks)
     nv_lanes = None
     if nvtx is not None and not nvtx.is_empty():

@@ -57,6 +57,33 @@ def _i64(value: int) -> pl.Expr:
     return pl.lit(value, dtype=pl.Int64)
 
 
+def whole_graphs(graphs: pl.DataFrame | None) -> pl.DataFrame | None:
+    """The CUDA graph launches traced whole among ``graphs`` (``trace.graph_trace``, or
+    ``trace.graphs`` whose ``mode`` says how each was traced), with ``duration_ns``; ``None``
+    when there are none. Launches traced per node are left out: their kernels, copies and
+    memsets are rows of the other tables already, and would count twice."""
+    if graphs is None or graphs.is_empty():
+        return None
+    g = graphs.filter(pl.col("mode") == "graph") if "mode" in graphs.columns else graphs
+    g = g.filter(pl.col("start_ns").is_not_null() & pl.col("end_ns").is_not_null())
+    if g.is_empty():
+        return None
+    if "duration_ns" not in g.columns:
+        g = g.with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("duration_ns"))
+    return g
+
+
+def graph_names(graphs: pl.DataFrame) -> pl.Expr:
+    """``[CUDA graph <graph_id>]``: the name a graph launch traced whole has in every view
+    (:data:`tracekit.analysis._frames.GRAPH_OP_NAME`)."""
+    from tracekit.analysis._frames import GRAPH_OP_NAME
+
+    if "graph_id" not in graphs.columns:
+        return pl.lit("[CUDA graph]")
+    return pl.when(pl.col("graph_id").is_not_null()).then(pl.format(GRAPH_OP_NAME, pl.col("graph_id"))).otherwise(
+        pl.lit("[CUDA graph]"))
+
+
 def data_window(*frames: pl.DataFrame | None) -> Window | None:
     """``(first start_ns, last end_ns)`` over the frames that have rows (``None`` if none has)."""
     lo: int | None = None
@@ -144,15 +171,27 @@ def gpu_ops(
     kernels: pl.DataFrame,
     memcpys: pl.DataFrame | None = None,
     memsets: pl.DataFrame | None = None,
+    graphs: pl.DataFrame | None = None,
     *,
     name_column: str = "short_name",
 ) -> pl.DataFrame:
-    """Kernels, copies and memsets in one frame for the timeline.
+    """Kernels, copies, memsets and CUDA graph replays in one frame for the timeline.
+
+    Parameters
+    ----------
+    kernels, memcpys, memsets
+        ``trace.kernels``, ``trace.memcpys``, ``trace.memsets``.
+    graphs
+        ``trace.graph_trace`` (or ``trace.graphs``): each graph launch traced whole
+        (``--cuda-graph-trace=graph``, nsys's default) is one operation spanning its replay,
+        since its kernels are in no other table (:func:`whole_graphs`; launches traced per
+        node are left out, their kernels are in ``kernels``).
 
     Returns
     -------
-    ``device_id``, ``stream_id``, ``start_ns``, ``end_ns``, ``duration_ns``, ``name``,
-    ``family`` (copies are ``memcpy``, memsets ``memset``), plus ``rank`` when the inputs have it.
+    ``device_id``, ``stream_id``, ``start_ns``, ``end_ns``, ``duration_ns`` (ns), ``name``,
+    ``family`` (copies are ``memcpy``, memsets ``memset``, graph replays ``graph`` named
+    ``[CUDA graph <graph_id>]``), plus ``rank`` when the inputs have it.
     """
     rank = ["rank"] if "rank" in kernels.columns else []
     col = _name_column(kernels, name_column)
@@ -174,6 +213,14 @@ def gpu_ops(
             frame.select(
                 *[c for c in rank if c in frame.columns], "device_id", "stream_id", "start_ns",
                 "end_ns", "duration_ns", name.alias("name"), pl.lit(family).alias("family"),
+            )
+        )  # fmt: skip
+    g = whole_graphs(graphs)
+    if g is not None:
+        parts.append(
+            g.select(
+                *[c for c in rank if c in g.columns], "device_id", "stream_id", "start_ns", "end_ns",
+                "duration_ns", graph_names(g).alias("name"), pl.lit("graph").alias("family"),
             )
         )  # fmt: skip
     return pl.concat(parts, how="diagonal_relaxed").sort("start_ns")
@@ -403,6 +450,7 @@ def temporal_breakdown(
     kernels: pl.DataFrame,
     memcpys: pl.DataFrame | None = None,
     memsets: pl.DataFrame | None = None,
+    graphs: pl.DataFrame | None = None,
     *,
     by: str | None = None,
     window: Window | None = None,
@@ -414,7 +462,9 @@ def temporal_breakdown(
     memsets run, ``idle`` when nothing does. Computed by :mod:`tracekit.analysis.comm`
     (communication kernels as it classifies them, peer-to-peer copies count as
     communication); without it, communication kernels are those of family
-    ``communication`` (:mod:`tracekit.taxonomy`).
+    ``communication`` (:mod:`tracekit.taxonomy`). CUDA graph launches traced whole
+    (``graphs``: ``trace.graph_trace``, see :func:`gpu_ops`) count as ``compute`` for their
+    whole replay: their kernels were not traced, so what kind of work they hold is not known.
 
     Parameters
     ----------
@@ -430,9 +480,10 @@ def temporal_breakdown(
     (Int64), ``fraction`` (of the window) and ``window_ns``; five rows per group.
     """
     by = by or ("rank" if "rank" in kernels.columns else "device_id")
-    if by in ("device_id", "rank") and not kernels.is_empty():
+    g = whole_graphs(graphs)
+    if by in ("device_id", "rank") and not (kernels.is_empty() and g is None):
         try:
-            return _breakdown_from_analysis(kernels, memcpys, memsets, by=by, window=window)
+            return _breakdown_from_analysis(kernels, memcpys, memsets, g, by=by, window=window)
         except (ImportError, pl.exceptions.ColumnNotFoundError):
             pass  # the analysis is not there, or the frames lack its identity columns
     k = _with_family(kernels, _name_column(kernels, "name"))
@@ -443,6 +494,8 @@ def temporal_breakdown(
     for frame in (memcpys, memsets):
         if frame is not None and not frame.is_empty() and by in frame.columns:
             parts.append(frame.select(by, "start_ns", "end_ns", pl.lit("mem").alias("_kind")))
+    if g is not None and by in g.columns:
+        parts.append(g.select(by, "start_ns", "end_ns", pl.lit("comp").alias("_kind")))
     ops = pl.concat(parts).filter(pl.col("end_ns").is_not_null() & pl.col(by).is_not_null())
     window = window or data_window(ops)
     if window is None:
@@ -520,14 +573,20 @@ def _breakdown_from_analysis(
     kernels: pl.DataFrame,
     memcpys: pl.DataFrame | None,
     memsets: pl.DataFrame | None,
+    graphs: pl.DataFrame | None,
     *,
     by: str,
     window: Window | None,
 ) -> pl.DataFrame:
-    """:func:`temporal_breakdown` through :mod:`tracekit.analysis.comm` (peer copies count as communication)."""
+    """:func:`temporal_breakdown` through :mod:`tracekit.analysis.comm` (peer copies count as
+    communication; ``graphs``, launches traced whole, as compute)."""
     from tracekit.analysis.comm import activity_segments, categorize_ops
 
     ops = categorize_ops(kernels, memcpys, memsets)
+    if graphs is not None:
+        keys = [c for c in ("rank", "device_id") if c in ops.columns]
+        ops = pl.concat([ops, graphs.select(*keys, "start_ns", "end_ns", "duration_ns", pl.lit("compute").alias("category"))],
+                        how="diagonal_relaxed")
     window = window or data_window(ops)
     if window is None:
         msg = "no operations"
@@ -614,12 +673,29 @@ def iteration_times(nvtx: pl.DataFrame, *, pattern: str = ITERATION_PATTERN) -> 
 
 
 def attributed_kernels(
-    kernels: pl.DataFrame, cuda_api: pl.DataFrame, nvtx: pl.DataFrame
+    kernels: pl.DataFrame, cuda_api: pl.DataFrame, nvtx: pl.DataFrame, graphs: pl.DataFrame | None = None
 ) -> pl.DataFrame:
-    """Kernels with their NVTX path (``nvtx_path``, ``nvtx_range``), via :mod:`tracekit.analysis.attribution`."""
+    """Kernels with their NVTX path (``nvtx_path``, ``nvtx_range``), via :mod:`tracekit.analysis.attribution`.
+
+    ``graphs``: ``trace.graphs`` (one row per CUDA graph launch with its ``nvtx_path``). Its
+    launches traced whole are added as operations ``[CUDA graph <graph_id>]`` (``op_kind``
+    ``graph``, ``duration_ns`` = the replay's span, ns) under the path they were launched in,
+    so that NVTX trees and layer matrices count graph-replayed GPU time; per-node launches are
+    left out (their kernels are in ``kernels``)."""
     from tracekit.analysis.attribution import attribute_nvtx, launch_info
 
-    return attribute_nvtx(launch_info(kernels, cuda_api), nvtx)
+    out = attribute_nvtx(launch_info(kernels, cuda_api), nvtx)
+    g = whole_graphs(graphs)
+    if g is None or "nvtx_path" not in g.columns:
+        return out
+    keep = [c for c in ("rank", "pid", "global_pid", "device_id", "stream_id", "correlation_id", "start_ns", "end_ns",
+                        "duration_ns", "nvtx_path") if c in g.columns]
+    name = graph_names(g)
+    extra = g.select(*keep, name.alias("name"), name.alias("short_name"), pl.lit("graph").alias("op_kind"),
+                     pl.lit("graph").alias("family"))
+    if "op_kind" not in out.columns:
+        out = out.with_columns(pl.lit("kernel").alias("op_kind"))
+    return pl.concat([out, extra], how="diagonal_relaxed")
 
 
 def layer_block_matrix(
@@ -758,7 +834,7 @@ def nvtx_tree(
 
 __all__ = [
     "BREAKDOWN_CATEGORIES", "BUS_FACTORS", "DEFAULT_GPU_METRICS", "ITERATION_PATTERN", "LAYER_MEMORY_PATTERN", "LAYER_PATTERN",
-    "attributed_kernels", "data_window", "duration_histogram", "gpu_metrics_series", "gpu_ops",
+    "attributed_kernels", "data_window", "duration_histogram", "gpu_metrics_series", "gpu_ops", "graph_names",
     "iteration_times", "layer_bands", "layer_block_matrix", "layer_growth", "layer_memory_series", "memory_series", "nccl_bandwidth", "nvtx_ranges",
-    "nvtx_tree", "temporal_breakdown", "timeline_nvtx", "timeline_ops", "top_kernels",
+    "nvtx_tree", "temporal_breakdown", "timeline_nvtx", "timeline_ops", "top_kernels", "whole_graphs",
 ]  # fmt: skip

@@ -29,6 +29,7 @@ FAMILY_COLORS: dict[str, str] = {
     "copy": "#999999",
     "memcpy": "#999999",
     "memset": "#BBBBBB",
+    "graph": "#44546A",  # a CUDA graph replay traced whole: its kernels are unknown
     "other": "#D0D0D0",
 }
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 from collections.abc import Callable
 from typing import Any
 
@@ -123,6 +124,20 @@ class Compare(widgets.VBox):  # type: ignore[misc,name-defined]
             return frame.sort("total_b_ns", key, descending=[True, False])
         return frame.sort(pl.col("delta_ns").abs(), key, descending=[True, False])
 
+    def _graph_line(self) -> str:
+        """A line on the CUDA graph replays traced whole (``graph_trace``) of either trace: GPU
+        time that the kernel time above and the kernel table do not hold (empty without)."""
+        from tracekit.analysis.graphs import graph_trace_of
+        from tracekit.viz.prep import whole_graphs
+
+        graphs = [whole_graphs(graph_trace_of(t)) for t in (self.a, self.b)]
+        if all(g is None for g in graphs):
+            return ""
+        parts = [f"{label} {0 if g is None else g.height:,} ({fmt_ns(0 if g is None else g['duration_ns'].sum())})"
+                 for label, g in zip(self.labels, graphs, strict=True)]
+        return (f"<p>CUDA graph replays traced whole (their kernels are in neither the kernel time nor the table): "
+                f"{html.escape(' · '.join(parts))}</p>")
+
     def _refresh(self) -> None:
         la, lb = self.labels
         ka, kb = self.a.kernels["duration_ns"].sum(), self.b.kernels["duration_ns"].sum()
@@ -130,6 +145,7 @@ class Compare(widgets.VBox):  # type: ignore[misc,name-defined]
             f"<p>kernel time: {la} {fmt_ns(ka)} · {lb} {fmt_ns(kb)} · Δ {fmt_ns(kb - ka)}"
             + (f" ({100 * (kb - ka) / ka:+.1f}%)" if ka else "")
             + f" · kernels {self.a.kernels.height:,} → {self.b.kernels.height:,}</p>"
+            + self._graph_line()
         )
         fmts: dict[str, Callable[[Any], str]] = {
             c: fmt_ns for c in ("total_a_ns", "total_b_ns", "delta_ns")

@@ -6,7 +6,9 @@ entry/exit, peak, net growth), findings (``tracekit.diagnose``: picking one
 shows its evidence's time span on the timeline). Two traits tie them together:
 ``selected_kernel`` (a kernel name) and ``window`` (``(start_ns, end_ns)`` or ``None``).
 Clicking a kernel in a chart, picking it in the list, dragging over the timeline or a metric
-plot, or setting the traits from Python updates every tab.
+plot, or setting the traits from Python updates every tab. CUDA graph launches traced whole
+(``trace.graph_trace``: their kernels are in no table) are GPU work in the overview, the
+timeline and the NVTX tree.
 """
 
 from __future__ import annotations
@@ -83,14 +85,16 @@ class TraceExplorer(widgets.VBox):  # type: ignore[misc,name-defined]
         self.trace = trace
         self.max_marks = max_marks
         self.prep = prep
+        self.errors: dict[str, str] = {}
         self.kernels = prep.gpu_ops(trace.kernels)
         self._raw_kernels = trace.kernels
-        self.full_window = prep.data_window(trace.kernels, trace.memcpys, trace.memsets) or (0, 1)
+        #: CUDA graph launches traced whole (``graph_trace`` rows), or ``None``.
+        self.graph_ops = prep.whole_graphs(self._graph_table("graph_trace"))
+        self.full_window = prep.data_window(trace.kernels, trace.memcpys, trace.memsets, self.graph_ops) or (0, 1)
         self.origin_ns = self.full_window[0]
         self._attributed: pl.DataFrame | None = None
         self._diagnosis: Any = None
         self._syncing = False
-        self.errors: dict[str, str] = {}
 
         # state the views show (read by tests and by users)
         self.top = pl.DataFrame()
@@ -311,6 +315,16 @@ class TraceExplorer(widgets.VBox):  # type: ignore[misc,name-defined]
         self._refresh_timeline()
 
     # -- data -------------------------------------------------------------------------------------------
+    def _graph_table(self, name: str) -> pl.DataFrame | None:
+        """``trace.graph_trace`` or ``trace.graphs``; ``None`` for a trace object without it
+        (or when reading it fails: the error is kept in :attr:`errors`)."""
+        try:
+            frame = getattr(self.trace, name, None)
+        except Exception as exc:  # keep the explorer alive
+            self.errors[name] = f"{type(exc).__name__}: {exc}"
+            return None
+        return frame if isinstance(frame, pl.DataFrame) else None
+
     def _effective_window(self) -> tuple[int, int]:
         window: tuple[int, int] = self.window if self.window is not None else self.full_window
         return window
@@ -326,8 +340,9 @@ class TraceExplorer(widgets.VBox):  # type: ignore[misc,name-defined]
         """Kernels with their NVTX path (computed once)."""
         if self._attributed is None:
             try:
+                graphs = self._graph_table("graphs") if self.graph_ops is not None else None
                 self._attributed = self.prep.attributed_kernels(
-                    self._raw_kernels, self.trace.cuda_api, self.trace.nvtx
+                    self._raw_kernels, self.trace.cuda_api, self.trace.nvtx, graphs
                 )
             except Exception as exc:  # keep the other tabs alive
                 self.errors["nvtx"] = f"{type(exc).__name__}: {exc}"
@@ -359,7 +374,8 @@ class TraceExplorer(widgets.VBox):  # type: ignore[misc,name-defined]
         t = self.trace
         k = self._in_window(self.kernels)
         lo, hi = self._effective_window()
-        gpus = k["device_id"].n_unique() if not k.is_empty() else 0
+        devices = [k["device_id"]] + ([self._in_window(self.graph_ops)["device_id"]] if self.graph_ops is not None else [])
+        gpus = pl.concat(devices).drop_nulls().n_unique()
         meta = getattr(t, "meta", None)
         rows = [
             ("trace", html.escape(str(getattr(t, "path", "")))),
@@ -370,9 +386,10 @@ class TraceExplorer(widgets.VBox):  # type: ignore[misc,name-defined]
                 ),
             ),
             ("window", f"{fmt_ns(hi - lo)} ({'selected' if self.window else 'whole trace'})"),
-            ("GPUs with kernels", str(gpus)),
+            ("GPUs with GPU work", str(gpus)),
             ("kernels", f"{k.height:,}"),
             ("kernel time", fmt_ns(k["duration_ns"].sum() if not k.is_empty() else 0)),
+            *self._graph_facts(),
             (
                 "memcpy",
                 f"{self._in_window(t.memcpys).height:,} ({fmt_bytes(self._in_window(t.memcpys)['bytes'].sum())})",
@@ -388,7 +405,7 @@ class TraceExplorer(widgets.VBox):  # type: ignore[misc,name-defined]
 
         def breakdown() -> None:
             frame = self.prep.temporal_breakdown(
-                t.kernels, t.memcpys, t.memsets, window=self._effective_window()
+                t.kernels, t.memcpys, t.memsets, self.graph_ops, window=self._effective_window()
             )
             self.breakdown = frame
             from tracekit.viz import breakdown_chart
@@ -409,6 +426,14 @@ class TraceExplorer(widgets.VBox):  # type: ignore[misc,name-defined]
             self.views["iterations"].show(iterations_chart(its, title="Iterations"))
 
         self._guard("iterations", self.views["iterations"], iterations)
+
+    def _graph_facts(self) -> list[tuple[str, str]]:
+        """The overview's line on CUDA graph replays traced whole in the window (none without)."""
+        if self.graph_ops is None:
+            return []
+        g = self._in_window(self.graph_ops)
+        return [("CUDA graph replays", f"{g.height:,} traced whole, {fmt_ns(g['duration_ns'].sum())} "
+                                       "(their kernels are not in the trace)")]
 
     def _refresh_top(self) -> None:
         k = self._in_window(self.kernels)
@@ -531,7 +556,7 @@ class TraceExplorer(widgets.VBox):  # type: ignore[misc,name-defined]
             from tracekit.viz import timeline_chart
 
             t = self.trace
-            ops = self.prep.gpu_ops(t.kernels, t.memcpys, t.memsets)
+            ops = self.prep.gpu_ops(t.kernels, t.memcpys, t.memsets, self.graph_ops)
             lanes = self.prep.timeline_ops(ops, window=(lo, hi), max_marks=self.max_marks)
             self.timeline_lanes = lanes
             nvtx = t.nvtx if self.show_nvtx.value else None
