@@ -50,10 +50,10 @@ _KIND_PATTERNS: tuple[tuple[str, str], ...] = (
 def _kind() -> pl.Expr:
     name = pl.col("name")
     expr: pl.Expr = pl.lit("layout")
-    for kind, pattern in reversed(_KIND_PATTERNS):
-        expr = pl.when(name.str.contains(pattern).fill_null(False)).then(pl.lit(kind)).otherwise(expr)
-    kind = pl.col("op_kind")
-    return pl.when(kind == "memcpy").then(pl.lit("memcpy")).when(kind == "memset").then(pl.lit("fill")).otherwise(expr)
+    for label, pattern in reversed(_KIND_PATTERNS):
+        expr = pl.when(name.str.contains(pattern).fill_null(False)).then(pl.lit(label)).otherwise(expr)
+    op = pl.col("op_kind")
+    return pl.when(op == "memcpy").then(pl.lit("memcpy")).when(op == "memset").then(pl.lit("fill")).otherwise(expr)
 
 
 def data_movement_ops(ops: pl.DataFrame) -> pl.DataFrame:

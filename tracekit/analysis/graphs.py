@@ -169,11 +169,21 @@ NODE_COLUMNS = ["pid", "global_pid", "device_id", "stream_id", "correlation_id",
 def node_operations(trace: Any) -> dict[str, pl.DataFrame]:
     """The kernels, memcpys and memsets of ``trace`` that ran inside CUDA graphs traced per
     node (``graph_node_id`` set; :data:`NODE_COLUMNS`), by table name. Empty when the capture
-    recorded no graph nodes (an export without ``CUDA_GRAPH_NODE_EVENTS``/``CUDA_GRAPH_EVENTS``
-    is not read for them: a per-node column of every kernel would be read for nothing)."""
+    traced graphs whole or recorded no graph nodes (``trace.meta.cuda_graph_trace``, else no
+    ``CUDA_GRAPH_NODE_EVENTS`` and no pre-2024.5 ``CUDA_GRAPH_EVENTS`` without graph rows): the
+    kernels are then not read for a per-node column at all."""
     db = getattr(trace, "db", None)
-    if db is not None and not (db.has_table("CUDA_GRAPH_NODE_EVENTS") or db.has_table("CUDA_GRAPH_EVENTS")):
-        return {}
+    if db is not None:
+        meta = getattr(trace, "meta", None)
+        mode = getattr(meta, "cuda_graph_trace", None)
+        if mode == "graph":
+            return {}
+        # nsys ≥ 2024.5 records node creations in CUDA_GRAPH_NODE_EVENTS; before, in
+        # CUDA_GRAPH_EVENTS, which later versions keep for graph creations in graph mode too
+        nodes = db.has_table("CUDA_GRAPH_NODE_EVENTS") or (
+            db.has_table("CUDA_GRAPH_EVENTS") and not db.has_table("CUPTI_ACTIVITY_KIND_GRAPH_TRACE"))
+        if mode != "node" and not nodes:
+            return {}
     out: dict[str, pl.DataFrame] = {}
     for name in ("kernels", "memcpys", "memsets"):
         if db is not None:

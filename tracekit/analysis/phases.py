@@ -168,9 +168,9 @@ def _from_graphs(launches: pl.DataFrame, ops: pl.DataFrame, rk: list[str]) -> pl
         if pre.height:
             busy = interval_union(pre, []).select((pl.col("end_ns") - pl.col("start_ns")).sum()).item()
             launch = pre["api_start_ns"].min() if "api_start_ns" in pre.columns else None
-            row = {**{k: top[k][0] for k in rk}, "gpu_start_ns": int(pre["start_ns"].min()), "gpu_end_ns": int(pre["end_ns"].max()),
-                   "gpu_busy_ns": int(busy), "ops": pre.height, "start_ns": int(launch) if launch is not None else int(pre["start_ns"].min()),
-                   "name": None, "end_ns": int(pre["end_ns"].max()), "phase": "prefill"}
+            g0, g1 = int(pre["start_ns"].min()), int(pre["end_ns"].max())  # type: ignore[arg-type]
+            row = {**{k: top[k][0] for k in rk}, "gpu_start_ns": g0, "gpu_end_ns": g1, "gpu_busy_ns": int(busy), "ops": pre.height,
+                   "start_ns": int(launch) if launch is not None else g0, "name": None, "end_ns": g1, "phase": "prefill"}  # type: ignore[arg-type]
             parts.insert(0, pl.DataFrame([row], schema=steps.schema))
     return pl.concat(parts, how="vertical_relaxed")
 

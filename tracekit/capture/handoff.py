@@ -150,7 +150,7 @@ def _scoped_kernels(path: Path, includes: Sequence[str], excludes: Sequence[str]
         from tracekit.analysis.attribution import NVTX_COLUMNS, attribute_nvtx, launch_info
         from tracekit.analysis.nsys_ncu import nvtx_include_matches
 
-        trace = tracekit.open(path)
+        trace: Any = tracekit.open(path)
         kernels = trace.table("kernels", _SCOPE_COLUMNS)
         api = trace.columns_on_demand("cuda_api", ["correlation_id", "global_tid", "name", "start_ns", "end_ns", "api"])
         att = attribute_nvtx(launch_info(kernels, api), trace.table("nvtx", list(NVTX_COLUMNS)), fallback="none")

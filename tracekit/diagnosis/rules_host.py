@@ -375,8 +375,8 @@ def graph_launch(ctx: Context) -> list[Finding]:
     launches = ctx.graph_launches
     if launches.height:
         launches = launches.filter((pl.col("start_ns") >= w.start_ns) & (pl.col("start_ns") < w.end_ns))
-    call = launches["launch_api_ns"].median() if launches.height else None
-    nodes = launches["kernels"].median() if launches.height else None
+    call: float | None = launches["launch_api_ns"].median() if launches.height else None  # type: ignore[assignment]
+    nodes: float | None = launches["kernels"].median() if launches.height else None  # type: ignore[assignment]
     node_mode = launches.height > 0 and (launches["mode"] == "node").all()
     what = f"cudaGraphLaunch takes {fmt_ns(call)} per launch" if call is not None else "the graph launch call fills the gap"
     if nodes is not None:

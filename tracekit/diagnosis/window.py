@@ -262,7 +262,8 @@ def steady_window(
             exact = "^(?:" + "|".join(re.escape(n) for n in names) + ")$"
             its = _nvtx_iterations(ops_with_launch, nvtx, replace(config, iteration_pattern=exact))
             shown = ", ".join(names[:3]) + (" …" if len(names) > 3 else "")
-            forwards_why = f"NVTX forward ranges ({shown}: each runs the model's {int(fwd['layers'].max() or 0)} layers once)"
+            layers = int(fwd["layers"].max() or 0)  # type: ignore[arg-type]
+            forwards_why = f"NVTX forward ranges ({shown}: each runs the model's {layers} layers once)"
     named = ("named " + ", ".join(ITERATION_WORDS[:-1]) + f" or {ITERATION_WORDS[-1]}" if config.iteration_pattern == DEFAULT_ITERATION_PATTERN
              else f"matching {config.iteration_pattern!r}")
     method, why = ("forwards", forwards_why) if forwards_why else ("nvtx", f"NVTX iteration ranges ({named})")
