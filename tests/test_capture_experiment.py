@@ -346,3 +346,36 @@ def test_sigterm_and_sighup_stop_the_program_and_are_recorded(tmp_path: Path, si
     assert sig.name in data["error"]
     with pytest.raises(ProcessLookupError):
         os.kill(child, 0)  # the program was stopped with the capture
+
+
+def test_a_program_killed_from_outside_is_said_in_the_record(tmp_path: Path) -> None:
+    """Issue 29.6 (seen on an H100 with a real nsys: the program SIGKILLed during the capture,
+    nsys passed 137 through): the record says which signal ended the program; the reports stay
+    usable, so it is a warning, not an error."""
+    code = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+    result = run(_exp(tmp_path, code, name="killed"), check=False)
+    assert result.status == "failed" and result.error is None
+    assert result.target_exit_code == -9
+    assert "the program was ended by SIGKILL (exit code -9) (killed from outside, or by the out-of-memory killer)" in result.warnings
+    from tracekit.capture.experiment import _exit_reason
+
+    assert _exit_reason(137) == "the program was ended by SIGKILL (exit code 137) (killed from outside, or by the out-of-memory killer)"
+    assert _exit_reason(139) == "the program was ended by SIGSEGV (exit code 139)"
+    assert _exit_reason(3) == "the program exited with code 3" and _exit_reason(0) is None
+
+
+def test_an_interrupted_capture_records_the_reports_written(tmp_path: Path) -> None:
+    """Issue 29.6 (seen on an H100: SIGHUP to a `tracekit capture nsys` session; nsys, stopped with
+    SIGINT, wrote report.nsys-rep, which the record did not list): the reports a stopped profiler
+    left in the folder are recorded and named in the error."""
+    import threading
+
+    from tracekit.capture.experiment import _Run
+    from tracekit.capture.options import Experiment
+
+    folder = tmp_path / "exp"
+    folder.mkdir()
+    (folder / "report.nsys-rep").write_bytes(b"NVIDIA Tegra Profiler Report")
+    state = _Run(Experiment(command=["x"], mode="nsys"), folder, {}, {}, None, threading.Event())
+    assert state.keep_written_reports() == ["report.nsys-rep"]
+    assert [p.name for p in state.result.reports["nsys"]] == ["report.nsys-rep"]

@@ -142,6 +142,25 @@ class ExperimentResult:
         }
 
 
+def _exit_reason(code: int | None) -> str | None:
+    """What a failing exit code of the program says: a signal for codes 129–159 (the shell's
+    128 + N, as nsys passes it through) and for -N (a direct child killed by signal N), else
+    the code."""
+    import signal
+
+    if code is None or code == 0:
+        return None
+    number = -code if code < 0 else (code - 128 if 128 < code < 160 else None)  # a direct child: -N
+    if number is not None:
+        try:
+            name = signal.Signals(number).name
+        except ValueError:
+            name = f"signal {number}"
+        how = " (killed from outside, or by the out-of-memory killer)" if name == "SIGKILL" else ""
+        return f"the program was ended by {name} (exit code {code}){how}"
+    return f"the program exited with code {code}"
+
+
 def _killed_by(res: ProcessResult) -> str | None:
     """The signal that ended a profiler on its own (``SIGKILL``), or ``None``: it exited, or
     tracekit stopped it (timeout, interrupt)."""
@@ -437,6 +456,18 @@ class _Run:
         if reports and self.exp.ncu.export_csv and not stopped:
             self.export_ncu_csv(reports)
 
+    def keep_written_reports(self) -> list[str]:
+        """Record the reports a stopped profiler wrote (nsys writes its report after SIGINT, as
+        after Ctrl-C in a terminal) under ``reports``; their file names."""
+        kinds = {"nsys": ("*.nsys-rep", "*.qdrep"), "sqlite": ("*.sqlite",), "ncu": ("*.ncu-rep",)}
+        names: list[str] = []
+        for kind, patterns in kinds.items():
+            found = sorted(p for pattern in patterns for p in self.folder.glob(pattern))
+            if found:
+                self.result.reports[kind] = sorted(set(self.result.reports.get(kind, [])) | set(found))
+                names += [p.name for p in found]
+        return names
+
     def finish(self) -> None:
         res = self.result
         res.ended_at = now_iso()
@@ -449,6 +480,9 @@ class _Run:
             )
             partial = bool(res.handoff and res.handoff.get("missing"))
             res.status = "failed" if failed else ("partial" if partial else "complete")
+            reason = _exit_reason(res.target_exit_code) if res.status == "failed" else None
+            if reason and reason not in res.warnings:  # said, not an error: the reports are usable
+                res.warnings.append(reason)
         res.summary.setdefault("mode", self.exp.mode)
         res.summary.update(
             status=res.status,
@@ -525,7 +559,9 @@ def run(
     except KeyboardInterrupt as exc:
         state.result.status = "interrupted"
         signame = getattr(exc, "signame", "SIGINT")
-        state.result.error = f"stopped by {signame}; the program's processes were stopped too"
+        kept = state.keep_written_reports()
+        state.result.error = f"stopped by {signame}; the program's processes were stopped too" + (
+            f"; the profiler wrote {', '.join(kept)} before it stopped" if kept else "; no report was written")
         with signals_deferred():  # recording the outcome is not cut short by a second signal
             state.finish()
         raise
