@@ -444,3 +444,39 @@ def test_the_h100_run_profiled_every_handed_over_kernel(e2e: object, tmp_path: P
     records = launch_records(passes, {p.index: [run_dir / f"report_k{p.index}.ncu-rep"] for p in passes})
     assert [(r["profiled_launches"], r["other_kernels"]) for r in records] == [(3, {})] * 3
     assert missing_kernels(records) == []
+
+
+DECODE_RUN = ROOT / "tests" / "data" / "handoff_decode_h100.tar.xz"
+
+
+def test_the_decode_handoff_on_h100_profiled_the_step_it_was_asked_for(e2e: object, tmp_path: Path) -> None:
+    """Issue 27 §2 on the GPU (H100, nsys and ncu 2025.3.1; 2026-11-27): ``capture both --top-n 3
+    --nvtx-include decode.2/`` on a decode loop whose prefill (batch 8 × 2048 tokens) dominates
+    the whole trace. Ranked inside decode.2 and targeted by mangled name, each pass profiled its
+    own kernel inside the step; the passes of before (function names ranked over the whole
+    trace) asked for a prefill GEMM that never runs in decode.2 — ncu profiled nothing and wrote
+    no report — and for ``elementwise_kernel``, whichever instantiation came first. Everything
+    the four steps wrote is ``tests/data/handoff_decode_h100.tar.xz`` (155 KB)."""
+    import tarfile
+
+    with tarfile.open(DECODE_RUN) as tar:
+        tar.extractall(tmp_path, filter="data")
+    run_dir = tmp_path / "handoff_decode_h100"
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert plan["handoff"]["ranked"] == "inside --nvtx-include decode.2/"
+    failures, seen = e2e.check_reports(plan, run_dir, run_dir / "report.sqlite")  # type: ignore[attr-defined]
+    assert failures == []
+    asked = [min(3, p["nsys_launches"]) for p in plan["passes"]]
+    assert [e["launches"][e["kernel"]] for e in seen["passes"]] == asked == [3, 3, 1]
+    # before: the prefill GEMM ranked third over the whole trace got no launch inside decode.2
+    before = {b["kernel"]: b["launches"] for b in seen["before"]}
+    assert before["nvjet_sm90_tst_192x192_64x4_2x1_v_bz_coopB_TNN"] == {}
+    assert not (run_dir / "before_k3.ncu-rep").exists()
+    # tracekit plans the same passes from the export today, and reads the reports back
+    frames: list[pl.DataFrame] = []
+    summary = summarize_nsys(run_dir / "report.sqlite", frames=frames)
+    exp = Experiment.from_dict(json.loads((ROOT / "tests/gpu/handoff_decode_nsys_command.json").read_text())["experiment"])
+    passes = handoff_passes(exp, summary, frames, compute_capability="9.0", reports=[run_dir / "report.sqlite"])
+    assert [p.kernel for p in passes] == [p["kernel"] for p in plan["passes"]]
+    records = launch_records(passes, {p.index: [run_dir / f"report_k{p.index}.ncu-rep"] for p in passes})
+    assert [r["profiled_launches"] for r in records] == [3, 3, 1] and missing_kernels(records) == []
