@@ -310,3 +310,22 @@ def test_hf_window_is_one_step_per_forward() -> None:
     (n,) = _sql("hf_generate_eager", "SELECT COUNT(*) FROM NVTX_EVENTS e LEFT JOIN StringIds s ON s.id = e.textId "
                 "WHERE COALESCE(e.text, s.value) = 'Qwen3ForCausalLM'")[0]
     assert n == 24
+
+
+def test_compiled_decode_that_copies_its_kv_cache_is_named() -> None:
+    """torch.compile(reduce-overhead) decode whose step returns new caches, cloned outside the
+    compiled code as PyTorch's CUDA-graph error asks (8 layers, batch 8, 8 KV heads × 128, a
+    576-token static cache in bf16): every step copies every layer's K and V twice (the clone,
+    and cudagraph trees copying the new input into the graph's own buffer) — 2 × 16 × 9,437,184
+    bytes. data_movement names the device-to-device copies; their bytes by SQL."""
+    d = _diagnose("compile_functional")
+    row = d.findings.filter(pl.col("category") == "data_movement").row(0, named=True)
+    assert row["severity"] == "medium" and "memcpy" in row["title"] and "Device-to-Device" in row["title"]
+    assert "mark_static_address" in row["advice"]
+    cache = 8 * 8 * 576 * 128 * 2
+    (big, n) = _sql("compile_functional", f"SELECT SUM(bytes), COUNT(*) FROM CUPTI_ACTIVITY_KIND_MEMCPY WHERE copyKind = 8 AND bytes = {cache}")[0]
+    assert n == 2 * 16 * 24 and big == 2 * 16 * 24 * cache  # 24 decode steps
+    w = d.window
+    (dtod,) = _sql("compile_functional", "SELECT SUM(end - start) FROM CUPTI_ACTIVITY_KIND_MEMCPY WHERE copyKind = 8 "
+                   f"AND start >= {w.start_ns} AND start < {w.end_ns}")[0]
+    assert row["time_ns"] == dtod
