@@ -77,8 +77,11 @@ def _main_gaps(ctx: Context) -> pl.DataFrame:
         gaps = _mark_sync_gaps(ctx, gaps)
         # the GPU waited for the host's cudaGraphLaunch: graph_launch's, not a sync's or the host's
         gl = (pl.col("cause") == "launch_bound") & pl.col("next_api").str.contains(GRAPH_LAUNCH_API).fill_null(False)
+        # a gap inside a launch-bound stretch is launch_bound's (its time is in the stretch's
+        # idle), never also a sync's: after a per-token .item() a launch-bound host never
+        # queues ahead again, so every gap of the step would otherwise count twice
         gaps = gaps.with_columns(gl.alias("graph_launch")).with_columns(
-            pl.when(pl.col("graph_launch")).then(None).otherwise(pl.col(c)).alias(c)
+            pl.when(pl.col("graph_launch") | pl.col("in_stretch")).then(None).otherwise(pl.col(c)).alias(c)
             for c in ("after_sync", "sync_start_ns", "sync_end_ns")
         )
     ctx.__dict__["_classified_gaps"] = gaps
