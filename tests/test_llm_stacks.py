@@ -269,6 +269,35 @@ def test_kv_cache_grown_with_cat_is_named() -> None:
     assert f"concat {cat / total:.0%}" in row["title"]
 
 
+@pytest.mark.parametrize("name", ["hf_generate_compile", "compile_kvcopy"])
+def test_inductor_kernels_land_in_families(name: str) -> None:
+    """Every Triton kernel Inductor generated in the compiled captures gets a family (none is
+    'other'), by what it fuses: an RMS norm is normalization, an argmax a reduction, SiLU-mul
+    elementwise, and a kernel fusing only views, casts and index writes is data movement."""
+    from tracekit.analysis.data_movement import data_movement_ops
+    from tracekit.taxonomy import kernel_family
+
+    names = [r[0] for r in _sql(name, "SELECT DISTINCT s.value FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s "
+                                      "ON s.id = k.shortName WHERE s.value LIKE 'triton%'")]
+    assert len(names) >= 10
+    fams = {n: kernel_family(n) for n in names}
+    assert "other" not in fams.values(), fams
+    for n, fam in fams.items():
+        if n.startswith(("triton_per", "triton_red")) and "rms_norm" in n:  # a pointwise kernel applying a norm is elementwise
+            assert fam == "normalization", (n, fam)
+        if n.startswith(("triton_per", "triton_red")):
+            assert fam in ("normalization", "reduction", "softmax"), (n, fam)
+        if n.startswith("triton_red_fused_argmax"):
+            assert fam == "reduction"
+        if "silu" in n:
+            assert fam == "elementwise"
+    moving = dict(data_movement_ops(pl.DataFrame({"name": names, "op_kind": ["kernel"] * len(names),
+                                                  "duration_ns": [1] * len(names)})).select("name", "kind").iter_rows())
+    expected = {"hf_generate_compile": {"triton_poi_fused__to_copy_unsqueeze_1": "dtype_cast"},
+                "compile_kvcopy": {"triton_poi_fused__unsafe_view_index_copy_split_with_sizes_transpose_view_3": "index_write"}}
+    assert moving == expected[name]
+
+
 def test_graph_decode_without_big_copies_has_no_data_movement_finding() -> None:
     assert _diagnose("compile_kvcopy").findings.filter(pl.col("category") == "data_movement").height == 0
 

@@ -54,6 +54,17 @@ def test_at_least_95_percent_of_gpu_time_has_a_family(path: Path) -> None:
         ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<c10::BFloat16, at::native::ArgMaxOps<float>>>", "reduction"),
         ("void at::native::vectorized_elementwise_kernel<8, at::native::<unnamed>::silu_kernel>", "elementwise"),
         ("triton_poi_fused_add_mul_0", "elementwise"),
+        # Inductor kernels that only move data (the whole-KV-cache copy of a compiled decode,
+        # a cat-grown cache, a layout change) and the templates, norms and reductions
+        ("triton_poi_fused_copy_0", "copy"),
+        ("triton_poi_fused_cat_3", "copy"),
+        ("triton_poi_fused_clone_1", "copy"),
+        ("triton_poi_fused__to_copy_unsqueeze_1", "copy"),
+        ("triton_poi_fused_add_copy__16", "elementwise"),
+        ("triton_tem_fused_mm_0", "gemm"),
+        ("triton_per_fused__fused_rms_norm__unsafe_view_add_9", "normalization"),
+        ("triton_red_fused__softmax_2", "softmax"),
+        ("triton_red_fused_argmax_14", "reduction"),
         # ncu short and mangled forms of the same kernels
         ("vectorized_elementwise_kernel", "elementwise"),
         ("_ZN2at6native29vectorized_elementwise_kernelILi4ENS0_11FillFunctorIfEESt5arrayIPcLm1EEEEviT0_T1_", "copy"),
