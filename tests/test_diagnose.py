@@ -398,3 +398,50 @@ def test_straggler_on_the_tp2_capture() -> None:
     last0 = sk.filter(pl.col("straggler_rank") == 0)
     assert row["title"].startswith(f"Rank 0 starts last in {last0.height / sk.height:.0%}")
     assert row["time_ns"] == int(last0["skew_ns"].sum())
+
+
+def test_findings_read_as_a_list_in_a_pipe_or_a_narrow_terminal() -> None:
+    """Issue 27 §3: piped (a CI log), `tracekit diagnose` and summary's findings print a list —
+    header line, title, evidence, advice and the next commands as indented lines wrapped to the
+    width — not a six-column table that wraps its advice to a word per line; `-f table` keeps
+    the table. Checked on the planted host-bound capture and the HF generate() capture."""
+    import os
+
+    from .conftest import llm_capture
+
+    exe = [sys.executable, "-m", "tracekit.cli.main"]
+    for path in (_export("host_bound"), llm_capture("hf_generate_eager")):
+        d = diagnose(path)
+        out = subprocess.run([*exe, "diagnose", str(path)], capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        lines = out.stdout.splitlines()
+        assert not any(ch in out.stdout for ch in "┃│┏"), "no table borders"
+        heads = [ln for ln in lines if ln[:1].isdigit()]
+        assert [h.split()[1] for h in heads] == [f.severity.upper() for f in d.items]
+        assert [h.split()[2] for h in heads] == [f.category for f in d.items]
+        first = d.items[0]
+        assert f"({first.share:.1%} of the window)" in heads[0]
+        # wrapped to the width (100 in a pipe), commands left whole so that they can be copied
+        assert all(len(ln) <= 100 for ln in lines if not ln.lstrip().startswith(("next:", "$")))
+        assert any(ln.startswith("   try: ") for ln in lines) and any(ln.startswith("   next: $ ") for ln in lines)
+        assert "   evidence: " in out.stdout and "Diagnosis.evidence(0)" in out.stdout
+        for c in first.next:
+            assert f"$ {c}" in out.stdout
+        # a finding takes under twenty lines, not 40+
+        blocks = out.stdout.split("\n\n")[1:]
+        assert blocks and max(len(b.splitlines()) for b in blocks) <= 20
+    table = subprocess.run([*exe, "diagnose", str(_export("host_bound")), "-f", "table"], capture_output=True, text=True,
+                           timeout=300, env={**os.environ, "COLUMNS": "200"})
+    assert table.returncode == 0 and "what to try / next" in table.stdout
+    summ = subprocess.run([*exe, "summary", str(_export("host_bound"))], capture_output=True, text=True, timeout=300)
+    assert summ.returncode == 0 and "0. HIGH  host_bound" in summ.stdout and "top findings (tracekit diagnose" in summ.stdout
+    bad = subprocess.run([*exe, "diagnose", str(_export("host_bound")), "-f", "wide"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "auto, table, list, json, markdown" in bad.stderr
+
+
+def test_to_list_wraps_to_the_width_asked() -> None:
+    d = diagnose(_export("launch_bound"))
+    text = d.to_list(width=60)
+    assert all(len(ln) <= 60 for ln in text.splitlines() if not ln.lstrip().startswith(("next:", "$")))
+    assert text.splitlines()[0] == f"tracekit diagnose: {d.trace_name}"
+    assert d.to_list(1).count("\n0. ") == 1 and "\n1. " not in d.to_list(1)

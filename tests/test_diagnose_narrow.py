@@ -83,3 +83,34 @@ def test_summary_kernel_figures_from_name_ids_equal_the_name_frame(path: Path) -
     assert by_id[3].schema == by_name[3].schema
     assert _rows(by_id[3]) == _rows(by_name[3])
     assert by_id[3].equals(by_name[3])  # same order too
+
+
+def test_summary_groups_numbered_nvtx_siblings() -> None:
+    """Issue 27 §3: step.0 … step.7 are one row `step.*` (count 8, total = the sum of the
+    eight ranges by SQL); `--nvtx-each` lists them one by one; HF module paths group by layer
+    (`model.layers.*.mlp`)."""
+    import sqlite3
+    import subprocess
+    import sys
+
+    from .conftest import llm_capture
+
+    path = SAMPLES / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite"
+    nvtx = tracekit.open(path).table("nvtx", ["event_type_id", "end_ns", "duration_ns", "name", "domain"])
+    grouped = S.top_nvtx(nvtx, 50).rows_by_key("range", named=True, unique=True)
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    (n, total) = con.execute("SELECT COUNT(*), SUM(end - start) FROM NVTX_EVENTS e LEFT JOIN StringIds s ON s.id = e.textId "
+                             "WHERE COALESCE(e.text, s.value) LIKE 'step.%' AND e.end IS NOT NULL").fetchone()
+    con.close()
+    assert grouped["step.*"]["count"] == n == 8 and grouped["step.*"]["names"] == 8
+    assert grouped["step.*"]["total_ms"] == pytest.approx(total / 1e6)
+    assert "attn" in grouped and grouped["attn"]["names"] == 1  # an unnumbered name stays as is
+    each = S.top_nvtx(nvtx, 50, group_numbered=False)["range"].to_list()
+    assert {f"step.{i}" for i in range(8)} <= set(each) and "step.*" not in each
+    hf = tracekit.open(llm_capture("hf_generate_eager"))
+    rows = S.top_nvtx(hf.table("nvtx", ["event_type_id", "end_ns", "duration_ns", "name", "domain"]), 50)
+    mlp = rows.filter(pl.col("range") == "model.layers.*.mlp").row(0, named=True)
+    assert mlp["names"] == 28 and mlp["count"] == 28 * 24
+    out = subprocess.run([sys.executable, "-m", "tracekit.cli.main", "summary", str(path), "--findings", "0", "--nvtx-each",
+                          "-n", "20"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "step.3" in out.stdout and "step.*" not in out.stdout

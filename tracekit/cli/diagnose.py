@@ -10,6 +10,14 @@ def register(parent: typer.Typer) -> None:
     parent.command("diagnose")(diagnose)
 
 
+#: ``--format`` values of ``diagnose`` (``auto``: :func:`render` picks table or list).
+FORMATS = ("auto", "table", "list", "json", "markdown")
+
+#: Below this many columns (or when the output is not a terminal) ``auto`` prints a list: the
+#: six-column table wraps its advice to a word per line there.
+TABLE_MIN_WIDTH = 140
+
+
 def _window(text: str | None) -> tuple[int, int] | None:
     from tracekit.errors import TracekitError
 
@@ -29,7 +37,7 @@ def diagnose(
     model: str | None = typer.Option(None, "--model", help="Transformer description (YAML or HF config.json)."),
     batch: int | None = typer.Option(None, "--batch", help="With --model: sequences per step (overrides the description)."),
     prompt_len: int | None = typer.Option(None, "--prompt-len", help="With --model: prompt tokens per sequence (the prefill)."),
-    fmt: str = typer.Option("table", "--format", "-f", help="table, json or markdown."),
+    fmt: str = typer.Option("auto", "--format", "-f", help="auto (a table on a wide terminal, else a list), table, list, json or markdown."),
     window: str | None = typer.Option(None, "--window", help="START_NS:END_NS to analyse instead of the steady state."),
     settings: list[str] = typer.Option([], "--set", help="Rule threshold NAME=VALUE (repeatable; see docs/diagnose.md)."),  # noqa: B008
     top: int = typer.Option(0, "--top", "-n", help="Show only the first N findings (0: all)."),
@@ -40,8 +48,8 @@ def diagnose(
     from tracekit.diagnosis import diagnose as run
     from tracekit.errors import TracekitError
 
-    if fmt not in ("table", "json", "markdown"):
-        msg = f"--format {fmt!r}: choose table, json or markdown"
+    if fmt not in FORMATS:
+        msg = f"--format {fmt!r}: choose {', '.join(FORMATS)}"
         raise TracekitError(msg)
     cfg = DiagnoseConfig().with_overrides(list(settings))
     trace = tracekit.open(files[0]) if len(files) == 1 else tracekit.open_many(files)
@@ -55,7 +63,7 @@ def diagnose(
     if fmt == "markdown":
         print(d.to_markdown())
         return
-    render(d, top or None)
+    render(d, top or None, fmt=fmt)
 
 
 def model_with(model: str | None, batch: int | None, prompt_len: int | None) -> object:
@@ -75,14 +83,21 @@ def model_with(model: str | None, batch: int | None, prompt_len: int | None) -> 
     return load_model(model, **overrides)
 
 
-def render(d, top: int | None = None, *, title: str | None = None) -> None:  # type: ignore[no-untyped-def]
-    """Print a diagnosis as a rich table (used by ``summary`` too)."""
+def render(d, top: int | None = None, *, title: str | None = None, fmt: str = "auto") -> None:  # type: ignore[no-untyped-def]
+    """Print a diagnosis (used by ``summary`` too): a rich table (``fmt="table"``), or a list
+    (``"list"``: :meth:`~tracekit.diagnosis.result.Diagnosis.to_list`, wrapped to the width);
+    ``"auto"`` prints the table on a terminal at least :data:`TABLE_MIN_WIDTH` columns wide and
+    the list otherwise (a narrow terminal, a CI log, a pipe)."""
     from rich.console import Console
     from rich.table import Table
 
     from tracekit.diagnosis.result import fmt_ns
 
     console = Console()
+    if fmt == "list" or (fmt == "auto" and (not console.is_terminal or console.width < TABLE_MIN_WIDTH)):
+        width = console.width if console.is_terminal else 100
+        print(d.to_list(top, width=width, title=title))
+        return
     table = Table(title=title or f"tracekit diagnose: {d.trace_name}", caption=d.window_text(), show_lines=True)
     for col, just in (("#", "right"), ("severity", "left"), ("category", "left"), ("time at stake", "right"),
                       ("finding", "left"), ("what to try / next", "left")):

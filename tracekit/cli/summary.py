@@ -17,6 +17,7 @@ def summary(
     model: str | None = typer.Option(None, "--model", help="Transformer description (YAML or HF config.json): MFU/MBU per generation phase."),
     batch: int | None = typer.Option(None, "--batch", help="With --model: sequences per step."),
     prompt_len: int | None = typer.Option(None, "--prompt-len", help="With --model: prompt tokens per sequence."),
+    nvtx_each: bool = typer.Option(False, "--nvtx-each", help="List numbered NVTX ranges one by one (default: step.0 … step.7 → step.*)."),
 ) -> None:
     """Capture info, GPUs, time window, top kernels, CUDA graphs, memcpy totals, top NVTX
     ranges, generation phases (time to first token, time per output token) and top findings."""
@@ -31,7 +32,7 @@ def summary(
         msg = f"{file} is an Nsight Compute report; `tracekit summary` reads Nsight Systems exports"
         raise TraceFormatError(msg)
     desc = model_with(model, batch, prompt_len)
-    s = trace_summary(trace, top=top)
+    s = trace_summary(trace, top=top, nvtx_each=nvtx_each)
     _add_graphs(s, trace)
     d = None
     if findings > 0 or desc is not None:

@@ -260,6 +260,38 @@ class Diagnosis:
                 lines.append("")
         return "\n".join(lines)
 
+    def to_list(self, n: int | None = None, *, width: int = 80, title: str | None = None) -> str:
+        """The findings as a list that reads at any width (a narrow terminal, a CI log, a pipe):
+        per finding a header line (number, severity, category, time at stake), the title, the
+        first evidence rows, the advice and the next commands as indented lines wrapped to
+        ``width`` characters; the first ``n`` findings when given."""
+        import textwrap
+
+        width = max(int(width), 40)
+        head = title or f"tracekit diagnose: {self.trace_name}"
+        out = [head, *textwrap.wrap(self.window_text().replace("\n", " | "), width=width, subsequent_indent="  ")]
+        items = self._findings[: n if n is not None else len(self._findings)]
+        if not items:
+            out += ["", "no findings" + ("" if self._findings else ": nothing above the severity thresholds in this window")]
+
+        def para(text: str, label: str) -> list[str]:
+            lead = f"   {label}: " if label else "   "
+            return textwrap.wrap(text, width=width, initial_indent=lead, subsequent_indent=" " * 6,
+                                 break_on_hyphens=False, break_long_words=False) or [lead.rstrip()]
+
+        for i, f in enumerate(items):
+            stake = ""
+            if f.time_ns is not None:
+                stake = f"  {fmt_ns(f.time_ns)}" + (f" ({f.share:.1%} of the window)" if f.share is not None else "")
+            out += ["", f"{i}. {f.severity.upper()}  {f.category}{stake}"]
+            out += para(f.title, "")
+            if f.evidence.height:
+                out += para(_evidence_line(f.evidence, i), "evidence")
+            if f.advice:
+                out += para(f.advice, "try")
+            out += [f"   next: $ {c}" if j == 0 else f"         $ {c}" for j, c in enumerate(f.next)]
+        return "\n".join(out)
+
     def to_text(self, n: int | None = None) -> str:
         """Plain text, one block per finding (the first ``n`` when given)."""
         out = [self.window_text()]
@@ -271,3 +303,26 @@ class Diagnosis:
             for c in f.next[:2]:
                 out.append(f"    next: {c}")
         return "\n".join(out)
+
+
+def _evidence_line(ev: pl.DataFrame, index: int, rows: int = 2, fields: int = 5) -> str:
+    """The first ``rows`` evidence rows as ``key=value`` pairs (times in ``*_ns`` columns
+    formatted, text cut at 60 characters), then how many rows there are and where to see them."""
+    parts = []
+    for row in ev.head(rows).iter_rows(named=True):
+        kv = []
+        for k, v in row.items():
+            if v is None or isinstance(v, (list, dict)) or k.endswith(("start_ns", "end_ns", "launched_ns")):
+                continue  # timestamps on the capture's clock say little in a line of text
+            if k.endswith("_ns") and isinstance(v, (int, float)):
+                text = fmt_ns(v)
+            elif isinstance(v, float):
+                text = f"{v:.3g}"
+            else:
+                text = str(v)
+            kv.append(f"{k}={text[:60] + '…' if len(text) > 60 else text}")
+            if len(kv) == fields:
+                break
+        parts.append(", ".join(kv))
+    more = f"{ev.height} rows: Diagnosis.evidence({index}) or -f json"
+    return "; ".join(parts) + f" ({more})"

@@ -68,19 +68,38 @@ def memcpy_totals(memcpys: pl.DataFrame, memsets: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def top_nvtx(nvtx: pl.DataFrame, top: int = 10) -> pl.DataFrame:
+#: A number that is a whole component of an NVTX name (``step.3``, ``decode_12``,
+#: ``model.layers.7.mlp``, ``Iteration 4``): numbered siblings share the name with it as ``*``.
+NUMBERED_PART = r"(^|[._:/\- ])\d+([._:/\- ]|$)"
+
+
+def top_nvtx(nvtx: pl.DataFrame, top: int = 10, *, group_numbered: bool = True) -> pl.DataFrame:
     """NVTX range names by total (CPU-side) time; open ranges are left out.
 
-    Output: ``range`` (``domain:name``), ``count``, ``total_ms``, ``mean_us``.
+    With ``group_numbered`` (the default), numbered siblings are one row: ``step.0`` …
+    ``step.7`` become ``step.*`` with count 8, ``model.layers.0.mlp`` … become
+    ``model.layers.*.mlp`` (a number is a component between ``.``, ``_``, ``:``, ``/``, ``-``
+    or spaces: :data:`NUMBERED_PART`); a name whose pattern matches no other name is kept as is.
+
+    Output: ``range`` (``domain:name``, or the pattern), ``names`` (distinct names in the row),
+    ``count``, ``total_ms``, ``mean_us``.
     """
     ranges = nvtx.filter(pl.col("event_type_id").is_in([59, 60, 70, 71]) & pl.col("end_ns").is_not_null())
     name = qualified_name()
+    per = ranges.group_by(name.alias("range")).agg(
+        pl.len().cast(pl.Int64).alias("count"), pl.col("duration_ns").sum().alias("_t"))
+    if group_numbered and per.height:
+        # twice: a number next to another (``1.2``) shares its separator with it
+        pattern = pl.col("range").str.replace_all(NUMBERED_PART, "${1}*${2}").str.replace_all(NUMBERED_PART, "${1}*${2}")
+        per = per.with_columns(pattern.alias("_p")).with_columns(
+            pl.when(pl.col("range").n_unique().over("_p") > 1).then(pl.col("_p")).otherwise(pl.col("range")).alias("range"))
     return (
-        ranges.group_by(name.alias("range"))
-        .agg(pl.len().cast(pl.Int64).alias("count"), pl.col("duration_ns").sum().alias("_t"), pl.col("duration_ns").mean().alias("_m"))
+        per.group_by("range")
+        .agg(pl.len().cast(pl.Int64).alias("names"), pl.col("count").sum(), pl.col("_t").sum())
+        .with_columns((pl.col("_t") / pl.col("count")).alias("_m"))
         .sort(["_t", "range"], descending=[True, False])
         .head(top)
-        .select("range", "count", (pl.col("_t") / 1e6).alias("total_ms"), (pl.col("_m") / 1e3).alias("mean_us"))
+        .select("range", "names", "count", (pl.col("_t") / 1e6).alias("total_ms"), (pl.col("_m") / 1e3).alias("mean_us"))
     )
 
 
@@ -160,8 +179,9 @@ def _kernel_figures_by_id(trace: NsysTrace, top: int) -> tuple[int, list[int], i
     return launches, used, int(total) if dur.len() else 0, table
 
 
-def trace_summary(trace: NsysTrace, *, top: int = 10) -> TraceSummary:
-    """Collect what ``tracekit summary`` shows for ``trace``."""
+def trace_summary(trace: NsysTrace, *, top: int = 10, nvtx_each: bool = False) -> TraceSummary:
+    """Collect what ``tracekit summary`` shows for ``trace`` (``nvtx_each``: every NVTX range
+    name on its own row, not numbered siblings grouped: :func:`top_nvtx`)."""
     meta = trace.meta
     s = TraceSummary(path=trace.path)
     s.info["nsys version"] = meta.version + ("" if meta.product_version else " (inferred)")
@@ -188,7 +208,7 @@ def trace_summary(trace: NsysTrace, *, top: int = 10) -> TraceSummary:
     s.tables["top kernels"] = top_k
     s.tables["memory operations"] = memcpy_totals(trace.memcpys, trace.memsets)
     if nvtx.height:
-        s.tables["top NVTX ranges"] = top_nvtx(nvtx, top)
+        s.tables["top NVTX ranges"] = top_nvtx(nvtx, top, group_numbered=not nvtx_each)
     del nvtx
     s.notes.extend(f"missing: {m}" for m in meta.missing)
     s.notes.extend(f"partial export: {k}={v}" for k, v in meta.partial_export.items())
