@@ -37,6 +37,8 @@ __all__ = [
     "RANK_SOURCES",
     "choose_ranks",
     "collective_skew",
+    "kernels_across_ranks",
+    "rank_summary",
     "match_collectives",
     "rank_candidates",
     "rank_from_environment",
@@ -415,3 +417,75 @@ def skew_by_rank(matched: pl.DataFrame) -> pl.DataFrame:
         .with_columns((pl.col("straggler_count") / pl.col("collectives")).alias("straggler_share"))
         .sort("rank")
     )
+
+
+def kernels_across_ranks(kernel_summary: pl.DataFrame) -> pl.DataFrame:
+    """Per kernel function over the ranks.
+
+    Parameters
+    ----------
+    kernel_summary
+        Per rank and kernel: ``rank``, ``short_name``, ``kernels``, ``total_ns``
+        (:func:`tracekit.scale.reduce.reductions_of`'s ``kernel_summary``).
+
+    Returns
+    -------
+    ``short_name``, ``ranks`` (how many ran it), ``kernels``, ``total_ns`` and the spread of
+    the per-rank totals ``min_rank_ns``, ``max_rank_ns``, ``mean_rank_ns`` (ns); largest total
+    first.
+    """
+    per_rank = kernel_summary.group_by("rank", "short_name").agg(pl.col("kernels").sum(), pl.col("total_ns").sum())
+    return per_rank.group_by("short_name").agg(
+        pl.col("rank").n_unique().alias("ranks"), pl.col("kernels").sum(), pl.col("total_ns").sum(),
+        pl.col("total_ns").min().alias("min_rank_ns"), pl.col("total_ns").max().alias("max_rank_ns"),
+        pl.col("total_ns").mean().alias("mean_rank_ns"),
+    ).sort(["total_ns", "short_name"], descending=[True, False])
+
+
+def rank_summary(
+    kernel_summary: pl.DataFrame,
+    busy: pl.DataFrame,
+    overlap: pl.DataFrame | None = None,
+    iterations: pl.DataFrame | None = None,
+) -> pl.DataFrame:
+    """One row per rank: what ``tracekit summary`` says of each report of a multi-rank job.
+
+    Parameters
+    ----------
+    kernel_summary, busy, overlap, iterations
+        The per-rank reductions (:func:`tracekit.scale.reduce.reductions_of` of a
+        :class:`~tracekit.multi.TraceSet`, or a :class:`~tracekit.scale.reduced.ReducedSet`'s
+        tables): kernels per name, :func:`~tracekit.analysis.gpu_time.busy_time`,
+        :func:`~tracekit.analysis.comm.overlap_breakdown` and
+        :func:`~tracekit.analysis.iterations.iterations`, each with a ``rank`` column.
+
+    Returns
+    -------
+    ``rank``, ``devices`` (how many GPUs it used), ``kernels``, ``gpu_time_ns`` (summed kernel
+    durations), ``busy_share`` (busy ÷ span over its GPUs, 0–1), ``communication_ns`` and
+    ``exposed_comm_ns`` (communication not overlapped by compute; null without ``overlap``),
+    ``steps`` and ``median_step_ns`` (NVTX iterations; null without), ``top_kernel`` and
+    ``top_kernel_share`` (of its kernel time). Sorted by rank.
+    """
+    k = kernel_summary.group_by("rank").agg(
+        pl.col("kernels").sum().cast(pl.Int64), pl.col("total_ns").sum().alias("gpu_time_ns"))
+    top = (kernel_summary.group_by("rank", "short_name").agg(pl.col("total_ns").sum())
+           .sort(["rank", "total_ns", "short_name"], descending=[False, True, False])
+           .group_by("rank", maintain_order=True).first()
+           .select("rank", pl.col("short_name").alias("top_kernel"), pl.col("total_ns").alias("_top")))
+    b = busy.group_by("rank").agg(pl.col("device_id").n_unique().cast(pl.Int64).alias("devices"),
+                                  (pl.col("busy_ns").sum() / pl.col("span_ns").sum()).alias("busy_share"))
+    out = b.join(k, on="rank", how="full", coalesce=True).join(top, on="rank", how="left")
+    if overlap is not None and overlap.height:
+        out = out.join(overlap.group_by("rank").agg(pl.col("communication_ns").sum(), pl.col("exposed_comm_ns").sum()),
+                       on="rank", how="left")
+    else:
+        out = out.with_columns(pl.lit(None, pl.Int64).alias("communication_ns"), pl.lit(None, pl.Int64).alias("exposed_comm_ns"))
+    if iterations is not None and iterations.height:
+        out = out.join(iterations.group_by("rank").agg(pl.len().cast(pl.Int64).alias("steps"),
+                                                       pl.col("duration_ns").median().alias("median_step_ns")), on="rank", how="left")
+    else:
+        out = out.with_columns(pl.lit(None, pl.Int64).alias("steps"), pl.lit(None, pl.Float64).alias("median_step_ns"))
+    return out.with_columns((pl.col("_top") / pl.col("gpu_time_ns")).alias("top_kernel_share")).select(
+        "rank", "devices", "kernels", "gpu_time_ns", "busy_share", "communication_ns", "exposed_comm_ns", "steps",
+        "median_step_ns", "top_kernel", "top_kernel_share").sort("rank")

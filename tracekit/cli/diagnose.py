@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import typer
 
+from tracekit.cli.inputs import ENGINE_HELP, SCHEDULER_HELP, WORKERS_HELP
+
 
 def register(parent: typer.Typer) -> None:
     """Add the ``diagnose`` command to ``parent``."""
@@ -32,7 +34,7 @@ def _window(text: str | None) -> tuple[int, int] | None:
 
 
 def diagnose(
-    files: list[str] = typer.Argument(..., help="Nsight Systems export(s); several files = one per rank."),  # noqa: B008
+    files: list[str] = typer.Argument(..., help="Nsight Systems export(s): several files, or a folder of them, = one per rank."),  # noqa: B008
     ncu: str | None = typer.Option(None, "--ncu", help="Nsight Compute report of the same program (.ncu-rep)."),
     model: str | None = typer.Option(None, "--model", help="Transformer description (YAML or HF config.json)."),
     batch: int | None = typer.Option(None, "--batch", help="With --model: sequences per step (overrides the description)."),
@@ -41,9 +43,12 @@ def diagnose(
     window: str | None = typer.Option(None, "--window", help="START_NS:END_NS to analyse instead of the steady state."),
     settings: list[str] = typer.Option([], "--set", help="Rule threshold NAME=VALUE (repeatable; see docs/diagnose.md)."),  # noqa: B008
     top: int = typer.Option(0, "--top", "-n", help="Show only the first N findings (0: all)."),
+    engine: str = typer.Option("local", "--engine", help=ENGINE_HELP),
+    scheduler: str | None = typer.Option(None, "--scheduler", help=SCHEDULER_HELP),
+    workers: int | None = typer.Option(None, "--workers", min=1, help=WORKERS_HELP),
 ) -> None:
     """Where the time goes and what to try: steady-state window, findings sorted by severity and time."""
-    import tracekit
+    from tracekit.cli.inputs import open_traces
     from tracekit.diagnosis import DiagnoseConfig
     from tracekit.diagnosis import diagnose as run
     from tracekit.errors import TracekitError
@@ -52,10 +57,7 @@ def diagnose(
         msg = f"--format {fmt!r}: choose {', '.join(FORMATS)}"
         raise TracekitError(msg)
     cfg = DiagnoseConfig().with_overrides(list(settings))
-    trace = tracekit.open(files[0]) if len(files) == 1 else tracekit.open_many(files)
-    if type(trace).__name__ == "NcuReport":
-        msg = f"{files[0]} is an Nsight Compute report; pass the Nsight Systems export and give the report with --ncu"
-        raise TracekitError(msg)
+    trace = open_traces(files, engine=engine, scheduler=scheduler, workers=workers, command="tracekit diagnose")
     d = run(trace, ncu=ncu, model=model_with(model, batch, prompt_len), window=_window(window), config=cfg)
     if fmt == "json":
         print(d.to_json())

@@ -9,10 +9,11 @@ import typer
 
 
 def report(
-    trace: Annotated[
-        Path,
+    traces: Annotated[
+        list[Path],
         typer.Argument(
-            help="Nsight Systems export (.sqlite, .nsys-rep, or an nsys parquetdir/arrowdir folder), or an Nsight Compute report alone."
+            help="Nsight Systems export (.sqlite, .nsys-rep, or an nsys parquetdir/arrowdir folder), or an Nsight Compute report alone; "
+                 "several exports, or a folder of them, = one per rank (sections per rank)."
         ),
     ],
     ncu: Annotated[
@@ -34,9 +35,15 @@ def report(
     """
     import time
 
+    from tracekit.cli.inputs import is_many, open_traces
     from tracekit.report import write_report
 
     started = time.perf_counter()
+    if is_many(traces):  # one report per rank: opened here as a set (read where the HTML is built)
+        trace: object = open_traces(traces, command="tracekit report")
+        title = title or f"{len(trace.reports)} ranks: {Path(str(traces[0])).name}"  # type: ignore[attr-defined]
+    else:
+        trace = traces[0]
     path = write_report(trace, output, ncu_path=ncu, title=title, max_marks=max_marks)
     size = path.stat().st_size / 1e6
     typer.echo(f"wrote {path} ({size:.1f} MB) in {time.perf_counter() - started:.1f} s")

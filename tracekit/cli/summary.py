@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import typer
 
+from tracekit.cli.inputs import ENGINE_HELP, SCHEDULER_HELP, WORKERS_HELP
+
 
 def register(parent: typer.Typer) -> None:
     """Add the ``summary`` command to ``parent``."""
@@ -11,27 +13,42 @@ def register(parent: typer.Typer) -> None:
 
 
 def summary(
-    file: str = typer.Argument(..., help="Nsight Systems export (.sqlite, or an nsys parquetdir/arrowdir folder) or report (.nsys-rep)."),
+    files: list[str] = typer.Argument(  # noqa: B008
+        ..., help="Nsight Systems export (.sqlite, an nsys parquetdir/arrowdir folder) or report (.nsys-rep); several, "
+                  "or a folder of them, = one per rank (per-rank and cross-rank tables)."),
     top: int = typer.Option(10, "--top", "-n", min=0, help="Rows in the top-kernel and NVTX tables."),
     findings: int = typer.Option(3, "--findings", help="Top findings of `tracekit diagnose` shown at the end (0: none)."),
     model: str | None = typer.Option(None, "--model", help="Transformer description (YAML or HF config.json): MFU/MBU per generation phase."),
     batch: int | None = typer.Option(None, "--batch", help="With --model: sequences per step."),
     prompt_len: int | None = typer.Option(None, "--prompt-len", help="With --model: prompt tokens per sequence."),
     nvtx_each: bool = typer.Option(False, "--nvtx-each", help="List numbered NVTX ranges one by one (default: step.0 … step.7 → step.*)."),
+    engine: str = typer.Option("local", "--engine", help=ENGINE_HELP),
+    scheduler: str | None = typer.Option(None, "--scheduler", help=SCHEDULER_HELP),
+    workers: int | None = typer.Option(None, "--workers", min=1, help=WORKERS_HELP),
 ) -> None:
     """Capture info, GPUs, time window, top kernels, CUDA graphs, memcpy totals, top NVTX
     ranges, generation phases (time to first token, time per output token) and top findings."""
-    import tracekit
     from tracekit.cli.diagnose import model_with
-    from tracekit.errors import TraceFormatError
+    from tracekit.cli.inputs import open_traces
     from tracekit.nsys.summary import trace_summary
     from tracekit.nsys.trace import NsysTrace
 
-    trace = tracekit.open(file)
-    if not isinstance(trace, NsysTrace):
-        msg = f"{file} is an Nsight Compute report; `tracekit summary` reads Nsight Systems exports"
-        raise TraceFormatError(msg)
+    trace = open_traces(files, engine=engine, scheduler=scheduler, workers=workers, command="tracekit summary")
+    file = files[0] if len(files) == 1 else f"{len(files)} files"
     desc = model_with(model, batch, prompt_len)
+    if not isinstance(trace, NsysTrace):  # several ranks
+        s = set_summary(trace, top=top, label=file)
+        d = None
+        if findings > 0 or desc is not None:
+            from tracekit.diagnosis import diagnose
+
+            d = diagnose(trace, model=desc)
+        _render(s)
+        if d is not None and findings > 0:
+            from tracekit.cli.diagnose import render
+
+            render(d, findings, title=f"top findings across ranks (tracekit diagnose {file})")
+        return
     s = trace_summary(trace, top=top, nvtx_each=nvtx_each)
     _add_graphs(s, trace)
     d = None
@@ -127,3 +144,55 @@ def _render(s) -> None:  # type: ignore[no-untyped-def]
         console.print(table)
     for note in s.notes:
         console.print(f"[yellow]note:[/yellow] {note}")
+
+
+def set_summary(ts, *, top: int = 10, label: str = ""):  # type: ignore[no-untyped-def]
+    """What ``tracekit summary`` shows of a multi-rank job (a ``TraceSet``, or a ``ReducedSet``
+    reduced on Dask): the reports and ranks, one row per rank
+    (:func:`tracekit.analysis.ranks.rank_summary`: GPUs, kernels, GPU time, busy share,
+    communication and its exposed part, steps) and the kernels across ranks
+    (:func:`~tracekit.analysis.ranks.kernels_across_ranks`: the spread of each kernel's time
+    over the ranks)."""
+    import statistics
+    from pathlib import Path
+
+    import polars as pl
+
+    from tracekit.analysis.ranks import kernels_across_ranks, rank_summary
+    from tracekit.nsys.summary import TraceSummary
+
+    names = ("kernel_summary", "busy", "overlap", "iterations")
+    if hasattr(ts, "kernels_across_ranks"):  # reduced on Dask: the tables are the reductions
+        tables = {n: ts.table(n) for n in names}
+    else:
+        from tracekit.scale.reduce import reductions_of
+
+        tables = reductions_of(ts, names)
+    reports = ts.reports
+    s = TraceSummary(path=Path(label or "ranks"))
+    shown = ", ".join(Path(p).name for p in reports["path"].head(4).to_list())
+    s.info["reports"] = f"{reports.height} ({shown}{' …' if reports.height > 4 else ''})"
+    ranks = ts.ranks["rank"].drop_nulls() if "rank" in ts.ranks.columns else pl.Series([], dtype=pl.Int64)
+    s.info["ranks"] = f"{ranks.n_unique()} ({ranks.min()!s}–{ranks.max()!s})" if ranks.len() else "none found"
+    versions = sorted({str(v) for v in reports["nsys_version"].to_list() if v})
+    s.info["nsys version"] = ", ".join(versions) or "?"
+    if len(ts.failures):
+        s.notes.extend(f"left out: {f}" for f in ts.failures)
+    per = rank_summary(tables["kernel_summary"], tables["busy"], tables.get("overlap"), tables.get("iterations"))
+    gpu_ms = float(per["gpu_time_ns"].fill_null(0).sum()) / 1e6
+    s.info["kernels"] = f"{int(per['kernels'].fill_null(0).sum()):,} launches, {gpu_ms:,.3f} ms GPU time"
+    steps = [float(v) for v in per["median_step_ns"].drop_nulls().to_list()]
+    if len(steps) > 1:
+        slowest = per.sort("median_step_ns", descending=True, nulls_last=True)["rank"][0]
+        lo, hi = min(steps), max(steps)
+        s.info["step time over ranks"] = (f"median {statistics.median(steps) / 1e6:,.3f} ms, slowest rank {slowest} at "
+                                          f"{hi / 1e6:,.3f} ms ({(hi - lo) / hi:.1%} spread)")
+    s.tables["per rank"] = per.select(
+        "rank", pl.col("devices").alias("GPUs"), "kernels", (pl.col("gpu_time_ns") / 1e6).alias("gpu_ms"),
+        (pl.col("busy_share") * 100).alias("busy_%"), (pl.col("communication_ns") / 1e6).alias("comm_ms"),
+        (pl.col("exposed_comm_ns") / 1e6).alias("exposed_comm_ms"), "steps", (pl.col("median_step_ns") / 1e6).alias("step_ms"),
+        "top_kernel", (pl.col("top_kernel_share") * 100).alias("top_%"))
+    s.tables["kernels across ranks"] = kernels_across_ranks(tables["kernel_summary"]).head(top).select(
+        pl.col("short_name").alias("kernel"), "ranks", "kernels", (pl.col("total_ns") / 1e6).alias("total_ms"),
+        (pl.col("min_rank_ns") / 1e6).alias("min_rank_ms"), (pl.col("max_rank_ns") / 1e6).alias("max_rank_ms"))
+    return s

@@ -209,7 +209,7 @@ class Diagnosis:
 
     def window_text(self) -> str:
         w = self.window
-        steps = f", {w.steps} steps of {fmt_ns(w.step_ns)} (median)" if w.steps else ""
+        steps = (f", {w.steps} steps" + (f" of {fmt_ns(w.step_ns)} (median)" if w.step_ns else "")) if w.steps else ""
         warm = f", {w.warmup_steps} warm-up step(s) excluded" if w.warmup_steps else ""
         sample = ""
         if w.sampled:

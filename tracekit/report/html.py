@@ -617,14 +617,15 @@ def _ensure_fits(trace: Any) -> None:
 
 
 def write_report(
-    trace_path: str | Path | None,
+    trace_path: str | Path | Any,
     output: str | Path,
     *,
     ncu_path: str | Path | None = None,
     title: str | None = None,
     max_marks: int = 2000,
 ) -> Path:
-    """Open the files, build the report and write it to ``output`` (returned)."""
+    """Open the files, build the report and write it to ``output`` (returned). ``trace_path``
+    may also be an open trace or a :class:`~tracekit.multi.TraceSet` (one section per rank)."""
     import tracekit
     from tracekit.ncu.report import NcuReport
 
@@ -632,7 +633,13 @@ def write_report(
     if output.is_dir():  # said before the trace is read and the report built
         msg = f"cannot write {output}: it is a folder; name an HTML file"
         raise TracekitError(msg)
-    trace = tracekit.open(trace_path) if trace_path is not None else None
+    if trace_path is None or isinstance(trace_path, (str, Path)):
+        trace = tracekit.open(trace_path) if trace_path is not None else None
+    else:
+        trace = trace_path
+        if hasattr(trace, "kernels_across_ranks"):  # reduced on Dask: no rows to draw
+            msg = "the HTML report draws each rank's rows, which engine='dask' keeps on the workers; open the reports with open_many"
+            raise TracekitError(msg)
     ncu = tracekit.open(ncu_path) if ncu_path is not None else None
     if isinstance(trace, NcuReport):
         if ncu is not None:  # the first report was dropped without a word

@@ -78,15 +78,11 @@ class ReducedSet(TraceSet):
     # -- cross-rank analyses -------------------------------------------------------------
     def kernels_across_ranks(self) -> pl.DataFrame:
         """Per kernel name: ``ranks``, ``kernels``, ``total_ns``, and the spread of the per-rank
-        totals ``min_rank_ns``, ``max_rank_ns``, ``mean_rank_ns`` (ns); largest total first."""
-        per_rank = self.kernel_summary.group_by("rank", "short_name").agg(
-            pl.col("kernels").sum(), pl.col("total_ns").sum()
-        )
-        return per_rank.group_by("short_name").agg(
-            pl.col("rank").n_unique().alias("ranks"), pl.col("kernels").sum(), pl.col("total_ns").sum(),
-            pl.col("total_ns").min().alias("min_rank_ns"), pl.col("total_ns").max().alias("max_rank_ns"),
-            pl.col("total_ns").mean().alias("mean_rank_ns"),
-        ).sort("total_ns", descending=True)
+        totals ``min_rank_ns``, ``max_rank_ns``, ``mean_rank_ns`` (ns); largest total first
+        (:func:`tracekit.analysis.ranks.kernels_across_ranks`)."""
+        from tracekit.analysis.ranks import kernels_across_ranks
+
+        return kernels_across_ranks(self.kernel_summary)
 
     def step_times(self) -> pl.DataFrame:
         """Per rank: ``steps``, median CPU step ``median_step_ns`` and GPU busy per step
@@ -140,8 +136,12 @@ def _client(client: Any, n_workers: int) -> tuple[Any, Any]:
         if isinstance(client, str):
             return distributed.Client(client), True
         return client, False
+    import logging
+
+    # the scheduler runs in this process: its INFO lines (workers starting, closing) are noise
+    # on a command's stderr; warnings and errors still show
     cluster = distributed.LocalCluster(
-        n_workers=n_workers, threads_per_worker=1, processes=True, dashboard_address=None
+        n_workers=n_workers, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=logging.WARNING
     )
     return distributed.Client(cluster), True
 
