@@ -236,3 +236,60 @@ def test_opening_the_runs_reads_no_table() -> None:
     trace = _open_run(str(SAMPLES / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite"))
     assert type(trace).__name__ == "NsysTrace"
     assert not trace.is_loaded("kernels")
+
+
+# -- the answer first (issue 27 §5) --------------------------------------------------------------
+def test_diff_leads_with_the_verdict_and_says_why() -> None:
+    """A real change on an H100 capture pair (sample_traces/llm_stacks): a torch.compile decode
+    whose step mutates its KV cache (Inductor skips CUDA graphs: 109 kernels launched per step)
+    against the same decode with a functional step (graphs replayed, whole-cache copies). The
+    diff says "faster" first, then why: launch_bound went away, data_movement and graph_launch
+    appeared, host_bound grew — each per step, equal to the two diagnoses by hand."""
+    from .conftest import llm_capture
+
+    before, after = llm_capture("compile_kvcopy"), llm_capture("compile_functional")
+    d = tracekit.diff(before, after)
+    h = d.headline()
+    step = d.levels["step"].filter(pl.col("key") == "step_time").row(0, named=True)
+    assert h is not None and h["verdict"] == "faster" == step["verdict"] and h["before_ns"] == step["mean_a"]
+    assert d.verdict_line().startswith("faster: step time ") and "-70." in d.verdict_line()
+    da, db = tracekit.diagnose(before), tracekit.diagnose(after)
+    change = dict(d.findings.select("category", "change").iter_rows())
+    assert change["launch_bound"] == "went away" and change["data_movement"] == "appeared"
+    assert change["graph_launch"] == "appeared" and change["host_bound"] == "grew"
+    hb = d.findings.filter(pl.col("category") == "host_bound").row(0, named=True)
+    tb = da.findings.filter(pl.col("category") == "host_bound")["time_ns"][0] / da.window.steps
+    ta = db.findings.filter(pl.col("category") == "host_bound")["time_ns"][0] / db.window.steps
+    assert hb["per_step"] and hb["time_before_ns"] == pytest.approx(tb) and hb["time_after_ns"] == pytest.approx(ta)
+    # the replays traced whole are compared as their own key, and said so
+    fam = d.levels["family"].filter(pl.col("key") == "graph").row(0, named=True)
+    con = sqlite3.connect(f"file:{after}?mode=ro", uri=True)
+    (replays,) = con.execute("SELECT COUNT(*) FROM CUPTI_ACTIVITY_KIND_GRAPH_TRACE").fetchone()
+    con.close()
+    assert fam["mean_a"] == 0 and fam["steps_b"] == 24 and replays == 24
+    assert any("24 CUDA graph replays traced whole" in n for n in d.notes)
+    # the same order in every output
+    payload = json.loads(d.to_json())
+    assert list(payload)[:4] == ["verdict", "verdict_line", "findings", "notes"]
+    md = d.to_markdown().splitlines()
+    assert md[2] == f"**{d.verdict_line()}**" and any(ln.startswith("## Why") for ln in md)
+    assert md.index(next(ln for ln in md if ln.startswith("## Why"))) < md.index(next(ln for ln in md if ln == "## kernel"))
+    r = _cli(str(before), str(after), "--by", "step,family")
+    lines = r.stdout.splitlines()
+    assert lines[0] == d.verdict_line() and lines[1].startswith("why")
+    assert "launch_bound went away" in r.stdout.split("step:")[0]  # before the first table
+    back = _cli(str(after), str(before), "--by", "step")
+    assert back.returncode == 1 and back.stdout.startswith("slower: step time")
+    assert "launch_bound appeared" in back.stdout
+
+
+def test_a_planted_problem_appears_in_the_why() -> None:
+    host = SAMPLES / "planted" / "planted_host_bound" / "planted_host_bound.sqlite"
+    d = tracekit.diff(CLEAN, host, levels=("step",))
+    assert d.headline()["verdict"] == "slower"  # type: ignore[index]
+    row = d.findings.filter(pl.col("category") == "host_bound").row(0, named=True)
+    assert row["change"] == "appeared" and row["severity_after"] == "high"
+    assert d.why_lines()[0].startswith("host_bound appeared")
+    quiet = tracekit.diff(CLEAN, CLEAN, levels=("step",))
+    assert quiet.headline()["verdict"] == "no change" and quiet.why_lines() == []  # type: ignore[index]
+    assert tracekit.diff(CLEAN, CLEAN, levels=("step",), findings=False).findings.height == 0

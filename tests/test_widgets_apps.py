@@ -214,6 +214,12 @@ def test_compare_two_traces(decode: Any, tp2: Any) -> None:
     joined = c.kernels.join(kv, on="name", how="left")
     assert (joined["verdict"] == joined["v"]).all()  # equal where the kernel ran in a steady step
     assert joined.filter(pl.col("v").is_null())["verdict"].is_null().all()  # no verdict outside them
+    # the answer first: the verdict line leads the summary, the Verdict tab comes first
+    import html as _html
+
+    assert c.summary.value.index(_html.escape(c.diff.verdict_line())) < c.summary.value.index("kernel time:")
+    assert c.diff.verdict_line().split(":")[0] in ("slower", "faster", "no change")
+    assert c.children[2].get_title(0) == "Verdict"
 
 
 # -- CaptureForm -----------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from tracekit.analysis.attribution import attribute_nvtx
 from tracekit.analysis.compare import compare_per_step
 from tracekit.analysis.families import with_family
 
-__all__ = ["LEVELS", "Diff", "diff"]
+__all__ = ["FINDING_CHANGE", "LEVELS", "Diff", "diff", "findings_change"]
 
 #: What a diff compares: kernel names, kernel families, innermost NVTX ranges (GPU time of
 #: the work launched inside), and per-step totals (``step_time``: the iteration's length;
@@ -104,6 +104,15 @@ def _steady_steps(trace: Any) -> _Side:
 def _level_values(trace: Any, level: str, side: _Side) -> pl.DataFrame:
     ops = side.ops
     kern = ops.filter(pl.col("op_kind") == "kernel") if "op_kind" in ops.columns else ops
+    # CUDA graph replays traced whole hide their kernels: each replay is one key of its own
+    # (``[CUDA graph N]``, family ``graph``), so that their time is compared, not dropped
+    replays = ops.filter(pl.col("op_kind") == "graph") if "op_kind" in ops.columns else ops.clear()
+    if level in ("kernel", "family") and replays.height:
+        whole = replays.select("step", pl.col("name").alias("key"), pl.col("duration_ns").alias("value"))
+        rest = _level_values(trace, level, _Side(kern, side.steps, side.method, side.step_lengths, side.step_labels))
+        if level == "family":
+            whole = whole.with_columns(pl.lit("graph").alias("key"))
+        return pl.concat([rest, whole.select(rest.columns)], how="vertical_relaxed")
     if level == "kernel":
         col = "name"
         if "short_name" not in kern.columns and "short_name" in trace.kernels.columns:
@@ -152,6 +161,57 @@ class Diff:
     methods: dict[str, str]
     settings: dict[str, float] = field(default_factory=dict)
     threshold: float = 0.05
+    #: How the findings of :func:`tracekit.diagnose` changed (:func:`findings_change`); empty
+    #: when ``diff(findings=False)``.
+    findings: pl.DataFrame = field(default_factory=pl.DataFrame)
+    #: What the reader should know about the comparison (graph replays whose kernels are unseen …).
+    notes: list[str] = field(default_factory=list)
+
+    def headline(self) -> dict[str, Any] | None:
+        """The answer first: the step level's ``step_time`` row — ``verdict`` (``slower``,
+        ``faster``, ``no change``), ``before_ns``/``after_ns`` (median-free per-step means),
+        ``delta_ns``, ``delta_pct``, ``noise_ns`` (null with the fixed threshold),
+        ``noise_basis``; ``None`` when the step level was not compared."""
+        step = self.levels.get("step")
+        if step is None or step.height == 0:
+            return None
+        rows = step.filter(pl.col("key") == "step_time")
+        if rows.height == 0:
+            return None
+        r = rows.row(0, named=True)
+        return {"verdict": r["verdict"], "before_ns": r["mean_a"], "after_ns": r["mean_b"], "delta_ns": r["delta"],
+                "delta_pct": r["delta_pct"], "noise_ns": r["noise"], "noise_basis": r["noise_basis"],
+                "steps_before": self.steps.get("before"), "steps_after": self.steps.get("after")}
+
+    def verdict_line(self) -> str:
+        """One line: ``slower: step time 35.8 ms → 48.3 ms (+35.0 %, noise ±1.2 ms; 8 vs 8
+        steps)`` — what a reader wants before any table."""
+        from tracekit.diagnosis.result import fmt_ns
+
+        h = self.headline()
+        if h is None:
+            return f"{self.before} → {self.after}: step level not compared (add step to --by for the verdict)"
+        pct = "new" if h["delta_pct"] is None else f"{100 * h['delta_pct']:+.1f}%"
+        noise = (f"noise ±{fmt_ns(h['noise_ns'])} per step" if h["noise_ns"] is not None
+                 else f"fixed {100 * self.settings.get('fixed', 0.05):.0f}% bar (too few steps for their spread)")
+        return (f"{h['verdict']}: step time {fmt_ns(h['before_ns'])} → {fmt_ns(h['after_ns'])} ({pct}, {noise}; "
+                f"{h['steps_before']} vs {h['steps_after']} steps)")
+
+    def why_lines(self) -> list[str]:
+        """The findings that appeared, went away, grew or shrank, largest change first: one line each."""
+        from tracekit.diagnosis.result import fmt_ns
+
+        f = self.findings
+        if f.height == 0:
+            return []
+        out = []
+        for r in f.filter(pl.col("change") != "about the same").iter_rows(named=True):
+            unit = " per step" if r["per_step"] else ""
+            b = "–" if r["time_before_ns"] is None else f"{fmt_ns(r['time_before_ns'])}{unit} ({r['severity_before']})"
+            a = "–" if r["time_after_ns"] is None else f"{fmt_ns(r['time_after_ns'])}{unit} ({r['severity_after']})"
+            title = r["title_after"] if r["title_after"] is not None else r["title_before"]
+            out.append(f"{r['category']} {r['change']}: {b} → {a} — {title}")
+        return out
 
     def regressions(self, threshold: float | None = None) -> pl.DataFrame:
         """Rows of every level that are ``slower`` by at least ``threshold`` (relative, per
@@ -171,6 +231,8 @@ class Diff:
         """The structure ``tracekit diff --format json`` prints (docs/diff.md)."""
         bar = self.threshold if threshold is None else _check_threshold(threshold)
         return {
+            "verdict": self.headline(), "verdict_line": self.verdict_line(),
+            "findings": self.findings.to_dicts(), "notes": self.notes,
             "before": self.before, "after": self.after, "steps": self.steps, "step_source": self.methods,
             "settings": {**self.settings, "threshold": bar},
             "levels": {k: v.to_dicts() for k, v in self.levels.items()},
@@ -179,6 +241,82 @@ class Diff:
 
     def to_json(self, threshold: float | None = None) -> str:
         return json.dumps(self.to_dict(threshold), indent=2, default=str)
+
+    def to_markdown(self, top: int = 10) -> str:
+        """The verdict line, then why (the findings that changed), then the tables (``top``
+        rows each)."""
+        from tracekit.diagnosis.result import fmt_ns
+
+        lines = [f"# {self.before} → {self.after}", "", f"**{self.verdict_line()}**", ""]
+        lines += [*(f"> {n}" for n in self.notes), *([""] if self.notes else [])]
+        why = self.why_lines()
+        if why:
+            lines += ["## Why: findings of `tracekit diagnose` that changed", "", *[f"- {w}" for w in why], ""]
+        elif self.findings.height:
+            lines += ["No finding of `tracekit diagnose` changed by more than 10 %.", ""]
+        for level, frame in self.levels.items():
+            lines += [f"## {level}", "", "| key | before | after | delta | delta % | verdict |", "|---|---:|---:|---:|---:|---|"]
+            for r in frame.head(top).iter_rows(named=True):
+                show = fmt_ns if (level != "step" or r["key"] != "kernels") else (lambda v: f"{v:.1f}")
+                pct = "–" if r["delta_pct"] is None else f"{100 * r['delta_pct']:+.1f}%"
+                lines.append(f"| {r['key']} | {show(r['mean_a'])} | {show(r['mean_b'])} | {show(r['delta'])} | {pct} | {r['verdict']} |")
+            lines.append("")
+        return "\n".join(lines)
+
+
+#: A finding's time at stake that changed by less than this share (of the larger) is "about the same".
+FINDING_CHANGE = 0.10
+_SEVERITY_RANK = {"info": 0, "low": 1, "medium": 2, "high": 3}
+
+
+def findings_change(before: pl.DataFrame, after: pl.DataFrame, *, steps_before: int | None = None,
+                    steps_after: int | None = None) -> pl.DataFrame:
+    """How the findings of two diagnoses differ, per category.
+
+    Parameters
+    ----------
+    before, after
+        ``Diagnosis.findings`` of each run (``info`` rows are left out: they cost no time).
+    steps_before, steps_after
+        Steady steps of each run's window (``Diagnosis.window.steps``): with both, times are
+        compared per step, so that runs of different lengths compare.
+
+    Returns
+    -------
+    ``category``, ``change`` (``appeared``, ``went away``, ``grew``, ``shrank``, ``about the
+    same``: within :data:`FINDING_CHANGE` of the larger), ``severity_before``/``severity_after``
+    (the highest of the category), ``time_before_ns``/``time_after_ns`` (summed time at stake
+    per step with both step counts, else over the window, ns; null where the run has no such
+    finding), ``share_before``/``share_after`` (of each run's window), ``delta_ns``,
+    ``per_step`` (whether times are per step), ``title_before``/``title_after``; largest
+    |delta| first.
+    """
+    per_step = bool(steps_before) and bool(steps_after)
+
+    def per_category(f: pl.DataFrame, side: str, steps: int | None) -> pl.DataFrame:
+        f = f.filter(pl.col("severity") != "info") if f.height else f
+        if f.height == 0:
+            return pl.DataFrame(schema={"category": pl.Utf8, f"severity_{side}": pl.Utf8, f"time_{side}_ns": pl.Float64,
+                                        f"share_{side}": pl.Float64, f"title_{side}": pl.Utf8})
+        time = pl.col("time_ns").sum().cast(pl.Float64)
+        return f.with_columns(pl.col("severity").replace_strict(_SEVERITY_RANK, return_dtype=pl.Int64).alias("_r")).group_by(
+            "category", maintain_order=True).agg(
+            pl.col("severity").sort_by("_r", descending=True).first().alias(f"severity_{side}"),
+            (time / steps if per_step and steps else time).alias(f"time_{side}_ns"), pl.col("share").sum().alias(f"share_{side}"),
+            pl.col("title").first().alias(f"title_{side}"))
+
+    j = per_category(before, "before", steps_before).join(per_category(after, "after", steps_after), on="category",
+                                                         how="full", coalesce=True)
+    tb, ta = pl.col("time_before_ns"), pl.col("time_after_ns")
+    biggest = pl.max_horizontal(tb.fill_null(0), ta.fill_null(0))
+    delta = ta.fill_null(0) - tb.fill_null(0)
+    change = (pl.when(tb.is_null()).then(pl.lit("appeared")).when(ta.is_null()).then(pl.lit("went away"))
+              .when(delta.abs() < FINDING_CHANGE * biggest).then(pl.lit("about the same"))
+              .when(delta > 0).then(pl.lit("grew")).otherwise(pl.lit("shrank")))
+    return j.with_columns(delta.alias("delta_ns"), change.alias("change"), pl.lit(per_step).alias("per_step")).sort(
+        [pl.col("delta_ns").abs(), "category"], descending=[True, False]).select(
+        "category", "change", "severity_before", "severity_after", "time_before_ns", "time_after_ns", "share_before",
+        "share_after", "delta_ns", "per_step", "title_before", "title_after")
 
 
 def _check_threshold(value: float) -> float:
@@ -247,6 +385,7 @@ def diff(
     k: float = 3.0,
     min_effect: float = 0.02,
     fixed: float = 0.05,
+    findings: bool = True,
 ) -> Diff:
     """Compare two runs: see the module doc and docs/diff.md.
 
@@ -261,6 +400,9 @@ def diff(
         Which tables to build, from :data:`LEVELS`.
     k, min_effect, fixed
         The verdict's settings (:func:`tracekit.analysis.compare.compare_per_step`).
+    findings
+        Also diagnose both runs and say which findings appeared, went away, grew or shrank
+        (:func:`findings_change`, ``Diff.findings``): the *why* under the verdict.
 
     Returns
     -------
@@ -292,10 +434,33 @@ def diff(
     def name(obj: Any) -> str:
         return os.path.basename(str(getattr(obj, "path", obj)).rstrip("/"))
 
+    changed = pl.DataFrame()
+    if findings:
+        from tracekit.diagnosis import diagnose
+
+        da, db = diagnose(ta), diagnose(tb)
+        changed = findings_change(da.findings, db.findings, steps_before=da.window.steps, steps_after=db.window.steps)
     return Diff(
         name(before), name(after), out,
         steps={"before": len(sa.steps), "after": len(sb.steps)},
         methods={"before": sa.method, "after": sb.method},
         settings={"k": k, "min_effect": min_effect, "fixed": fixed},
         threshold=float(threshold),
+        findings=changed,
+        notes=[n for n in (_graph_note("before", sa), _graph_note("after", sb)) if n],
     )
+
+
+def _graph_note(side: str, s: _Side) -> str | None:
+    """A note when a run's steps hold CUDA graph replays traced whole: their kernels are in no
+    level but as one ``[CUDA graph N]`` key (family ``graph``)."""
+    ops = s.ops
+    if "op_kind" not in ops.columns:
+        return None
+    replays = ops.filter(pl.col("op_kind") == "graph")
+    if replays.height == 0:
+        return None
+    total = int(ops["duration_ns"].sum() or 0)
+    share = f" ({int(replays['duration_ns'].sum() or 0) / total:.0%} of its GPU time in the steps)" if total else ""
+    return (f"{side}: {replays.height:,} CUDA graph replays traced whole{share}: their kernels are compared as one "
+            "[CUDA graph N] key (family graph); capture both runs with --cuda-graph-trace=node to compare the kernels inside")

@@ -13,10 +13,12 @@ def register(parent: typer.Typer) -> None:
 def diff(
     before: str = typer.Argument(..., help="Nsight Systems export of the run before the change (or a folder of per-rank exports)."),
     after: str = typer.Argument(..., help="Nsight Systems export of the run after the change (or a folder of per-rank exports)."),
-    fmt: str = typer.Option("table", "--format", "-f", help="table or json."),
+    fmt: str = typer.Option("table", "--format", "-f", help="table, json or markdown (each leads with the verdict)."),
     threshold: float = typer.Option(5.0, "--threshold", help="Regression (exit 1) when a row is slower by at least this many % per step."),
     by: str = typer.Option("kernel,family,range,step", "--by", help="Levels: kernel, family, range, step."),
     top: int = typer.Option(10, "--top", "-n", help="Rows per level in the table."),
+    findings: bool = typer.Option(True, "--findings/--no-findings",
+                                  help="Diagnose both runs and say which findings appeared, went away, grew or shrank."),
 ) -> int:
     """Per kernel, family, NVTX range and step: before, after, delta and a verdict against the step-to-step noise.
 
@@ -25,16 +27,18 @@ def diff(
     from tracekit.comparison import diff as run
     from tracekit.errors import TracekitError
 
-    if fmt not in ("table", "json"):
-        msg = f"--format {fmt!r}: choose table or json"
+    if fmt not in ("table", "json", "markdown"):
+        msg = f"--format {fmt!r}: choose table, json or markdown"
         raise TracekitError(msg)
     if not threshold >= 0:
         msg = f"--threshold {threshold}: give a percentage of 0 or more (5 = fail when 5 % slower per step)"
         raise TracekitError(msg)
     levels = tuple(x.strip() for x in by.split(",") if x.strip())
-    d = run(before, after, levels=levels, threshold=threshold / 100)
+    d = run(before, after, levels=levels, threshold=threshold / 100, findings=findings)
     if fmt == "json":
         print(d.to_json())
+    elif fmt == "markdown":
+        print(d.to_markdown(top))
     else:
         _render(d, d.threshold, top)
     return 1 if d.regressions().height else 0
@@ -48,6 +52,21 @@ def _render(d, threshold: float, top: int) -> None:  # type: ignore[no-untyped-d
 
     console = Console()
     colors = {"slower": "red", "faster": "green", "no change": "dim"}
+    # the answer first, then why, then the tables
+    h = d.headline()
+    color = colors.get(h["verdict"], "") if h else ""
+    # whole lines (soft wrap): a log or a pipe keeps each on one line
+    console.print(f"[bold {color}]{d.verdict_line()}[/]" if color else d.verdict_line(), highlight=False, soft_wrap=True)
+    why = d.why_lines()
+    if why:
+        console.print("why — findings of tracekit diagnose that changed:", highlight=False, soft_wrap=True)
+        for line in why:
+            console.print(f"  {line}", highlight=False, markup=False, soft_wrap=True)
+    elif d.findings.height:
+        console.print("why: no finding of tracekit diagnose changed by more than 10 %", highlight=False)
+    for note in d.notes:
+        console.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
+    console.print()
     for level, frame in d.levels.items():
         table = Table(title=f"{level}: {d.before} → {d.after} (per step; steps {d.steps['before']} / {d.steps['after']})")
         for col in ("key", "before", "after", "delta", "delta %", "noise", "verdict"):

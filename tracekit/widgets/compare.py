@@ -102,14 +102,14 @@ class Compare(widgets.VBox):  # type: ignore[misc,name-defined]
         self.verdict_html = w.HTML()
         tabs = w.Tab(
             children=[
+                w.VBox([self.verdict_html]),
                 w.VBox([self.kernel_view.widget, self.kernel_html]),
                 w.VBox([self.range_view.widget, self.range_html]),
-                w.VBox([self.verdict_html]),
             ]
         )
-        tabs.set_title(0, "Kernels")
-        tabs.set_title(1, "NVTX ranges (CPU)")
-        tabs.set_title(2, "Verdict")
+        tabs.set_title(0, "Verdict")
+        tabs.set_title(1, "Kernels")
+        tabs.set_title(2, "NVTX ranges (CPU)")
         self.children = (w.HBox([self.n_slider, self.sort_picker]), self.summary, tabs)
         self._refresh()
 
@@ -123,6 +123,20 @@ class Compare(widgets.VBox):  # type: ignore[misc,name-defined]
         if self.sort == "b":
             return frame.sort("total_b_ns", key, descending=[True, False])
         return frame.sort(pl.col("delta_ns").abs(), key, descending=[True, False])
+
+    def _verdict_html(self) -> str:
+        """The answer first (``Diff.verdict_line``: step time before → after against the
+        noise), then why (the findings of ``tracekit.diagnose`` that changed) and the notes."""
+        colors = {"slower": "#b00020", "faster": "#1b7f3b", "no change": "#555"}
+        h = self.diff.headline()
+        color = colors.get(h["verdict"], "#555") if h else "#555"
+        out = f'<p style="font-size:1.15em;font-weight:600;color:{color}">{html.escape(self.diff.verdict_line())}</p>'
+        why = self.diff.why_lines()
+        if why:
+            out += "<p>Why — findings of <code>tracekit.diagnose</code> that changed:</p><ul>"
+            out += "".join(f"<li>{html.escape(line)}</li>" for line in why) + "</ul>"
+        out += "".join(f'<p class="note"><i>{html.escape(n)}</i></p>' for n in self.diff.notes)
+        return out
 
     def _graph_line(self) -> str:
         """A line on the CUDA graph replays traced whole (``graph_trace``) of either trace: GPU
@@ -142,7 +156,8 @@ class Compare(widgets.VBox):  # type: ignore[misc,name-defined]
         la, lb = self.labels
         ka, kb = self.a.kernels["duration_ns"].sum(), self.b.kernels["duration_ns"].sum()
         self.summary.value = (
-            f"<p>kernel time: {la} {fmt_ns(ka)} · {lb} {fmt_ns(kb)} · Δ {fmt_ns(kb - ka)}"
+            self._verdict_html()
+            + f"<p>kernel time: {la} {fmt_ns(ka)} · {lb} {fmt_ns(kb)} · Δ {fmt_ns(kb - ka)}"
             + (f" ({100 * (kb - ka) / ka:+.1f}%)" if ka else "")
             + f" · kernels {self.a.kernels.height:,} → {self.b.kernels.height:,}</p>"
             + self._graph_line()
