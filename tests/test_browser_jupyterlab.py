@@ -158,3 +158,59 @@ def test_overview_notebook_renders_in_jupyterlab(tmp_path: Path) -> None:
     assert state["tabs"] >= 7, state  # the explorer's seven tabs
     assert state["drawn"] >= 3, state
     assert not [u for u in outside if "esm.sh" in u or "cdn" in u or "jsdelivr" in u], outside
+
+
+def test_diagnose_notebook_shows_finding_cards(tmp_path: Path) -> None:
+    """Issue 27 §6: notebook 07 in JupyterLab shows `tracekit.diagnose(trace)` as cards — one
+    per finding, with severity, time at stake, the whole title, advice and the next commands —
+    not as `Diagnosis('x.sqlite', 2 findings, window=nvtx)` or a cut-off frame. The screenshot
+    is kept as tests/artifacts/07_diagnose_jupyterlab.png."""
+    pytest.importorskip("jupyterlab", reason="needs the notebook extra: pip install 'tracekit[notebook]'")
+    executable = chromium_path()
+    sync = sync_playwright()
+    root = tmp_path
+    (root / "notebooks").mkdir()
+    shutil.copy(ROOT / "notebooks" / "07_diagnose.ipynb", root / "notebooks" / "07_diagnose.ipynb")
+    (root / "sample_traces").symlink_to(ROOT / "sample_traces", target_is_directory=True)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    import tracekit
+
+    expected = tracekit.diagnose(ROOT / "sample_traces" / "planted" / "planted_host_bound" / "planted_host_bound.sqlite")
+    with jupyterlab(root, ARTIFACTS / "jupyterlab_07.log") as base:
+        url, token = base.split("|")
+        page_errors: list[str] = []
+        with sync() as p:
+            browser = p.chromium.launch(executable_path=executable, args=CHROMIUM_FLAGS)
+            try:
+                page = browser.new_page(viewport={"width": 1300, "height": 1000})
+                page.route("**/*", lambda r: r.continue_() if r.request.url.startswith(
+                    ("http://127.0.0.1", "ws://127.0.0.1", "data:", "blob:")) else r.abort())
+                page.on("pageerror", lambda e: page_errors.append(str(e)[:500]))
+                page.goto(f"{url}/lab/tree/notebooks/07_diagnose.ipynb?token={token}", wait_until="domcontentloaded")
+                page.wait_for_function(
+                    "() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
+                    " return w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel"
+                    " && w.sessionContext.session.kernel.status === 'idle'; }",
+                    timeout=120_000,
+                )
+                page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+                page.wait_for_function("() => document.querySelectorAll('.jp-OutputArea .tk-finding').length > 0",
+                                       timeout=180_000)
+                page.wait_for_timeout(1500)
+                first = page.locator(".jp-OutputArea .tk-diagnosis").first
+                first.scroll_into_view_if_needed()
+                first.screenshot(path=str(ARTIFACTS / "07_diagnose_jupyterlab.png"))
+                state = page.evaluate(
+                    "() => { const d = document.querySelector('.jp-OutputArea .tk-diagnosis');"
+                    " return { cards: [...d.querySelectorAll('.tk-finding')].map(c => c.dataset.category),"
+                    " text: d.innerText, details: d.querySelectorAll('details').length,"
+                    " reprs: [...document.querySelectorAll('.jp-OutputArea')].filter(e => /Diagnosis\\(/.test(e.innerText)).length }; }"
+                )
+            finally:
+                browser.close()
+    assert not page_errors, page_errors
+    assert state["cards"] == [f.category for f in expected.items]
+    assert state["reprs"] == 0  # the plain repr is not what the user sees
+    top = expected.items[0]
+    assert top.title in state["text"] and "What to try:" in state["text"] and top.next[0] in state["text"]
+    assert state["details"] == sum(1 for f in expected.items if f.evidence.height)

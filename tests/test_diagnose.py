@@ -17,6 +17,7 @@ import pytest
 
 import tracekit
 from tracekit.diagnosis import DiagnoseConfig, diagnose
+from tracekit.diagnosis.result import fmt_ns
 from tracekit.diagnosis.window import find_period
 
 from .conftest import ROOT, SAMPLES
@@ -445,3 +446,70 @@ def test_to_list_wraps_to_the_width_asked() -> None:
     assert all(len(ln) <= 60 for ln in text.splitlines() if not ln.lstrip().startswith(("next:", "$")))
     assert text.splitlines()[0] == f"tracekit diagnose: {d.trace_name}"
     assert d.to_list(1).count("\n0. ") == 1 and "\n1. " not in d.to_list(1)
+
+
+def test_notebook_display_is_one_card_per_finding() -> None:
+    """Issue 27 §6: in Jupyter a Diagnosis displays as cards (severity, category, time at stake
+    with a bar for its share, the whole title, evidence summary, advice, next commands, evidence
+    rows behind a disclosure) and a bar of where the window goes, whose busy time equals the
+    union of the GPU's work in the window recomputed from the export by SQL."""
+    import html as html_mod
+    import re
+    import sqlite3
+
+    path = _export("host_bound")
+    d = diagnose(path)
+    page = d._repr_html_()
+    cards = re.findall(r"<div class='tk-finding' data-category='([^']+)' data-severity='([^']+)'", page)
+    assert cards == [(f.category, f.severity) for f in d.items]
+    for f in d.items:
+        assert html_mod.escape(f.title) in page and html_mod.escape(f.advice) in page
+        for c in f.next:
+            assert f"$ {html_mod.escape(c)}" in page
+        if f.share is not None:
+            assert f"width:{max(min(f.share, 1.0), 0.0) * 100:.2f}%" in page
+        if f.evidence.height:
+            assert f"<summary>{f.evidence.height} evidence row(s)</summary>" in page
+    # the window bar: busy time of the GPU = union of its kernels, copies and memsets in the window
+    w = d.window
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    rows = con.execute(" UNION ALL ".join(f"SELECT start, end FROM {t}" for t in (
+        "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")) + " ORDER BY start").fetchall()
+    con.close()
+    busy, cur = 0, None
+    for s, e in rows:
+        s, e = max(s, w.start_ns), min(e, w.end_ns)
+        if e <= s:
+            continue
+        if cur is None or s > cur[1]:
+            busy += (cur[1] - cur[0]) if cur else 0
+            cur = [s, e]
+        else:
+            cur[1] = max(cur[1], e)
+    busy += (cur[1] - cur[0]) if cur else 0
+    g = d.gpu_time.row(0, named=True)
+    assert g["busy_ns"] == busy and g["window_ns"] == w.end_ns - w.start_ns
+    idle = w.end_ns - w.start_ns - busy
+    assert f"GPU idle {fmt_ns(idle)} ({idle / (w.end_ns - w.start_ns):.0%})" in page
+    clean = diagnose(_export("clean"))
+    assert "tk-finding" in clean._repr_html_() or "No findings" in clean._repr_html_()
+
+
+def test_diff_displays_the_verdict_first() -> None:
+    d = tracekit.diff(_export("clean"), _export("host_bound"), levels=("step", "kernel"))
+    page = d._repr_html_()
+    import html as html_mod
+
+    assert page.index(html_mod.escape(d.verdict_line())) < page.index("Why") < page.index("<details")
+    assert "host_bound appeared" in page
+
+
+def test_a_step_loop_is_not_called_a_generation() -> None:
+    """Steps named step.N with no prefill are not decode steps: no phases line, no time per
+    output token (the planted loops and the training capture); a generate() trace keeps them."""
+    from tracekit.analysis.phases import phase_summary, trace_generation_steps
+
+    for path in (_export("host_bound"), SAMPLES / "llm_train_emit_nvtx_1gpu" / "llm_train_emit_nvtx_1gpu.sqlite"):
+        d = diagnose(path)
+        assert d.phases.height == 0 and "phases" not in d.window_text()
+        assert phase_summary(trace_generation_steps(tracekit.open(path))).height == 0

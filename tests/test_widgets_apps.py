@@ -276,8 +276,9 @@ def test_capture_form_reports_bad_input(tmp_path: Path) -> None:
 
 
 def test_explorer_findings_tab_selects_the_evidence() -> None:
-    """The Findings tab lists tracekit.diagnose's findings; picking one sets the window to its
-    evidence's time span (the idle gaps of host_bound) and switches to the timeline."""
+    """The Findings tab lists tracekit.diagnose's findings; picking one shows its card (the one
+    a notebook displays), sets the window to its evidence's time span (the idle gaps of
+    host_bound); the button switches to the timeline."""
     trace = tracekit.open(SAMPLES / "planted" / "planted_host_bound" / "planted_host_bound.sqlite")
     ex = TraceExplorer(trace)
     assert ex.findings_select.options == ()  # built when the tab is first shown
@@ -287,7 +288,13 @@ def test_explorer_findings_tab_selects_the_evidence() -> None:
     ex.findings_select.value = 0
     ev = ex.diagnosis.evidence(0)
     assert ex.window == (int(ev["start_ns"].min()), int(ev["end_ns"].max()))
-    assert ex.tabs.selected_index == 3 and "prepare_batch" in ex.findings_html.value
+    card = ex.findings_html.value
+    f = ex.diagnosis.items[0]
+    assert "prepare_batch" in card and "tk-finding" in card and "What to try:" in card
+    assert __import__("html").escape(f.title) in card and all(__import__("html").escape(c) in card for c in f.next)
+    assert ex.tabs.selected_index == ex.FINDINGS_TAB and not ex.timeline_button.disabled
+    ex.timeline_button.click()
+    assert ex.tabs.selected_index == 3
     assert ex.errors == {}
 
 

@@ -242,6 +242,38 @@ class Diff:
     def to_json(self, threshold: float | None = None) -> str:
         return json.dumps(self.to_dict(threshold), indent=2, default=str)
 
+    def _repr_html_(self) -> str:
+        """Jupyter's rich display, in the order of every other output: the verdict line, why
+        (the findings that changed), the notes, then each level's table behind a disclosure."""
+        import html
+
+        from tracekit.diagnosis.result import fmt_ns
+
+        colors = {"slower": "#D55E00", "faster": "#009E73", "no change": "#555555"}
+        h = self.headline()
+        color = colors.get(h["verdict"], "#555") if h else "#555"
+        out = ["<div class='tk-diff' style='font-family:sans-serif;font-size:13px;max-width:1100px'>",
+               f"<div style='font-size:16px;font-weight:600;color:{color}'>{html.escape(self.verdict_line())}</div>"]
+        why = self.why_lines()
+        if why:
+            out.append("<div style='margin-top:6px'><b>Why</b> — findings of <code>tracekit.diagnose</code> that changed:<ul>"
+                       + "".join(f"<li>{html.escape(w)}</li>" for w in why) + "</ul></div>")
+        out += [f"<p style='color:#666'><i>{html.escape(n)}</i></p>" for n in self.notes]
+        for level, frame in self.levels.items():
+            rows = []
+            for r in frame.head(20).iter_rows(named=True):
+                show = fmt_ns if (level != "step" or r["key"] != "kernels") else (lambda v: f"{v:.1f}")
+                pct = "–" if r["delta_pct"] is None else f"{100 * r['delta_pct']:+.1f}%"
+                c = colors.get(r["verdict"], "#555")
+                rows.append(f"<tr><td style='text-align:left'>{html.escape(str(r['key']))}</td><td>{show(r['mean_a'])}</td>"
+                            f"<td>{show(r['mean_b'])}</td><td>{show(r['delta'])}</td><td>{pct}</td>"
+                            f"<td style='color:{c}'>{r['verdict']}</td></tr>")
+            out.append(f"<details{' open' if level == 'step' else ''}><summary><b>{level}</b> (per step; {frame.height} rows)</summary>"
+                       "<table style='border-collapse:collapse;font-size:12px'><tr><th style='text-align:left'>key</th><th>before</th>"
+                       "<th>after</th><th>delta</th><th>delta %</th><th>verdict</th></tr>" + "".join(rows) + "</table></details>")
+        out.append("</div>")
+        return "".join(out)
+
     def to_markdown(self, top: int = 10) -> str:
         """The verdict line, then why (the findings that changed), then the tables (``top``
         rows each)."""

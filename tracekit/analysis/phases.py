@@ -40,12 +40,15 @@ from tracekit.analysis.iterations import DEFAULT_ITERATION_PATTERN, word_pattern
 from tracekit.analysis.layers import PREFILL_FACTOR, forward_ranges
 from tracekit.analysis.period import find_period
 
-__all__ = ["MIN_STEPS", "PREFILL_PATTERN", "STEP_COLUMNS", "generation_steps", "phase_summary", "trace_generation_steps"]
+__all__ = ["DECODE_PATTERN", "MIN_STEPS", "PREFILL_PATTERN", "STEP_COLUMNS", "generation_steps", "phase_summary", "trace_generation_steps"]
 
 #: At least this many steps make a generation (fewer: no phases).
 MIN_STEPS = 3
 #: NVTX names of a prefill range (as words).
 PREFILL_PATTERN = word_pattern(("prefill", "prompt", "context"))
+#: NVTX step names that say the steps generate tokens (as words): without a prefill step, a
+#: loop is a generation only when its steps are named so (or are CUDA graph replays).
+DECODE_PATTERN = word_pattern(("decode", "generate", "generation", "token", "sample", "sampling"))
 
 #: Columns of :func:`generation_steps`, in order (``rank`` first for a trace set).
 STEP_COLUMNS: dict[str, pl.DataType | type[pl.DataType]] = {
@@ -238,7 +241,10 @@ def generation_steps(
     replays; the GPU span otherwise), ``gpu_start_ns``/``gpu_end_ns``/``gpu_busy_ns`` (its GPU
     work: span and union, ns), ``ops``, ``interval_ns`` (next step's start − this one's: the
     time per output token of a decode step; null for the last). Empty when no source gives
-    :data:`MIN_STEPS` steps; of a trace set, the rank (or process) with the most steps.
+    :data:`MIN_STEPS` steps, or when nothing says the steps generate tokens: no prefill step
+    (a range or a leading heavy step), no step named as :data:`DECODE_PATTERN` and not graph
+    replays (a training loop's ``step.N`` is not a decode); of a trace set, the rank (or
+    process) with the most steps.
     """
     rk = rank_keys(ops_with_launch, nvtx) if nvtx.height else rank_keys(ops_with_launch)
     steps: pl.DataFrame | None = None
@@ -270,6 +276,11 @@ def generation_steps(
         while lead < min(2, steps.height - MIN_STEPS) and busy[lead] >= prefill_factor * float(np.median(busy[lead + 1:])):
             lead += 1
         steps = steps.with_columns(pl.when(pl.int_range(pl.len()) < lead).then(pl.lit("prefill")).otherwise(pl.col("phase")).alias("phase"))
+    named = steps["name"].drop_nulls().str.contains("(?i)" + DECODE_PATTERN).any() if "name" in steps.columns else False
+    if not (steps["phase"] == "prefill").any() and not named and source != "graph_replays":
+        # repeated steps alone do not make a generation: a training loop's step.N or a
+        # kernel period is not decoding unless a prefill, a decode name or graph replays say so
+        return _empty(rk)
     steps = steps.with_columns(
         pl.col("phase").fill_null("decode"),
         pl.lit(source).alias("source"),

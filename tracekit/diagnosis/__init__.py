@@ -183,7 +183,26 @@ def diagnose(
             if f.time_ns is not None and f.category != "warmup":
                 f.time_ns = round(f.time_ns * full.scale)
     _cap_at_window(findings, full)
-    return Diagnosis(_trace_name(tr), full, findings, phases=ctx.phases)
+    return Diagnosis(_trace_name(tr), full, findings, phases=ctx.phases, gpu_time=_gpu_time(ctx))
+
+
+def _gpu_time(ctx: Any) -> Any:
+    """``Diagnosis.gpu_time``: the analysed window's busy time per GPU (``Context.busy_w``) and,
+    when the trace communicates, its communication not overlapped by compute
+    (``overlap_breakdown``, as the communication rules read it)."""
+    import polars as pl
+
+    from tracekit.diagnosis.rules_comm import _breakdown
+
+    busy = ctx.busy_w
+    if busy.height == 0:
+        return busy
+    keys = [*ctx.rk, "device_id"]
+    out = busy.with_columns(pl.lit(ctx.window.duration_ns, pl.Int64).alias("window_ns"))
+    br = _breakdown(ctx)
+    if br.height and "communication_only_ns" in br.columns:
+        out = out.join(br.select(*keys, "communication_only_ns"), on=keys, how="left")
+    return out.select(*keys, "window_ns", *[c for c in out.columns if c not in (*keys, "window_ns")])
 
 
 def _cap_at_window(findings: list[Finding], window: Window) -> None:

@@ -146,12 +146,18 @@ class Diagnosis:
     ``advice``, ``next`` (list of commands). ``window`` is the analysed :class:`Window`.
     """
 
-    def __init__(self, trace_name: str, window: Window, findings: list[Finding], *, phases: pl.DataFrame | None = None) -> None:
+    def __init__(self, trace_name: str, window: Window, findings: list[Finding], *, phases: pl.DataFrame | None = None,
+                 gpu_time: pl.DataFrame | None = None) -> None:
         self.trace_name = trace_name
         self.window = window
         #: :func:`tracekit.analysis.phases.phase_summary` of the trace (with the model's MFU/MBU
         #: when ``diagnose(model=…)``); empty when no generation phases were found.
         self.phases = phases if phases is not None else pl.DataFrame()
+        #: Per (``rank``,) ``device_id`` in the analysed window: ``window_ns``, ``busy_ns`` (union of
+        #: its GPU work), ``idle_ns``, ``utilization`` and, when the trace communicates,
+        #: ``communication_only_ns`` (communication not overlapped by compute); empty for a set
+        #: reduced on Dask.
+        self.gpu_time = gpu_time if gpu_time is not None else pl.DataFrame()
         order = sorted(
             findings,
             key=lambda f: (_SEVERITY_RANK.get(f.severity, 9), -(f.time_ns if f.time_ns is not None else -1)),
@@ -160,6 +166,13 @@ class Diagnosis:
 
     def __repr__(self) -> str:
         return f"Diagnosis({self.trace_name!r}, {len(self._findings)} findings, window={self.window.method})"
+
+    def _repr_html_(self) -> str:
+        """Jupyter's rich display: the time bar and one card per finding
+        (:func:`tracekit.diagnosis.html.diagnosis_html`)."""
+        from tracekit.diagnosis.html import diagnosis_html
+
+        return diagnosis_html(self)
 
     def __len__(self) -> int:
         return len(self._findings)

@@ -172,6 +172,9 @@ class TraceExplorer(widgets.VBox):  # type: ignore[misc,name-defined]
         self.findings_select = w.Select(options=[], rows=8, layout=w.Layout(width="100%"))
         self.findings_select.observe(self._on_finding, names="value")
         self.findings_html = w.HTML()
+        self.timeline_button = w.Button(description="Show on the timeline", icon="arrow-right", disabled=True,
+                                        tooltip="the selected finding's evidence as the timeline's window")
+        self.timeline_button.on_click(lambda _b: self._show_timeline())
 
         v = self.views
         tabs = [
@@ -185,8 +188,9 @@ class TraceExplorer(widgets.VBox):  # type: ignore[misc,name-defined]
             w.VBox([v["metrics"].widget]),
             w.VBox([v["memory"].widget, w.HTML("<b>Memory per NVTX range</b> (tracekit.analysis.memory.layer_memory)"),
                     self.layer_ranges, v["layer_memory"].widget, v["layer_growth"].widget, self.layer_html]),
-            w.VBox([w.HTML("<b>Findings</b> (tracekit.diagnose): pick one to show its evidence on the timeline"),
-                    self.findings_select, self.findings_html]),
+            w.VBox([w.HTML("<b>Findings</b> (tracekit.diagnose): pick one for its card — time at stake, evidence, "
+                           "advice, next commands — and show its evidence on the timeline"),
+                    self.findings_select, self.timeline_button, self.findings_html]),
         ]  # fmt: skip
         self.tabs = w.Tab(children=tabs)
         for i, title in enumerate(self.TAB_TITLES):
@@ -213,11 +217,13 @@ class TraceExplorer(widgets.VBox):  # type: ignore[misc,name-defined]
         return self._diagnosis
 
     def _refresh_findings(self) -> None:
+        from tracekit.diagnosis.html import time_bar
+
         d = self.diagnosis
         self.findings_select.options = [
             (f"[{f.severity}] {f.category}: {f.title}", i) for i, f in enumerate(d.items)
         ]
-        self.findings_html.value = f"<i>{d.window_text()}</i>"
+        self.findings_html.value = f"<i>{html.escape(d.window_text())}</i>{time_bar(d)}"
 
     def evidence_window(self, i: int) -> tuple[int, int]:
         """The time span of finding ``i``'s evidence rows (``start_ns``…``end_ns``), or the
@@ -230,23 +236,28 @@ class TraceExplorer(widgets.VBox):  # type: ignore[misc,name-defined]
                 return int(lo), int(hi)  # type: ignore[arg-type]
         return d.window.start_ns, d.window.end_ns
 
-    def select_finding(self, i: int) -> None:
-        """Show finding ``i``: its details, its evidence's time span as the window, the kernel it
-        names (if any) as the selected kernel, and the Timeline tab."""
+    def select_finding(self, i: int, *, show_timeline: bool = False) -> None:
+        """Show finding ``i``: its card (:func:`tracekit.diagnosis.html.finding_card`, the one
+        ``Diagnosis`` displays in a notebook), its evidence's time span as the window and the
+        kernel it names (if any) as the selected kernel; with ``show_timeline`` (the "Show on
+        the timeline" button) also switch to the Timeline tab."""
+        from tracekit.diagnosis.html import finding_card
+
         d = self.diagnosis
         f = d.items[i]
         ev = d.evidence(i)
-        self.findings_html.value = (
-            f"<p><b>{html.escape(f.title)}</b></p><p>{html.escape(f.advice)}</p>"
-            + "".join(f"<pre>{html.escape(c)}</pre>" for c in f.next)
-            + (ev.head(20)._repr_html_() if ev.height else "")
-        )
+        self.findings_html.value = finding_card(f, i)
         for col in ("short_name", "kernel"):
             if col in ev.columns and ev.height and ev[col][0] is not None:
                 self.selected_kernel = str(ev[col][0])
                 break
         lo, hi = self.evidence_window(i)
         self.window = (lo, hi)
+        self.timeline_button.disabled = False
+        if show_timeline:
+            self._show_timeline()
+
+    def _show_timeline(self) -> None:
         self.tabs.selected_index = 3
 
     def _on_finding(self, change: dict[str, Any]) -> None:
