@@ -3,6 +3,15 @@
 from __future__ import annotations
 
 
+def one_line(text: str, limit: int = 200) -> str:
+    """A library's message made fit for a one-line error: its first line (SQLite quotes a
+    damaged schema's SQL over many lines after it), whitespace collapsed, cut at ``limit``
+    characters with ``…``."""
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    first = " ".join(first.split())
+    return first if len(first) <= limit else first[: limit - 1] + "…"
+
+
 class TracekitError(Exception):
     """Root of every error tracekit raises on purpose.
 

@@ -154,7 +154,9 @@ def main(argv: list[str] | None = None) -> int:
             if _state["debug"]:
                 flush_warnings()
                 raise
-            print(f"tracekit: error: {exc}", file=sys.stderr)
+            # one line whatever a library put in the message (newlines, quoted SQL)
+            text = " ".join(str(exc).split())
+            print(f"tracekit: error: {text}", file=sys.stderr)
             return 2
         except KeyboardInterrupt:
             print("tracekit: interrupted", file=sys.stderr)
@@ -179,7 +181,10 @@ def main(argv: list[str] | None = None) -> int:
                       "at a time (trace.columns_on_demand), keep the column cache on (TRACEKIT_COLUMN_CACHE), a shorter "
                       "window where the command has --window, or open many reports with engine='dask' (docs/scale.md)", file=sys.stderr)
                 return 2
-            print(f"tracekit: internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", file=sys.stderr)
+            from tracekit.errors import one_line
+
+            print(f"tracekit: internal error: {type(exc).__name__}: {one_line(str(exc), 400)} (rerun with --debug for the traceback)",
+                  file=sys.stderr)
             return 1
         except BaseException as exc:
             # polars' Rust side raises pyo3's PanicException, a BaseException: one line, not a Rust

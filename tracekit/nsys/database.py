@@ -36,7 +36,7 @@ from typing import Any, Protocol
 
 import polars as pl
 
-from tracekit.errors import TraceFormatError, TraceMemoryError
+from tracekit.errors import TraceFormatError, TraceMemoryError, one_line
 from tracekit.nsys.column_cache import ColumnCache
 from tracekit.nsys.column_cache import enabled_by_default as column_cache_enabled_by_default
 
@@ -244,7 +244,7 @@ class ExportDatabase:
             self._stdlib().execute("SELECT count(*) FROM sqlite_master").fetchone()
         except sqlite3.DatabaseError as exc:
             msg = (
-                f"{self.path} is not a readable SQLite database ({exc}); it may be truncated "
+                f"{self.path} is not a readable SQLite database ({one_line(str(exc))}); it may be truncated "
                 "or corrupt: export the report again with `nsys export --type sqlite`"
             )
             raise TraceFormatError(msg) from None

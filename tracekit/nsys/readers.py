@@ -263,7 +263,8 @@ def string_ids(db: ExportSource) -> pl.DataFrame:
     export, a name from a non-UTF-8 locale) is decoded with U+FFFD replacing the bad bytes
     (the exact bytes stay in the export: ``SELECT CAST(value AS BLOB) FROM StringIds WHERE
     id = …``). Reading them as text would hand invalid UTF-8 to Arrow and crash later.
-    An export without the table (damaged: nsys always writes it) gets one
+    An id that appears twice (damage: it is the table's key) keeps its first text, with one
+    :class:`~tracekit.errors.DamagedRowsWarning`. An export without the table (damaged: nsys always writes it) gets one
     :class:`~tracekit.errors.DamagedRowsWarning`, since every name would come back empty.
     """
     if not db.has_table("StringIds"):
@@ -272,7 +273,16 @@ def string_ids(db: ExportSource) -> pl.DataFrame:
             msg = (f"{db.path.name}: the export has no StringIds table, so the names in {', '.join(users)} "
                    "are empty; export the report again (nsys export --type sqlite)")
             warnings.warn(msg, DamagedRowsWarning, stacklevel=3)
-    return select(db, "StringIds", [Col("id", "id"), Col("value", "value", pl.Utf8)])
+    strings = select(db, "StringIds", [Col("id", "id"), Col("value", "value", pl.Utf8)])
+    dup = strings["id"].is_duplicated() if strings.height else None
+    if dup is not None and dup.any():
+        # ids are the table's primary key: a repeated one is damage (a flipped byte in the
+        # B-tree), and every id → text lookup needs one text per id
+        n = int(strings.filter(dup)["id"].n_unique())
+        warnings.warn(f"{db.path.name}: {n} StringIds id(s) appear more than once (a damaged export?); the first text of "
+                      "each is used; export the report again (nsys export --type sqlite)", DamagedRowsWarning, stacklevel=3)
+        strings = strings.unique("id", keep="first", maintain_order=True)
+    return strings
 
 
 #: Tables whose names are StringIds ids.
