@@ -222,3 +222,25 @@ def test_past_2_42_the_2023_rounding_is_the_exact_one() -> None:
     for value in (4398046511104.25, 218242831735121.94, 3.9e15 + 0.75):
         assert round1(value, "2023") == round1(value, "2025")
     assert repr(round1(4639.95, "2023")) == "4640.0"  # below: the ~15-digit text, as before
+
+
+def test_an_int64_max_range_end_is_said_once(tmp_path: Path) -> None:
+    """Issue 29 §4: a range ending at INT64_MAX is kept (nsys keeps it in its projections) but
+    no longer silently: one warning where the NVTX tree is built, in the API and the CLI."""
+    import subprocess
+    import sys
+    import warnings
+
+    import tracekit
+    from tracekit.analysis.attribution import attribute_trace
+
+    copy = _nmax(tmp_path)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        att = attribute_trace(tracekit.open(copy))
+    far = [w for w in seen if "end far past the capture" in str(w.message)]
+    assert len(far) == 1 and str(far[0].message).startswith("1 NVTX range(s)") and far[0].category is DamagedRowsWarning
+    assert att.height > 0
+    run = subprocess.run([sys.executable, "-m", "tracekit.cli.main", "stats", "-r", "nvtx_gpu_proj_trace", "-f", "csv", str(copy)],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and run.stderr.count("end far past the capture") == 1

@@ -42,6 +42,7 @@ from tracekit.analysis._frames import (
 )
 from tracekit.errors import DamagedRowsWarning
 from tracekit.nsys.nvtx import qualified_name
+from tracekit.nsys.readers import implausible_end
 
 if TYPE_CHECKING:
     from tracekit.nsys.trace import NsysTrace
@@ -538,6 +539,14 @@ def _possible(ranges: pl.DataFrame) -> pl.DataFrame:
         )
         warnings.warn(msg, DamagedRowsWarning, stacklevel=4)
         ranges = ranges.filter(~impossible)
+    if ranges.height:
+        # an end of INT64_MAX (a flipped high bit): kept, as nsys keeps it in its projections,
+        # but said — such a range holds everything its thread launches after its start
+        far = ranges.select(implausible_end().sum()).item()
+        if far:
+            msg = (f"{far} NVTX range(s) end far past the capture (INT64_MAX or a flipped high bit: a damaged export?); "
+                   "kept as nsys keeps them, so they hold every operation launched after their start on their thread")
+            warnings.warn(msg, DamagedRowsWarning, stacklevel=4)
     return ranges
 
 
