@@ -334,3 +334,23 @@ def test_a_diff_that_cannot_fit_is_one_error_before_it_starts(big: Path, tmp_pat
     (line,) = run.stderr.splitlines()
     assert line.startswith("tracekit: error: big.sqlite vs big.sqlite: comparing 620,000 GPU operations needs about 1.0 GB")
     assert "shorter captures" in line
+
+
+@pytest.mark.parametrize(("command", "warm", "headroom_mb"), [
+    ("summary", True, 150), ("summary", True, 250), ("summary", True, 300), ("diagnose", True, 150),
+    ("diagnose", False, 400), ("summary", False, 400),
+])
+def test_analysis_frames_are_checked_before_they_are_built(big: Path, tmp_path: Path, command: str, warm: bool,
+                                                           headroom_mb: int) -> None:
+    """Issue 29 §7, under a real address-space limit on the 300 k-kernel export: polars aborted
+    (SIGABRT) building the generation phases' launch join and range tree with 250–400 MB left
+    (warm summary, cold diagnose), and OpenBLAS ended the process (exit 1, "Memory allocation
+    still failed") at its first BLAS call with 150 MB left. Now the phases are left out when
+    they would not fit and no BLAS call is made: a result or one error line."""
+    if warm:
+        assert _run(big, 8 << 30, "cli", command, str(big), tmp_path=tmp_path, cache=True).returncode == 0
+    run = _run(big, headroom_mb << 20, "cli", command, str(big), tmp_path=tmp_path, cache=warm)
+    assert run.returncode in (0, 2), run.stderr[-3000:]
+    assert "OpenBLAS" not in run.stderr and "panicked" not in run.stderr and "Traceback" not in run.stderr
+    if run.returncode == 2:
+        assert _last_line(run.stderr).startswith("tracekit: error: big.sqlite: ")

@@ -77,8 +77,9 @@ def prepare_process(command: str | None = None) -> None:
       maps a buffer and a stack for each of its threads when numpy is imported (one per
       core): 41 MB less address space here (2 cores; numpy import +129 MB → +88 MB), a few
       hundred MB on a 16-core machine, and its "Memory allocation still failed" exit under
-      ``ulimit -v`` came from those buffers. tracekit's only BLAS call (``np.polyfit`` of a
-      two-column fit in diagnose) is too small for OpenBLAS to thread, so no result changes.
+      ``ulimit -v`` came from those buffers. tracekit makes no BLAS call (the memory-growth
+      slope is computed in closed form: ``np.polyfit`` made OpenBLAS map its buffers on first
+      use and exit 1 when it could not).
     - polars' reader threads started (:func:`tracekit.nsys.database.start_reader`:
       ~370 MB of address space at once here, 7 ms), so that the check before each read
       sees what is left; skipped without room for them.

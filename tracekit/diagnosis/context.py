@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from functools import cached_property
 from typing import Any
 
@@ -17,6 +18,20 @@ from tracekit.diagnosis.result import Window
 
 __all__ = ["Context"]
 
+
+log = logging.getLogger(__name__)
+
+#: Generation phases are looked for on at most this many GPU operations (their launch join is
+#: of every operation; the rules join only the window's).
+PHASES_MAX_OPS = 2_000_000
+#: Without a prefill/decode/layer NVTX range or graph replays, phases are looked for (in the
+#: kernel sequence) only on traces of at most this many operations.
+PHASES_ANY_OPS = 200_000
+#: Memory the phases take per GPU operation and CUDA call, and per NVTX range (measured on a
+#: 310 k-operation, 766 k-call, 65 k-range export: +61 MB for the launch join, +126 MB for the
+#: steps with the range tree's paths; rounded up).
+PHASES_BYTES_PER_ROW = 256
+PHASES_BYTES_PER_RANGE = 2048
 
 #: The columns of the big event tables that the rules and the analyses they call read. Of a
 #: single export only these are read (``NsysTrace.table(name, columns)``, not kept on the trace):
@@ -166,7 +181,7 @@ class Context:
         at a time (the launch join of every operation is what that path avoids) or a trace set."""
         from tracekit.analysis.phases import generation_steps, phase_summary
 
-        if self.by_column is not None or self.rk:
+        if self.by_column is not None or self.rk or not self._phases_fit():
             return pl.DataFrame()
         summary = phase_summary(generation_steps(self.ops_with_launch, self.nvtx, self.graph_launches))
         if self.model is None or summary.height == 0:
@@ -175,6 +190,33 @@ class Context:
         from tracekit.model.phases import phase_efficiency
 
         return phase_efficiency(summary, self.model, gpu=gpu_of(self.trace, None))
+
+    def _phases_fit(self) -> bool:
+        """Whether the phases' launch join of every operation (the rules use only the
+        window's) is affordable: at most :data:`PHASES_MAX_OPS` operations and room for about
+        :data:`PHASES_BYTES_PER_ROW` per operation and call (measured: polars aborted building
+        it on a 300 k-kernel export with 400 MB of address space left); else the phases are
+        left out, with a note in the log. Free when the join was already built."""
+        if "ops_with_launch" in self.__dict__:
+            return True
+        from tracekit.analysis.layers import DEFAULT_LAYER_PATTERN
+        from tracekit.analysis.phases import DECODE_PATTERN, PREFILL_PATTERN
+        from tracekit.nsys.database import free_memory
+
+        n_ops = self.ops.height if self._big is None else self.kernel_count
+        names = self.nvtx["name"].drop_nulls() if self.nvtx.height and "name" in self.nvtx.columns else pl.Series([], dtype=pl.Utf8)
+        hint = "(?i)" + "|".join((PREFILL_PATTERN, DECODE_PATTERN, DEFAULT_LAYER_PATTERN))
+        if not (self.graphs.height or (names.len() and bool(names.str.contains(hint).any())) or n_ops <= PHASES_ANY_OPS):
+            return False  # nothing suggests a generation: no prefill/decode/layer range, no graph replays
+        if n_ops > PHASES_MAX_OPS:
+            log.info("generation phases left out: %d GPU operations (more than %d)", n_ops, PHASES_MAX_OPS)
+            return False
+        free = free_memory()
+        need = PHASES_BYTES_PER_ROW * (n_ops + self.api_count) + PHASES_BYTES_PER_RANGE * self.nvtx.height
+        if free is not None and need > free:
+            log.info("generation phases left out: they need about %d MB and %d MB is left", need >> 20, free >> 20)
+            return False
+        return True
 
     @cached_property
     def cuda_api(self) -> pl.DataFrame:

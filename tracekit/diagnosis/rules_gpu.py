@@ -231,7 +231,11 @@ def memory_growth(ctx: Context) -> list[Finding]:
         ).with_columns(pl.col("in_use_bytes").fill_null(0))
         y = pts["in_use_bytes"].to_numpy().astype(np.float64)
         x = pts["iteration"].to_numpy().astype(np.float64)
-        slope = float(np.polyfit(x, y, 1)[0])
+        # least-squares slope in closed form (np.polyfit calls BLAS, whose buffers OpenBLAS
+        # maps on first use and, without room, ends the process with exit 1)
+        xc = x - x.mean() if x.size else x
+        den = float((xc * xc).sum())
+        slope = float((xc * (y - y.mean())).sum() / den) if den > 0 else 0.0
         d = np.diff(y) / np.maximum(np.diff(x), 1)
         ups = float((d > 0).mean()) if d.size else 0.0
         if slope < ctx.config.growth_min_bytes or ups < ctx.config.growth_monotonic:
