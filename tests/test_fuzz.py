@@ -219,3 +219,41 @@ def test_byte_flips_of_every_sample_export(case: int, tmp_path: Path, monkeypatc
             lines = [ln for ln in err.splitlines() if ln.strip()]
             assert len(lines) == 1, f"{seed.name} {flips}: {args[0]}: {err[-300:]}"
     assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
+
+
+def _text_columns(path: Path) -> list[tuple[str, str]]:
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        out = []
+        for (table,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name"):
+            for _cid, name, typ, *_ in con.execute(f'PRAGMA table_info("{table}")'):
+                if typ.upper() in ("TEXT", "") and con.execute(f'SELECT 1 FROM "{table}" WHERE "{name}" IS NOT NULL LIMIT 1').fetchone():
+                    out.append((table, name))
+        return out
+    finally:
+        con.close()
+
+
+DECODE = SAMPLES / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite"
+
+
+@pytest.mark.parametrize(("table", "column"), _text_columns(DECODE))
+def test_invalid_utf8_in_any_text_column(table: str, column: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 29 §2: invalid UTF-8 (bytes FF and 80) in three values of each text column of an
+    export — what a flipped byte in a string does — through summary, stats and diagnose: a
+    result (text decoded with U+FFFD and a warning where tracekit reads it) or one error line,
+    never an internal error such as UnicodeDecodeError."""
+    monkeypatch.setenv("TRACEKIT_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "u.sqlite"
+    shutil.copyfile(DECODE, path)
+    con = sqlite3.connect(path)
+    con.execute(f"UPDATE \"{table}\" SET \"{column}\" = CAST(X'66FF6F80' AS TEXT) WHERE rowid IN "
+                f'(SELECT rowid FROM "{table}" WHERE "{column}" IS NOT NULL LIMIT 3)')
+    con.commit()
+    con.close()
+    for args in (["summary", str(path)], ["stats", "-r", "cuda_gpu_kern_sum,cuda_api_sum,nvtx_sum,nvtx_gpu_proj_trace", "-f", "csv", str(path)],
+                 ["diagnose", "-f", "json", str(path)]):
+        code, err = _run(args)
+        assert code in (0, 2) and "internal error" not in err, f"{table}.{column}: {args[0]}: {err[-400:]}"
+        if code == 2:
+            assert len([ln for ln in err.splitlines() if ln.strip()]) == 1, err
