@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from tracekit.diagnosis.result import _evidence_line, fmt_ns
+from tracekit.diagnosis.text import _evidence_line, fmt_ns
 
 if TYPE_CHECKING:
     from tracekit.diagnosis.result import Diagnosis, Finding
