@@ -25,6 +25,15 @@ __all__ = ["COMM_RULES"]
 
 
 def _breakdown(ctx: Context) -> pl.DataFrame:
+    """``overlap_breakdown`` of the window's GPUs (empty without communication), computed once
+    per diagnosis: the communication rules and ``Diagnosis.gpu_time`` read it."""
+    cached = ctx.__dict__.get("_comm_breakdown")
+    if cached is None:
+        cached = ctx.__dict__["_comm_breakdown"] = _compute_breakdown(ctx)
+    return cached  # type: ignore[no-any-return]
+
+
+def _compute_breakdown(ctx: Context) -> pl.DataFrame:
     k = ctx.kernels_w
     if k.height == 0:
         return pl.DataFrame()
@@ -47,10 +56,7 @@ def exposed_communication(ctx: Context) -> list[Finding]:
     compute on the same GPU (``overlap_breakdown``'s ``communication_only_ns``), in the
     window. ``time_ns`` = the largest of the GPUs' exposed time (the GPUs of a synchronous
     job wait for each other, so the worst one sets the pace)."""
-    br = ctx.__dict__.get("_comm_breakdown")
-    if br is None:
-        br = _breakdown(ctx)
-        ctx.__dict__["_comm_breakdown"] = br
+    br = _breakdown(ctx)
     if br.height == 0 or "communication_only_ns" not in br.columns or int(br["communication_ns"].sum()) == 0:
         return []
     top = br.sort("communication_only_ns", descending=True).row(0, named=True)
@@ -142,10 +148,7 @@ def load_imbalance(ctx: Context) -> list[Finding]:
     """``load_imbalance``: GPUs of one job do different amounts of compute in the window
     (``overlap_breakdown``: compute_only + overlap), (max − min)/max ≥ ``imbalance_min``.
     ``time_ns`` = max − mean: what an even split would save on the critical path."""
-    br = ctx.__dict__.get("_comm_breakdown")
-    if br is None:
-        br = _breakdown(ctx)
-        ctx.__dict__["_comm_breakdown"] = br
+    br = _breakdown(ctx)
     if br.height < 2 or int(br["communication_ns"].sum()) == 0:
         return []
     br = br.with_columns((pl.col("compute_only_ns") + pl.col("overlap_ns")).alias("compute_ns"))
