@@ -22,7 +22,7 @@ from tracekit.analysis.attribution import attribute_nvtx
 from tracekit.analysis.compare import compare_per_step
 from tracekit.analysis.families import with_family
 
-__all__ = ["FINDING_CHANGE", "LEVELS", "Diff", "diff", "findings_change"]
+__all__ = ["FINDING_CHANGE", "LEVELS", "Diff", "diff", "findings_change", "row_texts"]
 
 #: What a diff compares: kernel names, kernel families, innermost NVTX ranges (GPU time of
 #: the work launched inside), and per-step totals (``step_time``: the iteration's length;
@@ -247,8 +247,6 @@ class Diff:
         (the findings that changed), the notes, then each level's table behind a disclosure."""
         import html
 
-        from tracekit.diagnosis.result import fmt_ns
-
         colors = {"slower": "#D55E00", "faster": "#009E73", "no change": "#555555"}
         h = self.headline()
         color = colors.get(h["verdict"], "#555") if h else "#555"
@@ -262,11 +260,10 @@ class Diff:
         for level, frame in self.levels.items():
             rows = []
             for r in frame.head(20).iter_rows(named=True):
-                show = fmt_ns if (level != "step" or r["key"] != "kernels") else (lambda v: f"{v:.1f}")
-                pct = "–" if r["delta_pct"] is None else f"{100 * r['delta_pct']:+.1f}%"
+                t = row_texts(level, r)
                 c = colors.get(r["verdict"], "#555")
-                rows.append(f"<tr><td style='text-align:left'>{html.escape(str(r['key']))}</td><td>{show(r['mean_a'])}</td>"
-                            f"<td>{show(r['mean_b'])}</td><td>{show(r['delta'])}</td><td>{pct}</td>"
+                rows.append(f"<tr><td style='text-align:left'>{html.escape(t['key'])}</td><td>{t['before']}</td>"
+                            f"<td>{t['after']}</td><td>{t['delta']}</td><td>{t['delta %']}</td>"
                             f"<td style='color:{c}'>{r['verdict']}</td></tr>")
             out.append(f"<details{' open' if level == 'step' else ''}><summary><b>{level}</b> (per step; {frame.height} rows)</summary>"
                        "<table style='border-collapse:collapse;font-size:12px'><tr><th style='text-align:left'>key</th><th>before</th>"
@@ -277,8 +274,6 @@ class Diff:
     def to_markdown(self, top: int = 10) -> str:
         """The verdict line, then why (the findings that changed), then the tables (``top``
         rows each)."""
-        from tracekit.diagnosis.result import fmt_ns
-
         lines = [f"# {self.before} → {self.after}", "", f"**{self.verdict_line()}**", ""]
         lines += [*(f"> {n}" for n in self.notes), *([""] if self.notes else [])]
         why = self.why_lines()
@@ -289,11 +284,24 @@ class Diff:
         for level, frame in self.levels.items():
             lines += [f"## {level}", "", "| key | before | after | delta | delta % | verdict |", "|---|---:|---:|---:|---:|---|"]
             for r in frame.head(top).iter_rows(named=True):
-                show = fmt_ns if (level != "step" or r["key"] != "kernels") else (lambda v: f"{v:.1f}")
-                pct = "–" if r["delta_pct"] is None else f"{100 * r['delta_pct']:+.1f}%"
-                lines.append(f"| {r['key']} | {show(r['mean_a'])} | {show(r['mean_b'])} | {show(r['delta'])} | {pct} | {r['verdict']} |")
+                t = row_texts(level, r)
+                lines.append(f"| {t['key']} | {t['before']} | {t['after']} | {t['delta']} | {t['delta %']} | {r['verdict']} |")
             lines.append("")
         return "\n".join(lines)
+
+
+def row_texts(level: str, r: dict[str, Any]) -> dict[str, str]:
+    """One row of a diff level as the text every output prints: ``key``, ``before``,
+    ``after``, ``delta``, ``noise`` (durations; launches for the step level's ``kernels``)
+    and ``delta %``."""
+    from tracekit.diagnosis.result import fmt_ns
+
+    def show(v: Any) -> str:
+        return fmt_ns(v) if (level != "step" or r["key"] != "kernels") else f"{v:.1f}"
+
+    return {"key": str(r["key"]), "before": show(r["mean_a"]), "after": show(r["mean_b"]), "delta": show(r["delta"]),
+            "noise": "fixed" if r["noise"] is None else show(r["noise"]),
+            "delta %": "–" if r["delta_pct"] is None else f"{100 * r['delta_pct']:+.1f}%"}
 
 
 #: A finding's time at stake that changed by less than this share (of the larger) is "about the same".

@@ -48,7 +48,7 @@ def _render(d, threshold: float, top: int) -> None:  # type: ignore[no-untyped-d
     from rich.console import Console
     from rich.table import Table
 
-    from tracekit.diagnosis.result import fmt_ns
+    from tracekit.comparison import row_texts
 
     console = Console()
     colors = {"slower": "red", "faster": "green", "no change": "dim"}
@@ -72,11 +72,8 @@ def _render(d, threshold: float, top: int) -> None:  # type: ignore[no-untyped-d
         for col in ("key", "before", "after", "delta", "delta %", "noise", "verdict"):
             table.add_column(col, justify="left" if col in ("key", "verdict") else "right", overflow="fold", max_width=60)
         for r in frame.head(top).iter_rows(named=True):
-            as_time = level != "step" or r["key"] != "kernels"
-            show = fmt_ns if as_time else (lambda v: f"{v:.1f}")
-            pct = "–" if r["delta_pct"] is None else f"{100 * r['delta_pct']:+.1f}%"
-            noise = "fixed" if r["noise"] is None else show(r["noise"])
-            table.add_row(str(r["key"]), show(r["mean_a"]), show(r["mean_b"]), show(r["delta"]), pct, noise,
+            t = row_texts(level, r)
+            table.add_row(t["key"], t["before"], t["after"], t["delta"], t["delta %"], t["noise"],
                           f"[{colors.get(r['verdict'], '')}]{r['verdict']}[/]")
         console.print(table)
     reg = d.regressions(threshold)
