@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from tracekit.diagnosis.text import _evidence_line, fmt_ns
+from tracekit.diagnosis.text import _evidence_line, cell_text, fmt_ns
 
 if TYPE_CHECKING:
     from tracekit.diagnosis.result import Diagnosis, Finding
@@ -38,14 +38,7 @@ def _evidence_table(ev: pl.DataFrame) -> str:
     for row in rows.iter_rows(named=True):
         cells = []
         for k, v in row.items():
-            if v is None:
-                text = ""
-            elif k.endswith("_ns") and isinstance(v, (int, float)) and not k.endswith(("start_ns", "end_ns", "launched_ns")):
-                text = fmt_ns(v)
-            elif isinstance(v, float):
-                text = f"{v:.4g}"
-            else:
-                text = str(v)
+            text = cell_text(k, v, digits=4)
             cells.append(f"<td style='padding:2px 8px;border-bottom:1px solid #eee;max-width:420px;overflow-wrap:anywhere'>{_e(text)}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
     more = f"<p style='color:#666'>first {EVIDENCE_ROWS} of {ev.height} rows</p>" if ev.height > EVIDENCE_ROWS else ""
