@@ -36,32 +36,23 @@ def summary(
     trace = open_traces(files, engine=engine, scheduler=scheduler, workers=workers, command="tracekit summary")
     file = files[0] if len(files) == 1 else f"{len(files)} files"
     desc = model_with(model, batch, prompt_len)
-    if not isinstance(trace, NsysTrace):  # several ranks
+    many = not isinstance(trace, NsysTrace)  # several ranks
+    if many:
         s = set_summary(trace, top=top, label=file)
-        d = None
-        if findings > 0 or desc is not None:
-            from tracekit.diagnosis import diagnose
-
-            d = diagnose(trace, model=desc)
-        _render(s)
-        if d is not None and findings > 0:
-            from tracekit.cli.diagnose import render
-
-            render(d, findings, title=f"top findings across ranks (tracekit diagnose {file})")
-        return
-    s = trace_summary(trace, top=top, nvtx_each=nvtx_each)
-    _add_graphs(s, trace)
+    else:
+        s = trace_summary(trace, top=top, nvtx_each=nvtx_each)
+        _add_graphs(s, trace)
     d = None
     if findings > 0 or desc is not None:
         from tracekit.diagnosis import diagnose
 
         d = diagnose(trace, model=desc)
-        _add_phases(s, d)
+        _add_phases(s, d)  # a set's diagnosis has no phases
     _render(s)
     if d is not None and findings > 0:
         from tracekit.cli.diagnose import render
 
-        render(d, findings, title=f"top findings (tracekit diagnose {file})")
+        render(d, findings, title=f"top findings{' across ranks' if many else ''} (tracekit diagnose {file})")
 
 
 def _add_graphs(s, trace) -> None:  # type: ignore[no-untyped-def]
