@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import sqlite3
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -53,16 +55,27 @@ def _unpacked_corpus() -> Path:
         return ROOT.parent / "shared" / "corpus"
     digest = hashlib.sha256(CORPUS_ARCHIVE.read_bytes()).hexdigest()[:12]
     target = ROOT / ".cache" / f"corpus-{digest}"
-    if not (target / "corpus").is_dir():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix="corpus-", dir=target.parent))
+
+    def fill(tmp: Path) -> None:
         with tarfile.open(CORPUS_ARCHIVE, "r:xz") as tar:
             tar.extractall(tmp, filter="data")
-        try:
-            tmp.rename(target)
-        except OSError:  # another process unpacked it first
-            shutil.rmtree(tmp, ignore_errors=True)
+
+    _unpack_once(target, target / "corpus", fill)
     return target / "corpus"
+
+
+def _unpack_once(target: Path, done: Path, fill: Callable[[Path], None]) -> None:
+    """Unless ``done`` exists, ``fill`` a temporary folder beside ``target`` and rename it to
+    ``target`` (atomic: a parallel run that got there first keeps its copy)."""
+    if done.exists():
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{target.name}-", dir=target.parent))
+    fill(tmp)
+    try:
+        tmp.rename(target)
+    except OSError:  # another process unpacked it first
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 CORPUS = _unpacked_corpus()
@@ -98,28 +111,27 @@ def llm_capture_names() -> list[str]:
     return sorted(p.parent.name for p in LLM_STACKS.glob("*/*.sqlite.xz"))
 
 
+@functools.cache
 def llm_capture(name: str) -> Path:
     """The ``.sqlite`` of capture ``name``, unpacked once (with its ``stats/``) into
-    ``.cache/llm_stacks-<hash>/<name>/`` (a temporary folder, then a rename)."""
+    ``.cache/llm_stacks-<hash>/<name>/`` (a temporary folder, then a rename); the archive is
+    hashed once per test process."""
     import hashlib
     import lzma
 
     packed = LLM_STACKS / name / f"{name}.sqlite.xz"
     digest = hashlib.sha256(packed.read_bytes()).hexdigest()[:12]
     target = ROOT / ".cache" / f"llm_stacks-{digest}" / name
-    if not (target / f"{name}.sqlite").is_file():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=target.parent))
+
+    def fill(tmp: Path) -> None:
         with lzma.open(packed) as src, open(tmp / f"{name}.sqlite", "wb") as dst:
             shutil.copyfileobj(src, dst)
         stats = LLM_STACKS / name / "stats.tar.xz"
         if stats.is_file():
             with tarfile.open(stats, "r:xz") as tar:
                 tar.extractall(tmp, filter="data")
-        try:
-            tmp.rename(target)
-        except OSError:  # another process unpacked it first
-            shutil.rmtree(tmp, ignore_errors=True)
+
+    _unpack_once(target, target / f"{name}.sqlite", fill)
     return target / f"{name}.sqlite"
 
 
@@ -139,3 +151,19 @@ def nsys_columnar(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with tarfile.open(ROOT / "tests" / "data" / "nsys_columnar.tar.xz", "r:xz") as tar:
         tar.extractall(target, filter="data")
     return target / "nsys_columnar"
+
+
+def union_ns(intervals: list[tuple[int, int]], lo: int | None = None, hi: int | None = None) -> int:
+    """Length of the union of ``(start, end)`` intervals (ns), each clipped to ``[lo, hi]`` when
+    given: the GPU's busy time computed by hand, to check tracekit's against."""
+    total, cur_lo, cur_hi = 0, None, None
+    for s, e in sorted(intervals):
+        s, e = (s if lo is None else max(s, lo)), (e if hi is None else min(e, hi))
+        if e <= s:
+            continue
+        if cur_hi is None or s > cur_hi:
+            total += (cur_hi - cur_lo) if cur_hi is not None else 0  # type: ignore[operator]
+            cur_lo, cur_hi = s, e
+        else:
+            cur_hi = max(cur_hi, e)
+    return total + ((cur_hi - cur_lo) if cur_hi is not None else 0)  # type: ignore[operator]

@@ -20,7 +20,7 @@ from tracekit.diagnosis import DiagnoseConfig, diagnose
 from tracekit.diagnosis.result import fmt_ns
 from tracekit.diagnosis.window import find_period
 
-from .conftest import ROOT, SAMPLES
+from .conftest import ROOT, SAMPLES, union_ns
 
 PLANTED = SAMPLES / "planted"
 
@@ -474,19 +474,9 @@ def test_notebook_display_is_one_card_per_finding() -> None:
     w = d.window
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     rows = con.execute(" UNION ALL ".join(f"SELECT start, end FROM {t}" for t in (
-        "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")) + " ORDER BY start").fetchall()
+        "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET"))).fetchall()
     con.close()
-    busy, cur = 0, None
-    for s, e in rows:
-        s, e = max(s, w.start_ns), min(e, w.end_ns)
-        if e <= s:
-            continue
-        if cur is None or s > cur[1]:
-            busy += (cur[1] - cur[0]) if cur else 0
-            cur = [s, e]
-        else:
-            cur[1] = max(cur[1], e)
-    busy += (cur[1] - cur[0]) if cur else 0
+    busy = union_ns(rows, w.start_ns, w.end_ns)
     g = d.gpu_time.row(0, named=True)
     assert g["busy_ns"] == busy and g["window_ns"] == w.end_ns - w.start_ns
     idle = w.end_ns - w.start_ns - busy

@@ -18,7 +18,7 @@ import polars as pl
 import pytest
 
 import tracekit
-from tests.conftest import llm_capture
+from tests.conftest import llm_capture, union_ns
 from tracekit.cli.main import main
 from tracekit.export import chrome_json, perfetto
 
@@ -245,18 +245,6 @@ def test_chrome_json_node_replays(tmp_path: Path) -> None:
 
 
 # -- HTML report ----------------------------------------------------------------------------------------------
-def _union_ns(intervals: list[tuple[int, int]]) -> int:
-    total, cur_lo, cur_hi = 0, None, None
-    for lo, hi in sorted(intervals):
-        if cur_hi is None or lo > cur_hi:
-            if cur_hi is not None:
-                total += cur_hi - cur_lo
-            cur_lo, cur_hi = lo, hi
-        else:
-            cur_hi = max(cur_hi, hi)
-    return total + (cur_hi - cur_lo if cur_hi is not None else 0)
-
-
 def _text(document: str, anchor: str) -> str:
     start = document.index(f'<section id="{anchor}">')
     body = document[start:document.index("</section>", start)]
@@ -293,8 +281,8 @@ def test_report_busy_time_counts_replays(graph_report: str) -> None:
 
     ops = [(s, e) for table in ("KERNEL", "MEMCPY", "MEMSET", "GRAPH_TRACE")
            for s, e in _sql(GRAPH, f"SELECT start, end FROM CUPTI_ACTIVITY_KIND_{table}")]
-    busy = _union_ns(ops)
-    without = _union_ns([(s, e) for table in ("KERNEL", "MEMCPY", "MEMSET")
+    busy = union_ns(ops)
+    without = union_ns([(s, e) for table in ("KERNEL", "MEMCPY", "MEMSET")
                          for s, e in _sql(GRAPH, f"SELECT start, end FROM CUPTI_ACTIVITY_KIND_{table}")])
     span = max(e for _, e in ops) - min(s for s, _ in ops)
     assert busy == 79_414_494 and without < busy / 10  # replays are 95 % of it

@@ -8,6 +8,7 @@ Every number checked here is recomputed from the export by plain SQL, or compare
 from __future__ import annotations
 
 import collections
+import functools
 import sqlite3
 import warnings
 
@@ -20,19 +21,17 @@ from tracekit.analysis.phases import phase_summary, trace_generation_steps
 from tracekit.stats import REPORTS as STATS_REPORTS
 from tracekit.stats import run_report
 
-from .conftest import llm_capture, llm_capture_names
+from .conftest import llm_capture, llm_capture_names, union_ns
 from .nsys_reference import assert_same_as_nsys, read_reference
 
 NAMES = llm_capture_names()
-_OPEN: dict[str, object] = {}
 
 
+@functools.cache
 def _trace(name: str):  # noqa: ANN202 - NsysTrace
-    if name not in _OPEN:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            _OPEN[name] = tracekit.open(llm_capture(name))
-    return _OPEN[name]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return tracekit.open(llm_capture(name))
 
 
 def _sql(name: str, query: str) -> list[tuple]:
@@ -151,15 +150,11 @@ def test_graph_replays_count_as_gpu_work() -> None:
 
 
 # -- diagnose ------------------------------------------------------------------------------------------
-_DIAG: dict[str, object] = {}
-
-
+@functools.cache
 def _diagnose(name: str):  # noqa: ANN202 - Diagnosis
-    if name not in _DIAG:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            _DIAG[name] = tracekit.diagnose(_trace(name))
-    return _DIAG[name]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return tracekit.diagnose(_trace(name))
 
 
 @pytest.mark.parametrize("name", ["graph_decode_graphtrace", "graph_decode_nodetrace", "tp2_graph_decode_graphtrace",
@@ -221,21 +216,8 @@ def _idle_in_window_by_sql(name: str, start: int, end: int) -> int:
     tables = [t for (t,) in _sql(name, "SELECT name FROM sqlite_master WHERE type = 'table'")]
     parts = [f"SELECT start, end FROM {t}" for t in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY",
                                                       "CUPTI_ACTIVITY_KIND_MEMSET", "CUPTI_ACTIVITY_KIND_GRAPH_TRACE") if t in tables]
-    rows = _sql(name, " UNION ALL ".join(parts) + " ORDER BY start")
-    busy, cur_s, cur_e = 0, None, None
-    for s, e in rows:
-        s, e = max(s, start), min(e, end)
-        if e <= s:
-            continue
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                busy += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    if cur_e is not None:
-        busy += cur_e - cur_s
-    return (end - start) - busy
+    rows = _sql(name, " UNION ALL ".join(parts))
+    return (end - start) - union_ns(rows, start, end)
 
 
 @pytest.mark.parametrize("name", ["hf_generate_eager", "compile_kvcopy", "hf_generate_compile", "graph_decode_nodetrace",
