@@ -15,10 +15,8 @@ Writes agent_e2e.json and agent_e2e.txt to $OUT.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -26,6 +24,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+
+import procscan  # noqa: E402 - tests/gpu/procscan.py, beside this script
 
 from tracekit.capture import runner  # noqa: E402
 
@@ -48,30 +48,12 @@ LOOP = (
 def processes() -> list[dict[str, object]]:
     """Every live process (not this one) whose command line names nsys or whose environment
     carries TRACEKIT_RUN_ID."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-            env = (entry / "environ").read_bytes().split(b"\0")
-            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        marker = next((e.decode() for e in env if e.startswith(b"TRACEKIT_RUN_ID=")), None)
-        if (PATTERN in cmd or "nsys-tee" in cmd or str(WORK / "loop.py") in cmd or marker) and stat[0] not in ("Z", "X"):
-            found.append({"pid": int(entry.name), "ppid": int(stat[1]), "pgid": int(stat[2]),
-                          "sid": int(stat[3]), "marker": marker, "cmd": cmd[:200]})
-    return found
+    return procscan.processes(
+        lambda cmd, marker: PATTERN in cmd or "nsys-tee" in cmd or str(WORK / "loop.py") in cmd or marker is not None)
 
 
 def clean() -> list[int]:
-    left = [p["pid"] for p in processes()]
-    for pid in left:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(int(pid), signal.SIGKILL)
-    time.sleep(2)
-    return left
+    return procscan.kill_all([int(p["pid"]) for p in processes()])  # type: ignore[arg-type]
 
 
 def argv(name: str) -> list[str]:

@@ -17,7 +17,6 @@ summary then says so). Writes ``stop_e2e.json`` and ``stop_e2e.txt`` to ``$OUT``
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -25,6 +24,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import procscan  # tests/gpu/procscan.py, beside this script
 
 ROOT = Path(__file__).resolve().parents[2]
 NSYS = os.environ.get("NSYS", "/opt/nvidia/nsight-compute/2025.3.1/host/target-linux-x64/nsys")
@@ -42,32 +43,13 @@ LOOP = (
 )
 
 
-def _read(entry: Path) -> tuple[str, list[bytes], list[str]] | None:
-    try:
-        cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-        env = (entry / "environ").read_bytes().split(b"\0")
-        stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return cmd, env, stat
+def _ours(cmd: str, marker: str | None) -> bool:
+    return PATTERN in cmd or str(WORK) in cmd or "tracekit.cli.main capture" in cmd or marker is not None
 
 
 def processes(skip: set[int] = frozenset()) -> list[dict[str, object]]:  # type: ignore[assignment]
     """Live processes (not this one) of the capture: nsys, the loop, the CLI, or marked."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) in ({os.getpid()} | set(skip)):
-            continue
-        got = _read(entry)
-        if got is None:
-            continue
-        cmd, env, stat = got
-        marker = next((e.decode() for e in env if e.startswith(b"TRACEKIT_RUN_ID=")), None)
-        ours = PATTERN in cmd or str(WORK) in cmd or "tracekit.cli.main capture" in cmd or marker
-        if ours and stat[0] not in ("Z", "X"):
-            found.append({"pid": int(entry.name), "ppid": int(stat[1]), "pgid": int(stat[2]), "sid": int(stat[3]),
-                          "marker": marker, "cmd": cmd[:160]})
-    return found
+    return procscan.processes(_ours, skip=skip, cmd_chars=160)
 
 
 def find(word: str) -> list[int]:
@@ -75,12 +57,7 @@ def find(word: str) -> list[int]:
 
 
 def clean() -> list[int]:
-    left = [int(p["pid"]) for p in processes()]  # type: ignore[arg-type]
-    for pid in left:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    time.sleep(2)
-    return left
+    return procscan.kill_all([int(p["pid"]) for p in processes()])  # type: ignore[arg-type]
 
 
 def scenario(name: str) -> dict[str, object]:
