@@ -156,12 +156,20 @@ def launch_pairs(ops: pl.DataFrame, cuda_api: pl.DataFrame | ColumnSource, *, ho
     left = right = pl.DataFrame()
     folded: tuple[pl.Series, pl.Series] | None
     api_corr = cuda_api["correlation_id"]
+    # the calls whose correlation id some op has: the join's right side when they are few
+    # (NCCL kernels, or a kernel per 5 calls), so that no key is built for the others
+    narrow = _calls_of(ops["correlation_id"], api_corr)
+    if narrow is not None:
+        api_corr = api_corr.gather(narrow)
     if not keys and _one_process(ops["global_pid"], cuda_api["global_tid"]):  # global_tid last: gathered next
         folded = ops["correlation_id"], api_corr
     else:
         left = ops.select(*keys, "correlation_id", pl.col("global_pid").alias("_process"))
         # the correlation ids already read, not a second copy (20 M calls: 160 MB)
-        right = pl.DataFrame([api_corr if c == "correlation_id" else cuda_api[c] for c in (*keys, "correlation_id", "global_tid")])
+        right = pl.DataFrame([
+            api_corr if c == "correlation_id" else (cuda_api[c] if narrow is None else cuda_api[c].gather(narrow))
+            for c in (*keys, "correlation_id", "global_tid")
+        ])
         right = right.select(*keys, "correlation_id", process_key("global_tid").alias("_process"))
         folded = _fold_keys(left, right, [*keys, "_process"])
         if folded is not None:  # the key columns are all the join needs
@@ -178,6 +186,8 @@ def launch_pairs(ops: pl.DataFrame, cuda_api: pl.DataFrame | ColumnSource, *, ho
     if how not in ("left", "inner"):
         msg = f"how must be 'left' or 'inner', not {how!r}"
         raise ValueError(msg)
+    if narrow is not None:  # rows of the narrowed calls → rows of ``cuda_api``
+        pairs = pairs.with_columns(narrow.gather(pairs["_arow"]).cast(pl.UInt32).alias("_arow"))
     if not pairs["_lrow"].is_sorted():
         pairs = pairs.sort("_lrow", maintain_order=True)
     if how == "left" and not is_identity(pairs["_lrow"], ops.height):  # some ops matched no call
@@ -187,6 +197,22 @@ def launch_pairs(ops: pl.DataFrame, cuda_api: pl.DataFrame | ColumnSource, *, ho
             pairs = pl.concat([pairs, unmatched.with_columns(pl.lit(None, pl.UInt32).alias("_arow"))])
             pairs = pairs.sort("_lrow", maintain_order=True)
     return pairs
+
+
+#: The join narrows the calls to those sharing an op's correlation id when the ops are fewer
+#: than this share of the calls.
+NARROW_SHARE = 0.5
+
+
+def _calls_of(op_corr: pl.Series, api_corr: pl.Series) -> pl.Series | None:
+    """Rows (UInt32, ascending) of the calls whose correlation id is among ``op_corr``'s, when
+    the ops are fewer than :data:`NARROW_SHARE` of the calls and some calls have other ids;
+    else ``None`` (join every call). Rows of other ids can match no op, so the join's pairs
+    are the same either way."""
+    if api_corr.len() == 0 or op_corr.len() >= NARROW_SHARE * api_corr.len():
+        return None
+    rows = api_corr.is_in(op_corr.drop_nulls().unique().implode()).arg_true()
+    return None if rows.len() == api_corr.len() else rows.cast(pl.UInt32)
 
 
 def _without_nulls(frame: pl.DataFrame, columns: list[str]) -> pl.DataFrame:
