@@ -376,8 +376,31 @@ def test_steady_bounds_are_the_diagnosis_window_of_every_sample(path: Path) -> N
 
     d = tracekit.diagnose(tracekit.open(path))
     lo, hi, why = steady_bounds(tracekit.open(path))
-    assert (lo, hi) == (d.window.start_ns, d.window.end_ns)
+    a = d.window.analysed()
+    assert (lo, hi) == (a.start_ns, a.end_ns)
     assert d.window.method in why
+    assert ("diagnose analyses" in why) == d.window.sampled
+
+
+def test_steady_bounds_of_a_sampled_window_are_the_analysed_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a big trace (sampling forced here on the decode sample's 26 steps) --window steady is
+    the sample diagnose's rules read, and says where the whole window is."""
+    import functools
+
+    from tracekit.diagnosis import config
+    from tracekit.export.events import parse_window, steady_bounds
+
+    small = functools.partial(config.DiagnoseConfig, exact_steps=8, sample_steps=4, max_window_ops=50)
+    path = ROOT / "sample_traces" / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite"
+    d = tracekit.diagnose(tracekit.open(path), config=small())
+    monkeypatch.setattr(config, "DiagnoseConfig", small)
+    assert d.window.sampled and d.window.sample_steps == 4
+    lo, hi, why = steady_bounds(tracekit.open(path))
+    assert (lo, hi) == (d.window.sample_start_ns, d.window.sample_end_ns)
+    assert d.window.start_ns <= lo < hi <= d.window.end_ns and hi - lo < d.window.duration_ns
+    whole = why.rsplit("--window ", 1)[1].rstrip(")")
+    w_lo, w_hi = parse_window(whole)  # type: ignore[misc]
+    assert (w_lo, w_hi) == (d.window.start_ns, d.window.end_ns)
 
 
 def test_ranks_filter_a_trace_set(tmp_path: Path, per_rank: object) -> None:

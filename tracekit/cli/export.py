@@ -76,7 +76,7 @@ def perfetto(
     window: Annotated[str | None, typer.Option(
         "--window",
         help="START:END on the trace's timeline, ns since the session start (units allowed: 1.2s:1.5s, 300ms:), "
-             "or 'steady' for the steady-state window of tracekit diagnose.")] = None,
+             "or 'steady' for the steady-state window of tracekit diagnose (on a big trace, the sample of steps it analyses).")] = None,
     ranks: Annotated[str | None, typer.Option("--ranks", help="Only these ranks, e.g. 0,2-3.")] = None,
     metrics: Annotated[str | None, typer.Option(
         "--metrics", help="GPU metrics to write as counters: comma-separated gpu_metrics names, 'all' or 'none' "

@@ -197,7 +197,11 @@ def parse_window(text: str) -> tuple[int, int] | str:
 def steady_bounds(trace: Any) -> tuple[int, int, str]:
     """``(start_ns, end_ns, why)`` of the steady-state window that ``tracekit diagnose``
     analyses (:func:`tracekit.diagnosis.window.steady_window`: NVTX step ranges or the repeating
-    kernel sequence, warm-up left out)."""
+    kernel sequence, warm-up left out). On a big trace, where diagnose's rules run on a sample
+    of consecutive steady steps from the window's middle (``Window.analysed``), that sample:
+    the stretch the findings describe, at a size a timeline viewer opens (the whole window of
+    16,672 steps of a 1 M-kernel trace is ~1 GB of Perfetto trace); ``why`` then says so and
+    gives the whole window's bounds for ``--window START:END``."""
     from tracekit.diagnosis.config import DiagnoseConfig
     from tracekit.diagnosis.context import Context
     from tracekit.diagnosis.window import search_window
@@ -205,7 +209,14 @@ def steady_bounds(trace: Any) -> tuple[int, int, str]:
     ctx = Context(trace, DiagnoseConfig())
     ctx.prepare_reads()
     w = search_window(ctx)
-    return int(w.start_ns), int(w.end_ns), f"steady state ({w.method}): {w.reason}"
+    why = f"steady state ({w.method}): {w.reason}"
+    if not w.sampled:
+        return int(w.start_ns), int(w.end_ns), why
+    a = w.analysed()
+    whole = f"{int(w.start_ns)}:{int(w.end_ns)}"  # ns, exact
+    why += (f"; the {a.steps:,} steps of its middle that tracekit diagnose analyses, of {w.steps:,} steady steps "
+            f"(the whole window: --window {whole})")  # fmt: skip
+    return int(a.start_ns), int(a.end_ns), why
 
 
 # -- tables ------------------------------------------------------------------------------------------
