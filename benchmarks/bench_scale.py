@@ -47,7 +47,11 @@ STATS_REPORTS = "cuda_gpu_kern_sum,nvtx_gpu_proj_sum,cuda_kern_exec_sum"
 COMMANDS: dict[str, list[str]] = {
     "summary": ["summary"],
     "stats": ["stats", "-f", "csv", "--convention", "2023", "-r", STATS_REPORTS],
+    "stats-default": ["stats", "-f", "csv", "--convention", "2023"],  # nsys's default report set
     "diagnose": ["diagnose"],
+    "report": ["report", "-o", "{out}.html"],
+    "perfetto": ["export", "perfetto", "--window", "steady", "-o", "{out}.pftrace"],
+    "diff": ["diff"],  # FILE --against OTHER: the export compared with a second run of its size
 }
 TARGET_MB = 4096.0
 
@@ -66,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
         help="tracekit checkout to run (PYTHONPATH), e.g. a `git worktree` of an older commit (default: this one)",
     )
     parser.add_argument("--name", default="bench_scale", help="out/<name>.json and .md")
+    parser.add_argument(
+        "--against", type=Path, action="append", default=[],
+        help="second run for `diff` (one per file, same order; `tracekit diff FILE AGAINST`)",
+    )
     args = parser.parse_args(argv)
     commands = [c for c in args.commands.split(",") if c]
     variants = [v for v in args.variants.split(",") if v]
@@ -76,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     rows: list[list[str]] = []
     results: list[dict[str, object]] = []
-    for path in args.files:
+    for index, path in enumerate(args.files):
         path = path.resolve()
         counts = table_info(path)
         kernels = counts.get("CUPTI_ACTIVITY_KIND_KERNEL", 0)
@@ -92,8 +100,14 @@ def main(argv: list[str] | None = None) -> int:
                         shutil.rmtree(cache, ignore_errors=True)
                     else:
                         drop_kept_reports(cache)
-                    argv_ = [*cap, *exe, *COMMANDS[cmd], str(path)]
                     out = OUT / f"scale_{path.stem}_{cmd}_{variant}.txt"
+                    inputs = [str(path)]
+                    if cmd == "diff":
+                        if index >= len(args.against):
+                            raise SystemExit("`diff` needs --against OTHER for each file")
+                        inputs.append(str(args.against[index].resolve()))
+                    made = [a.format(out=OUT / f"scale_{path.stem}_{cmd}_{variant}") for a in COMMANDS[cmd]]
+                    argv_ = [*cap, *exe, *made, *inputs]
                     # cwd = the checkout run: ``python -m`` puts the working folder before PYTHONPATH
                     m = run_measured(argv_, stdout_path=out, env={**env_base, "TRACEKIT_CACHE": str(cache)}, cwd=source)
                     print(
