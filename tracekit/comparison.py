@@ -19,7 +19,7 @@ from typing import Any
 import polars as pl
 
 from tracekit.analysis.attribution import attribute_nvtx
-from tracekit.analysis.compare import compare_per_step
+from tracekit.analysis.compare import compare_step_stats, per_step_stats
 from tracekit.analysis.families import with_family
 
 __all__ = ["FINDING_CHANGE", "LEVELS", "Diff", "diff", "findings_change", "row_texts"]
@@ -368,25 +368,30 @@ def _check_threshold(value: float) -> float:
     return float(value)
 
 
-#: Peak memory of ``diff`` on two single exports, measured with ``/usr/bin/time`` on copies of
-#: one export built by ``benchmarks/make_big_trace.py``: 1.8 GB for 2 × 1 M kernels, 11.9 GB
-#: for 2 × 8 M; modelled, a little above both, per GPU operation of the two runs together.
+#: Peak memory of ``diff``'s whole-table path, measured with ``/usr/bin/time`` on copies of one
+#: export built by ``benchmarks/make_big_trace.py`` (both runs held: 1.8 GB for 2 × 1 M kernels,
+#: 11.9 GB for 2 × 8 M); modelled, a little above both, per GPU operation of the runs that take
+#: it. Runs past :data:`~tracekit.comparison_by_column.BOUNDED_MIN_OPS` operations take the
+#: bounded path instead; this guards the whole-table runs below that (or a kernel table already
+#: loaded), conservatively now that a run's tables go before the other run is read.
 DIFF_BASE_BYTES = 500 << 20
 DIFF_BYTES_PER_OP = 750
 
 
 def _ensure_fits(before: Any, after: Any) -> None:
-    """Refuse, in one :class:`~tracekit.errors.TraceMemoryError` line, a comparison of two
-    single exports that would not fit in the memory left: it holds both runs' whole tables,
-    and polars aborted the process (2 × 8 M kernels under a 12 GB address-space limit:
-    SIGABRT after 19 s). Trace sets (per-rank folders) are not estimated."""
+    """Refuse, in one :class:`~tracekit.errors.TraceMemoryError` line, a comparison of single
+    exports whose whole tables would not fit in the memory left (polars aborted the process
+    before: 2 × 8 M kernels under a 12 GB address-space limit, SIGABRT after 19 s). ``None``
+    for a run that takes the bounded path (:func:`~tracekit.comparison_by_column.ensure_bounded_fits`
+    estimates it); trace sets (per-rank folders) are not estimated."""
     from tracekit.nsys.database import gpu_op_estimate, refuse_unless_fits
 
-    dbs = [getattr(t, "db", None) for t in (before, after)]  # None for a trace set
-    if None in dbs:
+    whole = [t for t in (before, after) if t is not None]
+    dbs = [getattr(t, "db", None) for t in whole]  # None for a trace set
+    if not whole or any(db is None for db in dbs):
         return
-    ops = sum(gpu_op_estimate(db) for db in dbs)
-    names = " vs ".join(os.path.basename(str(t.path)) for t in (before, after))
+    ops = sum(gpu_op_estimate(db) for db in dbs if db is not None)
+    names = " vs ".join(os.path.basename(str(t.path)) for t in whole)
     refuse_unless_fits(
         DIFF_BASE_BYTES + DIFF_BYTES_PER_OP * ops,
         f"{names}: comparing {ops:,} GPU operations",
@@ -426,6 +431,7 @@ def diff(
     min_effect: float = 0.02,
     fixed: float = 0.05,
     findings: bool = True,
+    bounded_from: int | None = None,
 ) -> Diff:
     """Compare two runs: see the module doc and docs/diff.md.
 
@@ -443,6 +449,11 @@ def diff(
     findings
         Also diagnose both runs and say which findings appeared, went away, grew or shrank
         (:func:`findings_change`, ``Diff.findings``): the *why* under the verdict.
+    bounded_from
+        A single export with at least this many GPU operations is compared a column at a time
+        (:mod:`tracekit.comparison_by_column`: the same tables in bounded memory); default
+        :data:`~tracekit.comparison_by_column.BOUNDED_MIN_OPS` or
+        ``TRACEKIT_DIFF_BOUNDED_MIN_OPS``.
 
     Returns
     -------
@@ -460,14 +471,27 @@ def diff(
             msg = f"{option}={value!r}: give a number of 0 or more"
             raise TracekitError(msg)
     _check_threshold(threshold)
+    from tracekit.comparison_by_column import (
+        bounded_min_ops,
+        ensure_bounded_fits,
+        takes_bounded_path,
+    )
+
+    min_ops = bounded_min_ops() if bounded_from is None else bounded_from
+    # one run at a time: its statistics per level (small) and its findings are kept, its
+    # tables let go before the other run is read
     ta, tb = _open_run(before), _open_run(after)
-    _ensure_fits(ta, tb)
-    sa, sb = _steady_steps(ta), _steady_steps(tb)
+    bounded = [takes_bounded_path(t, min_ops) for t in (ta, tb)]
+    _ensure_fits(None if bounded[0] else ta, None if bounded[1] else tb)
+    for t, big in zip((ta, tb), bounded, strict=True):
+        if big:
+            ensure_bounded_fits(t)
+    ra = _run_stats(ta, levels, "a", "before", findings, bounded=bounded[0], opened=ta is not before)
+    del ta  # opened here: let its tables go before the other run is read
+    rb = _run_stats(tb, levels, "b", "after", findings, bounded=bounded[1], opened=tb is not after)
+    del tb
     out = {
-        level: compare_per_step(
-            _level_values(ta, level, sa), _level_values(tb, level, sb), sa.steps, sb.steps,
-            k=k, min_effect=min_effect, fixed=fixed,
-        )
+        level: compare_step_stats(ra.stats[level], rb.stats[level], ra.steps, rb.steps, k=k, min_effect=min_effect, fixed=fixed)
         for level in levels
     }
 
@@ -476,19 +500,56 @@ def diff(
 
     changed = pl.DataFrame()
     if findings:
-        from tracekit.diagnosis import diagnose
-
-        da, db = diagnose(ta), diagnose(tb)
-        changed = findings_change(da.findings, db.findings, steps_before=da.window.steps, steps_after=db.window.steps)
+        changed = findings_change(ra.findings, rb.findings, steps_before=ra.window_steps, steps_after=rb.window_steps)
     return Diff(
         name(before), name(after), out,
-        steps={"before": len(sa.steps), "after": len(sb.steps)},
-        methods={"before": sa.method, "after": sb.method},
+        steps={"before": ra.steps, "after": rb.steps},
+        methods={"before": ra.method, "after": rb.method},
         settings={"k": k, "min_effect": min_effect, "fixed": fixed},
         threshold=float(threshold),
         findings=changed,
-        notes=[n for n in (_graph_note("before", sa), _graph_note("after", sb)) if n],
+        notes=[*ra.notes, *rb.notes],
     )
+
+
+@dataclass
+class _Run:
+    """One run's share of a diff: per-level :func:`~tracekit.analysis.compare.per_step_stats`,
+    its steady step count, how the steps were found, notes, and (with findings) its
+    diagnosis' findings and window steps."""
+
+    stats: dict[str, pl.DataFrame]
+    steps: int
+    method: str
+    notes: list[str]
+    findings: pl.DataFrame = field(default_factory=pl.DataFrame)
+    window_steps: int | None = None
+
+
+def _run_stats(trace: Any, levels: tuple[str, ...], suffix: str, side: str, findings: bool, *, bounded: bool,
+               opened: bool) -> _Run:
+    """One run's :class:`_Run`: a column at a time (``bounded``:
+    :func:`~tracekit.comparison_by_column.bounded_run_stats`) or from its whole tables; the
+    trace is closed afterwards when ``opened`` here (from a path)."""
+    if bounded:
+        from tracekit.comparison_by_column import bounded_run_stats
+
+        r = bounded_run_stats(trace, levels, suffix, side)
+        run = _Run(r.stats, r.steps, r.method, r.notes)
+    else:
+        s = _steady_steps(trace)
+        stats = {level: per_step_stats(_level_values(trace, level, s), s.steps, suffix) for level in levels}
+        note = _graph_note(side, s)
+        run = _Run(stats, len(s.steps), s.method, [note] if note else [])
+        del s
+    if findings:
+        from tracekit.diagnosis import diagnose
+
+        d = diagnose(trace)
+        run.findings, run.window_steps = d.findings, d.window.steps
+    if opened and hasattr(trace, "close"):
+        trace.close()
+    return run
 
 
 def _graph_note(side: str, s: _Side) -> str | None:

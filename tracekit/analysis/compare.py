@@ -21,7 +21,7 @@ import polars as pl
 
 from tracekit.analysis.families import with_family
 
-__all__ = ["compare_kernels", "compare_per_step", "compare_ranges", "kernel_totals"]
+__all__ = ["compare_kernels", "compare_per_step", "compare_ranges", "compare_step_stats", "kernel_totals", "per_step_stats"]
 
 
 def kernel_totals(kernels: pl.DataFrame, *, by: str = "short_name") -> pl.DataFrame:
@@ -88,8 +88,12 @@ def compare_ranges(a: pl.DataFrame, b: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _per_step_stats(frame: pl.DataFrame, steps: Sequence[int], suffix: str) -> pl.DataFrame:
-    """Per key: mean, sample sd and total over ``steps`` (a key absent from a step counts 0)."""
+def per_step_stats(frame: pl.DataFrame, steps: Sequence[int], suffix: str) -> pl.DataFrame:
+    """Per key of one run: ``key``, ``mean_<suffix>``, ``sd_<suffix>`` (sample) and
+    ``total_<suffix>`` of ``value`` over ``steps`` (a key absent from a step counts 0), in the
+    unit of ``value``. ``frame``: ``step`` (Int64), ``key``, ``value`` (see
+    :func:`compare_per_step`); one run's share of it, so that two runs need not be held at once
+    (:func:`compare_step_stats` puts two together)."""
     grid = frame.select("key").unique().join(pl.DataFrame({"step": list(steps)}, schema={"step": pl.Int64}), how="cross")
     full = grid.join(frame.group_by("key", "step").agg(pl.col("value").sum()), on=["key", "step"], how="left").with_columns(
         pl.col("value").fill_null(0)
@@ -128,9 +132,22 @@ def compare_per_step(
     than 2 steps), ``noise_basis`` (``"steps"`` or ``"fixed"``), ``verdict`` (``slower``,
     ``faster``, ``no change``); largest |delta| first.
     """
-    sa = _per_step_stats(a, steps_a, "a")
-    sb = _per_step_stats(b, steps_b, "b")
-    na, nb = len(steps_a), len(steps_b)
+    return compare_step_stats(per_step_stats(a, steps_a, "a"), per_step_stats(b, steps_b, "b"), len(steps_a), len(steps_b),
+                              k=k, min_effect=min_effect, fixed=fixed)
+
+
+def compare_step_stats(
+    sa: pl.DataFrame,
+    sb: pl.DataFrame,
+    na: int,
+    nb: int,
+    *,
+    k: float = 3.0,
+    min_effect: float = 0.02,
+    fixed: float = 0.05,
+) -> pl.DataFrame:
+    """:func:`compare_per_step` of two runs' :func:`per_step_stats` (suffixes ``a`` and
+    ``b``) over ``na`` and ``nb`` steps: the same columns and rows."""
     out = sa.join(sb, on="key", how="full", coalesce=True).with_columns(
         *[pl.col(c).fill_null(0.0) for c in ("mean_a", "mean_b", "total_a", "total_b")],
         pl.lit(na, pl.Int64).alias("steps_a"), pl.lit(nb, pl.Int64).alias("steps_b"),
