@@ -124,7 +124,10 @@ def _from_nvtx(nvtx: pl.DataFrame, rk: list[str], pattern: str) -> tuple[pl.Data
         return fwd.rename({"name": "label"}).with_columns(pl.lit(False).alias("_pre"), pl.lit(None, pl.Utf8).alias("_phase")), "module"
     default = _nvtx_ranges(nvtx.filter(pl.col("domain").is_null() | (pl.col("domain") == "")), rk) if "domain" in nvtx.columns else r
     top = _outermost(default.with_columns(pl.lit(False).alias("_pre")), rk)
-    counts = top.group_by([*rk, "pid", "label"]).len().filter(pl.col("len") >= MIN_STEPS).sort("len", descending=True)
+    # ties (two ranks' processes with as many steps) go to the lowest rank/pid, then label:
+    # a group-by's order is not fixed, and the pick must not change from run to run
+    counts = top.group_by([*rk, "pid", "label"]).len().filter(pl.col("len") >= MIN_STEPS)
+    counts = counts.sort(["len", *rk, "pid", "label"], descending=[True, *[False] * (len(rk) + 2)], nulls_last=True)
     if counts.height == 0:
         return None
     best = counts.head(1).select(*rk, "pid", "label")
@@ -150,7 +153,7 @@ def _from_graphs(launches: pl.DataFrame, ops: pl.DataFrame, rk: list[str]) -> pl
     per = launches.group_by(key).agg(pl.len().alias("n"), pl.col("gpu_time_ns").sum().alias("g")).filter(pl.col("n") >= MIN_STEPS)
     if per.height == 0:
         return None
-    top = per.sort("g", descending=True).head(1)
+    top = per.sort(["g", *key], descending=[True, *[False] * len(key)], nulls_last=True).head(1)  # ties: lowest key
     dev = top.select([*rk, "device_id"])
     reps = launches.join(top.select(key), on=key).sort("start_ns")
     steps = reps.select(*rk, pl.col("start_ns").alias("gpu_start_ns"), pl.col("end_ns").alias("gpu_end_ns"),
@@ -185,7 +188,8 @@ def _from_period(ops: pl.DataFrame, rk: list[str]) -> pl.DataFrame | None:
     if k.height < 2 * MIN_STEPS:
         return None
     dev = [*rk, "device_id"]
-    busiest = k.group_by(dev).agg(pl.col("duration_ns").sum()).sort("duration_ns", descending=True).head(1).select(dev)
+    busiest = k.group_by(dev).agg(pl.col("duration_ns").sum())
+    busiest = busiest.sort(["duration_ns", *dev], descending=[True, *[False] * len(dev)], nulls_last=True).head(1).select(dev)
     k = k.join(busiest, on=dev).sort("start_ns")
     codes = k["name"].cast(pl.Categorical).to_physical().to_numpy().astype(np.int64)
     found = find_period(codes, min_repeats=MIN_STEPS)
@@ -253,7 +257,8 @@ def generation_steps(
     if found is not None:
         ranges, source = found
         ranges = ranges.with_columns(process_key("global_tid").alias("_proc"))
-        main = ranges.group_by([*rk, "pid"]).len().sort("len", descending=True).head(1).select(*rk, "pid")
+        main = ranges.group_by([*rk, "pid"]).len()  # ties: the lowest rank/pid (as in _from_nvtx)
+        main = main.sort(["len", *rk, "pid"], descending=[True, *[False] * (len(rk) + 1)], nulls_last=True).head(1).select(*rk, "pid")
         ranges = ranges.join(main, on=[*rk, "pid"]).sort("start_ns").with_row_index("_sid").with_columns(pl.col("_sid").cast(pl.Int64))
         gpu = _cpu_steps(ranges, ops_with_launch, rk)
         steps = ranges.join(gpu, on=[*rk, "_sid"], how="left").select(
