@@ -24,123 +24,33 @@ import polars as pl
 
 from tracekit.errors import TracekitError
 from tracekit.outputs import write_output
+from tracekit.report.sections import (  # noqa: F401  (shared with the bounded report; tests reach them here)
+    _MODE_TEXT,
+    CSS,
+    _busy_ns,
+    _communication_html,
+    _facts,
+    _findings,
+    _graph_launches,
+    _graph_rows,
+    _graphs,
+    _has_graph_launches,
+    _kernels_html,
+    _layer_memory,
+    _memo,
+    _memory,
+    _metrics_html,
+    _note,
+    _nvtx_html,
+    _Page,
+)
 from tracekit.viz import prep
 from tracekit.viz.tables import fmt_bytes, fmt_ns, html_table
 
 log = logging.getLogger(__name__)
 
-CSS = """
-body{font-family:-apple-system,"Segoe UI",Roboto,"Liberation Sans",Arial,sans-serif;margin:0;color:#1b1b1b;background:#fafafa}
-header{background:#0b3d63;color:#fff;padding:14px 24px}header h1{margin:0;font-size:22px}header p{margin:4px 0 0;opacity:.85;font-size:13px}
-nav{position:sticky;top:0;background:#fff;border-bottom:1px solid #ddd;padding:6px 24px;z-index:2;font-size:14px}
-nav a{margin-right:14px;color:#0b3d63;text-decoration:none}
-main{padding:8px 24px 40px;max-width:1200px}
-section{background:#fff;border:1px solid #e3e3e3;border-radius:6px;padding:12px 18px;margin:16px 0}
-section h2{margin:4px 0 10px;font-size:18px;color:#0b3d63}
-.note{color:#666;font-style:italic}.err{color:#a00}
-.facts td{padding:2px 12px 2px 0;font-size:13px}.facts td:first-child{font-weight:600}
-.chart{margin:8px 0;overflow-x:auto}
-.tk-table{border-collapse:collapse;font-size:12px}.tk-table th,.tk-table td{padding:2px 8px;border-bottom:1px solid #e5e5e5;text-align:right}
-.tk-table th{background:#f5f5f5}.tk-table td.l,.tk-table th.l{text-align:left}
-footer{color:#888;font-size:12px;padding:0 24px 24px}
-"""
-
-
-class _Page:
-    """Accumulates sections and chart specs, then renders one HTML document."""
-
-    def __init__(self, title: str, subtitle: str) -> None:
-        self.title = title
-        self.subtitle = subtitle
-        self.sections: list[tuple[str, str, str]] = []
-        self.charts: list[tuple[str, dict[str, Any]]] = []
-        self.problems: list[str] = []
-
-    def chart(self, chart: Any) -> str:
-        from tracekit.viz.export import chart_spec
-        from tracekit.viz.theme import SCREEN_THEME
-
-        element = f"chart-{len(self.charts)}"
-        self.charts.append((element, chart_spec(chart, theme=SCREEN_THEME)))
-        return f'<div class="chart" id="{element}"></div>'
-
-    def section(self, anchor: str, title: str, build: Callable[[], str]) -> None:
-        try:
-            body = build()
-        except Exception as exc:  # a broken section must not take the report down
-            log.debug("report section %s failed", anchor, exc_info=True)
-            self.problems.append(f"{title}: {type(exc).__name__}: {exc}")
-            body = f'<p class="err">This section could not be built: {html.escape(type(exc).__name__)}: {html.escape(str(exc))}</p>'
-        self.sections.append((anchor, title, body))
-
-    def render(self) -> str:
-        from tracekit import __version__
-        from tracekit.viz.export import embed_script, javascript_bundle
-
-        nav = "".join(f'<a href="#{a}">{html.escape(t)}</a>' for a, t, _ in self.sections)
-        body = "".join(
-            f'<section id="{a}"><h2>{html.escape(t)}</h2>{b}</section>' for a, t, b in self.sections
-        )
-        scripts = "\n".join(embed_script(spec, element) for element, spec in self.charts)
-        return (
-            '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-            '<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f"<title>{html.escape(self.title)}</title><style>{CSS}</style>"
-            f"<script>{javascript_bundle()}</script></head><body>"
-            f"<header><h1>{html.escape(self.title)}</h1><p>{html.escape(self.subtitle)}</p></header>"
-            f"<nav>{nav}</nav><main>{body}</main>"
-            f"<footer>tracekit {html.escape(__version__)} · self-contained: no network access needed</footer>"
-            f"<script>\n{scripts}\n</script></body></html>\n"
-        )
-
-
-def _facts(rows: list[tuple[str, str]]) -> str:
-    return (
-        '<table class="facts">'
-        + "".join(f"<tr><td>{html.escape(a)}</td><td>{html.escape(b)}</td></tr>" for a, b in rows)
-        + "</table>"
-    )
-
-
-def _note(text: str) -> str:
-    return f'<p class="note">{html.escape(text)}</p>'
-
 
 # -- nsys sections ------------------------------------------------------------------------------------
-def _findings(trace: Any, ncu: Any) -> str:
-    from tracekit.diagnosis import diagnose
-    from tracekit.diagnosis.result import fmt_ns
-
-    d = diagnose(trace, ncu=ncu)
-    colors = {"high": "#b3261e", "medium": "#a15c00", "low": "#0b5cad", "info": "#666"}
-    rows = []
-    for f in d.items:
-        stake = "" if f.time_ns is None else fmt_ns(f.time_ns) + (f" ({f.share:.1%})" if f.share is not None else "")
-        nxt = "".join(f"<br><code>{html.escape(c)}</code>" for c in f.next)
-        rows.append(
-            f'<tr><td style="color:{colors.get(f.severity, "#000")};font-weight:600">{html.escape(f.severity)}</td>'
-            f"<td>{html.escape(f.category)}</td><td>{html.escape(stake)}</td><td>{html.escape(f.title)}</td>"
-            f"<td>{html.escape(f.advice)}{nxt}</td></tr>"
-        )
-    table = (
-        "<table><tr><th>severity</th><th>category</th><th>time at stake</th><th>finding</th><th>what to try</th></tr>"
-        + "".join(rows) + "</table>"
-    ) if rows else "<p>No findings.</p>"
-    return _note(d.window_text()) + table
-
-
-def _graph_rows(trace: Any) -> pl.DataFrame | None:
-    """The trace's CUDA graph launches traced whole (``graph_trace``), or ``None``."""
-    from tracekit.analysis.graphs import graph_trace_of
-
-    return prep.whole_graphs(graph_trace_of(trace))
-
-
-def _graph_launches(trace: Any) -> pl.DataFrame:
-    """``trace.graphs`` (one row per graph launch, either trace mode); empty when the trace
-    object has no such table."""
-    graphs = getattr(trace, "graphs", None)
-    return graphs if isinstance(graphs, pl.DataFrame) else pl.DataFrame()
 
 
 def _breakdown(trace: Any) -> pl.DataFrame:
@@ -151,30 +61,6 @@ def _breakdown(trace: Any) -> pl.DataFrame:
     if trace.kernels.is_empty() and graphs is None:
         return pl.DataFrame()
     return prep.temporal_breakdown(trace.kernels, trace.memcpys, trace.memsets, graphs)
-
-
-def _busy_ns(breakdown: pl.DataFrame) -> pl.DataFrame:
-    """``group`` (``GPU 0``, ``rank 1``), ``busy_ns`` (anything running), ``idle_ns`` and
-    ``window_ns`` (the GPU work span, ns) of a :func:`_breakdown`."""
-    if breakdown.is_empty():
-        return pl.DataFrame(schema={"group": pl.Utf8, "busy_ns": pl.Int64, "idle_ns": pl.Int64, "window_ns": pl.Int64})
-    idle = pl.col("category") == "idle"
-    return breakdown.group_by("group", maintain_order=True).agg(
-        pl.col("time_ns").filter(~idle).sum().alias("busy_ns"), pl.col("time_ns").filter(idle).sum().alias("idle_ns"),
-        pl.col("window_ns").first(),
-    )
-
-
-def _memo(make: Callable[[], pl.DataFrame]) -> Callable[[], pl.DataFrame]:
-    """``make`` run once, on first use: a frame that several sections show."""
-    box: list[pl.DataFrame] = []
-
-    def get() -> pl.DataFrame:
-        if not box:
-            box.append(make())
-        return box[0]
-
-    return get
 
 
 def _overview(page: _Page, trace: Any, breakdown: Callable[[], pl.DataFrame]) -> str:
@@ -235,8 +121,6 @@ def _overview(page: _Page, trace: Any, breakdown: Callable[[], pl.DataFrame]) ->
 
 
 def _kernels(page: _Page, trace: Any, top_n: int) -> str:
-    from tracekit.viz import duration_chart, top_kernels_chart
-
     k = trace.kernels
     graphs = _graph_rows(trace)
     hidden = "" if graphs is None else _note(
@@ -245,55 +129,16 @@ def _kernels(page: _Page, trace: Any, top_n: int) -> str:
     )
     if k.is_empty():
         return _note("No kernels in this trace.") + hidden
-    top = prep.top_kernels(k, n=top_n, by="short_name")
-    table = html_table(
-        top.select(
-            "name", "family", "instances", "total_ns", "mean_ns", "median_ns", "max_ns", "share"
-        ),
-        formats={c: fmt_ns for c in ("total_ns", "mean_ns", "median_ns", "max_ns")}
-        | {"share": lambda v: f"{100 * v:.1f}%"},
-        left=("name", "family"),
-    )
-    return (
-        hidden
-        + page.chart(
-            top_kernels_chart(top.head(25), title=f"Top {min(top_n, 25)} kernels by GPU time")
-        )
-        + table
-        + page.chart(duration_chart(k, title="Kernel durations"))
-    )
+    return hidden + _kernels_html(page, prep.top_kernels(k, n=top_n, by="short_name"), k, top_n)
 
 
 def _nvtx(page: _Page, trace: Any) -> str:
-    from tracekit.viz import layer_heatmap
-
     if trace.nvtx.is_empty():
         return _note(
             "No NVTX ranges in this trace (annotate the program with NVTX to get a breakdown)."
         )
     attributed = prep.attributed_kernels(trace.kernels, trace.cuda_api, trace.nvtx, _graph_launches(trace))
-    tree = prep.nvtx_tree(attributed, max_depth=3)
-    out = ""
-    matrix = prep.layer_block_matrix(attributed)
-    if not matrix.is_empty():
-        out += page.chart(layer_heatmap(matrix, title="GPU time per layer and block (ms)"))
-    if tree.is_empty():
-        return out + _note("No GPU work was launched inside NVTX ranges.")
-    shown = tree.with_columns(
-        pl.concat_str(
-            pl.lit("\u2003").repeat_by(pl.col("depth") - 1).list.join(""), pl.col("name")
-        ).alias("range")
-    )
-    return (
-        out
-        + "<h3>GPU time by NVTX range (inclusive, 3 levels)</h3>"
-        + html_table(
-            shown.select("range", "gpu_time_ns", "ops", "share"),
-            formats={"gpu_time_ns": fmt_ns, "share": lambda v: f"{100 * v:.1f}%"},
-            left=("range",),
-            max_rows=120,
-        )
-    )
+    return _nvtx_html(page, attributed)
 
 
 def _timeline(page: _Page, trace: Any, max_marks: int) -> str:
@@ -311,117 +156,15 @@ def _timeline(page: _Page, trace: Any, max_marks: int) -> str:
     ) + page.chart(chart)
 
 
-_MODE_TEXT = {
-    "graph": (
-        "Traced whole (nsys --cuda-graph-trace=graph, its default): each launch is one GPU operation spanning its "
-        "replay, counted as GPU work in the overview, the timeline and the NVTX breakdown; the kernels inside are not "
-        "in the trace, so the top-kernels table and the kernel-based findings do not see them. Capture with "
-        "--cuda-graph-trace=node to see them (it lengthens every launch call on the host)."
-    ),
-    "node": (
-        "Traced per node (nsys --cuda-graph-trace=node): every kernel, copy and memset of a replay is in the trace; "
-        "a replay runs from its first operation's start to its last one's end. Per-node tracing lengthens each "
-        "launch call on the host (docs/tables.md), so the launch cost here is above an untraced run's."
-    ),
-}
-
-
-def _graphs(page: _Page, trace: Any, breakdown: Callable[[], pl.DataFrame]) -> str:
-    from tracekit.analysis.graphs import graph_summary
-    from tracekit.viz import iterations_chart
-
-    launches = _graph_launches(trace)
-    if launches.is_empty():
-        return _note("No CUDA graph launches in this trace.")
-    busy = _busy_ns(breakdown())
-    total = int(busy["busy_ns"].sum()) if busy.height else None
-    summary = graph_summary(launches, total_gpu_ns=total)
-    modes = sorted(set(launches["mode"].drop_nulls().to_list()))
-    out = "".join(_note(_MODE_TEXT[m]) for m in modes if m in _MODE_TEXT)
-    out += _facts([
-        ("graph launches", f"{launches.height:,} of {summary.height:,} graph{'s' if summary.height != 1 else ''}"),
-        ("GPU time in replays", f"{fmt_ns(summary['gpu_time_ns'].sum())}" + (
-            f" ({summary['gpu_time_ns'].sum() / total:.1%} of the GPUs' busy time)" if total else "")),
-    ])  # fmt: skip
-    pct = lambda v: "–" if v is None else f"{100 * v:.1f}%"  # noqa: E731
-    shown = summary.select(
-        "pid", "graph_exec_id", "graph_id", "mode", "devices", "launches", "gpu_time_ns", "share", "replay_median_ns",
-        "replay_p90_ns", "kernels_per_replay", "launch_api_median_ns", "first_nvtx_path",
-    )  # fmt: skip
-    out += html_table(
-        shown,
-        formats={c: fmt_ns for c in ("gpu_time_ns", "replay_median_ns", "replay_p90_ns", "launch_api_median_ns")}
-        | {"share": pct, "kernels_per_replay": lambda v: "–" if v is None else f"{v:.0f}"},
-        left=("mode", "devices", "first_nvtx_path"),
-        headers={
-            "graph_exec_id": "graph exec", "graph_id": "graph", "gpu_time_ns": "GPU time", "share": "of busy time",
-            "replay_median_ns": "replay median", "replay_p90_ns": "replay p90", "kernels_per_replay": "kernels / replay",
-            "launch_api_median_ns": "launch call (median)", "first_nvtx_path": "NVTX path (first launch)",
-        },  # fmt: skip
-        max_rows=50,
-    )
-    several = launches.select("pid", "device_id").n_unique() > 1
-    label = pl.concat_str(
-        pl.lit("graph exec "), pl.col("graph_exec_id").cast(pl.Utf8).fill_null("?"),
-        *([pl.lit(" · GPU "), pl.col("device_id").cast(pl.Utf8)] if several else []),
-    )  # fmt: skip
-    replays = (
-        launches.sort("start_ns")
-        .with_columns(label.alias("group"))
-        .with_columns(pl.int_range(pl.len()).over("group").cast(pl.Int64).alias("iteration"))
-        .select("group", "iteration", pl.col("nvtx_path").fill_null("").alias("name"), "start_ns", "end_ns", "duration_ns")
-    )
-    return out + page.chart(iterations_chart(replays, title="Replay span on the GPU, launch by launch"))
-
-
 def _communication(page: _Page, trace: Any) -> str:
-    from tracekit.viz import nccl_bandwidth_chart
-
     k = prep.gpu_ops(trace.kernels)
     comm = k.filter(pl.col("family") == "communication")
     if comm.is_empty():
         return _note("No communication kernels (NCCL or custom collectives) in this trace.")
-    out = html_table(
-        prep.top_kernels(comm, n=30, by="name").select(
-            "name", "instances", "total_ns", "mean_ns", "max_ns", "share"
-        ),
-        formats={
-            "total_ns": fmt_ns,
-            "mean_ns": fmt_ns,
-            "max_ns": fmt_ns,
-            "share": lambda v: f"{100 * v:.1f}% of kernel time",
-        },
-        left=("name",),
-    )
-    try:
-        calls = prep.nccl_bandwidth(trace.nccl)
-    except Exception as exc:
-        return out + _note(f"NCCL calls could not be read: {type(exc).__name__}: {exc}")
-    if calls.is_empty():
-        return out + _note("No NCCL calls recognised.")
-    per_op = (
-        calls.group_by("op")
-        .agg(
-            pl.len().alias("calls"),
-            pl.col("bytes").sum().alias("bytes"),
-            ((pl.col("gpu_duration_ns") * pl.col("kernel_share").fill_null(1.0)).sum() if "kernel_share" in calls.columns
-             else pl.col("gpu_duration_ns").sum()).alias("gpu_time_ns"),
-            pl.col("bus_bandwidth_gbps").median().alias("median_busbw_gbps"),
-        )
-        .sort("gpu_time_ns", descending=True, nulls_last=True)
-    )
-    out += "<h3>NCCL calls</h3>" + html_table(
-        per_op, formats={"bytes": fmt_bytes, "gpu_time_ns": fmt_ns, "median_busbw_gbps": lambda v: "–" if v is None else f"{v:.2f} GB/s"},
-        left=("op",),
-    )  # fmt: skip
-    if not calls["bus_bandwidth_gbps"].drop_nulls().is_empty():
-        out += page.chart(nccl_bandwidth_chart(calls, title="NCCL bus bandwidth vs message size"))
-    return out
+    return _communication_html(page, trace, prep.top_kernels(comm, n=30, by="name"))
 
 
 def _metrics(page: _Page, trace: Any, origin: int | None) -> str:
-    from tracekit.viz import gpu_metrics_chart
-
     g = trace.gpu_metrics
     if g.is_empty():
         return _note("No GPU metrics (capture with nsys --gpu-metrics-devices=all).")
@@ -437,26 +180,7 @@ def _metrics(page: _Page, trace: Any, origin: int | None) -> str:
         )
         .sort("device_id", "metric_label")
     )
-    return page.chart(
-        gpu_metrics_chart(g, origin_ns=origin, width=1000, title="GPU metrics over time")  # binned within altair's row limit
-    ) + html_table(
-        summary,
-        formats={"mean_pct": lambda v: f"{v:.1f}%", "max_pct": lambda v: f"{v:.0f}%"},
-        left=("metric_label",),
-    )
-
-
-def _memory(page: _Page, trace: Any, origin: int | None) -> str:
-    from tracekit.viz import memory_chart
-
-    m = trace.memory_usage
-    if m.is_empty():
-        return _note("No memory events (capture with nsys --cuda-memory-usage=true).")
-    return _note(
-        "Allocations seen during the capture, counted from zero at its start."
-    ) + page.chart(
-        memory_chart(m, origin_ns=origin, width=1000, title="Device memory allocated")
-    )
+    return _metrics_html(page, g, summary, origin)
 
 
 # -- ncu section -----------------------------------------------------------------------------------------
@@ -494,37 +218,6 @@ def _ncu(page: _Page, report: Any) -> str:
 
 
 # -- entry points ------------------------------------------------------------------------------------------
-def _layer_memory(page: _Page, trace: Any) -> str:
-    import warnings
-
-    from tracekit.analysis.memory import layer_memory, layer_memory_summary
-    from tracekit.viz import layer_growth_chart, layer_memory_chart
-
-    if trace.memory_usage.is_empty():
-        return _note("No memory events (capture with nsys --cuda-memory-usage=true), so no memory per layer.")
-    if trace.nvtx.is_empty():
-        return _note("No NVTX ranges in this trace: annotate layers (layer.N) with NVTX to see the memory each adds.")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        rows = layer_memory(trace.memory_usage, trace.nvtx, ranges=prep.LAYER_MEMORY_PATTERN)
-    if rows.is_empty():
-        why = next((str(c.message) for c in caught), "no rows")
-        return _note(f"No memory per layer: {why} (ranges named layer.N, backward or optimizer are shown).")
-    summary = layer_memory_summary(rows)
-    cols = ["mean_net_growth_bytes", "mean_allocated_bytes", "mean_freed_bytes", "max_peak_above_entry_bytes"]
-    return (
-        _note(
-            "Device memory of each range's process at the range's entry and exit (tracekit.analysis.memory."
-            "layer_memory): events at the range's start count inside it, events at its end after it; memory "
-            "allocated before the capture is not counted."
-        )
-        + page.chart(layer_memory_chart(rows, trace.memory_usage, width=1000, title="Memory in use per layer range"))
-        + page.chart(layer_growth_chart(summary, title="Mean net growth per range"))
-        + html_table(
-            summary.select("name", "phase", "instances", *cols), left=("name", "phase"), max_rows=60,
-            formats=dict.fromkeys(cols, fmt_bytes), headers={c: c.removesuffix("_bytes").replace("_", " ") for c in cols},
-        )
-    )
 
 
 def build_report(
@@ -553,14 +246,19 @@ def build_report(
         raise ValueError(msg)
     from tracekit.viz._deps import import_altair, import_vl_convert
 
+    bounded = trace is not None and _bounded(trace)
     if trace is not None:  # before anything is imported or read
-        _ensure_fits(trace)
+        _ensure_fits(trace, bounded=bounded)
     import_altair()  # a missing extra is one clear error, not a broken section each
     import_vl_convert()
     source = trace if trace is not None else ncu
     name = Path(str(getattr(source, "path", None) or (getattr(source, "paths", None) or ["trace"])[0])).name
     page = _Page(title or f"tracekit report: {name}", time.strftime("generated %Y-%m-%d %H:%M"))
-    if trace is not None:
+    if trace is not None and bounded:  # whole-trace figures from columns, details from one window
+        from tracekit.report.html_bounded import add_sections
+
+        add_sections(page, trace, ncu, top_n=top_n, max_marks=max_marks)
+    elif trace is not None:
         origin = (prep.data_window(trace.kernels, trace.memcpys, trace.memsets, _graph_rows(trace)) or (None, None))[0]
         page.section("findings", "Findings", lambda: _findings(trace, ncu))
         breakdown = _memo(lambda: _breakdown(trace))
@@ -579,16 +277,6 @@ def build_report(
     return page.render()
 
 
-def _has_graph_launches(trace: Any) -> bool:
-    """Whether the trace launched CUDA graphs (either trace mode); ``True`` when finding out
-    failed, so that the section shows why instead of vanishing."""
-    try:
-        return not _graph_launches(trace).is_empty()
-    except Exception:
-        log.debug("reading the CUDA graph launches failed", exc_info=True)
-        return True
-
-
 #: Peak memory of a report, measured with ``/usr/bin/time`` on exports built by
 #: ``benchmarks/make_big_trace.py`` (2.5 API calls and 0.2 NVTX ranges per kernel): 1.9 GB for
 #: 1 M kernels, 12.0 GB for 8 M; modelled, a little above both, as a fixed part plus a part per
@@ -597,20 +285,35 @@ REPORT_BASE_BYTES = 500 << 20
 REPORT_BYTES_PER_OP = 1500
 
 
-def _ensure_fits(trace: Any) -> None:
+#: Peak memory of a report drawn from columns (:mod:`tracekit.report.bounded`), measured the
+#: same way on s8x and s30x (8 M and 30 M kernels); modelled a little above both.
+REPORT_BOUNDED_BASE_BYTES = 1 << 30
+REPORT_BOUNDED_BYTES_PER_OP = 100
+
+
+def _bounded(trace: Any) -> bool:
+    """Whether the report of ``trace`` is drawn from columns (:func:`tracekit.report.bounded.use_bounded`)."""
+    from tracekit.report.bounded import use_bounded
+
+    return use_bounded(trace)
+
+
+def _ensure_fits(trace: Any, *, bounded: bool = False) -> None:
     """Refuse, as one :class:`~tracekit.errors.TraceMemoryError` line, a report that would not
-    fit in the memory left. The report's sections hold the whole kernel, operation and API
-    tables and polars aborts the process when an allocation fails (8 M kernels under a 12 GB
-    address-space limit: SIGABRT after 42 s, in a group-by of the overview's activity
-    segments), so the check is made before anything is read."""
+    fit in the memory left. The whole-table report's sections hold the whole kernel, operation
+    and API tables and polars aborts the process when an allocation fails (8 M kernels under a
+    12 GB address-space limit: SIGABRT after 42 s, in a group-by of the overview's activity
+    segments), so the check is made before anything is read. A report drawn from columns
+    (``bounded``) holds a few columns of the kernel table at a time."""
     from tracekit.nsys.database import gpu_op_estimate, refuse_unless_fits
 
     db = getattr(trace, "db", None)  # an Nsight Systems trace's export (either kind)
     if db is None:
         return
     ops = gpu_op_estimate(db)
+    base, per_op = (REPORT_BOUNDED_BASE_BYTES, REPORT_BOUNDED_BYTES_PER_OP) if bounded else (REPORT_BASE_BYTES, REPORT_BYTES_PER_OP)
     refuse_unless_fits(
-        REPORT_BASE_BYTES + REPORT_BYTES_PER_OP * ops,
+        base + per_op * ops,
         f"{Path(str(trace.path)).name}: the HTML report of {ops:,} GPU operations",
         "run `tracekit summary` or `tracekit diagnose` (they work in bounded memory), or make the report on a machine with more memory",
     )
