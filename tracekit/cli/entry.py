@@ -1,6 +1,7 @@
 """The ``tracekit`` console script: a repeated ``tracekit stats … -f csv`` is answered from the
 kept CSVs (:mod:`tracekit.cli.stats_cache`) before typer or polars is imported; everything
-else goes to :func:`tracekit.cli.main.run`."""
+else goes to :func:`tracekit.cli.main.run`, with jemalloc told to return freed memory at once
+for a long command on a big export (:mod:`tracekit.cli.allocator`)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ def run() -> NoReturn:
     code = cached_stats(sys.argv[1:])
     if code is not None:
         sys.exit(code)
+    from tracekit.cli.allocator import tune_allocator
+
+    tune_allocator(sys.argv[1:])  # before polars is imported
     from tracekit.cli.main import run as run_cli
 
     run_cli()

@@ -1,0 +1,52 @@
+"""tracekit.cli.allocator: jemalloc returns freed memory at once for long commands on big
+exports only; the user's own setting wins; and polars (a real subprocess) reads the variable."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tracekit.cli.allocator import DECAY_NOW, tune_allocator
+
+ROOT = Path(__file__).resolve().parents[1]
+EXPORT = ROOT / "sample_traces" / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite"
+
+
+def test_set_for_a_stepped_command_on_a_big_input() -> None:
+    size = EXPORT.stat().st_size
+    env: dict[str, str] = {}
+    assert tune_allocator(["diff", str(EXPORT), str(EXPORT)], env, min_bytes=2 * size) == DECAY_NOW  # the two add up
+    assert env == {"_RJEM_MALLOC_CONF": DECAY_NOW}
+    env = {}
+    assert tune_allocator(["export", "perfetto", "--window", "steady", str(EXPORT)], env, min_bytes=size) == DECAY_NOW
+    env = {}
+    assert tune_allocator(["report", str(EXPORT.parent)], env, min_bytes=size) == DECAY_NOW  # a folder: its files
+
+
+def test_left_alone_for_small_inputs_other_commands_and_a_user_setting() -> None:
+    size = EXPORT.stat().st_size
+    env: dict[str, str] = {}
+    assert tune_allocator(["summary", str(EXPORT)], env, min_bytes=size + 1) is None and env == {}
+    assert tune_allocator(["stats", str(EXPORT)], env, min_bytes=1) is None and env == {}  # fast reports keep the default
+    assert tune_allocator(["summary", "/no/such/file.sqlite"], env, min_bytes=1) is None and env == {}
+    assert tune_allocator([], env, min_bytes=1) is None
+    env = {"_RJEM_MALLOC_CONF": "narenas:1"}
+    assert tune_allocator(["diff", str(EXPORT), str(EXPORT)], env, min_bytes=1) is None
+    assert env == {"_RJEM_MALLOC_CONF": "narenas:1"}
+    before = dict(os.environ)
+    assert tune_allocator(["summary", str(EXPORT)], min_bytes=1 << 60) is None
+    assert dict(os.environ) == before  # os.environ untouched
+
+
+def test_polars_reads_the_setting() -> None:
+    """A malformed jemalloc option makes jemalloc print a warning at start-up: proof that the
+    variable reaches polars' allocator under that name (a silent no-op would hide a rename)."""
+    code = "import polars as pl; pl.DataFrame({'a': list(range(1000))}).sum()"
+    env = {**os.environ, "_RJEM_MALLOC_CONF": "no_such_option:1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
+    assert "no_such_option" in out.stderr, out.stderr
+    env["_RJEM_MALLOC_CONF"] = DECAY_NOW
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
+    assert out.returncode == 0 and out.stderr == ""
