@@ -20,7 +20,7 @@ from tracekit.diagnosis import DiagnoseConfig, diagnose
 from tracekit.diagnosis.result import fmt_ns
 from tracekit.diagnosis.window import find_period
 
-from .conftest import ROOT, SAMPLES, union_ns
+from .conftest import ROOT, SAMPLES, llm_capture, llm_capture_names, union_ns
 
 PLANTED = SAMPLES / "planted"
 
@@ -408,8 +408,6 @@ def test_findings_read_as_a_list_in_a_pipe_or_a_narrow_terminal() -> None:
     the table. Checked on the planted host-bound capture and the HF generate() capture."""
     import os
 
-    from .conftest import llm_capture
-
     exe = [sys.executable, "-m", "tracekit.cli.main"]
     for path in (_export("host_bound"), llm_capture("hf_generate_eager")):
         d = diagnose(path)
@@ -528,3 +526,20 @@ def test_phases_do_not_depend_on_group_order_or_held_tables() -> None:
     # by hand in SQL (union of its 6 kernels, copies and memsets launched inside iter.2)
     steps = generation_steps(ctx.ops_with_launch, ctx.nvtx, ctx.graph_launches)
     assert steps["gpu_busy_ns"].to_list()[0] == 245696
+
+
+@pytest.mark.parametrize("name", ["llm_decode_1gpu", "custom_allreduce_2gpu", "llm_tp2_nccl", *[f"stack:{n}" for n in llm_capture_names()]])
+def test_phases_from_the_narrow_launch_join_equal_the_whole_join(name: str) -> None:
+    """Context.phases joins only the columns generation_steps reads; its steps equal those
+    of the whole ops_with_launch (HF generate, CUDA graph replays, compiled decode, TP)."""
+    from tracekit.analysis.phases import generation_steps
+    from tracekit.diagnosis.config import DiagnoseConfig
+    from tracekit.diagnosis.context import Context
+
+    path = llm_capture(name.split(":", 1)[1]) if name.startswith("stack:") else ROOT / "sample_traces" / name / f"{name}.sqlite"
+    ctx = Context(tracekit.open(path), DiagnoseConfig())
+    ctx.prepare_reads()
+    narrow = generation_steps(ctx._phase_ops(), ctx.nvtx, ctx.graph_launches)
+    assert "ops_with_launch" not in ctx.__dict__  # the whole join was not built for it
+    whole = generation_steps(ctx.ops_with_launch, ctx.nvtx, ctx.graph_launches)
+    assert narrow.equals(whole)

@@ -60,7 +60,9 @@ _NVTX_COLUMNS = ("nvtx_range", "nvtx_path", "nvtx_depth", "nvtx_range_id", "attr
 
 
 # -- GPU op → API call -----------------------------------------------------------------------
-def launch_info(ops: pl.DataFrame, cuda_api: pl.DataFrame | ColumnSource) -> pl.DataFrame:
+def launch_info(
+    ops: pl.DataFrame, cuda_api: pl.DataFrame | ColumnSource, *, columns: Sequence[str] | None = None
+) -> pl.DataFrame:
     """Add the launching CUDA API call to each GPU operation.
 
     Parameters
@@ -71,6 +73,9 @@ def launch_info(ops: pl.DataFrame, cuda_api: pl.DataFrame | ColumnSource) -> pl.
     cuda_api
         The ``cuda_api`` table (``correlation_id``, ``global_tid``, ``tid``, ``name``,
         ``start_ns``, ``end_ns``; ``api`` and ``rank`` when present).
+    columns
+        Which launch columns to add (default: all five below); fewer is lighter on millions
+        of operations (the ``api_name`` strings are the biggest).
 
     Returns
     -------
@@ -86,7 +91,7 @@ def launch_info(ops: pl.DataFrame, cuda_api: pl.DataFrame | ColumnSource) -> pl.
     >>> ops = launch_info(trace.kernels, trace.cuda_api)  # doctest: +SKIP
     >>> (ops["start_ns"] - ops["api_end_ns"]).median()  # launch-to-start latency  # doctest: +SKIP
     """
-    return _launch_join(ops, cuda_api, dedupe=True)
+    return _launch_join(ops, cuda_api, dedupe=True, columns=_LAUNCH_COLUMNS if columns is None else tuple(columns))
 
 
 def _launch_join(
