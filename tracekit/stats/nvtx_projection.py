@@ -14,13 +14,14 @@ an empty range name, in both.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import polars as pl
 
-from tracekit.analysis._frames import max_int
+from tracekit.analysis._frames import is_identity, max_int
 from tracekit.analysis.attribution import (
     NVTX_COLUMNS,
     _enclosing,
@@ -31,11 +32,12 @@ from tracekit.analysis.attribution import (
     launch_pairs,
 )
 from tracekit.errors import UnsupportedReportError
-from tracekit.nsys import readers
+from tracekit.nsys import database, readers
 from tracekit.nsys.database import ensure_memory
 from tracekit.nsys.nvtx import qualified_name
 from tracekit.nsys.readers import Col
 from tracekit.stats.common import Report, group_numbers, stat_aggs
+from tracekit.stats.kern_sum_windows import KernSumWindows
 from tracekit.stats.summaries import nvtx_range_name
 
 if TYPE_CHECKING:
@@ -582,6 +584,21 @@ def nvtx_gpu_proj_sum(trace: NsysTrace, *, convention: str = "2025") -> Report:
     return Report("nvtx_gpu_proj_sum", frame, kinds, convention)
 
 
+#: Kernels (the table's row estimate) from which ``nvtx_kern_sum`` builds its (kernel, range)
+#: pairs a window of kernels at a time instead of as one table; the environment variable
+#: ``TRACEKIT_KERN_SUM_WINDOWED_FROM`` overrides it. Below it the whole table is faster
+#: (1 M kernels: 2.9 M pairs, ~0.6 GB peak).
+KERN_SUM_WINDOWED_FROM = 4_000_000
+#: Kernel launches (kernel × matching API row) per window of the windowed path.
+KERN_SUM_WINDOW = 2_000_000
+
+
+def _windowed_from() -> int:
+    """:data:`KERN_SUM_WINDOWED_FROM`, or the environment's ``TRACEKIT_KERN_SUM_WINDOWED_FROM``."""
+    raw = os.environ.get("TRACEKIT_KERN_SUM_WINDOWED_FROM", "").strip()
+    return int(raw) if raw.isdigit() else KERN_SUM_WINDOWED_FROM
+
+
 def nvtx_kern_sum(trace: NsysTrace, *, convention: str = "2025") -> Report:
     """Kernel statistics per enclosing NVTX range, thread and kernel name (``nvtx_kern_sum``).
 
@@ -589,14 +606,60 @@ def nvtx_kern_sum(trace: NsysTrace, *, convention: str = "2025") -> Report:
     ``NVTX Inst`` = distinct ranges, ``Kern Inst`` = kernels; time statistics over kernel
     durations. Kernels outside every range form rows with an empty range name (their
     launching thread's PID and TID; empty when the launch was not traced).
+
+    From :data:`KERN_SUM_WINDOWED_FROM` kernels (or when the whole pair table cannot fit) the
+    pairs are built :data:`KERN_SUM_WINDOW` launches at a time and merged
+    (:mod:`tracekit.stats.kern_sum_windows`): on 30 M kernels, 86 M pairs, the whole table
+    did not fit 12 GB.
     """
     _require_nvtx(trace, "nvtx_kern_sum")
+    kernels = trace.db.row_estimate(KERNEL_TABLE) if trace.db.has_table(KERNEL_TABLE) else 0
+    s = _kern_sum_windowed(trace, convention) if kernels >= _windowed_from() else _kern_sum_whole(trace, convention)
+    s = s.sort(["_range", "_style", "_gpid", "_gtid", "_total", "_kname"], descending=[False, False, False, False, True, False], nulls_last=False)
+    frame = s.select(
+        pl.col("_range").alias("NVTX Range"),
+        pl.col("_style").alias("Style"),
+        pl.col("_gpid").alias("PID"),
+        pl.col("_gtid").alias("TID"),
+        pl.col("_ninst").cast(pl.Int64).alias("NVTX Inst"),
+        pl.col("_kinst").cast(pl.Int64).alias("Kern Inst"),
+        pl.col("_total").alias("Total Time (ns)"),
+        pl.col("_avg").alias("Avg (ns)"),
+        pl.col("_med").alias("Med (ns)"),
+        pl.col("_min").alias("Min (ns)"),
+        pl.col("_max").alias("Max (ns)"),
+        pl.col("_std").alias("StdDev (ns)"),
+        pl.col("_kname").alias("Kernel Name"),
+    )
+    kinds = {
+        "PID": "int", "TID": "int", "NVTX Inst": "int", "Kern Inst": "int", "Total Time (ns)": "int",
+        "Avg (ns)": "float1", "Med (ns)": "float1", "Min (ns)": "int", "Max (ns)": "int", "StdDev (ns)": "float1",
+    }
+    return Report("nvtx_kern_sum", frame, kinds, convention)
+
+
+#: Bytes of the whole-table path per (kernel, range) pair: seven integer columns and the
+#: kernel name (a 16-byte view), and as much again for the grouping.
+_WHOLE_PAIR_BYTES = 2 * (7 * 8 + 16)
+
+
+def _kern_sum_whole(trace: NsysTrace, convention: str) -> pl.DataFrame:
+    """``nvtx_kern_sum``'s groups from one table of every (kernel, enclosing range) pair:
+    ``_range``, ``_style`` (text), ``_gpid``, ``_gtid``, ``_kname`` (text), ``_ninst``,
+    ``_kinst`` and :func:`~tracekit.stats.common.stat_aggs` of the durations (ns). When that
+    table cannot fit, the windowed path's groups instead."""
     p = projection(trace, kernels_only=True)
+    pairs = p.pairs()
+    # polars aborts the process when an allocation fails (s30x: 86 M pairs, SIGABRT at 7.5 GB
+    # under a 12 GB cap), so a table that cannot fit is not started
+    free = database.free_memory()
+    if free is not None and pairs.height * _WHOLE_PAIR_BYTES > free:
+        del p, pairs
+        return _kern_sum_windowed(trace, convention)
     ops = p.ops.select(
         "_op", "_gpu", "duration_ns", "name",
         (pl.col("global_tid") // (1 << 24) % (1 << 24)).alias("_pid"), "tid",
     )
-    pairs = p.pairs()
     idx, ridx = pairs["_op"], pairs["_idx"]
     tree = p.tree
     # the range name and style as small integer codes made once per range (a kernel counts in
@@ -604,12 +667,6 @@ def nvtx_kern_sum(trace: NsysTrace, *, convention: str = "2025") -> Report:
     # strings took 0.12 s to gather and made the group-by 0.44 s; on codes, 0.03 and 0.14 s)
     names, name_codes = _codes(tree.select(pl.col("name").alias("_rname"), "domain").select(_range_name(convention)).to_series())
     styles, style_codes = _codes(tree["style"])
-    # one row per (kernel, enclosing range): seven integer columns and the kernel name (a
-    # 16-byte view), and as much again for the grouping below. polars aborts the process when
-    # an allocation fails (s30x: 86 M pairs, SIGABRT at 7.5 GB under a 12 GB cap), so refuse
-    # it first.
-    ensure_memory(trace.path, "nvtx_kern_sum's kernel/range pairs", pairs.height, 8,
-                  2 * pairs.height * (7 * 8 + 16), "building")
     inside = pl.DataFrame({
         "_range": _take(name_codes, ridx),
         "_style": _take(style_codes, ridx),
@@ -643,29 +700,148 @@ def nvtx_kern_sum(trace: NsysTrace, *, convention: str = "2025") -> Report:
     del both, gid
     s = pl.concat([decode(stats["_g"]).drop("_g"), stats.drop("_g")], how="horizontal")
     s = s.with_columns(names.gather(s["_range"]).alias("_range"), styles.gather(s["_style"]).alias("_style"))
-    if by_id:
-        s = resolve_names(s, trace, "_kname")
-    s = s.sort(["_range", "_style", "_gpid", "_gtid", "_total", "_kname"], descending=[False, False, False, False, True, False], nulls_last=False)
-    frame = s.select(
-        pl.col("_range").alias("NVTX Range"),
-        pl.col("_style").alias("Style"),
-        pl.col("_gpid").alias("PID"),
-        pl.col("_gtid").alias("TID"),
-        pl.col("_ninst").cast(pl.Int64).alias("NVTX Inst"),
-        pl.col("_kinst").cast(pl.Int64).alias("Kern Inst"),
-        pl.col("_total").alias("Total Time (ns)"),
-        pl.col("_avg").alias("Avg (ns)"),
-        pl.col("_med").alias("Med (ns)"),
-        pl.col("_min").alias("Min (ns)"),
-        pl.col("_max").alias("Max (ns)"),
-        pl.col("_std").alias("StdDev (ns)"),
-        pl.col("_kname").alias("Kernel Name"),
-    )
-    kinds = {
-        "PID": "int", "TID": "int", "NVTX Inst": "int", "Kern Inst": "int", "Total Time (ns)": "int",
-        "Avg (ns)": "float1", "Med (ns)": "float1", "Min (ns)": "int", "Max (ns)": "int", "StdDev (ns)": "float1",
-    }
-    return Report("nvtx_kern_sum", frame, kinds, convention)
+    return resolve_names(s, trace, "_kname") if by_id else s
+
+
+#: Bytes the windowed path holds per kernel launch (its row, launching thread, call start
+#: and end, duration, name code) and per range (the tree's search columns and group code),
+#: and works with per launch of a window (its pairs and their group-by; ~3 pairs a launch).
+_LAUNCH_BYTES, _RANGE_BYTES, _WINDOW_LAUNCH_BYTES = 40, 120, 600
+
+
+def _kern_sum_windowed(trace: NsysTrace, convention: str) -> pl.DataFrame:
+    """:func:`_kern_sum_whole`'s groups, built :data:`KERN_SUM_WINDOW` kernel launches at a
+    time: the launch join keeps row pairs, the calls' thread, start and end and the kernels'
+    duration and name code are gathered once (~40 bytes a launch), and each window's
+    innermost ranges, enclosing ranges and (kernel, range) rows are made, folded into a
+    :class:`~tracekit.stats.kern_sum_windows.KernSumWindows` and freed. Groups are numbered by
+    codes made once for the whole trace (range name, style, thread, kernel name), so windows
+    merge. On s30x (30 M kernels, 86 M pairs) the peak was 3.4 GB (the whole table: > 12 GB)."""
+    # the range tree first, reduced to what the searches need, while little else is held
+    tree = _nvtx_tree(trace.table("nvtx", _TREE_COLUMNS), [], paths=False)
+    threads = tree.select("global_tid", "_thr").unique(subset=["global_tid"], keep="first")
+    names, name_codes = _codes(tree.select(pl.col("name").alias("_rname"), "domain").select(_range_name(convention)).to_series())
+    styles, style_codes = _codes(tree["style"])
+    range_threads = tree.select(pl.col("pid").cast(pl.Int64).alias("_gpid"), pl.col("tid").cast(pl.Int64).alias("_gtid"))
+    tree = tree.select("_thr", "_idx", "start_ns", "end_ns", "_parent_idx", "_crossing")
+    kernel_keys = [op_rows(trace, KERNEL_TABLE, [c], duration=False).to_series() for c in ("global_pid", "correlation_id")]
+    launches = kernel_keys[0].len()
+    need = launches * (_LAUNCH_BYTES + 16) + tree.height * _RANGE_BYTES + min(KERN_SUM_WINDOW, launches) * _WINDOW_LAUNCH_BYTES
+    ensure_memory(trace.path, "nvtx_kern_sum's kernel/range pairs, window by window", launches, 6, need, "building")
+    api = lean_api_rows(trace, launches, names=False)
+    pairs = launch_pairs(pl.DataFrame(kernel_keys), api, how="left")  # every kernel, its calls in row order
+    del kernel_keys
+    lrow, arow = pairs["_lrow"], pairs["_arow"]
+    del pairs
+    gtid = api["global_tid"].gather(arow)
+    call_start = api["start_ns"].gather(arow)
+    call_end = api["end_ns"].gather(arow)
+    del api, arow
+    identity = is_identity(lrow, lrow.len())  # each kernel matched one call: no gathers below
+    duration = op_rows(trace, KERNEL_TABLE, [])["duration_ns"]
+    kname, decode_kname = _kernel_name_codes(op_rows(trace, KERNEL_TABLE, [], names=True, duration=False)["name"], trace)
+    if not identity:
+        duration, kname = duration.gather(lrow), kname.gather(lrow)
+
+    # a thread's code: its (PID, TID) among those of the ranges and of the launching calls
+    call_tids = gtid.unique()
+    thread_keys = pl.concat([
+        range_threads,
+        call_tids.to_frame("g").select((pl.col("g") // (1 << 24) % (1 << 24)).alias("_gpid"), (pl.col("g") % (1 << 24)).alias("_gtid")),
+    ]).unique(maintain_order=True).with_row_index("_t")
+    tcode_of_tid = call_tids.to_frame("g").select(
+        (pl.col("g") // (1 << 24) % (1 << 24)).alias("_gpid"), (pl.col("g") % (1 << 24)).alias("_gtid"), "g",
+    ).join(thread_keys, on=["_gpid", "_gtid"], how="left", nulls_equal=True, maintain_order="left")
+    known = tcode_of_tid.drop_nulls("g")
+    untraced = tcode_of_tid.filter(pl.col("g").is_null())["_t"].cast(pl.Int64).first()  # kernels no call launched
+    radix = (names.len() + 1, styles.len() + 1, thread_keys.height, decode_kname.len())
+    range_tcode = range_threads.join(
+        thread_keys, on=["_gpid", "_gtid"], how="left", nulls_equal=True, maintain_order="left")["_t"]
+    # group number = ((name × styles + style) × threads + thread) × kernel names + kernel name;
+    # code 0 of name and style: none (outside every range)
+    range_part = ((name_codes + 1).fill_null(0) * radix[1] + (style_codes + 1).fill_null(0)) * radix[2] + range_tcode.cast(pl.Int64)
+    del name_codes, style_codes, range_tcode, range_threads
+    starts = innermost_starts(tree)
+    ends = tree["end_ns"].drop_nulls().unique().sort()
+
+    acc = KernSumWindows()
+    lo, n = 0, lrow.len()
+    while lo < n:
+        hi = min(lo + KERN_SUM_WINDOW, n)
+        while hi < n and lrow[hi] == lrow[hi - 1]:  # a kernel's calls stay in one window (Kern Inst adds up)
+            hi += 1
+        calls = pl.DataFrame({
+            "_op": pl.int_range(lo, hi, dtype=pl.Int64, eager=True), "global_tid": gtid.slice(lo, hi - lo),
+            "_s": call_start.slice(lo, hi - lo), "_e": call_end.slice(lo, hi - lo),
+        })
+        kernel = pl.int_range(lo, hi, dtype=pl.Int64, eager=True) if identity else lrow.slice(lo, hi - lo)
+        window = pl.DataFrame({
+            "_tc": calls["global_tid"].replace_strict(known["g"], known["_t"], return_dtype=pl.Int64).fill_null(pl.lit(untraced, pl.Int64)),
+            "_k": kname.slice(lo, hi - lo).cast(pl.Int64), "duration_ns": duration.slice(lo, hi - lo), "_gpu": kernel,
+        })
+        calls = calls.filter(pl.col("_s").is_not_null()).join(threads, on="global_tid", how="inner", maintain_order="left").select("_op", "_thr", "_s", "_e")
+        inner = _innermost(calls, tree, starts=starts)
+        maybe = calls.filter(_in_sorted(calls["_e"], ends))
+        extra = _boundary_memberships(maybe, tree, inner.join(maybe.select("_op"), on="_op", how="semi"))
+        member = _enclosing(calls, tree, inner).with_columns(pl.col("_op").cast(pl.Int64))
+        if extra.height:
+            member = pl.concat([member, extra.select(pl.col("_op").cast(pl.Int64), pl.col("_idx").cast(member.schema["_idx"]))]).unique(maintain_order=True)
+        found = inner.filter(pl.col("_idx").is_not_null())["_op"].cast(pl.Int64) - lo
+        del calls, inner, maybe, extra
+        inside = pl.repeat(False, hi - lo, dtype=pl.Boolean, eager=True)
+        if found.len():
+            inside = inside.scatter(found, True)
+        at = member["_op"] - lo
+        rows = pl.concat([
+            window.filter(~inside).select((pl.col("_tc") * radix[3] + pl.col("_k")).alias("_g"), "duration_ns", "_gpu", pl.lit(None, pl.Int64).alias("_r")),
+            pl.DataFrame({
+                "_g": range_part.gather(member["_idx"]) * radix[3] + window["_k"].gather(at),
+                "duration_ns": window["duration_ns"].gather(at), "_gpu": window["_gpu"].gather(at),
+                "_r": member["_idx"].cast(pl.Int64) * radix[3] + window["_k"].gather(at),
+            }),
+        ])
+        del window, member, at, inside
+        acc.add(rows)
+        del rows
+        lo = hi
+    del gtid, call_start, call_end, duration, kname, lrow, tree, starts, ends
+    # a (range, kernel name) key's group: the range's part and the kernel name's code
+    stats = acc.finish(lambda keys: range_part.gather(keys // radix[3]) * radix[3] + keys % radix[3])
+    # the group number back to its keys
+    rest = stats["_g"]
+    kcode = rest % radix[3]
+    rest = rest // radix[3]
+    tcode = rest % radix[2]
+    rest = rest // radix[2]
+    scode, rcode = rest % radix[1], rest // radix[1]
+    keys = thread_keys.select(pl.col("_gpid", "_gtid").gather(tcode))
+    none = pl.Series([None], dtype=pl.Utf8)
+    return pl.DataFrame({
+        "_range": pl.concat([none, names.cast(pl.Utf8)]).gather(rcode),
+        "_style": pl.concat([none, styles.cast(pl.Utf8)]).gather(scode),
+        "_gpid": keys["_gpid"], "_gtid": keys["_gtid"],
+        **{c: stats[c] for c in ("_ninst", "_kinst", "_total", "_count", "_avg", "_med", "_min", "_max", "_std")},
+        "_kname": decode_kname.gather(kcode),
+    })
+
+
+def _kernel_name_codes(name: pl.Series, trace: NsysTrace) -> tuple[pl.Series, pl.Series]:
+    """Each kernel's name as a dense code (UInt32) and the names of the codes (text; null: no
+    name). Names are grouped as :func:`_kern_sum_whole` groups them: by string id when each
+    text has one id, else by text."""
+    distinct = name.drop_nulls().unique()
+    if name.dtype == pl.Int64:
+        by_id = not trace.strings["value"].is_duplicated().any()
+        texts = distinct.to_frame("i").select(readers.lookup_strings(pl.col("i"), trace.strings)).to_series()
+    else:
+        by_id, texts = True, distinct
+    keys = distinct if by_id else texts
+    values, key_codes = _codes(keys)
+    # a key that is null (an id with no text, grouped by text) and a null name share the last code
+    key_codes = key_codes.fill_null(values.len())
+    codes = name.replace_strict(distinct, key_codes, default=values.len(), return_dtype=pl.UInt32)
+    shown = texts.to_frame("t").with_columns(key_codes.alias("c")).unique("c", keep="first").sort("c")["t"] if by_id else values
+    return codes, pl.concat([shown.cast(pl.Utf8), pl.Series([None], dtype=pl.Utf8)])
 
 
 def _codes(values: pl.Series) -> tuple[pl.Series, pl.Series]:
