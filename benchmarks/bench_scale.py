@@ -47,7 +47,8 @@ STATS_REPORTS = "cuda_gpu_kern_sum,nvtx_gpu_proj_sum,cuda_kern_exec_sum"
 COMMANDS: dict[str, list[str]] = {
     "summary": ["summary"],
     "stats": ["stats", "-f", "csv", "--convention", "2023", "-r", STATS_REPORTS],
-    "stats-default": ["stats", "-f", "csv", "--convention", "2023"],  # nsys's default report set
+    "stats-default": ["stats", "-f", "csv", "--convention", "2023"],  # tracekit stats' default report (cuda_gpu_kern_sum)
+    "nvtx_kern_sum": ["stats", "-f", "csv", "--convention", "2023", "-r", "nvtx_kern_sum"],
     "diagnose": ["diagnose"],
     "report": ["report", "-o", "{out}.html"],
     "perfetto": ["export", "perfetto", "--window", "steady", "-o", "{out}.pftrace"],
