@@ -231,8 +231,10 @@ def _main_ranges(ranges: pl.DataFrame) -> pl.DataFrame:
     return ranges.join(main.select(proc), on=proc).sort("iteration")
 
 
-def _chunks(n: int) -> list[tuple[int, int]]:
-    return [(off, min(CHUNK_ROWS, n - off)) for off in range(0, n, CHUNK_ROWS)]
+def _chunks(n: int, rows: int | None = None) -> list[tuple[int, int]]:
+    """``(offset, length)`` windows of ``rows`` (default :data:`CHUNK_ROWS`) over ``n`` rows."""
+    size = max(CHUNK_ROWS if rows is None else rows, 1)
+    return [(off, min(size, n - off)) for off in range(0, n, size)]
 
 
 def _assign_steps(
@@ -419,15 +421,17 @@ def _range_values(run: _Run, nvtx: pl.DataFrame, labels: list[str]) -> pl.DataFr
     is_range = pl.col("event_type_id").is_in(list(RANGE_TYPES)) & pl.col("end_global_tid").is_null()
     possible = is_range & pl.col("start_ns").is_not_null() & ~(pl.col("end_ns") < pl.col("start_ns")).fill_null(False)
     last = nvtx.filter(possible).select(pl.max_horizontal(pl.col("start_ns").max(), pl.col("end_ns").max())).item()
-    nv = nvtx.with_columns(pl.when(is_range & pl.col("end_ns").is_null()).then(pl.lit(last, pl.Int64)).otherwise(pl.col("end_ns")).alias("end_ns"))
-    nv = nv.filter(is_range)
+    nv = nvtx.filter(is_range)  # the ranges only, then their open ends closed (no copy of the rest)
+    nv = nv.with_columns(pl.when(pl.col("end_ns").is_null()).then(pl.lit(last, pl.Int64)).otherwise(pl.col("end_ns")).alias("end_ns"))
     step = run.ops.step
     launch = run.ops.launch
     dur = run.column("duration_ns")
     frame = pl.DataFrame([launch["global_tid"], launch["api_start_ns"], launch["api_end_ns"], step, dur])
     del dur
     parts = []
-    for off, length in _chunks(frame.height):
+    # half-size windows: the attribution's range tree and joins per window were the diff's
+    # peak on 30 M kernels (two runs of 11 GB: 4,118 MiB cold with 2 M-row windows)
+    for off, length in _chunks(frame.height, CHUNK_ROWS // 2):
         ops = frame.slice(off, length).filter(pl.col("step").is_not_null())
         calls = ops["api_start_ns"].drop_nulls()
         if calls.len():
