@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import html
 import logging
-import shlex
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -35,6 +34,7 @@ from tracekit.report.sections import (  # noqa: F401  (shared with the bounded r
     _graph_rows,
     _graphs,
     _has_graph_launches,
+    _hidden_graphs_note,
     _kernels_html,
     _layer_memory,
     _memo,
@@ -42,10 +42,11 @@ from tracekit.report.sections import (  # noqa: F401  (shared with the bounded r
     _metrics_html,
     _note,
     _nvtx_html,
+    _overview_facts,
     _Page,
 )
 from tracekit.viz import prep
-from tracekit.viz.tables import fmt_bytes, fmt_ns, html_table
+from tracekit.viz.tables import fmt_ns, html_table
 
 log = logging.getLogger(__name__)
 
@@ -64,56 +65,16 @@ def _breakdown(trace: Any) -> pl.DataFrame:
 
 
 def _overview(page: _Page, trace: Any, breakdown: Callable[[], pl.DataFrame]) -> str:
-    from tracekit.viz import breakdown_chart, iterations_chart
+    from tracekit.viz import iterations_chart
 
     k = trace.kernels
-    meta = getattr(trace, "meta", None)
     graphs = _graph_rows(trace)
-    window = prep.data_window(k, trace.memcpys, trace.memsets, graphs)
-    processes = list(getattr(meta, "processes", None) or [])
-    argv = getattr(processes[0], "command", None) if processes else None
-    command = shlex.join(argv) if isinstance(argv, list | tuple) else str(argv or "")
-    gpus = trace.gpus
-    used = set(k["device_id"].drop_nulls().to_list()) | (set(graphs["device_id"].drop_nulls().to_list()) if graphs is not None else set())
-    gpu_text = (
-        ", ".join(
-            f"{r['device_id']}: {r['name']}"
-            for r in gpus.filter(pl.col("device_id").is_in(sorted(used))).iter_rows(named=True)
-        )
-        or "–"
-    )
-    paths = getattr(trace, "paths", None)
-    rows = [
-        ("file", str(getattr(trace, "path", None) or ", ".join(str(p) for p in paths or []))),
-        (
-            "Nsight Systems",
-            str(getattr(meta, "version", None) or getattr(meta, "product_version", "?")),
-        ),
-        ("command", command or "–"),
-        ("GPU work span", fmt_ns(window[1] - window[0]) if window else "–"),
-        ("GPUs used", gpu_text),
-        (
-            "kernels",
-            f"{k.height:,} launches, {k['short_name'].n_unique():,} distinct, {fmt_ns(k['duration_ns'].sum())} GPU time",
-        ),
-        ("memory copies", f"{trace.memcpys.height:,} ({fmt_bytes(trace.memcpys['bytes'].sum())})"),
-    ]
-    if graphs is not None:
-        rows.append((
-            "CUDA graph replays",
-            f"{graphs.height:,} launches traced whole, {fmt_ns(graphs['duration_ns'].sum())} GPU time "
-            "(their kernels are not in the trace: see CUDA graphs)",
-        ))  # fmt: skip
-    for r in _busy_ns(breakdown()).iter_rows(named=True):
-        rows.append((
-            f"{r['group']} busy",
-            f"{fmt_ns(r['busy_ns'])} of {fmt_ns(r['window_ns'])}, the GPU work span "
-            f"({r['busy_ns'] / max(r['window_ns'], 1):.0%}); idle {fmt_ns(r['idle_ns'])}",
-        ))  # fmt: skip
-    rows += [("NVTX events", f"{trace.nvtx.height:,}"), ("GPU metric samples", f"{trace.gpu_metrics.height:,}")]
-    out = _facts(rows)
-    if not breakdown().is_empty():
-        out += page.chart(breakdown_chart(breakdown(), title="Where the GPU time goes"))
+    out = _overview_facts(
+        page, trace, used_devices=set(k["device_id"].drop_nulls().to_list()),
+        window=prep.data_window(k, trace.memcpys, trace.memsets, graphs), graphs=graphs,
+        kernels_text=f"{k.height:,} launches, {k['short_name'].n_unique():,} distinct, {fmt_ns(k['duration_ns'].sum())} GPU time",
+        breakdown=breakdown, nvtx_events=trace.nvtx.height, metric_samples=trace.gpu_metrics.height,
+    )  # fmt: skip
     its = prep.iteration_times(trace.nvtx)
     if not its.is_empty():
         out += page.chart(iterations_chart(its, title="Iteration times"))
@@ -122,11 +83,7 @@ def _overview(page: _Page, trace: Any, breakdown: Callable[[], pl.DataFrame]) ->
 
 def _kernels(page: _Page, trace: Any, top_n: int) -> str:
     k = trace.kernels
-    graphs = _graph_rows(trace)
-    hidden = "" if graphs is None else _note(
-        f"Not listed: {graphs.height:,} CUDA graph replays traced whole ({fmt_ns(graphs['duration_ns'].sum())} of GPU "
-        "time), whose kernels are not in the trace (see CUDA graphs)."
-    )
+    hidden = _hidden_graphs_note(_graph_rows(trace))
     if k.is_empty():
         return _note("No kernels in this trace.") + hidden
     return hidden + _kernels_html(page, prep.top_kernels(k, n=top_n, by="short_name"), k, top_n)

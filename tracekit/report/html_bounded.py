@@ -17,14 +17,13 @@ import polars as pl
 
 from tracekit.report import bounded as B
 from tracekit.report.sections import (
-    _busy_ns,
     _communication_html,
-    _facts,
     _findings,
     _graph_launches,
     _graph_rows,
     _graphs,
     _has_graph_launches,
+    _hidden_graphs_note,
     _kernels_html,
     _layer_memory,
     _memo,
@@ -32,10 +31,11 @@ from tracekit.report.sections import (
     _metrics_html,
     _note,
     _nvtx_html,
+    _overview_facts,
     _Page,
 )
 from tracekit.viz import prep
-from tracekit.viz.tables import fmt_bytes, fmt_ns
+from tracekit.viz.tables import fmt_ns
 
 log = logging.getLogger(__name__)
 
@@ -63,19 +63,20 @@ def add_sections(page: _Page, trace: Any, ncu: Any, *, top_n: int, max_marks: in
 
     kc = B.KernelColumns(trace)
     windows: list[Any] = []
-    # built before the diagnosis, as the whole-table report does: its generation phases read the
-    # copies differently when they are held (custom_allreduce_2gpu: TTFT 2.43 ms held, 444 µs not)
+    # the copy tables (small) are read once, before the diagnosis as in the whole-table report,
+    # and kept for the overview's span and breakdown
     memcpys, memsets = trace.memcpys, trace.memsets
     page.section("findings", "Findings", lambda: _findings(trace, ncu, windows))
     _release(trace)
-    facts = _memo1(kc.facts)
+    facts = _memo(kc.facts)
     graphs = _graph_rows(trace)
     nvtx = _memo(lambda: trace.table("nvtx", list(NVTX_COLUMNS)))
-    metrics = _memo1(lambda: B.gpu_metric_figures(trace))
+    metrics = _memo(lambda: B.gpu_metric_figures(trace))
 
     def span() -> tuple[int, int] | None:  # prep.data_window of the kernels and the small tables
         f = facts()
-        lows, highs = [f.first_start_ns], [f.last_end_ns]
+        lows: list[Any] = [f.first_start_ns]
+        highs: list[Any] = [f.last_end_ns]
         for frame in (memcpys, memsets, graphs):
             if frame is not None and not frame.is_empty():
                 lows.append(frame["start_ns"].min())
@@ -89,7 +90,7 @@ def add_sections(page: _Page, trace: Any, ncu: Any, *, top_n: int, max_marks: in
     page.section("kernels", "Top kernels", lambda: _kernels(page, kc, facts(), graphs, top_n))
     if _has_graph_launches(trace):
         page.section("graphs", "CUDA graphs", lambda: _graphs(page, trace, breakdown))
-    detail = _memo1(lambda: _detail(kc, windows, facts()))
+    detail = _memo(lambda: _detail(kc, windows, facts()))
     page.section("nvtx", "NVTX breakdown", lambda: _nvtx(page, trace, kc, detail(), nvtx()))
     page.section("timeline", "Timeline", lambda: _timeline(page, kc, detail(), memcpys, memsets, graphs, nvtx(), max_marks))
     page.section("communication", "Communication", lambda: _communication(page, trace, kc))
@@ -99,65 +100,17 @@ def add_sections(page: _Page, trace: Any, ncu: Any, *, top_n: int, max_marks: in
     page.section("layer_memory", "Memory per layer", lambda: _layer_memory(page, trace, nvtx()))
 
 
-def _memo1(make: Callable[[], Any]) -> Callable[[], Any]:
-    """``make`` run once, on first use (any value)."""
-    box: list[Any] = []
-
-    def get() -> Any:
-        if not box:
-            box.append(make())
-        return box[0]
-
-    return get
-
-
 def _overview(page: _Page, trace: Any, facts: B.KernelFacts, window: tuple[int, int] | None, graphs: pl.DataFrame | None,
               breakdown: Callable[[], pl.DataFrame], nvtx: Callable[[], pl.DataFrame],
               metrics: Callable[[], tuple[int, pl.DataFrame, pl.DataFrame]]) -> str:
     """:func:`tracekit.report.html._overview` from the kernel columns."""
-    import shlex
+    from tracekit.viz import iterations_chart
 
-    from tracekit.viz import breakdown_chart, iterations_chart
-
-    meta = getattr(trace, "meta", None)
-    processes = list(getattr(meta, "processes", None) or [])
-    argv = getattr(processes[0], "command", None) if processes else None
-    command = shlex.join(argv) if isinstance(argv, list | tuple) else str(argv or "")
-    gpus = trace.gpus
-    used = set(facts.devices) | (set(graphs["device_id"].drop_nulls().to_list()) if graphs is not None else set())
-    gpu_text = (
-        ", ".join(
-            f"{r['device_id']}: {r['name']}"
-            for r in gpus.filter(pl.col("device_id").is_in(sorted(used))).iter_rows(named=True)
-        )
-        or "–"
+    out = _overview_facts(
+        page, trace, used_devices=set(facts.devices), window=window, graphs=graphs,
+        kernels_text=f"{facts.launches:,} launches, {facts.distinct:,} distinct, {fmt_ns(facts.gpu_time_ns)} GPU time",
+        breakdown=breakdown, nvtx_events=nvtx().height, metric_samples=metrics()[0],
     )
-    memcpys = trace.memcpys
-    rows = [
-        ("file", str(trace.path)),
-        ("Nsight Systems", str(getattr(meta, "version", None) or getattr(meta, "product_version", "?"))),
-        ("command", command or "–"),
-        ("GPU work span", fmt_ns(window[1] - window[0]) if window else "–"),
-        ("GPUs used", gpu_text),
-        ("kernels", f"{facts.launches:,} launches, {facts.distinct:,} distinct, {fmt_ns(facts.gpu_time_ns)} GPU time"),
-        ("memory copies", f"{memcpys.height:,} ({fmt_bytes(memcpys['bytes'].sum())})"),
-    ]
-    if graphs is not None:
-        rows.append((
-            "CUDA graph replays",
-            f"{graphs.height:,} launches traced whole, {fmt_ns(graphs['duration_ns'].sum())} GPU time "
-            "(their kernels are not in the trace: see CUDA graphs)",
-        ))  # fmt: skip
-    for r in _busy_ns(breakdown()).iter_rows(named=True):
-        rows.append((
-            f"{r['group']} busy",
-            f"{fmt_ns(r['busy_ns'])} of {fmt_ns(r['window_ns'])}, the GPU work span "
-            f"({r['busy_ns'] / max(r['window_ns'], 1):.0%}); idle {fmt_ns(r['idle_ns'])}",
-        ))  # fmt: skip
-    rows += [("NVTX events", f"{nvtx().height:,}"), ("GPU metric samples", f"{metrics()[0]:,}")]
-    out = _facts(rows)
-    if not breakdown().is_empty():
-        out += page.chart(breakdown_chart(breakdown(), title="Where the GPU time goes"))
     its = prep.iteration_times(nvtx())
     if not its.is_empty():
         shown, note = _iteration_points(its)
@@ -191,10 +144,7 @@ def _iteration_points(its: pl.DataFrame) -> tuple[pl.DataFrame, str]:
 
 def _kernels(page: _Page, kc: B.KernelColumns, facts: B.KernelFacts, graphs: pl.DataFrame | None, top_n: int) -> str:
     """:func:`tracekit.report.html._kernels` from the kernel columns: every instance counts."""
-    hidden = "" if graphs is None else _note(
-        f"Not listed: {graphs.height:,} CUDA graph replays traced whole ({fmt_ns(graphs['duration_ns'].sum())} of GPU "
-        "time), whose kernels are not in the trace (see CUDA graphs)."
-    )
+    hidden = _hidden_graphs_note(graphs)
     if facts.launches == 0:
         return _note("No kernels in this trace.") + hidden
     top = kc.top_kernels(top_n)

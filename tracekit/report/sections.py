@@ -7,12 +7,14 @@ from __future__ import annotations
 import html
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import polars as pl
 
 from tracekit.viz import prep
 from tracekit.viz.tables import fmt_bytes, fmt_ns, html_table
+
+_T = TypeVar("_T")
 
 log = logging.getLogger(__name__)
 
@@ -146,16 +148,80 @@ def _busy_ns(breakdown: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _memo(make: Callable[[], pl.DataFrame]) -> Callable[[], pl.DataFrame]:
-    """``make`` run once, on first use: a frame that several sections show."""
-    box: list[pl.DataFrame] = []
+def _memo(make: Callable[[], _T]) -> Callable[[], _T]:
+    """``make`` run once, on first use: a value (a frame, figures) that several sections show."""
+    box: list[_T] = []
 
-    def get() -> pl.DataFrame:
+    def get() -> _T:
         if not box:
             box.append(make())
         return box[0]
 
     return get
+
+
+def _hidden_graphs_note(graphs: pl.DataFrame | None) -> str:
+    """The Top kernels note on CUDA graph replays traced whole (their kernels are not listed);
+    empty without them."""
+    if graphs is None:
+        return ""
+    return _note(
+        f"Not listed: {graphs.height:,} CUDA graph replays traced whole ({fmt_ns(graphs['duration_ns'].sum())} of GPU "
+        "time), whose kernels are not in the trace (see CUDA graphs)."
+    )
+
+
+def _overview_facts(
+    page: _Page, trace: Any, *, used_devices: set[Any], window: tuple[int, int] | None, graphs: pl.DataFrame | None,
+    kernels_text: str, breakdown: Callable[[], pl.DataFrame], nvtx_events: int, metric_samples: int,
+) -> str:
+    """The Overview's facts table (capture, span, GPUs used, kernels, copies, graph replays,
+    each GPU's busy time, NVTX and GPU-metric counts) and its time-breakdown chart, from what
+    each report path counts its own way (whole tables or kernel columns)."""
+    import shlex
+
+    from tracekit.viz import breakdown_chart
+
+    meta = getattr(trace, "meta", None)
+    processes = list(getattr(meta, "processes", None) or [])
+    argv = getattr(processes[0], "command", None) if processes else None
+    command = shlex.join(argv) if isinstance(argv, list | tuple) else str(argv or "")
+    used = set(used_devices) | (set(graphs["device_id"].drop_nulls().to_list()) if graphs is not None else set())
+    gpu_text = (
+        ", ".join(
+            f"{r['device_id']}: {r['name']}"
+            for r in trace.gpus.filter(pl.col("device_id").is_in(sorted(used))).iter_rows(named=True)
+        )
+        or "–"
+    )
+    paths = getattr(trace, "paths", None)
+    memcpys = trace.memcpys
+    rows = [
+        ("file", str(getattr(trace, "path", None) or ", ".join(str(p) for p in paths or []))),
+        ("Nsight Systems", str(getattr(meta, "version", None) or getattr(meta, "product_version", "?"))),
+        ("command", command or "–"),
+        ("GPU work span", fmt_ns(window[1] - window[0]) if window else "–"),
+        ("GPUs used", gpu_text),
+        ("kernels", kernels_text),
+        ("memory copies", f"{memcpys.height:,} ({fmt_bytes(memcpys['bytes'].sum())})"),
+    ]
+    if graphs is not None:
+        rows.append((
+            "CUDA graph replays",
+            f"{graphs.height:,} launches traced whole, {fmt_ns(graphs['duration_ns'].sum())} GPU time "
+            "(their kernels are not in the trace: see CUDA graphs)",
+        ))  # fmt: skip
+    for r in _busy_ns(breakdown()).iter_rows(named=True):
+        rows.append((
+            f"{r['group']} busy",
+            f"{fmt_ns(r['busy_ns'])} of {fmt_ns(r['window_ns'])}, the GPU work span "
+            f"({r['busy_ns'] / max(r['window_ns'], 1):.0%}); idle {fmt_ns(r['idle_ns'])}",
+        ))  # fmt: skip
+    rows += [("NVTX events", f"{nvtx_events:,}"), ("GPU metric samples", f"{metric_samples:,}")]
+    out = _facts(rows)
+    if not breakdown().is_empty():
+        out += page.chart(breakdown_chart(breakdown(), title="Where the GPU time goes"))
+    return out
 
 
 def _kernels_html(page: _Page, top: pl.DataFrame, durations: pl.DataFrame, top_n: int) -> str:
