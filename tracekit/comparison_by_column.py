@@ -55,8 +55,9 @@ _API_COLUMNS = ("correlation_id", "global_tid", "start_ns", "end_ns", "api")
 
 def bounded_min_ops() -> int:
     """:data:`BOUNDED_MIN_OPS`, or ``TRACEKIT_DIFF_BOUNDED_MIN_OPS`` when set (operations)."""
-    raw = os.environ.get("TRACEKIT_DIFF_BOUNDED_MIN_OPS", "").strip()
-    return int(raw) if raw.isdigit() else BOUNDED_MIN_OPS
+    from tracekit.env import count_from_env
+
+    return count_from_env("TRACEKIT_DIFF_BOUNDED_MIN_OPS", BOUNDED_MIN_OPS)
 
 
 def takes_bounded_path(trace: Any, min_ops: int) -> bool:

@@ -17,7 +17,6 @@ kernels, and say so in a note.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -45,8 +44,9 @@ _OP_COLUMNS = ("pid", "global_pid", "device_id", "context_id", "stream_id", "cor
 
 def min_kernels() -> int:
     """:data:`MIN_KERNELS`, or ``TRACEKIT_REPORT_BOUNDED_MIN_KERNELS`` when set (kernels)."""
-    env = os.environ.get("TRACEKIT_REPORT_BOUNDED_MIN_KERNELS")
-    return int(env) if env else MIN_KERNELS
+    from tracekit.env import count_from_env
+
+    return count_from_env("TRACEKIT_REPORT_BOUNDED_MIN_KERNELS", MIN_KERNELS)
 
 
 def use_bounded(trace: Any, threshold: int | None = None) -> bool:

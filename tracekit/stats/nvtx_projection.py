@@ -14,7 +14,6 @@ an empty range name, in both.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -595,8 +594,9 @@ KERN_SUM_WINDOW = 2_000_000
 
 def _windowed_from() -> int:
     """:data:`KERN_SUM_WINDOWED_FROM`, or the environment's ``TRACEKIT_KERN_SUM_WINDOWED_FROM``."""
-    raw = os.environ.get("TRACEKIT_KERN_SUM_WINDOWED_FROM", "").strip()
-    return int(raw) if raw.isdigit() else KERN_SUM_WINDOWED_FROM
+    from tracekit.env import count_from_env
+
+    return count_from_env("TRACEKIT_KERN_SUM_WINDOWED_FROM", KERN_SUM_WINDOWED_FROM)
 
 
 def nvtx_kern_sum(trace: NsysTrace, *, convention: str = "2025") -> Report:
