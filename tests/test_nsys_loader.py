@@ -13,7 +13,7 @@ import tracekit
 from tracekit.nsys.schema import SCHEMA_VERSION, TABLES
 from tracekit.nsys.trace import IncompleteTraceWarning, NsysTrace
 
-from .conftest import NSYS_CORPUS, corpus_files, sample_exports
+from .conftest import NSYS_CORPUS, ROOT, corpus_files, sample_exports
 
 ALL_EXPORTS = corpus_files() + sample_exports()
 
@@ -170,3 +170,14 @@ def test_name_ids_on_request_match_stringids(path: Path) -> None:
         assert canon.group_by("c").agg(pl.col("name").n_unique())["name"].max() == 1
     api = trace.table("cuda_api", ["name_id", "name"])
     assert api.select(lookup_strings(pl.col("name_id"), trace.strings).alias("n"))["n"].equals(api["name"], null_equal=True)
+
+
+def test_unload_lets_go_of_built_tables_and_reads_them_again() -> None:
+    """NsysTrace.unload: a pipeline step frees what an earlier one built (the bounded report
+    does between its sections); a table asked for again is read again, the same."""
+    trace = tracekit.open(ROOT / "sample_traces" / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite")
+    kernels = trace.kernels
+    trace.unload("kernels", "nvtx")  # nvtx was never built: skipped
+    assert not trace.is_loaded("kernels") and not trace.is_loaded("nvtx")
+    again = trace.kernels
+    assert again is not kernels and again.equals(kernels)

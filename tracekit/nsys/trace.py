@@ -285,6 +285,13 @@ class NsysTrace:
         """Whether table ``name`` was already built (and is held in memory)."""
         return isinstance(self.__dict__.get(name), pl.DataFrame)
 
+    def unload(self, *names: str) -> None:
+        """Let go of tables ``names`` built so far (those not built are skipped): a step of a
+        long pipeline frees what an earlier step held; asking for one again reads it again."""
+        for name in names:
+            if self.is_loaded(name):
+                del self.__dict__[name]
+
     def columns_on_demand(self, name: str, columns: Collection[str]) -> ColumnsOnDemand:
         """``columns`` of table ``name`` (one of ``kernels``, ``memcpys``, ``memsets``,
         ``syncs``, ``cuda_api``, ``nvtx``), each read when asked for and not kept: for a

@@ -51,9 +51,7 @@ def _release(trace: Any) -> None:
     the next section's peak does not sit on top of them."""
     import gc
 
-    for name in _RELEASED:
-        if trace.is_loaded(name):
-            trace.__dict__.pop(name, None)
+    trace.unload(*_RELEASED)
     gc.collect()
 
 
