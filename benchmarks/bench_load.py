@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import time
@@ -227,8 +228,6 @@ def main(argv: list[str] | None = None) -> int:
     warm_page_cache(path)
     os.environ["TRACEKIT_CACHE"] = str(CACHE)  # children inherit it
     if "tracekit-cached" in variants:
-        import shutil
-
         shutil.rmtree(CACHE, ignore_errors=True)
         fill = run_measured([sys.executable, __file__, "--child", "tracekit-cached", "--file", str(path)])
         print(f"column cache filled in {fill.wall_s:.2f} s (one tracekit process: read + write)")
@@ -243,8 +242,6 @@ def main(argv: list[str] | None = None) -> int:
             busy_before = wait_for_idle(args.idle_wait) if args.idle_wait > 0 else None
             env = None
             if v == "tracekit-fill":  # a first open: an empty cache of its own, filled by the run
-                import shutil
-
                 shutil.rmtree(FILL_CACHE, ignore_errors=True)
                 env = {**os.environ, "TRACEKIT_CACHE": str(FILL_CACHE)}
             m = run_measured(
