@@ -122,20 +122,31 @@ def _launch_join(
             .unique(subset="_lrow", keep="first", maintain_order=True)
             .select("_lrow", "_arow")
         )
+    _release(cuda_api)  # a column source keeps the last whole column the pairing read
     base = ops.drop([c for c in _LAUNCH_COLUMNS if c in ops.columns])
     if not is_identity(pairs["_lrow"], base.height):
         base = base.select(pl.all().gather(pairs["_lrow"]))
     sources = {"global_tid": "global_tid", "api_name": "name", "api_start_ns": "start_ns", "api_end_ns": "end_ns"}
     arow = pairs["_arow"]
     wanted = [c for c in _LAUNCH_COLUMNS if c in columns and c != "tid"]
-    out = base.with_columns(s.alias(c) for c, s in zip(wanted, _gathered(cuda_api, [sources[c] for c in wanted], arow), strict=True))
-    if "tid" in columns:  # gathered when the API frame has one, else the low bits of global_tid
-        if "tid" in cuda_api.columns:
-            tid = cuda_api["tid"].gather(arow)
+    api_tid = "tid" in columns and "tid" in cuda_api.columns  # else the low bits of global_tid
+    got = _gathered(cuda_api, [*(sources[c] for c in wanted), *(["tid"] if api_tid else [])], arow)
+    out = base.with_columns(s.alias(c) for c, s in zip(wanted, got, strict=False))
+    if "tid" in columns:
+        if api_tid:
+            tid = got[-1]
         else:
             tid = (out["global_tid"] if "global_tid" in columns else cuda_api["global_tid"].gather(arow)) % PID_UNIT
         out = out.with_columns(tid.alias("tid"))
     return out.select(*base.columns, *(c for c in _LAUNCH_COLUMNS if c in columns))
+
+
+def _release(source: pl.DataFrame | ColumnSource) -> None:
+    """Let a column source (:class:`~tracekit.nsys.trace.ColumnsOnDemand`) drop the column it
+    keeps from its last read; nothing for a frame."""
+    release = getattr(source, "release", None)
+    if release is not None:
+        release()
 
 
 def _gathered(source: pl.DataFrame | ColumnSource, names: list[str], rows: pl.Series) -> list[pl.Series]:
@@ -166,20 +177,25 @@ def launch_pairs(ops: pl.DataFrame, cuda_api: pl.DataFrame | ColumnSource, *, ho
     narrow = _calls_of(ops["correlation_id"], api_corr)
     if narrow is not None:
         api_corr = api_corr.gather(narrow)
-    if not keys and _one_process(ops["global_pid"], cuda_api["global_tid"]):  # global_tid last: gathered next
+        _release(cuda_api)  # the whole column read (5 M calls: 40 MB)
+    # the narrowed calls' threads only (gathered, the whole column not kept): the calls of
+    # other correlation ids can pair with no op, so one process among these is enough to fold
+    api_tid = cuda_api["global_tid"] if narrow is None else _gathered(cuda_api, ["global_tid"], narrow)[0]
+    if not keys and _one_process(ops["global_pid"], api_tid):
         folded = ops["correlation_id"], api_corr
     else:
         left = ops.select(*keys, "correlation_id", pl.col("global_pid").alias("_process"))
         # the correlation ids already read, not a second copy (20 M calls: 160 MB)
         right = pl.DataFrame([
-            api_corr if c == "correlation_id" else (cuda_api[c] if narrow is None else cuda_api[c].gather(narrow))
+            api_corr if c == "correlation_id" else api_tid if c == "global_tid"
+            else (cuda_api[c] if narrow is None else cuda_api[c].gather(narrow))
             for c in (*keys, "correlation_id", "global_tid")
         ])
         right = right.select(*keys, "correlation_id", process_key("global_tid").alias("_process"))
         folded = _fold_keys(left, right, [*keys, "_process"])
         if folded is not None:  # the key columns are all the join needs
             left = right = pl.DataFrame()
-    del api_corr
+    del api_corr, api_tid
     if folded is None:  # keys too wide for one integer: a hash join on the columns
         lk = _without_nulls(left.with_row_index("_lrow"), cols)
         rk = _without_nulls(right.with_row_index("_arow"), cols)
