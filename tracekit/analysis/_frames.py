@@ -126,10 +126,11 @@ def interval_union(frame: pl.DataFrame, by: Sequence[str], start: str = "start_n
     if by:
         prev_max = prev_max.over(by)
     f = f.with_columns((prev_max.is_null() | (pl.col("start_ns") > prev_max)).alias("_new"))
-    grp = pl.col("_new").cast(pl.Int64).cum_sum()
-    f = f.with_columns(grp.alias("_grp"))
-    return (
-        f.group_by([*by, "_grp"], maintain_order=True)
-        .agg(pl.col("start_ns").min(), pl.col("end_ns").max())
-        .drop("_grp")
-    )
+    # the merged intervals are runs of consecutive rows: each starts at its first row and ends
+    # at the group's running maximum of its last row (the group's earlier runs all end before
+    # it starts); no group-by of a million one-row groups (~0.2 GB at 1 M kernels)
+    running = pl.col("end_ns").cum_max()
+    f = f.with_columns((running.over(by) if by else running).alias("_max"), pl.col("_new").shift(-1).fill_null(True).alias("_last"))
+    starts = f.filter(pl.col("_new")).select(*by, "start_ns")
+    ends = f.filter(pl.col("_last")).select(pl.col("_max").alias("end_ns"))
+    return pl.concat([starts, ends], how="horizontal")
