@@ -25,7 +25,14 @@ from tracekit.diagnosis import context as context_mod
 from tracekit.diagnosis import ops_by_column as obc
 from tracekit.nsys import database
 
-from .conftest import NSYS_CORPUS, SAMPLES, build_big_trace, mutated_copy
+from .conftest import (
+    NSYS_CORPUS,
+    SAMPLES,
+    build_big_trace,
+    llm_capture,
+    llm_capture_names,
+    mutated_copy,
+)
 
 SAMPLED = DiagnoseConfig(exact_steps=3, sample_steps=2, max_window_ops=50)
 EXPORTS = [p for p in sorted(SAMPLES.rglob("*.sqlite")) if "per_rank" not in p.name] + sorted(NSYS_CORPUS.glob("*.sqlite"))
@@ -88,6 +95,31 @@ def test_findings_and_window_equal_the_whole_tables(path: Path, config: Diagnose
     assert (got.window.method, got.window.steps, got.window.sample_start_ns, got.window.sample_end_ns) == (
         expected.window.method, expected.window.steps, expected.window.sample_start_ns, expected.window.sample_end_ns)
     assert got.findings.equals(expected.findings)
+
+
+def _phases(path: Path) -> pl.DataFrame:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return diagnose(tracekit.open(path)).phases
+
+
+@pytest.mark.parametrize(
+    "path", [*(p for p in EXPORTS if _has_kernels(p)), *(llm_capture(n) for n in llm_capture_names())], ids=lambda p: p.stem
+)
+def test_generation_phases_equal_the_whole_tables(path: Path, request: pytest.FixtureRequest) -> None:
+    """The phases read every operation's columns narrow (names as codes) on the by-column
+    path: the same steps as from the whole tables, on the HF generate, CUDA-graph and
+    torch.compile captures (which have phases) and every other export."""
+    expected = _phases(path)
+    made = request.getfixturevalue("by_column")
+    got = _phases(path)
+    assert made, "the by-column path ran"
+    assert got.equals(expected)
+
+
+def test_generation_phases_are_found_by_column() -> None:
+    """The comparison above is not of empty tables only: the generate captures have phases."""
+    assert _phases(llm_capture("hf_generate_eager")).height > 0
 
 
 def test_the_cached_big_export_is_diagnosed_by_column_with_the_same_findings(

@@ -191,7 +191,8 @@ def _from_period(ops: pl.DataFrame, rk: list[str]) -> pl.DataFrame | None:
     busiest = k.group_by(dev).agg(pl.col("duration_ns").sum())
     busiest = busiest.sort(["duration_ns", *dev], descending=[True, *[False] * len(dev)], nulls_last=True).head(1).select(dev)
     k = k.join(busiest, on=dev).sort("start_ns")
-    codes = k["name"].cast(pl.Categorical).to_physical().to_numpy().astype(np.int64)
+    names = k["name"]  # integer codes from a big export's narrow read (equal names, equal codes)
+    codes = (names if names.dtype.is_integer() else names.cast(pl.Categorical).to_physical()).to_numpy().astype(np.int64)
     found = find_period(codes, min_repeats=MIN_STEPS)
     if found is None:
         return None

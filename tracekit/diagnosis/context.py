@@ -183,11 +183,12 @@ class Context:
     @cached_property
     def phases(self) -> pl.DataFrame:
         """The generation phases (:func:`tracekit.analysis.phases.phase_summary`), with the
-        model's MFU/MBU/efficiency when ``model`` is given; empty on a big export read a column
-        at a time (the launch join of every operation is what that path avoids) or a trace set."""
+        model's MFU/MBU/efficiency when ``model`` is given; empty for a trace set. Of a big
+        export read a column at a time the operations' columns are read narrow
+        (:meth:`_phase_ops`)."""
         from tracekit.analysis.phases import generation_steps, phase_summary
 
-        if self.by_column is not None or self.rk or not self._phases_fit():
+        if self.rk or not self._phases_fit():
             return pl.DataFrame()
         summary = phase_summary(generation_steps(self._phase_ops(), self.nvtx, self.graph_launches))
         if self.model is None or summary.height == 0:
@@ -202,12 +203,20 @@ class Context:
         launching thread and call start: :attr:`ops_with_launch` when a rule built it, else a
         join of only those columns (1 M kernels: the whole join's other columns and call names
         were ~0.2 GB that only this step held)."""
-        if "ops_with_launch" in self.__dict__ or self.api_count == 0 or "correlation_id" not in self.ops.columns:
+        if "ops_with_launch" in self.__dict__ or (self._big is None and (self.api_count == 0 or "correlation_id" not in self.ops.columns)):
             return self.ops_with_launch
         from tracekit.analysis.attribution import launch_info
 
-        keep = [c for c in (*self.rk, *_PHASE_OP_COLUMNS) if c in self.ops.columns]
-        return launch_info(self.ops.select(keep), self.api_source, columns=("global_tid", "api_start_ns"))
+        big = self._big
+        if big is None:
+            keep = [c for c in (*self.rk, *_PHASE_OP_COLUMNS) if c in self.ops.columns]
+            return launch_info(self.ops.select(keep), self.api_source, columns=("global_tid", "api_start_ns"))
+        # a big export: those columns of every operation read a column at a time, names as
+        # integer codes (the period search compares names only for equality)
+        ops = big.narrow([c for c in (*self.rk, *_PHASE_OP_COLUMNS) if c in big.columns])
+        if self.api_count == 0 or "correlation_id" not in ops.columns:
+            return ops.with_columns(pl.lit(None, pl.Int64).alias("global_tid"), pl.lit(None, pl.Int64).alias("api_start_ns"))
+        return launch_info(ops, self.api_source, columns=("global_tid", "api_start_ns"))
 
     def _phases_fit(self) -> bool:
         """Whether the phases' launch join of every operation (the rules use only the

@@ -22,13 +22,27 @@ import polars as pl
 
 from tracekit.analysis._frames import gpu_ops
 from tracekit.nsys import schema as S
+from tracekit.nsys.database import ensure_memory
 from tracekit.nsys.readers import END_SLACK_NS, KERNEL_SOURCE, lookup_strings
 
 __all__ = ["KERNEL_COLUMNS", "MIN_KERNELS", "OpsByColumn", "by_column"]
 
-#: A single export whose kernel table has at least this many rows (and is not loaded) is
-#: diagnosed from :class:`OpsByColumn` instead of whole tables.
-MIN_KERNELS = 4_000_000
+#: A single export whose kernel table has at least this many rows (and is not loaded, and is
+#: served by the column cache: from :data:`~tracekit.nsys.database.CACHE_MIN_ROWS` rows) is
+#: diagnosed from :class:`OpsByColumn` instead of whole tables. Measured (warm ``summary``,
+#: benchmarks/README.md "Issue 28"): lighter and faster from the cache's threshold on — 300 k
+#: kernels 1.3 s / 190 MiB instead of 1.8 s / 355 MiB, 1 M kernels 2.4 s / 332 MiB instead
+#: of 3.7 s / 860 MiB — so it starts where the cache does (it was 4 M until the generation
+#: phases could be found by column too).
+MIN_KERNELS = 200_000
+
+#: Memory a diagnosis read a column at a time needs at least, besides :data:`BYTES_PER_KERNEL`
+#: per kernel (the NVTX range tree, the window's tables, polars' buffers): checked before it
+#: starts, since polars aborts the process when an allocation fails (a 300 k-kernel export
+#: with 50 MB of address space left aborted building the NVTX tree). Measured peaks above the
+#: interpreter: ~110 MB at 300 k kernels, ~2.6 GB at 30 M.
+BASE_BYTES = 64 << 20
+BYTES_PER_KERNEL = 64
 
 #: The kernel columns the rules read (``Context.kernels``).
 KERNEL_COLUMNS = ("pid", "global_pid", "device_id", "context_id", "stream_id", "correlation_id",
@@ -78,8 +92,11 @@ class OpsByColumn:
     def fill(self) -> None:
         """Read what every filter needs first: the kernel table's columns into the column
         cache (a cold cache is filled by scans of up to 1 GiB of columns, ~2 GB at the peak:
-        best done while nothing else is held) and :attr:`end_bound`."""
-        self.kernel_rows  # noqa: B018
+        best done while nothing else is held) and :attr:`end_bound`; then refuse, in one
+        error line, a diagnosis that cannot fit (:data:`BASE_BYTES`, :data:`BYTES_PER_KERNEL`)."""
+        rows = self.kernel_rows
+        db = self._trace.db
+        ensure_memory(db.path, KERNEL_SOURCE, rows, len(KERNEL_COLUMNS), BASE_BYTES + BYTES_PER_KERNEL * rows, "diagnosing")
         self.end_bound  # noqa: B018
         self._src.release()
 
@@ -144,10 +161,15 @@ class OpsByColumn:
     def narrow(self, columns: list[str]) -> pl.DataFrame:
         """``ops.select(columns)`` of every operation, with ``name`` as an integer code (equal
         codes for equal names, null for none) instead of the text: the input of the period
-        search (:func:`~tracekit.diagnosis.window.kernel_period_iterations`)."""
+        search (:func:`~tracekit.diagnosis.window.kernel_period_iterations`) and of the
+        generation phases."""
         rows = self._kernel_rows_where(pl.lit(True), plausible=True)
         plain = [c for c in columns if c != "name"]
-        kernels = self._gather(rows, plain)
+        # op_kind is no kernel column: "kernel" on every kernel row, as gpu_ops sets it
+        read = [c for c in plain if c != "op_kind"] or (["start_ns"] if plain else [])
+        kernels = self._gather(rows, read)
+        if "op_kind" in plain:
+            kernels = kernels.with_columns(pl.lit("kernel").alias("op_kind")).select(plain)
         # the memcpys, memsets and graph launches as gpu_ops stacks them (no kernel rows)
         ops = gpu_ops(self._gather(_NONE, KERNEL_COLUMNS), self.memcpys, self.memsets, self.graphs, end_bound=self.end_bound)
         if "name" not in columns:
