@@ -227,3 +227,32 @@ def test_grouped_p2p_calls_share_their_kernels() -> None:
     assert n.filter(pl.col("kernel_share") == 0.25).height > 0
     assert n["gpu_duration_ns"].sum() > 3 * kernel_ns
     assert (n["gpu_duration_ns"] * n["kernel_share"].fill_null(1.0)).sum() == pytest.approx(kernel_ns)
+
+
+def _nccl_exports() -> list[Path]:
+    from tests.conftest import llm_capture
+
+    return [p for p in (TP2, TP2PP2, CUSTOM, SLICE, *sorted(PER_RANK.glob("*.sqlite"))) if p.exists()] + [
+        llm_capture("tp2_graph_decode_graphtrace"), llm_capture("tp2_graph_decode_nodetrace")]
+
+
+@pytest.mark.parametrize("path", _nccl_exports(), ids=lambda p: p.stem)
+def test_the_table_read_a_column_at_a_time_equals_the_whole_tables(
+    path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``trace.nccl`` of a trace that holds no table (NVTX columns read projected, NCCL kernels
+    found by their name ids and gathered from a real column cache, API columns one at a time)
+    equals the one built from the whole kernel, API and NVTX tables."""
+    from tracekit.nsys import database
+
+    whole = NsysTrace(path, column_cache=False)
+    whole.kernels, whole.cuda_api, whole.nvtx  # noqa: B018  (held: the whole-table inputs)
+    expected = whole.nccl
+    monkeypatch.setattr(database, "CACHE_MIN_ROWS", 1)  # the samples' tables go through the cache
+    monkeypatch.setenv("TRACEKIT_CACHE", str(tmp_path / "cache"))
+    lean = NsysTrace(path)
+    assert lean.columns_on_demand("kernels", ["name_id"]).one_at_a_time  # the cached path ran
+    got = lean.nccl
+    assert not lean.is_loaded("kernels") and not lean.is_loaded("nvtx") and not lean.is_loaded("cuda_api")
+    assert expected.height > 0
+    assert got.equals(expected)
