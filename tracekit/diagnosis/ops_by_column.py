@@ -30,10 +30,10 @@ __all__ = ["KERNEL_COLUMNS", "MIN_KERNELS", "OpsByColumn", "by_column"]
 #: A single export whose kernel table has at least this many rows (and is not loaded, and is
 #: served by the column cache: from :data:`~tracekit.nsys.database.CACHE_MIN_ROWS` rows) is
 #: diagnosed from :class:`OpsByColumn` instead of whole tables. Measured (warm ``summary``,
-#: benchmarks/README.md "Issue 28"): lighter and faster from the cache's threshold on — 300 k
-#: kernels 1.3 s / 190 MiB instead of 1.8 s / 355 MiB, 1 M kernels 2.4 s / 332 MiB instead
-#: of 3.7 s / 860 MiB — so it starts where the cache does (it was 4 M until the generation
-#: phases could be found by column too).
+#: benchmarks/README.md "Issue 28, eleventh session"): lighter and no slower from the cache's
+#: threshold on — 300 k kernels 334–336 MiB instead of 361–370, 1 M kernels 514 MiB instead
+#: of 862 (one GPU) and 681 instead of 951 (two, NCCL) — so it starts where the cache does
+#: (it was 4 M until the generation phases could be found by column too).
 MIN_KERNELS = 200_000
 
 #: Memory a diagnosis read a column at a time needs at least, besides :data:`BYTES_PER_KERNEL`
