@@ -20,13 +20,14 @@ SAMPLES = ROOT / "sample_traces"
 CORPUS_ARCHIVE = ROOT / "tests" / "data" / "corpus.tar.xz"
 
 
-def build_big_trace(folder: Path, kernels: int) -> Path:
-    """``folder/big.sqlite``: the decode sample repeated to ``kernels`` kernels by
+def build_big_trace(folder: Path, kernels: int, seed: Path | None = None) -> Path:
+    """``folder/big.sqlite``: the decode sample (or ``seed``) repeated to ``kernels`` kernels by
     ``benchmarks/make_big_trace.py`` (no GPU metrics), for tests that need a large real export."""
     out = folder / "big.sqlite"
+    seed = seed or SAMPLES / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite"
     subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "make_big_trace.py"), "--kernels", str(kernels), "--no-gpu-metrics",
-         "--seed", str(SAMPLES / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite"), "-o", str(out)],
+         "--seed", str(seed), "-o", str(out)],
         check=True, capture_output=True, timeout=300,
     )  # fmt: skip
     return out

@@ -217,9 +217,11 @@ def _write(timeline: Timeline, f: IO[bytes], body: IO[bytes], builder_cls: Any, 
         cur = None
         stack: list[int] = []
         for chunk in part.iter_slices(chunk_rows):
-            names.add(chunk["name"].unique().to_list())
+            # interned in order of first use: the same bytes from one run to the next (the
+            # hash order of unique() varies for categorical names, as a big export's are)
+            names.add(chunk["name"].unique(maintain_order=True).to_list())
             for col in str_args:
-                arg_strings.add(chunk[col].unique().to_list())
+                arg_strings.add(chunk[col].unique(maintain_order=True).to_list())
             _interned(b.add_packet(), names, cats, arg_names, arg_strings)
             present = [(i, arg_names.ids[kinds[c][0]], kinds[c][1] == "str") for i, c in args
                        if chunk[c].null_count() < chunk.height]
@@ -297,8 +299,8 @@ def _instants(frame: Any, out: IO[bytes], b: Any, builder_cls: Any, chunk_rows: 
               arg_names: _Interner, arg_strings: _Interner) -> Any:
     """NVTX marks as INSTANT events; returns the builder to go on with."""
     for chunk in frame.iter_slices(chunk_rows):
-        names.add(chunk["name"].unique().to_list())
-        arg_strings.add(chunk["a_domain"].unique().to_list())
+        names.add(chunk["name"].unique(maintain_order=True).to_list())
+        arg_strings.add(chunk["a_domain"].unique(maintain_order=True).to_list())
         _interned(b.add_packet(), names, cats, arg_names, arg_strings)
         domain_iid = arg_names.ids["domain"]
         for track, ts, name, cat, domain in chunk.iter_rows():
