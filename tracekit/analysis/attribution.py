@@ -131,7 +131,7 @@ def _launch_join(
     wanted = [c for c in _LAUNCH_COLUMNS if c in columns and c != "tid"]
     api_tid = "tid" in columns and "tid" in cuda_api.columns  # else the low bits of global_tid
     got = _gathered(cuda_api, [*(sources[c] for c in wanted), *(["tid"] if api_tid else [])], arow)
-    out = base.with_columns(s.alias(c) for c, s in zip(wanted, got, strict=False))
+    out = base.with_columns(s.alias(c) for c, s in zip(wanted, got[: len(wanted)], strict=True))
     if "tid" in columns:
         if api_tid:
             tid = got[-1]

@@ -203,18 +203,16 @@ class Context:
         launching thread and call start: :attr:`ops_with_launch` when a rule built it, else a
         join of only those columns (1 M kernels: the whole join's other columns and call names
         were ~0.2 GB that only this step held)."""
-        if "ops_with_launch" in self.__dict__ or (self._big is None and (self.api_count == 0 or "correlation_id" not in self.ops.columns)):
+        if "ops_with_launch" in self.__dict__:
             return self.ops_with_launch
         from tracekit.analysis.attribution import launch_info
 
+        keep = [c for c in (*self.rk, *_PHASE_OP_COLUMNS) if c in self.op_columns]
+        # of a big export read a column at a time: names as integer codes (the period search
+        # compares names only for equality)
         big = self._big
-        if big is None:
-            keep = [c for c in (*self.rk, *_PHASE_OP_COLUMNS) if c in self.ops.columns]
-            return launch_info(self.ops.select(keep), self.api_source, columns=("global_tid", "api_start_ns"))
-        # a big export: those columns of every operation read a column at a time, names as
-        # integer codes (the period search compares names only for equality)
-        ops = big.narrow([c for c in (*self.rk, *_PHASE_OP_COLUMNS) if c in big.columns])
-        if self.api_count == 0 or "correlation_id" not in ops.columns:
+        ops = big.narrow(keep) if big is not None else self.ops.select(keep)
+        if self.api_count == 0 or "correlation_id" not in ops.columns:  # no launch to join
             return ops.with_columns(pl.lit(None, pl.Int64).alias("global_tid"), pl.lit(None, pl.Int64).alias("api_start_ns"))
         return launch_info(ops, self.api_source, columns=("global_tid", "api_start_ns"))
 

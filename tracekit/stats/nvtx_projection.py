@@ -471,12 +471,11 @@ def _trace_frame(p: Projection, convention: str, *, for_sum: bool = False) -> pl
     neither; on 1.7 M ranges the stacks took ~0.1 GB)."""
     per_range = p.range_totals()
     tree = p.tree.with_columns(pl.lit(None, pl.Utf8).alias("_stack") if for_sum else _stacks(p.tree).alias("_stack"))
-    if is_identity(tree["_idx"], tree.height):  # row i is range i (the range tree's order): gather, no join
-        if not per_range["_idx"].is_sorted():
-            per_range = per_range.sort("_idx")
-        ranges = tree.gather(per_range["_idx"]).hstack(per_range.drop("_idx"))
-    else:
-        ranges = tree.join(per_range, on="_idx", how="inner")
+    # row i of the tree is range i (the range tree numbers its rows; _stacks and the totals
+    # gather by _parent_idx on that): the ranges with GPU work are gathered, not joined
+    if not per_range["_idx"].is_sorted():
+        per_range = per_range.sort("_idx")
+    ranges = tree.gather(per_range["_idx"]).hstack(per_range.drop("_idx"))
     children = ranges.group_by("_parent_idx").len("_nchild")
     ranges = ranges.join(children, left_on="_idx", right_on="_parent_idx", how="left")
     frame = ranges.select(
