@@ -173,3 +173,29 @@ def test_a_column_checksummed_with_blake2_still_verifies(cache: Path) -> None:
     assert not verify(data, "b2:" + "0" * 32)
     assert not verify(data, "xxh3:" + "0" * 32)
     assert not verify(data, "md5:whatever")
+    from tracekit.cache import verify_file
+
+    for wrong in ("b2:" + "0" * 32, "xxh3:" + "0" * 32, "md5:whatever"):
+        with files[0].open("rb") as fh:
+            assert not verify_file(fh, wrong)
+
+
+def test_a_column_is_read_from_the_file_it_verified(tmp_path: Path) -> None:
+    """The cache checksums a file and reads it through the same descriptor: another process
+    renaming a different file over the name in between changes nothing read (cache files are
+    replaced by rename only)."""
+    import polars as pl
+
+    from tracekit.cache import checksum_file, verify_file
+    from tracekit.nsys.column_cache import _read_verified
+
+    first, second = tmp_path / "col.arrow", tmp_path / "other.arrow"
+    pl.DataFrame({"x": [1, 2, 3]}).write_ipc(first)
+    pl.DataFrame({"x": [7, 8, 9, 10]}).write_ipc(second)
+    with first.open("rb") as fh:
+        expected = checksum_file(fh)
+    with first.open("rb") as fh:
+        assert verify_file(fh, expected)
+        os.replace(second, first)  # a fresh copy renamed over the name, mid-read
+        assert _read_verified(fh)["x"].to_list() == [1, 2, 3]
+    assert pl.read_ipc(first)["x"].to_list() == [7, 8, 9, 10]

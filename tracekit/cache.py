@@ -72,17 +72,29 @@ def checksum(data: bytes | memoryview) -> str:
     return "xxh3:" + xxhash.xxh3_128_hexdigest(data)
 
 
-def checksum_file(fh: BinaryIO, chunk: int = 1 << 20) -> str:
+def _hasher(algo: str | None) -> tuple[Any, str] | None:
+    """A streaming hasher and its prefix: ``algo`` ``"xxh3"`` or ``"b2"``, or None for xxh3
+    where the xxhash package is installed, else b2; None when xxh3 is asked for without it."""
+    if algo != "b2":
+        try:
+            import xxhash
+        except ImportError:
+            if algo == "xxh3":
+                return None
+        else:
+            return xxhash.xxh3_128(), "xxh3:"
+    return hashlib.blake2b(digest_size=16), "b2:"
+
+
+def checksum_file(fh: BinaryIO, chunk: int = 1 << 20, *, algo: str | None = None) -> str:
     """:func:`checksum` of the rest of an open binary file, read ``chunk`` bytes at a time
-    into one reused buffer (no copy of the whole file in memory)."""
-    try:
-        import xxhash
-    except ImportError:
-        h: Any = hashlib.blake2b(digest_size=16)
-        prefix = "b2:"
-    else:
-        h = xxhash.xxh3_128()
-        prefix = "xxh3:"
+    into one reused buffer (no copy of the whole file in memory). ``algo``: ``"xxh3"`` or
+    ``"b2"`` (default: xxh3 where the xxhash package is installed, else b2); ``""`` when
+    xxh3 is asked for and cannot be computed here (it then matches no stored checksum)."""
+    hasher = _hasher(algo)
+    if hasher is None:
+        return ""
+    h, prefix = hasher
     buf = bytearray(chunk)
     view = memoryview(buf)
     while True:
@@ -91,6 +103,15 @@ def checksum_file(fh: BinaryIO, chunk: int = 1 << 20) -> str:
             break
         h.update(view[:n])
     return prefix + h.hexdigest()
+
+
+def verify_file(fh: BinaryIO, expected: str) -> bool:
+    """Whether the rest of the open file ``fh`` has the checksum ``expected`` (``algo:hex``,
+    as :func:`checksum` gives), read a chunk at a time."""
+    algo, _, _ = expected.partition(":")
+    if algo not in ("xxh3", "b2"):
+        return False
+    return checksum_file(fh, algo=algo) == expected
 
 
 def verify(data: bytes | memoryview, expected: str) -> bool:

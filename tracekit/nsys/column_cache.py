@@ -14,8 +14,11 @@ with an XXH3-128 checksum beside it (``.b2`` file; BLAKE2b where xxhash is missi
 byte, a broken footer) is dropped with one warning and the column is read from the export
 again. Files are written through ``tempfile.mkstemp`` (a fresh name, no symlink followed) and
 renamed; folders are created ``0700``, and a cache folder owned by another user is not used
-(one warning; the export is read directly). Cached files are read into memory, never
-memory-mapped, so a file changing underneath cannot crash the process.
+(one warning; the export is read directly). A cached file is opened once, checksummed
+through that descriptor and read through it (:func:`_read_verified`), so what is read is
+what was verified even when another process renames a fresh copy over it meanwhile; polars
+maps the file only for the moment of the read and copies the column out, so nothing stays
+mapped (cache files are replaced by rename, never rewritten in place).
 
 Location: ``<cache_dir>/columns/<key>/`` (:func:`tracekit.cache.cache_dir`, i.e.
 ``$TRACEKIT_CACHE`` or ``~/.cache/tracekit``). ``TRACEKIT_COLUMN_CACHE=0`` (or
@@ -53,7 +56,7 @@ from tracekit.cache import (
     column_cache_enabled,
     export_key,
     folder_state,
-    verify,
+    verify_file,
     write_atomic,
 )
 from tracekit.errors import TracekitError
@@ -71,6 +74,27 @@ DEFAULT_MAX_GB = 5.0
 def enabled_by_default() -> bool:
     """False when ``TRACEKIT_COLUMN_CACHE`` is ``0``, ``off``, ``false`` or ``no``."""
     return column_cache_enabled()
+
+
+#: Where an open file can be opened again, with an offset of its own, by its descriptor
+#: (Linux's ``/proc/self/fd``; None elsewhere: ``/dev/fd`` would share the offset).
+_FD_FOLDER = "/proc/self/fd" if os.path.isdir("/proc/self/fd") else None
+
+
+def _read_verified(fh: BinaryIO) -> pl.DataFrame:
+    """The Arrow IPC file open as ``fh``, whose checksum was just verified through it.
+
+    Read by polars through the same descriptor (``/proc/self/fd/N``), so the bytes read are
+    those of the file verified even if another process renames a new file over its name
+    meanwhile (cache files are only ever replaced that way, never rewritten in place). Polars
+    maps the file for the moment of the read and copies the column out: one copy instead of
+    two (reading the file into Python bytes, then polars copying those), 0.32–0.44 s → 0.18 s
+    and no 40 MB transient buffer for four 5 M-row columns. Without a descriptor folder the
+    file is read into memory first, as before."""
+    if _FD_FOLDER is not None:
+        return pl.read_ipc(f"{_FD_FOLDER}/{fh.fileno()}")
+    fh.seek(0)
+    return pl.read_ipc(io.BytesIO(fh.read()))
 
 
 class CacheIntegrityWarning(UserWarning):
@@ -153,25 +177,30 @@ class ColumnCache:
             with contextlib.suppress(OSError):
                 os.utime(self.folder)
         try:
-            data = path.read_bytes()  # into memory: a file changing underneath cannot fault
             expected = _sum_path(path).read_text().strip()
+            fh = path.open("rb")
         except OSError as exc:
             log.debug("cached column %s unreadable (%s)", path, exc)
             return None
-        if not verify(data, expected):
-            self._drop(path, "failed its checksum")
-            return None
-        try:
-            series = pl.read_ipc(io.BytesIO(data)).to_series()
-            del data
-            # one buffer makes gathers ~2x faster; files written by put() have one record batch
-            # already (older ones: polars' ~120 k-row batches), so this is usually no copy
-            return series if series.n_chunks() == 1 else series.rechunk()
-        except BaseException as exc:  # polars' Rust panics are BaseExceptions
-            if isinstance(exc, KeyboardInterrupt | SystemExit | MemoryError):
-                raise
-            self._drop(path, f"could not be read ({type(exc).__name__})")
-            return None
+        with fh:
+            try:
+                intact = verify_file(fh, expected)
+            except OSError as exc:
+                log.debug("cached column %s unreadable (%s)", path, exc)
+                return None
+            if not intact:
+                self._drop(path, "failed its checksum")
+                return None
+            try:
+                series = _read_verified(fh).to_series()
+                # one buffer makes gathers ~2x faster; files written by put() have one record
+                # batch already (older ones: polars' ~120 k-row batches): usually no copy
+                return series if series.n_chunks() == 1 else series.rechunk()
+            except BaseException as exc:  # polars' Rust panics are BaseExceptions
+                if isinstance(exc, KeyboardInterrupt | SystemExit | MemoryError):
+                    raise
+                self._drop(path, f"could not be read ({type(exc).__name__})")
+                return None
 
     def put(self, table: str, expr: str, column: pl.Series, *, hold: bool = False) -> None:
         """Store ``column`` with its checksum (best effort: a full disk, a read-only cache or too
