@@ -265,7 +265,8 @@ def projection_for_totals(trace: NsysTrace) -> Projection:
     del pairs
     # the matched calls' three columns gathered before the range tree is built: each whole API
     # column (40 MB on 5 M calls) is then freed before the tree's many small allocations, which
-    # reuse its pages (gathered after the tree, they needed fresh memory: h1x 451 → MB)
+    # reuse its pages (gathered after the tree, they needed fresh memory: on h1x this report
+    # alone peaked at 444–488 MiB, now 367–407)
     calls = pl.DataFrame({"global_tid": api["global_tid"].gather(arow)}).with_row_index("_op")
     calls = calls.with_columns(api["start_ns"].gather(arow).alias("_s"))
     calls = calls.with_columns(api["end_ns"].gather(arow).alias("_e"))
