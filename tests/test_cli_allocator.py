@@ -1,5 +1,6 @@
-"""tracekit.cli.allocator: jemalloc returns freed memory at once for long commands on big
-exports only; the user's own setting wins; and polars (a real subprocess) reads the variable."""
+"""tracekit.cli.allocator: jemalloc returns all freed memory at once for long commands on big
+exports, large allocations' at once for the rest; the user's own setting wins; and polars (a
+real subprocess) reads the variable."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tracekit.cli.allocator import DECAY_NOW, tune_allocator
+from tracekit.cli.allocator import DECAY_NOW, EAGER_LARGE, tune_allocator
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPORT = ROOT / "sample_traces" / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite"
@@ -25,19 +26,26 @@ def test_set_for_a_stepped_command_on_a_big_input() -> None:
     assert tune_allocator(["report", str(EXPORT.parent)], env, min_bytes=size) == DECAY_NOW  # a folder: its files
 
 
-def test_left_alone_for_small_inputs_other_commands_and_a_user_setting() -> None:
+def test_large_allocations_eager_for_small_inputs_and_other_commands() -> None:
     size = EXPORT.stat().st_size
+    for argv in (["summary", str(EXPORT)], ["stats", str(EXPORT)], ["summary", "/no/such/file.sqlite"]):
+        env: dict[str, str] = {}
+        assert tune_allocator(argv, env, min_bytes=size + 1) == EAGER_LARGE
+        assert env == {"_RJEM_MALLOC_CONF": EAGER_LARGE}
+    env = {}
+    assert tune_allocator(["stats", str(EXPORT)], env, min_bytes=1) == EAGER_LARGE  # not a stepped command
+
+
+def test_left_alone_without_a_command_and_for_a_user_setting() -> None:
     env: dict[str, str] = {}
-    assert tune_allocator(["summary", str(EXPORT)], env, min_bytes=size + 1) is None and env == {}
-    assert tune_allocator(["stats", str(EXPORT)], env, min_bytes=1) is None and env == {}  # fast reports keep the default
-    assert tune_allocator(["summary", "/no/such/file.sqlite"], env, min_bytes=1) is None and env == {}
-    assert tune_allocator([], env, min_bytes=1) is None
+    assert tune_allocator([], env, min_bytes=1) is None and env == {}
     env = {"_RJEM_MALLOC_CONF": "narenas:1"}
     assert tune_allocator(["diff", str(EXPORT), str(EXPORT)], env, min_bytes=1) is None
+    assert tune_allocator(["stats", str(EXPORT)], env, min_bytes=1) is None
     assert env == {"_RJEM_MALLOC_CONF": "narenas:1"}
     before = dict(os.environ)
-    assert tune_allocator(["summary", str(EXPORT)], min_bytes=1 << 60) is None
-    assert dict(os.environ) == before  # os.environ untouched
+    assert tune_allocator(["summary", str(EXPORT)], {}, min_bytes=1 << 60) == EAGER_LARGE
+    assert dict(os.environ) == before  # os.environ untouched when another mapping is given
 
 
 def test_polars_reads_the_setting() -> None:
@@ -47,6 +55,7 @@ def test_polars_reads_the_setting() -> None:
     env = {**os.environ, "_RJEM_MALLOC_CONF": "no_such_option:1"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
     assert "no_such_option" in out.stderr, out.stderr
-    env["_RJEM_MALLOC_CONF"] = DECAY_NOW
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
-    assert out.returncode == 0 and out.stderr == ""
+    for value in (DECAY_NOW, EAGER_LARGE):
+        env["_RJEM_MALLOC_CONF"] = value
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
+        assert out.returncode == 0 and out.stderr == "", (value, out.stderr)

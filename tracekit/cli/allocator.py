@@ -1,15 +1,23 @@
-"""Memory handed back between the steps of a long command on a big export.
+"""jemalloc's settings for the command about to run, set before polars is imported.
 
 polars allocates with jemalloc, which keeps freed pages for reuse for about 10 s. A command
 that works through an 11 GB export in steps (``diff``: one run, then the other; ``report``:
 section by section) then holds each step's freed working memory on top of the next step's:
 on two 30 M-kernel runs ``tracekit diff`` peaked at 4.14 GB. With ``dirty_decay_ms:0`` the
 pages go back as they are freed, for some system time (page faults when they are touched
-again: +0.7 s on a 3 s command over a 1 M-kernel export, so small exports keep the default).
+again: +0.7 s on a 3 s command over a 1 M-kernel export), so that is kept for such commands
+on an input of at least :data:`BIG_INPUT_BYTES` (:data:`DECAY_NOW`).
 
-:func:`tune_allocator` sets ``_RJEM_MALLOC_CONF`` (jemalloc's variable in polars' build) for
-such commands on an input of at least :data:`BIG_INPUT_BYTES`, before polars is imported; a
-value the user set is left alone.
+Every other command gets :data:`EAGER_LARGE`: jemalloc serves allocations of 128 KiB and
+more from its own arena, which hands freed pages back at once (jemalloc does that for
+allocations of 8 MiB and more by default). The working memory of the column-at-a-time code
+is mostly such buffers (columns, their gathers and sort keys), which the default kept after
+use, so the next step's columns came from fresh pages: on a 1 M-kernel, 5 M-call export
+``tracekit stats -r cuda_gpu_kern_sum,nvtx_gpu_proj_sum,cuda_kern_exec_sum`` peaked at
+384–420 MiB with the default and 294–336 MiB with it, with fewer page faults (~100 k
+instead of ~175 k) and no more time (benchmarks/README.md, "Issue 28, twelfth session").
+
+A value of ``_RJEM_MALLOC_CONF`` the user set is left alone.
 """
 
 from __future__ import annotations
@@ -18,12 +26,14 @@ import os
 from collections.abc import MutableMapping, Sequence
 from pathlib import Path
 
-__all__ = ["BIG_INPUT_BYTES", "DECAY_NOW", "STEPPED_COMMANDS", "tune_allocator"]
+__all__ = ["BIG_INPUT_BYTES", "DECAY_NOW", "EAGER_LARGE", "STEPPED_COMMANDS", "tune_allocator"]
 
 #: Inputs from this size on (bytes; a folder: its files) count as big.
 BIG_INPUT_BYTES = 1 << 30
 #: jemalloc options: freed pages go back to the system at once.
 DECAY_NOW = "dirty_decay_ms:0,muzzy_decay_ms:0"
+#: jemalloc options: allocations from 128 KiB on come from the arena that frees at once.
+EAGER_LARGE = "oversize_threshold:131072"
 #: Commands that work through a whole export in steps.
 STEPPED_COMMANDS = frozenset({"diff", "report", "summary", "diagnose", "export"})
 _VARIABLE = "_RJEM_MALLOC_CONF"
@@ -44,19 +54,23 @@ def _size(path: Path) -> int:
 
 def tune_allocator(argv: Sequence[str], env: MutableMapping[str, str] | None = None,
                    *, min_bytes: int = BIG_INPUT_BYTES) -> str | None:
-    """Set :data:`DECAY_NOW` in ``env`` (default ``os.environ``) when ``argv`` (the command
-    line without the program) runs a :data:`STEPPED_COMMANDS` command on an input of at least
-    ``min_bytes``, and ``env`` has no jemalloc setting yet; return the value set, else None.
-    Must run before polars is imported (jemalloc reads it once)."""
+    """Set jemalloc's options in ``env`` (default ``os.environ``) for the command line
+    ``argv`` (without the program) and return them: :data:`DECAY_NOW` for a
+    :data:`STEPPED_COMMANDS` command on an input of at least ``min_bytes``, else
+    :data:`EAGER_LARGE`. None, and ``env`` untouched, when ``env`` has a jemalloc setting
+    already or ``argv`` is empty. Must run before polars is imported (jemalloc reads it once)."""
     env = os.environ if env is None else env
-    if _VARIABLE in env or not argv or argv[0] not in STEPPED_COMMANDS:
+    if _VARIABLE in env or not argv:
         return None
-    total = 0
-    for arg in argv[1:]:
-        if arg.startswith("-"):
-            continue
-        total += _size(Path(arg))
-        if total >= min_bytes:
-            env[_VARIABLE] = DECAY_NOW
-            return DECAY_NOW
-    return None
+    value = EAGER_LARGE
+    if argv[0] in STEPPED_COMMANDS:
+        total = 0
+        for arg in argv[1:]:
+            if arg.startswith("-"):
+                continue
+            total += _size(Path(arg))
+            if total >= min_bytes:
+                value = DECAY_NOW
+                break
+    env[_VARIABLE] = value
+    return value
