@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tracekit.cli.allocator import DECAY_NOW, EAGER_LARGE, tune_allocator
+from tracekit.cli.allocator import DECAY_NOW, EAGER_LARGE, map_large_blocks, tune_allocator
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPORT = ROOT / "sample_traces" / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite"
@@ -59,3 +59,14 @@ def test_polars_reads_the_setting() -> None:
         env["_RJEM_MALLOC_CONF"] = value
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
         assert out.returncode == 0 and out.stderr == "", (value, out.stderr)
+
+
+def test_glibc_maps_large_blocks_unless_the_user_chose() -> None:
+    """In a real subprocess (the setting is process-wide): glibc accepts the threshold; a
+    user's ``MALLOC_MMAP_THRESHOLD_`` keeps it from being touched."""
+    code = "from tracekit.cli.allocator import map_large_blocks; print(map_large_blocks())"
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    glibc = sys.platform.startswith("linux") and os.confstr("CS_GNU_LIBC_VERSION") is not None
+    assert out.stdout.strip() == str(glibc)
+    assert map_large_blocks({"MALLOC_MMAP_THRESHOLD_": "65536"}) is False

@@ -1,7 +1,7 @@
 """The ``tracekit`` console script: a repeated ``tracekit stats … -f csv`` is answered from the
 kept CSVs (:mod:`tracekit.cli.stats_cache`) before typer or polars is imported; everything
-else goes to :func:`tracekit.cli.main.run`, with jemalloc told to return freed memory at once
-for a long command on a big export (:mod:`tracekit.cli.allocator`)."""
+else goes to :func:`tracekit.cli.main.run`, with jemalloc and glibc's malloc told to return
+freed memory sooner (:mod:`tracekit.cli.allocator`)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,10 @@ def run() -> NoReturn:
     code = cached_stats(sys.argv[1:])
     if code is not None:
         sys.exit(code)
-    from tracekit.cli.allocator import tune_allocator
+    from tracekit.cli.allocator import map_large_blocks, tune_allocator
 
     tune_allocator(sys.argv[1:])  # before polars is imported
+    map_large_blocks()
     from tracekit.cli.main import run as run_cli
 
     run_cli()
