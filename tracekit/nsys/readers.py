@@ -126,7 +126,9 @@ class TableColumns:
             return self._frame[name]
         # one column per read (a scan of SQLite that fills the cache, or the cached file): a
         # scan of all of them at once held every column twice over while it was read (cold
-        # nvtx_gpu_proj_trace on 2.5 M calls: ~0.15 GB), for ~0.2 s less SQLite time per column
+        # nvtx_gpu_proj_trace on 2.5 M calls: ~0.15 GB), for ~0.2 s less SQLite time per column;
+        # the column kept from the last read is let go first, not held while this one is read
+        self._last = None
         column = select(self._db, self._table, [self._cols[name]]).to_series()
         self._last = (name, column)
         return column
