@@ -16,11 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 import polars as pl
 
-from tracekit.analysis._frames import is_identity, max_int
+from tracekit.analysis._frames import PID_UNIT, is_identity, max_int
 from tracekit.analysis.attribution import (
     NVTX_COLUMNS,
     _enclosing,
@@ -147,6 +148,58 @@ def names_are_ids(frame: pl.DataFrame, column: str, trace: NsysTrace) -> bool:
     return frame.schema[column] == pl.Int64 and not trace.strings["value"].is_duplicated().any()
 
 
+#: Names the projections' launch join in the column cache's keys (:func:`op_launches`):
+#: bump it when what the join keeps or how it matches changes.
+OP_LAUNCH_KEY = "derived:op-launch-join.v1"
+#: The launch columns :func:`op_launches` gives, from these API columns.
+_OP_LAUNCH_API = {"global_tid": "global_tid", "api_start_ns": "start_ns", "api_end_ns": "end_ns"}
+
+
+def op_launches(trace: NsysTrace, keys: Callable[[], pl.DataFrame]) -> pl.DataFrame:
+    """The launch join of the GPU operations (kernels, then memcpys, then memsets: their rows
+    numbered in that order) to their API calls, inner and with every matching pair kept (as
+    nsys's SQL joins): ``_lrow`` (UInt32, the operation's row, ascending) and the call's
+    ``global_tid``, ``api_start_ns`` and ``api_end_ns``. ``keys()`` gives the operations'
+    ``global_pid`` and ``correlation_id``.
+
+    Computed once per export and kept in the column cache (derived columns under
+    :data:`OP_LAUNCH_KEY`) where it serves the kernel table and the trace has built neither
+    ``kernels`` nor ``cuda_api``: a warm projection then reads four 1 M-row columns instead of
+    the operations' keys, the calls' correlation ids and three whole 5 M-row API columns, and
+    makes no join (h1x: four 40 MB column reads and the join saved). Otherwise the join is
+    made each time, each API column read and gathered in turn."""
+    cacheable = trace.db.caches(KERNEL_TABLE) and not (trace.is_loaded("kernels") or trace.is_loaded("cuda_api"))
+    db = trace.db if cacheable else None
+    state: dict[str, pl.Series] = {}
+
+    def join() -> pl.Series:
+        k = keys()
+        api = lean_api_rows(trace, k.height, names=False)
+        pairs = launch_pairs(k, api, how="inner")
+        del k
+        arow = pairs["_arow"]
+        for out, src in _OP_LAUNCH_API.items():  # one whole API column in memory at a time
+            state[out] = api[src].gather(arow)
+        return pairs["_lrow"]
+
+    def derived(name: str, make: Callable[[], pl.Series]) -> pl.Series:
+        return make() if db is None else db.derived_column(KERNEL_TABLE, f"{OP_LAUNCH_KEY}:{name}", make)
+
+    lrow = derived("lrow", join)
+
+    def launch(out: str) -> pl.Series:
+        if out not in state:  # the join's row pairs came from the cache, this column did not
+            join()
+        return state.pop(out)
+
+    columns = {out: derived(out, partial(launch, out)) for out in _OP_LAUNCH_API}
+    if any(c.len() != lrow.len() for c in columns.values()):  # cannot happen for one unchanged export
+        state.clear()
+        lrow = join()
+        columns = {out: state.pop(out) for out in _OP_LAUNCH_API}
+    return pl.DataFrame({"_lrow": lrow, **columns})
+
+
 @dataclass
 class Projection:
     """Inputs shared by the three reports: the range tree, the GPU ops with their launching
@@ -192,18 +245,28 @@ _TREE_COLUMNS = list(NVTX_COLUMNS)
 def projection(trace: NsysTrace, *, kernels_only: bool = False) -> Projection:
     """Attribute every GPU operation of ``trace`` to all ranges enclosing its launch.
 
-    ``ops`` has one row per (operation, matching API row): ``_gpu`` numbers the operations,
-    ``_op`` the rows. Exports where another tracer wrapped the CUDA call (``eventClass`` 67)
-    match twice; nsys counts such kernels twice in ``nvtx_kern_sum``'s times.
+    ``ops`` has one row per (operation, matching API row), ``_op`` numbering the rows. With
+    ``kernels_only`` (``nvtx_kern_sum``) every kernel has a row (null launch columns when no
+    call matched) and ``_gpu`` numbers the kernels; otherwise only the operations some call
+    launched have rows (the others can be in no range), from :func:`op_launches`. Exports where
+    another tracer wrapped the CUDA call (``eventClass`` 67) match twice; nsys counts such
+    kernels twice in ``nvtx_kern_sum``'s times.
     """
     cols = ["global_pid", "correlation_id", "start_ns", "end_ns"]
     if kernels_only:  # nvtx_kern_sum: kernel names and durations
         ops = op_rows(trace, KERNEL_TABLE, cols, names=True)
-    else:  # the projections: times and ids of every kind of op
+        launch = ["tid", "global_tid", "api_start_ns", "api_end_ns"]
+        ops = _launch_join(ops.with_row_index("_gpu"), api_rows(trace, names=False), dedupe=False, columns=launch)
+    else:  # the projections: times and ids of every kind of op, those a call launched
         tables = (KERNEL_TABLE, "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
         ops = pl.concat([op_rows(trace, t, cols, duration=False) for t in tables], how="vertical_relaxed")
-    launch = ["tid", "global_tid", "api_start_ns", "api_end_ns"]
-    ops = _launch_join(ops.with_row_index("_gpu"), api_rows(trace, names=False), dedupe=False, columns=launch)
+        pairs = op_launches(trace, lambda: ops.select("global_pid", "correlation_id"))
+        if not is_identity(pairs["_lrow"], ops.height):
+            ops = ops.select(pl.all().gather(pairs["_lrow"]))
+        ops = ops.with_columns(
+            (pairs["global_tid"] % PID_UNIT).alias("tid"), pairs["global_tid"], pairs["api_start_ns"], pairs["api_end_ns"]
+        )
+        del pairs
     ops = ops.with_row_index("_op")
     tree = _nvtx_tree(trace.table("nvtx", _TREE_COLUMNS), [], paths=False)
     threads = tree.select("global_tid", "_thr").unique(subset=["global_tid"], keep="first")
@@ -255,22 +318,16 @@ def projection_for_totals(trace: NsysTrace) -> Projection:
             parts.append(small[t].select(column))
         return pl.concat(parts, how="vertical_relaxed").to_series()
 
-    keys = pl.DataFrame([op_column("global_pid"), op_column("correlation_id")])
-    # one source of API columns for the join and the gathers below: the join reads
-    # global_tid last, and the first gather reuses it (a fresh source read it again)
-    api = lean_api_rows(trace, keys.height, names=False)
-    pairs = launch_pairs(keys, api, how="inner")
-    del keys
-    lrow, arow = pairs["_lrow"], pairs["_arow"]
+    # the matched calls' columns before the range tree is built: the whole API columns a
+    # join reads are then freed before the tree's many small allocations, which reuse their
+    # pages (gathered after the tree, they needed fresh memory: on h1x this report alone
+    # peaked at 444–488 MiB, then 367–407); a warm run reads them from the column cache
+    pairs = op_launches(trace, lambda: pl.DataFrame([op_column("global_pid"), op_column("correlation_id")]))
+    lrow = pairs["_lrow"]
+    calls = pairs.select(
+        "global_tid", pl.col("api_start_ns").alias("_s"), pl.col("api_end_ns").alias("_e")
+    ).with_row_index("_op")
     del pairs
-    # the matched calls' three columns gathered before the range tree is built: each whole API
-    # column (40 MB on 5 M calls) is then freed before the tree's many small allocations, which
-    # reuse its pages (gathered after the tree, they needed fresh memory: on h1x this report
-    # alone peaked at 444–488 MiB, now 367–407)
-    calls = pl.DataFrame({"global_tid": api["global_tid"].gather(arow)}).with_row_index("_op")
-    calls = calls.with_columns(api["start_ns"].gather(arow).alias("_s"))
-    calls = calls.with_columns(api["end_ns"].gather(arow).alias("_e"))
-    del api
     tree = _nvtx_tree(trace.table("nvtx", _TREE_COLUMNS), [], paths=False)
     threads = tree.select("global_tid", "_thr").unique(subset=["global_tid"], keep="first")
     tree = tree.drop("global_tid", "is_open", "event_type_id")
