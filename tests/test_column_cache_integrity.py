@@ -199,3 +199,22 @@ def test_a_column_is_read_from_the_file_it_verified(tmp_path: Path) -> None:
         os.replace(second, first)  # a fresh copy renamed over the name, mid-read
         assert _read_verified(fh)["x"].to_list() == [1, 2, 3]
     assert pl.read_ipc(first)["x"].to_list() == [7, 8, 9, 10]
+
+
+def test_a_descriptor_number_reused_reads_the_new_file(tmp_path: Path) -> None:
+    """Closed descriptors are reused, so ``/proc/self/fd/N`` names another file on the next
+    read: nothing read before under that name may come back (no reader cache keyed by path)."""
+    import polars as pl
+
+    from tracekit.nsys.column_cache import _read_verified
+
+    files = []
+    for i, values in enumerate(([1, 2, 3], [4.5, 5.5], ["a", "b", "c", "d"])):
+        files.append(tmp_path / f"c{i}.arrow")
+        pl.DataFrame({"x": values}).write_ipc(files[-1])
+    numbers = set()
+    for f, values in zip(files, ([1, 2, 3], [4.5, 5.5], ["a", "b", "c", "d"]), strict=True):
+        with f.open("rb") as fh:
+            numbers.add(fh.fileno())
+            assert _read_verified(fh)["x"].to_list() == values
+    assert len(numbers) == 1  # the same descriptor number each time: the case this guards
