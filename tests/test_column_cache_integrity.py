@@ -218,3 +218,31 @@ def test_a_descriptor_number_reused_reads_the_new_file(tmp_path: Path) -> None:
             numbers.add(fh.fileno())
             assert _read_verified(fh)["x"].to_list() == values
     assert len(numbers) == 1  # the same descriptor number each time: the case this guards
+
+
+def test_with_little_memory_left_a_column_is_read_into_memory_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """polars' read of a mapped file aborted under a tight address-space limit where the read
+    from memory fitted (tests/test_out_of_memory.py); with less than twice the file plus
+    DESCRIPTOR_READ_SLACK left the cache reads the file into memory, with room through its
+    descriptor — the same column either way."""
+    import polars as pl
+
+    from tracekit.nsys import column_cache as cc
+
+    export = tmp_path / "x.sqlite"
+    export.write_bytes(b"not read")
+    column = pl.Series("x", range(100_000), dtype=pl.Int64)
+    ways: list[bool] = []
+    real = cc._read_verified
+
+    def spy(fh, *, by_descriptor: bool = True):  # noqa: ANN001, ANN202
+        ways.append(by_descriptor)
+        return real(fh, by_descriptor=by_descriptor)
+
+    monkeypatch.setattr(cc, "_read_verified", spy)
+    for free, expected in ((1 << 40, True), (cc.DESCRIPTOR_READ_SLACK, False), (None, True)):
+        cache = cc.ColumnCache(export, root=tmp_path / "cache", free_memory=lambda free=free: free)
+        cache.put("T", '"x"', column)
+        got = cache.get("T", '"x"')
+        assert got is not None and got.equals(column)
+        assert ways[-1] is expected

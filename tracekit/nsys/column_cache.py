@@ -81,7 +81,12 @@ def enabled_by_default() -> bool:
 _FD_FOLDER = "/proc/self/fd" if os.path.isdir("/proc/self/fd") else None
 
 
-def _read_verified(fh: BinaryIO) -> pl.DataFrame:
+#: Bytes of room, beyond twice the file, below which a cached column is read into memory
+#: first rather than through its descriptor (:func:`_read_verified`).
+DESCRIPTOR_READ_SLACK = 256 << 20
+
+
+def _read_verified(fh: BinaryIO, *, by_descriptor: bool = True) -> pl.DataFrame:
     """The Arrow IPC file open as ``fh``, whose checksum was just verified through it.
 
     Read by polars through the same descriptor (``/proc/self/fd/N``), so the bytes read are
@@ -89,9 +94,12 @@ def _read_verified(fh: BinaryIO) -> pl.DataFrame:
     meanwhile (cache files are only ever replaced that way, never rewritten in place). Polars
     maps the file for the moment of the read and copies the column out: one copy instead of
     two (reading the file into Python bytes, then polars copying those), 0.32–0.44 s → 0.18 s
-    and no 40 MB transient buffer for four 5 M-row columns. Without a descriptor folder the
-    file is read into memory first, as before."""
-    if _FD_FOLDER is not None:
+    and no 40 MB transient buffer for four 5 M-row columns. Without a descriptor folder, or
+    with ``by_descriptor=False``, the file is read into memory first, as before: under a tight
+    address-space limit polars' read of a mapped file aborted the process where the read from
+    memory fitted (warm ``summary`` of 300 k kernels with 150 MB left; the caller decides by
+    :data:`DESCRIPTOR_READ_SLACK`)."""
+    if by_descriptor and _FD_FOLDER is not None:
         return pl.read_ipc(f"{_FD_FOLDER}/{fh.fileno()}")
     fh.seek(0)
     return pl.read_ipc(io.BytesIO(fh.read()))
@@ -191,8 +199,10 @@ class ColumnCache:
             if not intact:
                 self._drop(path, "failed its checksum")
                 return None
+            free = self._free_memory() if self._free_memory is not None else None
+            roomy = free is None or free >= 2 * os.fstat(fh.fileno()).st_size + DESCRIPTOR_READ_SLACK
             try:
-                series = _read_verified(fh).to_series()
+                series = _read_verified(fh, by_descriptor=roomy).to_series()
                 # one buffer makes gathers ~2x faster; files written by put() have one record
                 # batch already (older ones: polars' ~120 k-row batches): usually no copy
                 return series if series.n_chunks() == 1 else series.rechunk()
