@@ -39,6 +39,8 @@ def test_large_allocations_eager_for_small_inputs_and_other_commands() -> None:
 def test_left_alone_without_a_command_and_for_a_user_setting() -> None:
     env: dict[str, str] = {}
     assert tune_allocator([], env, min_bytes=1) is None and env == {}
+    # the program capture profiles would inherit the variable
+    assert tune_allocator(["capture", "nsys", "--", "python3", "train.py"], env, min_bytes=1) is None and env == {}
     env = {"_RJEM_MALLOC_CONF": "narenas:1"}
     assert tune_allocator(["diff", str(EXPORT), str(EXPORT)], env, min_bytes=1) is None
     assert tune_allocator(["stats", str(EXPORT)], env, min_bytes=1) is None

@@ -49,6 +49,8 @@ EAGER_LARGE = "oversize_threshold:131072"
 #: Commands that work through a whole export in steps.
 STEPPED_COMMANDS = frozenset({"diff", "report", "summary", "diagnose", "export"})
 _VARIABLE = "_RJEM_MALLOC_CONF"
+#: Commands that start the user's program, which would inherit the variable.
+_RUNS_PROGRAMS = frozenset({"capture"})
 #: Bytes from which glibc maps each block (:func:`map_large_blocks`).
 MMAP_THRESHOLD = 128 << 10
 _M_MMAP_THRESHOLD = -3  # glibc's malloc.h
@@ -73,9 +75,9 @@ def tune_allocator(argv: Sequence[str], env: MutableMapping[str, str] | None = N
     ``argv`` (without the program) and return them: :data:`DECAY_NOW` for a
     :data:`STEPPED_COMMANDS` command on an input of at least ``min_bytes``, else
     :data:`EAGER_LARGE`. None, and ``env`` untouched, when ``env`` has a jemalloc setting
-    already or ``argv`` is empty. Must run before polars is imported (jemalloc reads it once)."""
+    already, ``argv`` is empty or runs ``capture`` (the program it profiles would inherit it). Must run before polars is imported (jemalloc reads it once)."""
     env = os.environ if env is None else env
-    if _VARIABLE in env or not argv:
+    if _VARIABLE in env or not argv or argv[0] in _RUNS_PROGRAMS:
         return None
     value = EAGER_LARGE
     if argv[0] in STEPPED_COMMANDS:
