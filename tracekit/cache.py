@@ -63,15 +63,6 @@ def folder_state(root: Path) -> str:
     return "ok"
 
 
-def checksum(data: bytes | memoryview) -> str:
-    """``xxh3:<hex>`` (XXH3-128) or, without the xxhash package, ``b2:<hex>`` (BLAKE2b-128)."""
-    try:
-        import xxhash
-    except ImportError:
-        return "b2:" + hashlib.blake2b(data, digest_size=16).hexdigest()
-    return "xxh3:" + xxhash.xxh3_128_hexdigest(data)
-
-
 def _hasher(algo: str | None) -> tuple[Any, str] | None:
     """A streaming hasher and its prefix: ``algo`` ``"xxh3"`` or ``"b2"``, or None for xxh3
     where the xxhash package is installed, else b2; None when xxh3 is asked for without it."""
@@ -114,17 +105,25 @@ def verify_file(fh: BinaryIO, expected: str) -> bool:
     return checksum_file(fh, algo=algo) == expected
 
 
+def checksum(data: bytes | memoryview) -> str:
+    """``xxh3:<hex>`` (XXH3-128) or, without the xxhash package, ``b2:<hex>`` (BLAKE2b-128)."""
+    hasher = _hasher(None)
+    assert hasher is not None  # None only when xxh3 is asked for by name
+    h, prefix = hasher
+    h.update(data)
+    return prefix + h.hexdigest()
+
+
 def verify(data: bytes | memoryview, expected: str) -> bool:
-    algo, _, digest = expected.partition(":")
-    if algo == "xxh3":
-        try:
-            import xxhash
-        except ImportError:
-            return False
-        return bool(xxhash.xxh3_128_hexdigest(data) == digest)
-    if algo == "b2":
-        return hashlib.blake2b(data, digest_size=16).hexdigest() == digest
-    return False
+    """Whether ``data`` has the checksum ``expected`` (``algo:hex``, as :func:`checksum`
+    gives); False for an unknown algorithm, or xxh3 without the xxhash package."""
+    algo, _, _ = expected.partition(":")
+    hasher = _hasher(algo) if algo in ("xxh3", "b2") else None
+    if hasher is None:
+        return False
+    h, prefix = hasher
+    h.update(data)
+    return prefix + h.hexdigest() == expected
 
 
 def write_atomic(path: Path, data: bytes | memoryview, tmp_names: list[str]) -> None:
