@@ -21,7 +21,7 @@ from tracekit.stats import nvtx_projection, run_report
 
 from .conftest import NSYS_CORPUS
 from .nsys_reference import read_reference
-from .test_stats_launch_cache import _reads
+from .test_stats_launch_cache import _open, _reads
 from .test_stats_nvtx_projection import _corpus_cases, _sample_cases, assert_identical
 
 KERNELS = "CUPTI_ACTIVITY_KIND_KERNEL"
@@ -42,12 +42,6 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("TRACEKIT_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(database, "CACHE_MIN_ROWS", 1)
     return tmp_path / "cache"
-
-
-def _open(path: Path):  # noqa: ANN202 - NsysTrace
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return tracekit.open(path)
 
 
 def _derived_path(trace, name: str) -> Path:  # noqa: ANN001

@@ -22,6 +22,7 @@ from tracekit.nsys.readers import lookup_strings
 from tracekit.stats.common import Report, group_numbers
 from tracekit.stats.nvtx_projection import (
     KERNEL_TABLE,
+    derived_source,
     lean_api_rows,
     names_are_ids,
     op_rows,
@@ -214,7 +215,7 @@ class _Launches:
 
     def __init__(self, trace: NsysTrace) -> None:
         self._trace = trace
-        self._db = trace.db if not (trace.is_loaded("kernels") or trace.is_loaded("cuda_api")) else None
+        self._db = derived_source(trace)
         self._arow: pl.Series | None = None
         self._api: pl.DataFrame | TableColumns | _Unpinned | None = None
         self._lrow = self._derived("lrow", self._join)

@@ -148,6 +148,13 @@ def names_are_ids(frame: pl.DataFrame, column: str, trace: NsysTrace) -> bool:
     return frame.schema[column] == pl.Int64 and not trace.strings["value"].is_duplicated().any()
 
 
+def derived_source(trace: NsysTrace) -> database.ExportSource | None:
+    """Where a launch join may keep its derived columns (``derived_column``, which computes
+    them each time when the column cache is off or the table too small): the export, unless
+    the trace has built ``kernels`` or ``cuda_api`` (the reports then join those tables)."""
+    return None if trace.is_loaded("kernels") or trace.is_loaded("cuda_api") else trace.db
+
+
 #: Names the projections' launch join in the column cache's keys (:func:`op_launches`):
 #: bump it when what the join keeps or how it matches changes.
 OP_LAUNCH_KEY = "derived:op-launch-join.v1"
@@ -168,8 +175,7 @@ def op_launches(trace: NsysTrace, keys: Callable[[], pl.DataFrame]) -> pl.DataFr
     the operations' keys, the calls' correlation ids and three whole 5 M-row API columns, and
     makes no join (h1x: four 40 MB column reads and the join saved). Otherwise the join is
     made each time, each API column read and gathered in turn."""
-    cacheable = trace.db.caches(KERNEL_TABLE) and not (trace.is_loaded("kernels") or trace.is_loaded("cuda_api"))
-    db = trace.db if cacheable else None
+    db = derived_source(trace)
     state: dict[str, pl.Series] = {}
 
     def join() -> pl.Series:
