@@ -18,6 +18,7 @@ import polars as pl
 import pytest
 
 import tracekit
+from tracekit.analysis import op_launches
 from tracekit.nsys.database import ExportDatabase
 from tracekit.stats import launch, nvtx_projection, run_report
 
@@ -37,7 +38,7 @@ REPORTS = ("cuda_kern_exec_sum", "nvtx_gpu_proj_sum")
 @pytest.fixture
 def big_trace_paths(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(launch, "ONE_PASS_ROWS", 0)
-    monkeypatch.setattr(nvtx_projection, "LEAN_FROM_OPS", 0)
+    monkeypatch.setattr(op_launches, "LEAN_FROM_OPS", 0)
     monkeypatch.setattr(nvtx_projection, "INNERMOST_CHUNK", 7)
     # as if the column cache served the API table: each column is read afresh, none pinned
     monkeypatch.setattr(ExportDatabase, "caches", lambda self, table: True)

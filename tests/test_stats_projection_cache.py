@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 
 import tracekit
+from tracekit.analysis import op_launches
 from tracekit.nsys import database
 from tracekit.nsys.column_cache import CacheIntegrityWarning
-from tracekit.stats import nvtx_projection, run_report
+from tracekit.stats import run_report
 
 from .conftest import NSYS_CORPUS
 from .nsys_reference import read_reference
@@ -47,7 +48,7 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def _derived_path(trace, name: str) -> Path:  # noqa: ANN001
     cache = trace.db.column_cache
     assert cache is not None
-    return cache._path(KERNELS, f"{nvtx_projection.OP_LAUNCH_KEY}:{name}")
+    return cache._path(KERNELS, f"{op_launches.OP_LAUNCH_KEY}:{name}")
 
 
 def test_cases_exist() -> None:
@@ -67,7 +68,7 @@ def test_cold_and_warm_runs_print_nsys_csv(
     reads = _reads(monkeypatch)
     warm = _open(export)
     assert_identical(run_report(warm, report, convention=convention), reference)
-    assert {f"{nvtx_projection.OP_LAUNCH_KEY}:{n}" for n in DERIVED} <= {expr for _, expr in reads}
+    assert {f"{op_launches.OP_LAUNCH_KEY}:{n}" for n in DERIVED} <= {expr for _, expr in reads}
     assert not [r for r in reads if r[0] == RUNTIME], reads  # the join is not made again
 
 
@@ -103,7 +104,7 @@ def test_operations_matching_two_calls_keep_every_pair(cache: Path) -> None:
     expected = run_report(off, "nvtx_gpu_proj_trace", convention="2023").to_csv()
     trace = _open(export)
     assert run_report(trace, "nvtx_gpu_proj_trace", convention="2023").to_csv() == expected
-    lrow = trace.db.derived_column(KERNELS, f"{nvtx_projection.OP_LAUNCH_KEY}:lrow", lambda: pytest.fail("not cached"))
+    lrow = trace.db.derived_column(KERNELS, f"{op_launches.OP_LAUNCH_KEY}:lrow", lambda: pytest.fail("not cached"))
     kernels = trace.db.row_count(KERNELS)
     assert lrow.len() > lrow.unique().len() and lrow.filter(lrow < kernels).len() == 2 * kernels
     assert run_report(_open(export), "nvtx_gpu_proj_trace", convention="2023").to_csv() == expected

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+import numpy as np
 import polars as pl
 
 from tracekit.nsys.readers import implausible_end
@@ -134,3 +135,26 @@ def interval_union(frame: pl.DataFrame, by: Sequence[str], start: str = "start_n
     starts = f.filter(pl.col("_new")).select(*by, "start_ns")
     ends = f.filter(pl.col("_last")).select(pl.col("_max").alias("end_ns"))
     return pl.concat([starts, ends], how="horizontal")
+
+
+def within_any(values: pl.Series, starts: pl.Series, ends: pl.Series) -> pl.Series:
+    """Boolean mask: ``values[i]`` lies in some ``[starts[j], ends[j]]`` (nulls never do).
+    One binary search per value over the ranges sorted by start, with the running maximum of
+    their ends, so overlapping ranges are handled and no value is sorted. Values are searched
+    in slices of :data:`_SLICE` (the temporaries of 76 M values were 2 GB)."""
+    lo = np.iinfo(np.int64).min
+    order = np.argsort(starts.fill_null(lo).to_numpy(), kind="stable")
+    s = starts.fill_null(lo).to_numpy()[order]
+    e = np.maximum.accumulate(ends.fill_null(lo).to_numpy()[order]) if order.size else np.empty(0, np.int64)
+    parts = []
+    for off in range(0, max(values.len(), 1), _SLICE):
+        part = values.slice(off, _SLICE)
+        v = part.fill_null(lo).to_numpy()
+        idx = np.searchsorted(s, v, side="right") - 1
+        ok = (idx >= 0) & part.is_not_null().to_numpy()
+        ok[ok] &= v[ok] <= e[idx[ok]]
+        parts.append(pl.Series(values.name, ok))
+    return pl.concat(parts) if len(parts) > 1 else parts[0]
+
+
+_SLICE = 4_000_000

@@ -601,12 +601,23 @@ def _possible(ranges: pl.DataFrame) -> pl.DataFrame:
     return ranges
 
 
-def _nvtx_tree(nvtx: pl.DataFrame, keys: list[str], *, paths: bool = True) -> pl.DataFrame:
+def _nvtx_tree(
+    nvtx: pl.DataFrame, keys: list[str], *, paths: bool = True, labels: bool | None = None, lean: bool = False
+) -> pl.DataFrame:
     """:func:`nvtx_ranges` with the internal ``_thr``, ``_idx``, ``_parent_idx`` and ``_crossing``;
-    without ``paths``, no ``label`` and ``path`` text (the nsys projection reports print
-    neither; on 6.5 M ranges they took ~0.3 GB)."""
+    without ``paths``, no ``path`` text and, unless ``labels``, no ``label`` either (the nsys
+    projection reports print neither; on 6.5 M ranges they took ~0.3 GB). ``labels=True``
+    with ``paths=False`` is what a caller that matches range names but never reads paths
+    needs: the paths, rebuilt level by level, were the tree's biggest step (377 k ranges:
+    ~+100 MB). ``lean``: only the keys, ``range_id``, ``pid``, ``tid``, ``global_tid``,
+    ``start_ns``, ``end_ns`` and ``label`` besides the internal columns (no ``name``,
+    ``domain``, ``style``, ``event_type_id``, ``is_open``: the tree is sorted and held with
+    every column it carries)."""
+    labels = paths if labels is None else labels or paths
     rid = pl.int_range(1, pl.len() + 1, dtype=pl.Int64)
-    events = nvtx.with_columns((rid.over(keys) if keys else rid).alias("range_id"))
+    read = [*keys, "pid", "tid", "global_tid", "start_ns", "end_ns", "name", "domain", "event_type_id", "end_global_tid"]
+    # only what the ranges keep is filtered (a loaded table has payloads, colours, JSON …)
+    events = nvtx.select(*read, (rid.over(keys) if keys else rid).alias("range_id"))
     ranges = events.filter(
         pl.col("event_type_id").is_in(list(RANGE_TYPES)) & pl.col("end_global_tid").is_null()
     )
@@ -617,10 +628,12 @@ def _nvtx_tree(nvtx: pl.DataFrame, keys: list[str], *, paths: bool = True) -> pl
         pl.col("end_ns").fill_null(last.over(keys) if keys else last).alias("end_ns"),
     ).select(
         *keys, "range_id", "pid", "tid", "global_tid", "start_ns", "end_ns", "is_open", "name", "domain",
-        *([range_label(pl.col("name"), pl.col("domain")).alias("label")] if paths else []),
+        *([range_label(pl.col("name"), pl.col("domain")).alias("label")] if labels else []),
         pl.when(pl.col("event_type_id").is_in(list(PUSHPOP_TYPES))).then(pl.lit("PushPop")).otherwise(pl.lit("StartEnd")).alias("style"),
         "event_type_id",
     )
+    if lean:
+        ranges = ranges.select(*keys, "range_id", "pid", "tid", "global_tid", "start_ns", "end_ns", *(["label"] if labels else []))
     return _range_tree(ranges, keys, paths=paths)
 
 

@@ -55,7 +55,7 @@ def iteration_ranges(nvtx: pl.DataFrame, *, pattern: str = DEFAULT_ITERATION_PAT
     """The outermost ranges matching ``pattern``: (``rank``,) ``pid``, ``iteration``,
     ``name`` (label), ``range_id``, ``tid``, ``global_tid``, ``start_ns``, ``end_ns``."""
     keys = rank_keys(nvtx)
-    tree = _nvtx_tree(nvtx, keys)
+    tree = _nvtx_tree(nvtx, keys, paths=False, labels=True, lean=True)
     t = tree.with_columns(pl.col("label").str.contains(f"(?i){pattern}").fill_null(False).alias("_m"))
     t = t.with_columns(pl.lit(False).alias("_anc"))
     for level in range(1, max_int(t["level"]) + 1):

@@ -36,6 +36,7 @@ from tracekit.analysis.nccl_payloads import (
     payload_columns,
     read_payload_schemas,
 )
+from tracekit.analysis.op_launches import derived_source, launches_at
 from tracekit.analysis.ranks import choose_ranks, rank_candidates
 from tracekit.nsys import schema as S
 from tracekit.nsys.readers import lookup_strings
@@ -251,7 +252,10 @@ def nccl_kernels(kernels: pl.DataFrame) -> pl.DataFrame:
     :func:`parse_kernel_name` columns."""
     name = pl.coalesce(pl.col("short_name"), pl.col("name")) if "short_name" in kernels.columns else pl.col("name")
     k = kernels.filter(is_nccl_kernel(name) | is_nccl_kernel(pl.col("name")))
-    k = k.with_columns(name.map_elements(_base_name, return_dtype=pl.Utf8).alias("kernel_name"))
+    # the base name of each distinct name (a few), not one Python call per kernel
+    bases = k.select(name.alias("_n")).unique().with_columns(
+        pl.col("_n").map_elements(_base_name, return_dtype=pl.Utf8).alias("kernel_name"))
+    k = k.with_columns(name.alias("_n")).join(bases, on="_n", how="left", maintain_order="left").drop("_n")
     names = k.select("kernel_name").unique()
     parsed = names.with_columns(
         pl.col("kernel_name")
@@ -322,17 +326,20 @@ def nccl_calls(trace: Any) -> pl.DataFrame:
     Pulls ``kernels``, ``cuda_api``, ``nvtx``, the payload schemas and the capture
     environment from the trace and calls :func:`build_nccl_calls`; see there for the columns.
     """
-    # the NVTX columns the calls are built from (the whole table: 23 columns held by the trace)
+    # the NVTX columns the calls are built from (the whole table: 23 columns held by the trace),
+    # of NCCL's ranges only (build_nccl_calls looks at no other row: the rest is let go here)
     loaded = getattr(trace, "is_loaded", lambda _name: True)
-    nvtx = trace.nvtx if loaded("nvtx") else trace.table("nvtx", _NVTX_COLUMNS)
-    has_payload = "binary_data" in nvtx.columns and nvtx["binary_data"].null_count() < nvtx.height
+    nvtx = [nccl_ranges(trace.nvtx if loaded("nvtx") else trace.table("nvtx", _NVTX_COLUMNS))]
+    has_payload = "binary_data" in nvtx[0].columns and nvtx[0]["binary_data"].null_count() < nvtx[0].height
     schemas = read_payload_schemas(trace.db) if has_payload else PayloadSchemas()
     meta = trace.meta
-    kernels, cuda_api, devices = _nccl_inputs(trace)
+    cuda_api, devices = _nccl_api(trace)
+    # the kernels and NVTX rows are handed over, not kept here: build_nccl_calls lets go of
+    # them once it has what it needs of them
     return build_nccl_calls(
-        kernels,
+        _nccl_kernels(trace),
         cuda_api,
-        nvtx,
+        nvtx.pop(),
         schemas,
         environments=[p.environment for p in meta.processes],
         file_name=Path(trace.path).name,
@@ -348,19 +355,32 @@ _NVTX_COLUMNS = ("start_ns", "end_ns", "event_type_id", "global_tid", "end_globa
 _KERNEL_COLUMNS = ("pid", "global_pid", "device_id", "context_id", "stream_id", "correlation_id",
                    "start_ns", "end_ns", "duration_ns", "name", "short_name")
 _API_COLUMNS = ("pid", "tid", "global_tid", "start_ns", "end_ns", "duration_ns", "name", "api", "correlation_id")
+#: The launch columns :func:`_attach_ranges` needs (``launch_info``'s, less ``api_name``).
+_LAUNCH = ("tid", "global_tid", "api_start_ns", "api_end_ns")
 
 
-def _nccl_inputs(trace: Any) -> tuple[pl.DataFrame, Any, pl.DataFrame | None]:
-    """``(kernels, cuda_api, process_devices)`` for :func:`build_nccl_calls`: the trace's
-    tables when it holds them; else only its NCCL kernels (filtered as they are read), the
-    API columns one at a time (:meth:`~tracekit.nsys.trace.NsysTrace.columns_on_demand`) and
-    each process's lowest device, so that a big trace is never held whole for a few NCCL rows."""
-    if not hasattr(trace, "scan") or trace.is_loaded("kernels"):
-        return trace.kernels, trace.cuda_api, None
-    kernels = _nccl_kernel_rows(trace)
+def _whole(trace: Any) -> bool:
+    """Whether :func:`nccl_calls` reads the trace's whole tables (it holds its kernels, or is
+    no export)."""
+    return not hasattr(trace, "scan") or trace.is_loaded("kernels")
+
+
+def _nccl_kernels(trace: Any) -> pl.DataFrame:
+    """The kernels for :func:`build_nccl_calls`: the trace's table when it holds it; else
+    only its NCCL kernels (filtered as they are read), so that a big trace is never held
+    whole for a few NCCL rows."""
+    return trace.kernels if _whole(trace) else _nccl_kernel_rows(trace)
+
+
+def _nccl_api(trace: Any) -> tuple[Any, pl.DataFrame | None]:
+    """``(cuda_api, process_devices)`` for :func:`build_nccl_calls`: the trace's API table
+    and ``None`` when it holds its kernels; else the API columns one at a time
+    (:meth:`~tracekit.nsys.trace.NsysTrace.columns_on_demand`) and each process's lowest device."""
+    if _whole(trace):
+        return trace.cuda_api, None
     devices = trace.table("kernels", ["pid", "device_id"]).group_by("pid").agg(pl.col("device_id").min())
     cuda_api = trace.cuda_api if trace.is_loaded("cuda_api") else trace.columns_on_demand("cuda_api", list(_API_COLUMNS))
-    return kernels, cuda_api, devices
+    return cuda_api, devices
 
 
 def _nccl_kernel_rows(trace: Any) -> pl.DataFrame:
@@ -391,7 +411,20 @@ def _nccl_kernel_rows(trace: Any) -> pl.DataFrame:
     del hit
     if rows.len() == 0:
         return S.empty("kernels", list(_KERNEL_COLUMNS))
-    return pl.DataFrame(src.gather_columns(list(_KERNEL_COLUMNS), rows))
+    frame = pl.DataFrame(src.gather_columns(list(_KERNEL_COLUMNS), rows))
+    if derived_source(trace) is None:
+        return frame
+    # their launching calls from the launch join kept in the column cache (no API column read
+    # when it is there; computed and kept for every operation when not)
+
+    def keys() -> pl.DataFrame:
+        kernels = pl.DataFrame([src["global_pid"], src["correlation_id"]])
+        src.release()
+        others = [trace.table(t, ["global_pid", "correlation_id"]) for t in ("memcpys", "memsets")]
+        return pl.concat([kernels, *others], how="vertical_relaxed")
+
+    launched = launches_at(trace, keys, rows)
+    return frame if launched is None else pl.concat([frame, launched], how="horizontal")
 
 
 def comm_init_payloads(trace: Any) -> pl.DataFrame:
@@ -418,7 +451,8 @@ def build_nccl_calls(
     Parameters
     ----------
     kernels, cuda_api, nvtx
-        The tables of one report (``nvtx`` whole and in file order).
+        The tables of one report (``nvtx`` in file order: whole, or at least NCCL's ranges,
+        :func:`nccl_ranges`).
     schemas
         Payload schemas (:func:`tracekit.analysis.nccl_payloads.read_payload_schemas`); None
         or empty when the export has none.
@@ -428,7 +462,9 @@ def build_nccl_calls(
         ``pid``, ``device_id``: the lowest device each process ran kernels on (for the rank
         order). When given, ``kernels`` may hold only the NCCL kernels (``cuda_api`` may then
         also be a column source, see :func:`~tracekit.analysis.attribution.launch_info`);
-        otherwise it is computed from ``kernels``.
+        otherwise it is computed from ``kernels``. ``kernels`` that carry their launching
+        call's ``tid``, ``global_tid``, ``api_start_ns`` and ``api_end_ns`` already (as
+        ``launch_info`` adds them) are not joined to ``cuda_api`` again.
 
     Returns
     -------
@@ -460,6 +496,7 @@ def build_nccl_calls(
     """
     schemas = schemas or PayloadSchemas()
     ranges = nccl_ranges(nvtx).with_row_index("_ridx").with_columns(pl.col("_ridx").cast(pl.Int64))
+    del nvtx  # when the caller let go of it (nccl_calls does)
     ranges = decode_payloads(ranges, schemas)
     # the columns the steps below and the table read; the NVTX rows' others (texts, payload
     # blobs, categories) would ride along to the last step (~0.4 KB a call)
@@ -473,9 +510,14 @@ def build_nccl_calls(
     inits = ranges.filter(pl.col("name").str.contains(COMM_INIT_PATTERN)).select(
         "pid", "comm_id", "comm_nranks", "comm_rank"
     )
+    # what _attach_ranges and _assign_kernels read of every range (the calls keep the payload)
+    ranges = ranges.select("_ridx", "name", "op", "group_id", "global_tid", "start_ns", "end_ns", "end_global_tid")
     devices = process_devices if process_devices is not None else kernels.group_by("pid").agg(pl.col("device_id").min())
 
-    kern = nccl_kernels(kernels).with_row_index("_kidx").with_columns(pl.col("_kidx").cast(pl.Int64))
+    # the kernels' names are not read past their base name and its parts (long texts, one per kernel)
+    kern = nccl_kernels(kernels).drop("name", "short_name", strict=False)
+    del kernels  # when the caller let go of it (nccl_calls does)
+    kern = kern.with_row_index("_kidx").with_columns(pl.col("_kidx").cast(pl.Int64))
     kern = _attach_ranges(kern, cuda_api, ranges)
     pairs, orphans = _assign_kernels(kern, calls, ranges)
     del ranges  # each step lets go of what it no longer needs: a million-kernel trace's
@@ -507,7 +549,8 @@ def _attach_ranges(kern: pl.DataFrame, cuda_api: pl.DataFrame | ColumnSource, ra
         return kern.with_columns(
             pl.lit(None, pl.Int64).alias(c) for c in ("tid", "global_tid", "api_start_ns", "api_end_ns", "_ridx")
         ).with_columns(pl.lit(None, pl.Utf8).alias("api_name"))
-    k = launch_info(kern, cuda_api)
+    # launch columns already there: from the kept launch join (_nccl_kernel_rows)
+    k = kern if all(c in kern.columns for c in _LAUNCH) else launch_info(kern, cuda_api)
     if ranges.height == 0:
         return k.with_columns(pl.lit(None, pl.Int64).alias("_ridx"))
     last = pl.max_horizontal(pl.col("start_ns").max(), pl.col("end_ns").max())

@@ -29,6 +29,7 @@ traced launch are not in them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -57,6 +58,11 @@ STEP_COLUMNS: dict[str, pl.DataType | type[pl.DataType]] = {
 }
 
 
+#: The operation columns :func:`generation_steps` reads (with ``rank`` of a trace set).
+_OP_COLUMNS = ("device_id", "start_ns", "end_ns", "duration_ns", "name", "op_kind", "global_tid", "api_start_ns")
+#: Of those, what the NVTX steps read (:func:`_cpu_steps`, :func:`_busy`).
+_NVTX_STEP_COLUMNS = ("device_id", "start_ns", "end_ns", "global_tid", "api_start_ns")
+
 #: Repeated outermost ranges are forwards only when the work launched inside them holds at
 #: least this share of the GPU's busy time.
 MODULE_SHARE = 0.5
@@ -75,12 +81,21 @@ def _empty(rk: list[str]) -> pl.DataFrame:
 def _cpu_steps(ranges: pl.DataFrame, ops: pl.DataFrame, rk: list[str]) -> pl.DataFrame:
     """GPU span and busy time of the operations launched inside each CPU range (same process,
     any thread): ``ranges`` has ``_sid``, ``start_ns``, ``end_ns``, ``_proc``."""
-    o = ops.filter(pl.col("api_start_ns").is_not_null()).select(
-        *rk, process_key("global_tid").alias("_proc"), "api_start_ns", "device_id", "start_ns", "end_ns")
-    win = ranges.select(*rk, "_proc", pl.col("start_ns").alias("api_start_ns"), pl.col("end_ns").alias("_rend"), "_sid")
-    j = o.sort([*rk, "_proc", "api_start_ns"]).join_asof(
-        win.sort([*rk, "_proc", "api_start_ns"]), on="api_start_ns", by=[*rk, "_proc"], strategy="backward", check_sortedness=False,
-    ).filter(pl.col("_sid").is_not_null() & (pl.col("api_start_ns") <= pl.col("_rend")))
+    by = [*rk, "_proc"]
+    # only the processes the ranges are in can match (the join is by process): on a
+    # two-process trace that halves what is sorted and joined
+    procs = ranges.select(by).unique()
+    o = ops.lazy().filter(pl.col("api_start_ns").is_not_null()).select(
+        *rk, process_key("global_tid").alias("_proc"), "api_start_ns", "device_id", "start_ns", "end_ns",
+    ).join(procs.lazy(), on=by, how="semi")
+    win = ranges.lazy().select(*by, pl.col("start_ns").alias("api_start_ns"), pl.col("end_ns").alias("_rend"), "_sid")
+    j = (
+        o.sort([*by, "api_start_ns"])
+        .join_asof(win.sort([*by, "api_start_ns"]), on="api_start_ns", by=by, strategy="backward", check_sortedness=False)
+        .filter(pl.col("_sid").is_not_null() & (pl.col("api_start_ns") <= pl.col("_rend")))
+        .select(*rk, "_sid", "device_id", "start_ns", "end_ns")
+        .collect()
+    )
     return _gpu_of(j, "_sid", rk)
 
 
@@ -96,7 +111,7 @@ def _gpu_of(j: pl.DataFrame, key: str, rk: list[str]) -> pl.DataFrame:
 
 
 def _nvtx_ranges(nvtx: pl.DataFrame, rk: list[str]) -> pl.DataFrame:
-    tree = _nvtx_tree(nvtx, rk)
+    tree = _nvtx_tree(nvtx, rk, paths=False, labels=True, lean=True)
     return tree.select(*rk, "pid", "global_tid", "start_ns", "end_ns", "label", "level", "range_id").filter(
         pl.col("end_ns").is_not_null())
 
@@ -211,8 +226,13 @@ def _from_period(ops: pl.DataFrame, rk: list[str]) -> pl.DataFrame | None:
     return steps.drop("_sid")
 
 
+def get_all(ops: pl.DataFrame, get: Callable[[list[str]], pl.DataFrame] | None) -> pl.DataFrame:
+    """Every column :func:`generation_steps` reads, from ``get`` (``ops`` when it has them)."""
+    return ops if get is None else get(["rank", *_OP_COLUMNS])
+
+
 def generation_steps(
-    ops_with_launch: pl.DataFrame,
+    ops_with_launch: pl.DataFrame | Callable[[list[str]], pl.DataFrame],
     nvtx: pl.DataFrame,
     graph_launches: pl.DataFrame | None = None,
     *,
@@ -227,6 +247,10 @@ def generation_steps(
         :func:`~tracekit.analysis._frames.gpu_ops` with the launch columns
         (:func:`~tracekit.analysis.attribution.launch_info`): ``device_id``, ``start_ns``,
         ``end_ns``, ``duration_ns``, ``name``, ``op_kind``, ``global_tid``, ``api_start_ns``.
+        Or a function giving those of its columns that a source reads (given their names;
+        it may give more), called once the NVTX ranges are found, so that the range tree and
+        millions of operations are not held at once, and only with the columns each source
+        reads (the NVTX steps: the launch columns, device and times).
     nvtx
         The ``nvtx`` table (empty frame when none).
     graph_launches
@@ -251,10 +275,22 @@ def generation_steps(
     replays (a training loop's ``step.N`` is not a decode); of a trace set, the rank (or
     process) with the most steps.
     """
-    rk = rank_keys(ops_with_launch, nvtx) if nvtx.height else rank_keys(ops_with_launch)
+    get: Callable[[list[str]], pl.DataFrame] | None = None
+    if callable(ops_with_launch):
+        get = ops_with_launch
+        rk = rank_keys(nvtx) if nvtx.height else []
+        found = _from_nvtx(nvtx, rk, pattern)
+        # the NVTX steps read the launch columns, devices and times; the other sources more
+        ops_with_launch = get([*rk, *(_NVTX_STEP_COLUMNS if found is not None else _OP_COLUMNS)])
+        if found is None:
+            get = None
+        if rk != (rank_keys(ops_with_launch, nvtx) if nvtx.height else rank_keys(ops_with_launch)):  # ranks in one only
+            return generation_steps(get_all(ops_with_launch, get), nvtx, graph_launches, pattern=pattern, prefill_factor=prefill_factor)
+    else:
+        rk = rank_keys(ops_with_launch, nvtx) if nvtx.height else rank_keys(ops_with_launch)
+        found = _from_nvtx(nvtx, rk, pattern) if "api_start_ns" in ops_with_launch.columns else None
     steps: pl.DataFrame | None = None
     source = ""
-    found = _from_nvtx(nvtx, rk, pattern) if "api_start_ns" in ops_with_launch.columns else None
     if found is not None:
         ranges, source = found
         ranges = ranges.with_columns(process_key("global_tid").alias("_proc"))
@@ -267,6 +303,8 @@ def generation_steps(
             pl.col("ops").fill_null(0), pl.col("_phase").alias("phase"))
         if source == "module" and int(steps["gpu_busy_ns"].fill_null(0).sum()) < MODULE_SHARE * _busy(ops_with_launch, rk):
             steps = None  # ranges around a small part of the work are not the forwards
+    if steps is None and get is not None:  # the NVTX steps were not it: every column
+        ops_with_launch = get_all(ops_with_launch, get)
     if steps is None and graph_launches is not None and graph_launches.height:
         steps = _from_graphs(graph_launches, ops_with_launch, rk)
         source = "graph_replays"

@@ -189,6 +189,13 @@ def _time_cols(nccl: pl.DataFrame) -> tuple[pl.Expr, pl.Expr]:
     return start, end
 
 
+#: The NCCL table's columns :func:`match_collectives` reads (``report`` when present): a
+#: caller that needs only the matching (:func:`collective_skew`) can pass these alone, not
+#: the table's 40 columns that each step would carry and the last sort copy.
+MATCH_COLUMNS = ("report", "rank", "pid", "op", "comm_id", "comm_rank", "comm_nranks", "peer", "group_id", "call_index",
+                 "host_start_ns", "host_end_ns", "gpu_start_ns", "gpu_end_ns", "bytes", "size_source")
+
+
 def match_collectives(nccl: pl.DataFrame) -> pl.DataFrame:
     """Pair the n-th call of each communicator across ranks.
 

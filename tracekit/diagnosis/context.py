@@ -6,10 +6,9 @@ import logging
 from functools import cached_property
 from typing import Any
 
-import numpy as np
 import polars as pl
 
-from tracekit.analysis._frames import gpu_ops, interval_union
+from tracekit.analysis._frames import gpu_ops, interval_union, within_any
 from tracekit.analysis.attribution import launch_info
 from tracekit.analysis.gpu_time import idle_gaps
 from tracekit.diagnosis.config import DiagnoseConfig
@@ -53,6 +52,8 @@ _COLUMNS: dict[str, tuple[str, ...]] = {
 #: ``api_start_ns``, and ``rank`` of a trace set).
 _PHASE_OP_COLUMNS = ("pid", "global_pid", "device_id", "correlation_id", "start_ns", "end_ns", "duration_ns", "name",
                      "op_kind")
+#: Of those, the launch join's keys (not needed once the launch columns are there).
+_JOIN_KEYS = ("pid", "global_pid", "correlation_id")
 
 
 def _table(trace: Any, name: str, *, whole: bool = False) -> pl.DataFrame:
@@ -64,27 +65,6 @@ def _table(trace: Any, name: str, *, whole: bool = False) -> pl.DataFrame:
         return pl.DataFrame()
 
 
-def _within_any(values: pl.Series, starts: pl.Series, ends: pl.Series) -> pl.Series:
-    """Boolean mask: ``values[i]`` lies in some ``[starts[j], ends[j]]`` (nulls never do).
-    One binary search per value over the ranges sorted by start, with the running maximum of
-    their ends, so overlapping ranges are handled and no value is sorted. Values are searched
-    in slices of :data:`_SLICE` (the temporaries of 76 M values were 2 GB)."""
-    lo = np.iinfo(np.int64).min
-    order = np.argsort(starts.fill_null(lo).to_numpy(), kind="stable")
-    s = starts.fill_null(lo).to_numpy()[order]
-    e = np.maximum.accumulate(ends.fill_null(lo).to_numpy()[order]) if order.size else np.empty(0, np.int64)
-    parts = []
-    for off in range(0, max(values.len(), 1), _SLICE):
-        part = values.slice(off, _SLICE)
-        v = part.fill_null(lo).to_numpy()
-        idx = np.searchsorted(s, v, side="right") - 1
-        ok = (idx >= 0) & part.is_not_null().to_numpy()
-        ok[ok] &= v[ok] <= e[idx[ok]]
-        parts.append(pl.Series(values.name, ok))
-    return pl.concat(parts) if len(parts) > 1 else parts[0]
-
-
-_SLICE = 4_000_000
 
 
 def _release(source: Any) -> None:
@@ -190,7 +170,7 @@ class Context:
 
         if self.rk or not self._phases_fit():
             return pl.DataFrame()
-        summary = phase_summary(generation_steps(self._phase_ops(), self.nvtx, self.graph_launches))
+        summary = phase_summary(generation_steps(self._phase_ops, self.nvtx, self.graph_launches))
         if self.model is None or summary.height == 0:
             return summary
         from tracekit.model.gpu import gpu_of
@@ -198,7 +178,7 @@ class Context:
 
         return phase_efficiency(summary, self.model, gpu=gpu_of(self.trace, None))
 
-    def _phase_ops(self) -> pl.DataFrame:
+    def _phase_ops(self, columns: list[str] | None = None) -> pl.DataFrame:
         """The operations :func:`~tracekit.analysis.phases.generation_steps` reads, with their
         launching thread and call start: :attr:`ops_with_launch` when a rule built it, else a
         join of only those columns (1 M kernels: the whole join's other columns and call names
@@ -207,10 +187,16 @@ class Context:
             return self.ops_with_launch
         from tracekit.analysis.attribution import launch_info
 
-        keep = [c for c in (*self.rk, *_PHASE_OP_COLUMNS) if c in self.op_columns]
+        wanted = _PHASE_OP_COLUMNS if columns is None else [*_JOIN_KEYS, *columns]
+        keep = [c for c in dict.fromkeys((*self.rk, *wanted)) if c in self.op_columns]
         # of a big export read a column at a time: names as integer codes (the period search
-        # compares names only for equality)
+        # compares names only for equality), and the launch columns from the column cache
+        # when kept there (the keys they were joined on are then not read)
         big = self._big
+        if big is not None and not self.rk and self.api_count:
+            launched = big.narrow_launched([c for c in keep if c not in _JOIN_KEYS], self.api_source)
+            if launched is not None:
+                return launched
         ops = big.narrow(keep) if big is not None else self.ops.select(keep)
         if self.api_count == 0 or "correlation_id" not in ops.columns:  # no launch to join
             return ops.with_columns(pl.lit(None, pl.Int64).alias("global_tid"), pl.lit(None, pl.Int64).alias("api_start_ns"))
@@ -341,7 +327,8 @@ class Context:
         """:attr:`ops_with_launch`, or with ``ranges`` (``start_ns``, ``end_ns``: CPU ranges,
         e.g. the sampled steps) only a part of it that holds at least every operation whose
         launching call starts inside one of them (``start <= call start <= end``), rows in
-        :attr:`ops_with_launch`'s order and with its values.
+        :attr:`ops_with_launch`'s order and with its values (of a big export read a column at
+        a time, without ``api_name``: :meth:`~tracekit.diagnosis.ops_by_column.OpsByColumn.launched_within`).
 
         The part is joined from the calls that start in a range and every call that shares
         a correlation id with one of them (so the join picks the same call as on the whole
@@ -349,8 +336,13 @@ class Context:
         never built."""
         if ranges is None or "ops_with_launch" in self.__dict__ or self.api_count == 0 or "correlation_id" not in self.op_columns:
             return self.ops_with_launch
+        big = self._big
+        if big is not None and not self.rk:  # from the launch join kept in the column cache
+            found = big.launched_within(ranges["start_ns"], ranges["end_ns"], self.api_source)
+            if found is not None:
+                return found
         api = self.api_source
-        inside = _within_any(api["start_ns"], ranges["start_ns"], ranges["end_ns"])
+        inside = within_any(api["start_ns"], ranges["start_ns"], ranges["end_ns"])
         ids = api["correlation_id"].filter(inside).unique()
         del inside
         _release(api)

@@ -20,7 +20,7 @@ from typing import Any
 
 import polars as pl
 
-from tracekit.analysis._frames import gpu_ops
+from tracekit.analysis._frames import PID_UNIT, gpu_ops, within_any
 from tracekit.nsys import schema as S
 from tracekit.nsys.database import ensure_memory
 from tracekit.nsys.readers import END_SLACK_NS, KERNEL_SOURCE, lookup_strings
@@ -50,6 +50,10 @@ KERNEL_COLUMNS = ("pid", "global_pid", "device_id", "context_id", "stream_id", "
 
 
 _NONE = pl.Series([], dtype=pl.UInt32)  # no rows
+#: The operation's row in :func:`~tracekit.analysis.op_launches.op_launches`' numbering.
+_SRC_ROW = "_src_row"
+#: The launch columns :meth:`OpsByColumn.narrow_launched` adds.
+_LAUNCHED = ("global_tid", "api_start_ns")
 
 
 def by_column(trace: Any) -> OpsByColumn | None:
@@ -165,13 +169,26 @@ class OpsByColumn:
         generation phases."""
         rows = self._kernel_rows_where(pl.lit(True), plausible=True)
         plain = [c for c in columns if c != "name"]
-        # op_kind is no kernel column: "kernel" on every kernel row, as gpu_ops sets it
-        read = [c for c in plain if c != "op_kind"] or (["start_ns"] if plain else [])
+        # op_kind is no kernel column: "kernel" on every kernel row, as gpu_ops sets it;
+        # _src_row numbers the rows as op_launches does (kernels, memcpys, memsets)
+        made = ("op_kind", _SRC_ROW)
+        read = [c for c in plain if c not in made] or (["start_ns"] if plain else [])
         kernels = self._gather(rows, read)
-        if "op_kind" in plain:
-            kernels = kernels.with_columns(pl.lit("kernel").alias("op_kind")).select(plain)
+        if any(c in plain for c in made):
+            n = self.kernel_rows
+            src = pl.int_range(n, dtype=pl.Int64, eager=True) if rows is None else rows.cast(pl.Int64)
+            kernels = kernels.with_columns(pl.lit("kernel").alias("op_kind"), src.alias(_SRC_ROW)).select(plain)
         # the memcpys, memsets and graph launches as gpu_ops stacks them (no kernel rows)
-        ops = gpu_ops(self._gather(_NONE, KERNEL_COLUMNS), self.memcpys, self.memsets, self.graphs, end_bound=self.end_bound)
+        if _SRC_ROW in plain:
+            first = self.kernel_rows
+            numbered = []
+            for frame in (self.memcpys, self.memsets):
+                numbered.append(frame.with_columns(pl.int_range(first, first + frame.height, dtype=pl.Int64).alias(_SRC_ROW)))
+                first += frame.height
+            none = self._gather(_NONE, KERNEL_COLUMNS).with_columns(pl.lit(None, pl.Int64).alias(_SRC_ROW))
+            ops = gpu_ops(none, numbered[0], numbered[1], self.graphs, columns=[_SRC_ROW], end_bound=self.end_bound)
+        else:
+            ops = gpu_ops(self._gather(_NONE, KERNEL_COLUMNS), self.memcpys, self.memsets, self.graphs, end_bound=self.end_bound)
         if "name" not in columns:
             return pl.concat([kernels, ops.select(plain)], how="vertical_relaxed")
         ids = self._src["name_id"] if rows is None else self._src["name_id"].gather(rows)
@@ -184,6 +201,78 @@ class OpsByColumn:
         k = kernels.with_columns(k_codes) if plain else k_codes.to_frame()
         o_codes = ops["name"].replace_strict(labels, codes, default=None, return_dtype=pl.Int64).alias("name")
         return pl.concat([k.select(columns), ops.with_columns(o_codes).select(columns)], how="vertical_relaxed")
+
+    def narrow_launched(self, columns: list[str], api: Any) -> pl.DataFrame | None:
+        """:meth:`narrow` of ``columns`` plus each operation's ``global_tid`` and
+        ``api_start_ns``: what :func:`~tracekit.analysis.attribution.launch_info` adds with
+        ``columns=("global_tid", "api_start_ns")``, same rows and values. The kernels',
+        memcpys' and memsets' come from the launch join kept in the column cache
+        (:func:`~tracekit.analysis.op_launches.launches_at`: a warm run reads the kept columns,
+        one value per operation, and no API column); graph launches (few) are joined to
+        ``api``. ``None`` when some operation matches two calls (the caller joins instead)."""
+        from tracekit.analysis.attribution import launch_info
+        from tracekit.analysis.op_launches import launches_at
+
+        ops = self.narrow([*columns, _SRC_ROW])
+        launched = launches_at(self._trace, self._launch_keys, ops[_SRC_ROW], _LAUNCHED)
+        if launched is None:
+            return None
+        ops = ops.drop(_SRC_ROW).with_columns(launched[c] for c in _LAUNCHED)
+        del launched
+        # graph launches (no op_launches row): gpu_ops stacks them last, in this order
+        g = gpu_ops(self._gather(_NONE, KERNEL_COLUMNS), None, None, self.graphs, end_bound=self.end_bound)
+        if g.height:
+            joined = launch_info(g.select("global_pid", "correlation_id"), api, columns=_LAUNCHED)
+            tail = ops.slice(ops.height - g.height).with_columns(joined[c] for c in _LAUNCHED)
+            ops = pl.concat([ops.slice(0, ops.height - g.height), tail])
+        return ops
+
+    def launched_within(self, starts: pl.Series, ends: pl.Series, api: Any) -> pl.DataFrame | None:
+        """``ops.filter(expr)`` for the operations whose launching call starts in some
+        ``[starts[i], ends[i]]`` (CPU ranges, ns), with the launch columns ``tid``,
+        ``global_tid``, ``api_start_ns`` and ``api_end_ns`` as
+        :func:`~tracekit.analysis.attribution.launch_info` adds them (not ``api_name``): from
+        the launch join kept in the column cache, whose call starts (one per operation) are
+        searched instead of every call's (1 M operations, 5 M calls: a column of 8 MB, not
+        40 MB, and no API column read when the join is kept); only the operations found are
+        gathered. Graph launches are joined to ``api``. ``None`` when some operation matches
+        two calls (the caller joins instead)."""
+        from tracekit.analysis.attribution import launch_info
+        from tracekit.analysis.op_launches import op_launches
+
+        pairs = op_launches(self._trace, self._launch_keys)
+        lrow = pairs["_lrow"]
+        if lrow.len() > 1 and bool((lrow.diff().drop_nulls() == 0).any()):  # ascending: a repeat is an op with two calls
+            return None
+        launch = pairs.filter(within_any(pairs["api_start_ns"], starts, ends)).rename({"_lrow": _SRC_ROW})
+        del pairs, lrow
+        launch = launch.select(pl.col(_SRC_ROW).cast(pl.Int64), (pl.col("global_tid") % PID_UNIT).alias("tid"), "global_tid",
+                               "api_start_ns", "api_end_ns")
+        src = launch[_SRC_ROW]
+        first_copy = self.kernel_rows
+        first_set = first_copy + self.memcpys.height
+        k_rows = src.filter(src < first_copy)
+        kernels = self._gather(k_rows.cast(pl.UInt32), KERNEL_COLUMNS).with_columns(k_rows.alias(_SRC_ROW))
+        parts = []
+        for frame, lo, hi in ((self.memcpys, first_copy, first_set), (self.memsets, first_set, first_set + self.memsets.height)):
+            rows = src.filter((src >= lo) & (src < hi))
+            parts.append(frame[(rows - lo).cast(pl.UInt32)].with_columns(rows.alias(_SRC_ROW)))
+        ops = gpu_ops(kernels, parts[0], parts[1], None, columns=[_SRC_ROW], end_bound=self.end_bound)
+        ops = ops.join(launch, on=_SRC_ROW, how="left", maintain_order="left").drop(_SRC_ROW)
+        g = gpu_ops(self._gather(_NONE, KERNEL_COLUMNS), None, None, self.graphs, end_bound=self.end_bound)
+        if g.height:  # graph launches: no kept row, few
+            g = launch_info(g, api, columns=("tid", "global_tid", "api_start_ns", "api_end_ns"))
+            g = g.filter(within_any(g["api_start_ns"], starts, ends))
+            ops = pl.concat([ops, g], how="vertical_relaxed")
+        return ops
+
+    def _launch_keys(self) -> pl.DataFrame:
+        """``global_pid`` and ``correlation_id`` of the kernels, memcpys and memsets, in
+        :func:`~tracekit.analysis.op_launches.op_launches`' numbering (for its join)."""
+        kernels = pl.DataFrame([self._src["global_pid"], self._src["correlation_id"]])
+        self._src.release()
+        parts = [kernels, *(f.select("global_pid", "correlation_id") for f in (self.memcpys, self.memsets))]
+        return pl.concat(parts, how="vertical_relaxed")
 
     def distinct(self, column: str) -> pl.Series:
         """The distinct values of kernel column ``name`` or ``short_name`` (texts looked up

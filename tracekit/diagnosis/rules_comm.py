@@ -16,7 +16,7 @@ from tracekit.analysis.comm import (
     peer_copy_expr,
 )
 from tracekit.analysis.nccl import is_nccl_kernel, nccl_ranges
-from tracekit.analysis.ranks import collective_skew, match_collectives
+from tracekit.analysis.ranks import MATCH_COLUMNS, collective_skew, match_collectives
 from tracekit.diagnosis.context import Context
 from tracekit.diagnosis.result import Finding, fmt_ns
 from tracekit.diagnosis.rules_host import _cmd
@@ -106,7 +106,8 @@ def _skew(ctx: Context) -> pl.DataFrame:
     nccl = getattr(ctx.trace, "nccl", None)
     if nccl is None or nccl.height == 0 or "rank" not in nccl.columns or nccl["rank"].n_unique() < 2:
         return pl.DataFrame()
-    matched = match_collectives(nccl)
+    # only the columns the matching reads: collective_skew reads no other
+    matched = match_collectives(nccl.select(c for c in MATCH_COLUMNS if c in nccl.columns))
     if matched.height == 0:
         return pl.DataFrame()
     sk = collective_skew(matched)

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from tracekit.analysis._frames import within_any
 from tracekit.analysis.iterations import (
     DEFAULT_ITERATION_PATTERN,
     ITERATION_WORDS,
@@ -35,7 +36,7 @@ from tracekit.analysis.iterations import (
 from tracekit.analysis.layers import forward_ranges
 from tracekit.analysis.period import find_period
 from tracekit.diagnosis.config import DiagnoseConfig
-from tracekit.diagnosis.context import Context, _within_any
+from tracekit.diagnosis.context import Context
 from tracekit.diagnosis.result import Window
 
 __all__ = ["find_period", "graph_replay_iterations", "kernel_period_iterations", "search_window", "steady_ops", "steady_window"]
@@ -188,7 +189,7 @@ def _nvtx_iterations(ops_with_launch: OpsWithLaunch, nvtx: pl.DataFrame, config:
         # first the operations launched inside some chosen range (of any rank: a superset of
         # those the join below keeps), so that only these few are sorted and joined
         if "api_start_ns" in ops.columns:
-            ops = ops.filter(_within_any(ops["api_start_ns"], chosen["start_ns"], chosen["end_ns"]))
+            ops = ops.filter(within_any(ops["api_start_ns"], chosen["start_ns"], chosen["end_ns"]))
         keys = [c for c in ("rank",) if c in ops.columns and c in chosen.columns]
         win = chosen.select(*keys, pl.col("start_ns").alias("api_start_ns"), pl.col("end_ns").alias("_iend")).sort([*keys, "api_start_ns"])
         # only the columns ``iterations`` reads are filtered and sorted (not every op column)

@@ -16,24 +16,18 @@ import polars as pl
 
 from tracekit.analysis._frames import PID_UNIT, is_identity, max_int
 from tracekit.analysis.attribution import launch_pairs
+from tracekit.analysis.op_launches import KERNEL_TABLE, derived_source, lean_api_rows
 from tracekit.errors import UnsupportedReportError
 from tracekit.nsys.database import prefetch_columns
 from tracekit.nsys.readers import lookup_strings
 from tracekit.stats.common import Report, group_numbers
-from tracekit.stats.nvtx_projection import (
-    KERNEL_TABLE,
-    derived_source,
-    lean_api_rows,
-    names_are_ids,
-    op_rows,
-    resolve_names,
-)
+from tracekit.stats.nvtx_projection import names_are_ids, op_rows, resolve_names
 from tracekit.stats.summaries import api_display_name
 
 if TYPE_CHECKING:
+    from tracekit.analysis.op_launches import _Unpinned
     from tracekit.nsys.readers import TableColumns
     from tracekit.nsys.trace import NsysTrace
-    from tracekit.stats.nvtx_projection import _Unpinned
 
 
 def _require(trace: NsysTrace, report: str) -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from typing import TYPE_CHECKING
 
 import polars as pl
@@ -31,6 +30,7 @@ from tracekit.analysis.attribution import (
     innermost_starts,
     launch_pairs,
 )
+from tracekit.analysis.op_launches import KERNEL_TABLE, api_rows, lean_api_rows, op_launches
 from tracekit.errors import UnsupportedReportError
 from tracekit.nsys import database, readers
 from tracekit.nsys.database import ensure_memory
@@ -48,7 +48,6 @@ if TYPE_CHECKING:
 # A report reads narrow integer columns straight from the export (names stay string ids until
 # the end) unless the trace already built the full table, which it then reuses. On a
 # 1M-kernel export this halves the reading time and cuts memory by ~4×.
-KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
 _OP_COLUMNS = {
     "start_ns": "start", "end_ns": "end", "device_id": "deviceId", "correlation_id": "correlationId",
     "global_pid": "globalPid", "grid_x": "gridX", "grid_y": "gridY", "grid_z": "gridZ",
@@ -79,61 +78,6 @@ def op_rows(trace: NsysTrace, table: str, columns: list[str], *, names: bool = F
     return frame.select(*columns, *extra)
 
 
-def api_rows(trace: NsysTrace, *, names: bool = True) -> pl.DataFrame | readers.TableColumns:
-    """CUDA API calls for the launch join: ``global_tid``, ``correlation_id``, ``start_ns``,
-    ``end_ns`` and, with ``names``, ``name`` (string id, or text when reused from
-    ``trace.cuda_api``). The join derives ``tid`` from ``global_tid`` for the rows it keeps.
-
-    Whole columns, unfiltered: the launch join
-    (:func:`~tracekit.analysis.attribution.launch_pairs`) reads the correlation ids, then
-    gathers the rows it matched from one column at a time (a
-    :class:`~tracekit.nsys.readers.TableColumns`; on a 1M-kernel export the 2.5 M calls'
-    columns are never all in memory at once). The reports join with ``dedupe=False``, so the
-    runtime/driver preference (the ``api`` column) is not needed."""
-    cols = ["global_tid", "correlation_id", "start_ns", "end_ns", *(["name"] if names else [])]
-    cached = _loaded(trace, "cuda_api")
-    if cached is not None:
-        return cached.select(cols)
-    return readers.TableColumns(
-        trace.db,
-        "CUPTI_ACTIVITY_KIND_RUNTIME",
-        [Col("global_tid", "globalTid"), Col("correlation_id", "correlationId"), Col("start_ns", "start"),
-         Col("end_ns", "end"), *([Col("name", "nameId")] if names else [])],
-    )
-
-
-class _Unpinned:
-    """The CUDA API columns of :func:`api_rows`, each read afresh when asked for and kept by
-    no one but the caller (a :class:`~tracekit.nsys.readers.TableColumns` keeps the last column
-    read: in the launch join that pinned the whole ``globalTid`` column, 160 MB on 20 M calls,
-    through the merge). Used only where the columns come from the column cache, so that a
-    second read of a column is a file read, not a scan of the export."""
-
-    def __init__(self, trace: NsysTrace, names: bool) -> None:
-        self._trace, self._names = trace, names
-        self.columns = ["global_tid", "correlation_id", "start_ns", "end_ns", *(["name"] if names else [])]
-
-    def __getitem__(self, name: str) -> pl.Series:
-        return api_rows(self._trace, names=self._names)[name]
-
-    def gather_columns(self, names: list[str], rows: pl.Series) -> list[pl.Series]:
-        return [self[n].gather(rows) for n in names]
-
-
-#: GPU operations from which the launch join reads each API column afresh (:func:`lean_api_rows`).
-LEAN_FROM_OPS = 2_000_000
-
-
-def lean_api_rows(trace: NsysTrace, ops: int, *, names: bool = True) -> pl.DataFrame | readers.TableColumns | _Unpinned:
-    """:func:`api_rows`, with no column pinned between reads where the column cache serves them
-    and there are at least :data:`LEAN_FROM_OPS` ``ops`` (below, a column read twice costs
-    more time than it saves memory)."""
-    source = api_rows(trace, names=names)
-    if ops >= LEAN_FROM_OPS and isinstance(source, readers.TableColumns) and trace.db.caches("CUPTI_ACTIVITY_KIND_RUNTIME"):
-        return _Unpinned(trace, names)
-    return source
-
-
 def resolve_names(frame: pl.DataFrame, trace: NsysTrace, *columns: str) -> pl.DataFrame:
     """``frame`` with its string-id ``columns`` turned into text (text columns pass through)."""
     ids = [c for c in columns if frame.schema[c] != pl.Utf8]
@@ -146,64 +90,6 @@ def names_are_ids(frame: pl.DataFrame, column: str, trace: NsysTrace) -> bool:
     """Whether ``column`` holds string ids that can be grouped on instead of the text (each
     text has one id)."""
     return frame.schema[column] == pl.Int64 and not trace.strings["value"].is_duplicated().any()
-
-
-def derived_source(trace: NsysTrace) -> database.ExportSource | None:
-    """Where a launch join may keep its derived columns (``derived_column``, which computes
-    them each time when the column cache is off or the table too small): the export, unless
-    the trace has built ``kernels`` or ``cuda_api`` (the reports then join those tables)."""
-    return None if trace.is_loaded("kernels") or trace.is_loaded("cuda_api") else trace.db
-
-
-#: Names the projections' launch join in the column cache's keys (:func:`op_launches`):
-#: bump it when what the join keeps or how it matches changes.
-OP_LAUNCH_KEY = "derived:op-launch-join.v1"
-#: The launch columns :func:`op_launches` gives, from these API columns.
-_OP_LAUNCH_API = {"global_tid": "global_tid", "api_start_ns": "start_ns", "api_end_ns": "end_ns"}
-
-
-def op_launches(trace: NsysTrace, keys: Callable[[], pl.DataFrame]) -> pl.DataFrame:
-    """The launch join of the GPU operations (kernels, then memcpys, then memsets: their rows
-    numbered in that order) to their API calls, inner and with every matching pair kept (as
-    nsys's SQL joins): ``_lrow`` (UInt32, the operation's row, ascending) and the call's
-    ``global_tid``, ``api_start_ns`` and ``api_end_ns``. ``keys()`` gives the operations'
-    ``global_pid`` and ``correlation_id``.
-
-    Computed once per export and kept in the column cache (derived columns under
-    :data:`OP_LAUNCH_KEY`) where it serves the kernel table and the trace has built neither
-    ``kernels`` nor ``cuda_api``: a warm projection then reads four 1 M-row columns instead of
-    the operations' keys, the calls' correlation ids and three whole 5 M-row API columns, and
-    makes no join (h1x: four 40 MB column reads and the join saved). Otherwise the join is
-    made each time, each API column read and gathered in turn."""
-    db = derived_source(trace)
-    state: dict[str, pl.Series] = {}
-
-    def join() -> pl.Series:
-        k = keys()
-        api = lean_api_rows(trace, k.height, names=False)
-        pairs = launch_pairs(k, api, how="inner")
-        del k
-        arow = pairs["_arow"]
-        for out, src in _OP_LAUNCH_API.items():  # one whole API column in memory at a time
-            state[out] = api[src].gather(arow)
-        return pairs["_lrow"]
-
-    def derived(name: str, make: Callable[[], pl.Series]) -> pl.Series:
-        return make() if db is None else db.derived_column(KERNEL_TABLE, f"{OP_LAUNCH_KEY}:{name}", make)
-
-    lrow = derived("lrow", join)
-
-    def launch(out: str) -> pl.Series:
-        if out not in state:  # the join's row pairs came from the cache, this column did not
-            join()
-        return state.pop(out)
-
-    columns = {out: derived(out, partial(launch, out)) for out in _OP_LAUNCH_API}
-    if any(c.len() != lrow.len() for c in columns.values()):  # cannot happen for one unchanged export
-        state.clear()
-        lrow = join()
-        columns = {out: state.pop(out) for out in _OP_LAUNCH_API}
-    return pl.DataFrame({"_lrow": lrow, **columns})
 
 
 @dataclass
