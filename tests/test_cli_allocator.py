@@ -9,6 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from tracekit.cli import allocator
 from tracekit.cli.allocator import DECAY_NOW, EAGER_LARGE, map_large_blocks, tune_allocator
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,6 +27,18 @@ def test_set_for_a_stepped_command_on_a_big_input() -> None:
     assert tune_allocator(["export", "perfetto", "--window", "steady", str(EXPORT)], env, min_bytes=size) == DECAY_NOW
     env = {}
     assert tune_allocator(["report", str(EXPORT.parent)], env, min_bytes=size) == DECAY_NOW  # a folder: its files
+
+
+def test_summary_and_diagnose_return_pages_from_a_smaller_input(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Their threshold is their own (256 MiB), below the other stepped commands' (1 GiB)."""
+    assert allocator.DECAY_NOW_FROM["summary"] == allocator.DECAY_NOW_FROM["diagnose"] < allocator.BIG_INPUT_BYTES
+    size = EXPORT.stat().st_size
+    for cmd in ("summary", "diagnose"):
+        monkeypatch.setitem(allocator.DECAY_NOW_FROM, cmd, size)
+        assert tune_allocator([cmd, str(EXPORT)], {}) == DECAY_NOW
+        monkeypatch.setitem(allocator.DECAY_NOW_FROM, cmd, size + 1)
+        assert tune_allocator([cmd, str(EXPORT)], {}) == EAGER_LARGE
+    assert tune_allocator(["report", str(EXPORT)], {}) == EAGER_LARGE  # BIG_INPUT_BYTES
 
 
 def test_large_allocations_eager_for_small_inputs_and_other_commands() -> None:

@@ -258,10 +258,11 @@ def match_collectives(nccl: pl.DataFrame) -> pl.DataFrame:
         pl.when(pl.col("_p2p") & pl.col("peer").is_not_null()).then(lo).alias("_lo"),
         pl.when(pl.col("_p2p") & pl.col("peer").is_not_null()).then(hi).alias("_hi"),
         op_class.alias("_class"),
-        # launch unit: the group for grouped calls, the call otherwise
+        # launch unit: the group for grouped calls, the call otherwise (a key only: odd for a
+        # group, even for a call, not a text per call)
         pl.when(pl.col("group_id").is_not_null())
-        .then(pl.format("g{}", pl.col("group_id")))
-        .otherwise(pl.format("c{}", pl.col("call_index")))
+        .then(pl.col("group_id").cast(pl.Int64) * 2 + 1)
+        .otherwise(pl.col("call_index").cast(pl.Int64) * 2)
         .alias("_unit"),
     )
     stream = [
@@ -270,7 +271,13 @@ def match_collectives(nccl: pl.DataFrame) -> pl.DataFrame:
         pl.col("_lo").cast(pl.Utf8).fill_null(""),
         pl.col("_hi").cast(pl.Utf8).fill_null(""),
     ]
-    calls = calls.with_columns(pl.concat_str(stream, separator="|").alias("_stream"))
+    # each stream's text ("comm|coll|lo|hi") made for the distinct streams only (a few), and
+    # its rank among them kept per call: equal texts, equal codes, in the texts' order (the
+    # match ids break ties by it)
+    parts = ["match_basis", "comm_id", "_class", "_p2p", "_lo", "_hi"]
+    streams = calls.select(parts).unique().with_columns(pl.concat_str(stream, separator="|").alias("_text"))
+    streams = streams.with_columns(pl.col("_text").rank("dense").cast(pl.Int64).alias("_stream")).drop("_text")
+    calls = calls.join(streams, on=parts, how="left", maintain_order="left", nulls_equal=True)
     units = (
         calls.group_by([*keys, "rank", "pid", "_stream", "_unit"])
         .agg(pl.col("_start").min().alias("_ustart"), pl.col("host_start_ns").min().alias("_uhost"))
@@ -360,7 +367,12 @@ def collective_skew(matched: pl.DataFrame) -> pl.DataFrame:
     start).
     """
     per_rank = matched.unique(subset=["match_id", "rank"], keep="first", maintain_order=True)
-    ops = matched.group_by("match_id").agg(pl.col("op").unique().sort().str.join("/").alias("op"))
+    # each match's distinct ops, sorted, joined: from the distinct (match, op) pairs, not a
+    # list of ops per match (150 k calls: ~60 MB of per-group lists)
+    ops = (
+        matched.select("match_id", "op").unique().sort("match_id", "op")
+        .group_by("match_id", maintain_order=True).agg(pl.col("op").str.join("/"))
+    )
     out = per_rank.group_by("match_id").agg(
         pl.col("comm_id").first(),
         pl.col("seq").first(),

@@ -9,13 +9,16 @@ again: +0.7 s on a 3 s command over a 1 M-kernel export), so that is kept for su
 on an input of at least :data:`BIG_INPUT_BYTES` (:data:`DECAY_NOW`).
 
 Every other command gets :data:`EAGER_LARGE`: jemalloc serves allocations of 128 KiB and
-more from its own arena, which hands freed pages back at once (jemalloc does that for
-allocations of 8 MiB and more by default). The working memory of the column-at-a-time code
-is mostly such buffers (columns, their gathers and sort keys), which the default kept after
-use, so the next step's columns came from fresh pages: on a 1 M-kernel, 5 M-call export
-``tracekit stats -r cuda_gpu_kern_sum,nvtx_gpu_proj_sum,cuda_kern_exec_sum`` peaked at
-384–420 MiB with the default and 294–336 MiB with it, with fewer page faults (~100 k
-instead of ~175 k) and no more time (benchmarks/README.md, "Issue 28, twelfth session").
+more from one arena of their own, whatever the thread, so that the next step's columns reuse
+the pages of the last step's (on a 1 M-kernel, 5 M-call export ``tracekit stats -r
+cuda_gpu_kern_sum,nvtx_gpu_proj_sum,cuda_kern_exec_sum`` peaked at 384–420 MiB with the
+default and 294–336 MiB with it, with fewer page faults, ~100 k instead of ~175 k, and no
+more time: benchmarks/README.md, "Issue 28, twelfth session"). That arena keeps freed pages
+with the same delay as the others in the jemalloc polars ships (a dropped 40 MB column stays
+resident until the delay passes: measured), not handing them back at once as jemalloc's
+documentation describes for its own build. ``summary`` and ``diagnose`` get
+:data:`DECAY_NOW` from a smaller input than the other stepped commands
+(:data:`DECAY_NOW_FROM`).
 
 A value of ``_RJEM_MALLOC_CONF`` the user set is left alone.
 
@@ -37,7 +40,7 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from pathlib import Path
 
 __all__ = [
-    "BIG_INPUT_BYTES", "DECAY_NOW", "EAGER_LARGE", "MMAP_THRESHOLD", "STEPPED_COMMANDS", "map_large_blocks", "tune_allocator",
+    "BIG_INPUT_BYTES", "DECAY_NOW", "DECAY_NOW_FROM", "EAGER_LARGE", "MMAP_THRESHOLD", "STEPPED_COMMANDS", "map_large_blocks", "tune_allocator",
 ]
 
 #: Inputs from this size on (bytes; a folder: its files) count as big.
@@ -48,6 +51,15 @@ DECAY_NOW = "dirty_decay_ms:0,muzzy_decay_ms:0"
 EAGER_LARGE = "oversize_threshold:131072"
 #: Commands that work through a whole export in steps.
 STEPPED_COMMANDS = frozenset({"diff", "report", "summary", "diagnose", "export"})
+#: Input bytes from which a command gets :data:`DECAY_NOW` when not :data:`BIG_INPUT_BYTES`:
+#: ``summary`` and ``diagnose`` from 256 MiB. Their steps free and allocate columns of
+#: millions of rows one after another, and with jemalloc's delay the pages of the last
+#: steps' columns were held on top of the next step's: on the 363 MB, 1 M-kernel h1x export
+#: a warm ``summary`` peaked at 444–472 MiB with :data:`EAGER_LARGE` and 321–322 MiB with
+#: pages returned at once (any delay, 1–20 ms, kept 355–413 MiB), for 1.5–1.8 s more system
+#: time (page faults: 0.29 M → 1.34 M), 4.0–4.5 s → 5.8–6.2 s in all
+#: (benchmarks/README.md, "Issue 28, thirteenth session").
+DECAY_NOW_FROM = {"summary": 256 << 20, "diagnose": 256 << 20}
 _VARIABLE = "_RJEM_MALLOC_CONF"
 #: Commands that start the user's program, which would inherit the variable.
 _RUNS_PROGRAMS = frozenset({"capture"})
@@ -70,16 +82,19 @@ def _size(path: Path) -> int:
 
 
 def tune_allocator(argv: Sequence[str], env: MutableMapping[str, str] | None = None,
-                   *, min_bytes: int = BIG_INPUT_BYTES) -> str | None:
+                   *, min_bytes: int | None = None) -> str | None:
     """Set jemalloc's options in ``env`` (default ``os.environ``) for the command line
     ``argv`` (without the program) and return them: :data:`DECAY_NOW` for a
-    :data:`STEPPED_COMMANDS` command on an input of at least ``min_bytes``, else
+    :data:`STEPPED_COMMANDS` command on an input of at least ``min_bytes`` (default: the
+    command's :data:`DECAY_NOW_FROM`, else :data:`BIG_INPUT_BYTES`), else
     :data:`EAGER_LARGE`. None, and ``env`` untouched, when ``env`` has a jemalloc setting
     already, ``argv`` is empty or runs ``capture`` (the program it profiles would inherit it). Must run before polars is imported (jemalloc reads it once)."""
     env = os.environ if env is None else env
     if _VARIABLE in env or not argv or argv[0] in _RUNS_PROGRAMS:
         return None
     value = EAGER_LARGE
+    if min_bytes is None:
+        min_bytes = DECAY_NOW_FROM.get(argv[0], BIG_INPUT_BYTES)
     if argv[0] in STEPPED_COMMANDS:
         total = 0
         for arg in argv[1:]:

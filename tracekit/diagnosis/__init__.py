@@ -144,7 +144,7 @@ def diagnose(
         ``.evidence(i)``, ``.to_json()``, ``.to_markdown()``.
     """
     from tracekit.diagnosis.context import Context
-    from tracekit.diagnosis.rules_comm import COMM_RULES
+    from tracekit.diagnosis.rules_comm import COMM_RULES, prepare_comm
     from tracekit.diagnosis.rules_data import DATA_RULES
     from tracekit.diagnosis.rules_gpu import GPU_RULES
     from tracekit.diagnosis.rules_host import HOST_RULES, low_gpu_utilization
@@ -171,6 +171,7 @@ def diagnose(
         # then run beside the window's tables only, not beside what the rules keep (the NCCL
         # calls table: h1x 386 → 365 MiB at the phases' peak with pages returned at once)
         ctx.phases  # noqa: B018
+        prepare_comm(ctx)
     findings: list[Finding] = []
     for rule in (*HOST_RULES, *GPU_RULES, *DATA_RULES, *COMM_RULES):
         findings.extend(rule(ctx))

@@ -121,8 +121,13 @@ class ExportSource(Protocol):
 
 
 #: The most bytes of columns :meth:`ExportDatabase.cache_integer_columns` reads in one scan
-#: of a table (more columns take more scans).
-CACHE_FILL_BYTES = 1 << 30
+#: of a table (more columns take more scans). A scan holds its columns twice for a moment
+#: (the reader's batches and the frame made of them). What a scan costs follows the columns
+#: it reads, not the rows it passes, so small scans cost little time: the 5 M-call API table's
+#: eight columns took 1.7–2.5 s in one scan (685 MB peak) and 2.0–2.5 s in four of two
+#: columns (229 MB); one column a scan took 2.9 s (benchmarks/README.md, "Issue 28,
+#: thirteenth session").
+CACHE_FILL_BYTES = 96 << 20
 #: The most bytes of columns a report's first (cold) run reads in one scan when it puts the
 #: columns it is about to read one at a time into the cache (:func:`prefetch_columns`): a
 #: scan holds its columns twice over for a moment, so this bounds that moment to ~256 MB.
@@ -379,8 +384,8 @@ class ExportDatabase:
         exprs = [f'"{r[1]}"' for r in declared if str(r[2]).upper() == "INTEGER" and (only is None or r[1] in only)]
         missing = [e for e in exprs if not cache.has(table, e)]
         if missing:
-            # as many columns per scan as fit in scan_bytes (CACHE_FILL_BYTES: all of them on
-            # tables up to ~16 M rows): a 76 M-row API table's eight columns would be 4.9 GB in one read
+            # as many columns per scan as fit in scan_bytes (CACHE_FILL_BYTES: two of a 5 M-row
+            # table's, twelve of a 1 M-row table's): a 76 M-row API table's eight columns would be 4.9 GB in one read
             rows = max(min(self._row_span(table), self._file_bytes), 1)
             per_scan = max(1, (CACHE_FILL_BYTES if scan_bytes is None else scan_bytes) // (rows * 8))
             for i in range(0, len(missing), per_scan):
