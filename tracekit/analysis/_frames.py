@@ -123,6 +123,10 @@ def interval_union(frame: pl.DataFrame, by: Sequence[str], start: str = "start_n
     by = list(by)
     f = frame.select(*by, pl.col(start).alias("start_ns"), pl.col(end).alias("end_ns")).drop_nulls(["start_ns", "end_ns"])
     f = f.sort([*by, "start_ns"])
+    if by and f.height:
+        merged = _union_by_offset(f, by)
+        if merged is not None:
+            return merged
     prev_max = pl.col("end_ns").cum_max().shift(1)
     if by:
         prev_max = prev_max.over(by)
@@ -134,6 +138,30 @@ def interval_union(frame: pl.DataFrame, by: Sequence[str], start: str = "start_n
     f = f.with_columns((running.over(by) if by else running).alias("_max"), pl.col("_new").shift(-1).fill_null(True).alias("_last"))
     starts = f.filter(pl.col("_new")).select(*by, "start_ns")
     ends = f.filter(pl.col("_last")).select(pl.col("_max").alias("end_ns"))
+    return pl.concat([starts, ends], how="horizontal")
+
+
+def _union_by_offset(f: pl.DataFrame, by: list[str]) -> pl.DataFrame | None:
+    """:func:`interval_union` of ``f`` (sorted by ``by`` and start, no null times) without a
+    window function per group: each group's times are shifted by its number times the span of
+    all times plus one, so that groups never overlap and one running maximum over the whole
+    column is each group's own (1 M intervals in 30 k groups: 0.4 s with ``over`` → ~0.1 s).
+    ``None`` when the shifted times would not fit in Int64."""
+    lo = f.select(pl.min_horizontal(pl.col("start_ns").min(), pl.col("end_ns").min())).item()
+    hi = f.select(pl.max_horizontal(pl.col("start_ns").max(), pl.col("end_ns").max())).item()
+    step = int(hi) - int(lo) + 1
+    groups = f.select(pl.struct(by).rle_id().max()).item()
+    if step * (int(groups) + 1) >= 1 << 62:
+        return None
+    base = pl.struct(by).rle_id().cast(pl.Int64) * step - int(lo)
+    g = f.select(*by, (pl.col("start_ns") + base).alias("_s"), (pl.col("end_ns") + base).alias("_e"), base.alias("_b"))
+    running = pl.col("_e").cum_max()
+    g = g.with_columns(
+        (pl.col("_s") > running.shift(1)).fill_null(True).alias("_new"),
+        running.alias("_max"),
+    ).with_columns(pl.col("_new").shift(-1).fill_null(True).alias("_last"))
+    starts = g.filter(pl.col("_new")).select(*by, (pl.col("_s") - pl.col("_b")).alias("start_ns"))
+    ends = g.filter(pl.col("_last")).select((pl.col("_max") - pl.col("_b")).alias("end_ns"))
     return pl.concat([starts, ends], how="horizontal")
 
 

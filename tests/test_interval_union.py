@@ -1,0 +1,52 @@
+"""``interval_union`` per group: the shifted-times path (one running maximum over the whole
+column) gives the rows of the window-function path it replaced, on random intervals with
+null keys, null ends and ends before starts, and on a real export's kernels; it steps aside
+where the shifted times would not fit in Int64."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+
+import tracekit
+from tracekit.analysis import _frames
+
+from .conftest import SAMPLES
+
+
+def _by_window(monkeypatch: pytest.MonkeyPatch, frame: pl.DataFrame, by: list[str]) -> pl.DataFrame:
+    with monkeypatch.context() as m:
+        m.setattr(_frames, "_union_by_offset", lambda *a, **k: None)
+        return _frames.interval_union(frame, by)
+
+
+def test_random_intervals_merge_as_by_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(1)
+    for _ in range(150):
+        n = int(rng.integers(1, 300))
+        a = pl.Series("a", rng.integers(0, 4, n), dtype=pl.Int64)
+        if n > 5:
+            a = a.scatter(rng.integers(0, n, n // 5), None)
+        start = pl.Series("start_ns", rng.integers(-1000, 100_000, n))
+        frame = pl.DataFrame({"a": a, "b": rng.integers(0, 3, n), "start_ns": start,
+                              "end_ns": start + pl.Series(rng.integers(-50, 3000, n))})
+        frame = frame.with_columns(pl.when(pl.int_range(pl.len()) % 17 == 3).then(None).otherwise(pl.col("end_ns")).alias("end_ns"))
+        for by in (["a"], ["a", "b"], ["b"]):
+            assert _frames.interval_union(frame, by).equals(_by_window(monkeypatch, frame, by)), by
+
+
+def test_kernels_of_an_export_merge_as_by_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    k = tracekit.open(SAMPLES / "llm_tp2_nccl" / "llm_tp2_nccl.sqlite").kernels
+    for by in (["device_id"], ["device_id", "stream_id"], ["pid", "device_id"]):
+        got = _frames.interval_union(k, by)
+        assert got.equals(_by_window(monkeypatch, k, by))
+        assert 0 < got.height <= k.height
+
+
+def test_times_too_wide_to_shift_take_the_window_path() -> None:
+    big = (1 << 62) - 10
+    frame = pl.DataFrame({"g": [0, 1, 2], "start_ns": [-big, 0, 5], "end_ns": [0, 3, big]})
+    assert _frames._union_by_offset(frame.sort("g", "start_ns"), ["g"]) is None
+    got = _frames.interval_union(frame, ["g"])
+    assert got.equals(pl.DataFrame({"g": [0, 1, 2], "start_ns": [-big, 0, 5], "end_ns": [0, 3, big]}))
