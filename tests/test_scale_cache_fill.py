@@ -36,10 +36,10 @@ def test_cache_fill_reads_a_few_columns_per_scan(big: Path, tmp_path: Path, monk
     scans: list[int] = []
     real = database.ExportDatabase._read_table
 
-    def counted(self, table, exprs, schema, where=""):  # type: ignore[no-untyped-def]
+    def counted(self, table, exprs, schema, where="", **kwargs):  # type: ignore[no-untyped-def]
         if table == API:
             scans.append(len(exprs))
-        return real(self, table, exprs, schema, where)
+        return real(self, table, exprs, schema, where, **kwargs)
 
     monkeypatch.setattr(database.ExportDatabase, "_read_table", counted)
     assert db.cache_integer_columns(API)
@@ -57,3 +57,24 @@ def test_cache_fill_reads_a_few_columns_per_scan(big: Path, tmp_path: Path, monk
     assert db.cache_integer_columns(API)
     assert scans == []
     assert isinstance(plain, pl.DataFrame)
+
+
+def test_the_api_columns_read_a_column_at_a_time_fill_only_their_sources(big: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Diagnose's API columns come from six of the table's eight integer columns: the return
+    values and call chains are not read into the cache for them (a report that needs them
+    fills them later)."""
+    monkeypatch.setenv("TRACEKIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("TRACEKIT_COLUMN_CACHE", "1")
+    trace = tracekit.open(big)
+    cols = ["pid", "tid", "global_tid", "start_ns", "end_ns", "duration_ns", "name", "api", "correlation_id"]
+    source = trace.columns_on_demand("cuda_api", cols)
+    assert source.one_at_a_time
+    cache = trace.db.column_cache
+    assert cache is not None
+    cached = {c for c in ("start", "end", "eventClass", "globalTid", "correlationId", "nameId", "returnValue", "callchainId")
+              if cache.has(API, f'"{c}"')}
+    assert cached == {"start", "end", "eventClass", "globalTid", "correlationId", "nameId"}
+    monkeypatch.setenv("TRACEKIT_COLUMN_CACHE", "0")
+    plain = tracekit.open(big).table("cuda_api", cols)
+    for c in cols:
+        assert_series_equal(source[c], plain[c], check_names=False)

@@ -252,8 +252,8 @@ class ColumnCache:
             os.replace(name, path)
             tmp_names.remove(name)
             evict(self.root, keep=self.folder, limit_bytes=max_bytes())
-            if hold:
-                self._held[path] = column
+            if hold:  # as get() gives it: one buffer
+                self._held[path] = column if column.n_chunks() == 1 else column.rechunk()
         except (OSError, MemoryError, pl.exceptions.PolarsError) as exc:  # a full disk may come back as either
             log.debug("not caching %s.%s (%s)", table, expr, exc)
             for name in tmp_names:

@@ -390,7 +390,9 @@ class ExportDatabase:
             per_scan = max(1, (CACHE_FILL_BYTES if scan_bytes is None else scan_bytes) // (rows * 8))
             for i in range(0, len(missing), per_scan):
                 group = missing[i : i + per_scan]
-                fresh = self._read_table(table, group, {e: pl.Int64 for e in group})
+                # the reader's batches, not a contiguous copy of every column: each column is
+                # written as one record batch (one column copied at a time)
+                fresh = self._read_table(table, group, {e: pl.Int64 for e in group}, rechunk=False)
                 for expr in group:
                     cache.put(table, expr, fresh.get_column(expr), hold=hold)
                 del fresh
@@ -496,6 +498,8 @@ class ExportDatabase:
         exprs: Sequence[str],
         schema: Mapping[str, pl.DataType | type[pl.DataType]],
         where: str = "",
+        *,
+        rechunk: bool = True,
     ) -> pl.DataFrame:
         """:meth:`_scan_table`, refused up front when its columns alone cannot fit in the memory
         left (:func:`free_memory`), and with an out-of-memory error turned into one
@@ -519,7 +523,7 @@ class ExportDatabase:
         if free is not None and need > free:
             raise _out_of_memory(self.path, table, rows, columns, f"needs about {_gb(need)} and {_gb(free)} is left")
         try:
-            return self._scan_table(table, exprs, schema, where)
+            return self._scan_table(table, exprs, schema, where, rechunk=rechunk)
         except MemoryError as exc:
             if isinstance(exc, TraceMemoryError):
                 raise
@@ -531,12 +535,22 @@ class ExportDatabase:
         exprs: Sequence[str],
         schema: Mapping[str, pl.DataType | type[pl.DataType]],
         where: str = "",
+        *,
+        rechunk: bool = True,
     ) -> pl.DataFrame:
+        """``exprs`` of ``table`` (``where``), read in rowid slices on threads when the table is
+        big; one chunk per column unless ``rechunk=False`` (the reader's batches as they came:
+        no second copy of every column, for a caller that writes them out one at a time)."""
         base = select_sql(table, exprs)
         cond = f" AND ({where})" if where else ""
         whole = select_sql(table, exprs, where)
         slices = self._rowid_slices(table)
         if len(slices) < 2:
+            if not rechunk and self.engine == "adbc":
+                try:
+                    return self._query_adbc(whole, schema, rechunk=False)
+                except Exception as exc:  # ADBC mis-typing: the exact path, as query() does
+                    log.debug("ADBC read failed (%s); reading through sqlite3", exc)
             return self.query(whole, schema)
         sqls = [f"{base} WHERE rowid > {lo} AND rowid <= {hi}{cond}" for lo, hi in slices]
         try:
@@ -546,7 +560,7 @@ class ExportDatabase:
         except Exception as exc:  # ADBC mis-typing in a slice: the exact single-threaded path
             log.debug("parallel ADBC read failed (%s); reading in one query", exc)
             return self.query(whole, schema)
-        return pl.concat(parts, rechunk=True)
+        return pl.concat(parts, rechunk=rechunk)
 
     def _rowid_slices(self, table: str) -> list[tuple[int, int]]:
         """``(lo, hi]`` rowid bounds splitting ``table`` for parallel reading ([] = don't)."""
