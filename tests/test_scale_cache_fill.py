@@ -78,3 +78,12 @@ def test_the_api_columns_read_a_column_at_a_time_fill_only_their_sources(big: Pa
     plain = tracekit.open(big).table("cuda_api", cols)
     for c in cols:
         assert_series_equal(source[c], plain[c], check_names=False)
+
+
+def test_the_fill_budget_grows_with_the_export() -> None:
+    """A small export's scans stay small (its fill is the run's peak); a big one's read up to
+    1 GiB a scan (a scan costs a pass over the table's pages)."""
+    assert database.fill_budget(0) == database.CACHE_FILL_BYTES
+    assert database.fill_budget(363_589_632) == database.CACHE_FILL_BYTES  # h1x: 2 of its API table's 40 MB columns
+    assert database.fill_budget(2_929_131_520) == int(0.1 * 2_929_131_520)  # s8x
+    assert database.fill_budget(11_012_861_952) == database.CACHE_FILL_MAX_BYTES  # s30x

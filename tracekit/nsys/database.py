@@ -121,13 +121,17 @@ class ExportSource(Protocol):
 
 
 #: The most bytes of columns :meth:`ExportDatabase.cache_integer_columns` reads in one scan
-#: of a table (more columns take more scans). A scan holds its columns twice for a moment
-#: (the reader's batches and the frame made of them). What a scan costs follows the columns
-#: it reads, not the rows it passes, so small scans cost little time: the 5 M-call API table's
-#: eight columns took 1.7–2.5 s in one scan (685 MB peak) and 2.0–2.5 s in four of two
-#: columns (229 MB); one column a scan took 2.9 s (benchmarks/README.md, "Issue 28,
+#: of a table (more columns take more scans): :data:`CACHE_FILL_SHARE` of the export's bytes,
+#: at least :data:`CACHE_FILL_BYTES` and at most :data:`CACHE_FILL_MAX_BYTES`. A scan holds
+#: its columns, and one column copied while it is written out. A scan costs a pass over the
+#: table's pages however few columns it reads (the 5 M-call API table's eight columns: 1.55 s
+#: in one scan, 1.9–2.4 s in four), so the budget grows with the export: small on a 363 MB
+#: one, where the scan is the run's peak (one scan: 685 MB; two columns a scan: 191 MB), 1 GiB
+#: on an 11 GB one, where a column alone is 0.6 GB (benchmarks/README.md, "Issue 28,
 #: thirteenth session").
 CACHE_FILL_BYTES = 96 << 20
+CACHE_FILL_SHARE = 0.1
+CACHE_FILL_MAX_BYTES = 1 << 30
 #: The most bytes of columns a report's first (cold) run reads in one scan when it puts the
 #: columns it is about to read one at a time into the cache (:func:`prefetch_columns`): a
 #: scan holds its columns twice over for a moment, so this bounds that moment to ~256 MB.
@@ -372,7 +376,7 @@ class ExportDatabase:
     ) -> bool:
         """Put every INTEGER column of ``table`` (those named in ``only``, when given) into the
         column cache (one scan for those it lacks, or more: at most ``scan_bytes`` of columns
-        per scan, :data:`CACHE_FILL_BYTES` by default); True when they are all there afterwards.
+        per scan, :func:`fill_budget` of the export by default); True when they are all there afterwards.
         With ``hold``, each column written stays in memory until the next read of it
         (:meth:`ColumnCache.put`), for a caller that reads them all next. False, reading nothing, when the
         cache is off or the table is too small to be cached. Integer columns are the ones
@@ -384,10 +388,11 @@ class ExportDatabase:
         exprs = [f'"{r[1]}"' for r in declared if str(r[2]).upper() == "INTEGER" and (only is None or r[1] in only)]
         missing = [e for e in exprs if not cache.has(table, e)]
         if missing:
-            # as many columns per scan as fit in scan_bytes (CACHE_FILL_BYTES: two of a 5 M-row
-            # table's, twelve of a 1 M-row table's): a 76 M-row API table's eight columns would be 4.9 GB in one read
+            # as many columns per scan as fit in scan_bytes (fill_budget: two of a 5 M-row table's
+            # on a 363 MB export): a 76 M-row API table's eight columns would be 4.9 GB in one read
             rows = max(min(self._row_span(table), self._file_bytes), 1)
-            per_scan = max(1, (CACHE_FILL_BYTES if scan_bytes is None else scan_bytes) // (rows * 8))
+            budget = scan_bytes if scan_bytes is not None else fill_budget(self._file_bytes)
+            per_scan = max(1, budget // (rows * 8))
             for i in range(0, len(missing), per_scan):
                 group = missing[i : i + per_scan]
                 # the reader's batches, not a contiguous copy of every column: each column is
@@ -791,6 +796,12 @@ def refuse_unless_fits(need: int, doing: str, instead: str) -> None:
 MALLOC_ARENA_BYTES = 64 << 20
 #: The most threads one split read of this process has started (their arenas are kept).
 _split_threads_started = [0]
+
+
+def fill_budget(export_bytes: int) -> int:
+    """Bytes of columns one cache-filling scan reads on an export of ``export_bytes``
+    (:data:`CACHE_FILL_SHARE`, within :data:`CACHE_FILL_BYTES` … :data:`CACHE_FILL_MAX_BYTES`)."""
+    return int(min(max(CACHE_FILL_BYTES, CACHE_FILL_SHARE * export_bytes), CACHE_FILL_MAX_BYTES))
 
 
 def thread_start_bytes() -> int:
