@@ -396,8 +396,9 @@ class ExportDatabase:
             for i in range(0, len(missing), per_scan):
                 group = missing[i : i + per_scan]
                 # the reader's batches, not a contiguous copy of every column: each column is
-                # written as one record batch (one column copied at a time)
-                fresh = self._read_table(table, group, {e: pl.Int64 for e in group}, rechunk=False)
+                # written as one record batch (one column copied at a time); columns held for
+                # the caller are made contiguous once, as they are read back
+                fresh = self._read_table(table, group, {e: pl.Int64 for e in group}, rechunk=hold)
                 for expr in group:
                     cache.put(table, expr, fresh.get_column(expr), hold=hold)
                 del fresh
