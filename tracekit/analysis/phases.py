@@ -226,7 +226,7 @@ def _from_period(ops: pl.DataFrame, rk: list[str]) -> pl.DataFrame | None:
     return steps.drop("_sid")
 
 
-def get_all(ops: pl.DataFrame, get: Callable[[list[str]], pl.DataFrame] | None) -> pl.DataFrame:
+def _get_all(ops: pl.DataFrame, get: Callable[[list[str]], pl.DataFrame] | None) -> pl.DataFrame:
     """Every column :func:`generation_steps` reads, from ``get`` (``ops`` when it has them)."""
     return ops if get is None else get(["rank", *_OP_COLUMNS])
 
@@ -285,7 +285,7 @@ def generation_steps(
         if found is None:
             get = None
         if rk != (rank_keys(ops_with_launch, nvtx) if nvtx.height else rank_keys(ops_with_launch)):  # ranks in one only
-            return generation_steps(get_all(ops_with_launch, get), nvtx, graph_launches, pattern=pattern, prefill_factor=prefill_factor)
+            return generation_steps(_get_all(ops_with_launch, get), nvtx, graph_launches, pattern=pattern, prefill_factor=prefill_factor)
     else:
         rk = rank_keys(ops_with_launch, nvtx) if nvtx.height else rank_keys(ops_with_launch)
         found = _from_nvtx(nvtx, rk, pattern) if "api_start_ns" in ops_with_launch.columns else None
@@ -304,7 +304,7 @@ def generation_steps(
         if source == "module" and int(steps["gpu_busy_ns"].fill_null(0).sum()) < MODULE_SHARE * _busy(ops_with_launch, rk):
             steps = None  # ranges around a small part of the work are not the forwards
     if steps is None and get is not None:  # the NVTX steps were not it: every column
-        ops_with_launch = get_all(ops_with_launch, get)
+        ops_with_launch = _get_all(ops_with_launch, get)
     if steps is None and graph_launches is not None and graph_launches.height:
         steps = _from_graphs(graph_launches, ops_with_launch, rk)
         source = "graph_replays"
