@@ -257,9 +257,10 @@ def _count_scans(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, list[str]]]
     scans: list[tuple[str, list[str]]] = []
     original = database.ExportDatabase._scan_table
 
-    def counted(self: database.ExportDatabase, table: str, exprs: list[str], schema: dict, where: str = "") -> pl.DataFrame:  # type: ignore[type-arg]
+    def counted(self: database.ExportDatabase, table: str, exprs: list[str], schema: dict, where: str = "",  # type: ignore[type-arg]
+                **kwargs: bool) -> pl.DataFrame:
         scans.append((table, list(exprs)))
-        return original(self, table, exprs, schema, where)
+        return original(self, table, exprs, schema, where, **kwargs)
 
     monkeypatch.setattr(database.ExportDatabase, "_scan_table", counted)
     return scans
