@@ -22,7 +22,7 @@ kernel without a range (NVTX off, ``NCCL_NVTX_DISABLE=1``) becomes a row of its 
 from __future__ import annotations
 
 import re
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,7 @@ from tracekit.analysis.nccl_payloads import (
     payload_columns,
     read_payload_schemas,
 )
-from tracekit.analysis.op_launches import derived_source, launches_at
+from tracekit.analysis.op_launches import derived_source, launches_at, op_keys
 from tracekit.analysis.ranks import choose_ranks, rank_candidates
 from tracekit.nsys import schema as S
 from tracekit.nsys.readers import lookup_strings
@@ -416,14 +416,7 @@ def _nccl_kernel_rows(trace: Any) -> pl.DataFrame:
         return frame
     # their launching calls from the launch join kept in the column cache (no API column read
     # when it is there; computed and kept for every operation when not)
-
-    def keys() -> pl.DataFrame:
-        kernels = pl.DataFrame([src["global_pid"], src["correlation_id"]])
-        src.release()
-        others = [trace.table(t, ["global_pid", "correlation_id"]) for t in ("memcpys", "memsets")]
-        return pl.concat([kernels, *others], how="vertical_relaxed")
-
-    launched = launches_at(trace, keys, rows)
+    launched = launches_at(trace, partial(op_keys, trace, src), rows)
     return frame if launched is None else pl.concat([frame, launched], how="horizontal")
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
@@ -29,7 +29,8 @@ if TYPE_CHECKING:
     from tracekit.nsys.trace import NsysTrace
 
 __all__ = [
-    "KERNEL_TABLE", "LEAN_FROM_OPS", "OP_LAUNCH_KEY", "api_rows", "derived_source", "launches_at", "lean_api_rows", "op_launches",
+    "KERNEL_TABLE", "LEAN_FROM_OPS", "OP_LAUNCH_KEY", "api_rows", "derived_source", "launches_at", "lean_api_rows", "matches_twice",
+    "op_keys", "op_launches",
 ]
 
 KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
@@ -153,6 +154,26 @@ def op_launches(trace: NsysTrace, keys: Callable[[], pl.DataFrame]) -> pl.DataFr
     return pl.DataFrame({"_lrow": lrow, **columns})
 
 
+def matches_twice(pairs: pl.DataFrame) -> bool:
+    """Whether some operation of :func:`op_launches`' ``pairs`` matches two calls (its rows
+    are ascending: a repeated row). ``launch_info`` then picks one call by the calls' kind and
+    start, which the kept join does not record: its readers join instead."""
+    lrow = pairs["_lrow"]
+    return lrow.len() > 1 and bool((lrow.diff().drop_nulls() == 0).any())
+
+
+def op_keys(trace: NsysTrace, kernels: Any) -> pl.DataFrame:
+    """``keys()`` for :func:`op_launches`: ``global_pid`` and ``correlation_id`` of the
+    kernels (from ``kernels``, a column source read a column at a time, let go after), then
+    of the memcpys and the memsets, in its numbering."""
+    head = pl.DataFrame([kernels["global_pid"], kernels["correlation_id"]])
+    release = getattr(kernels, "release", None)
+    if release is not None:
+        release()
+    others = [trace.table(t, ["global_pid", "correlation_id"]) for t in ("memcpys", "memsets")]
+    return pl.concat([head, *others], how="vertical_relaxed")
+
+
 def launches_at(
     trace: NsysTrace, keys: Callable[[], pl.DataFrame], rows: pl.Series, columns: tuple[str, ...] = ("tid", "global_tid", "api_start_ns", "api_end_ns"),
 ) -> pl.DataFrame | None:
@@ -164,9 +185,9 @@ def launches_at(
     matches two calls: ``launch_info`` then picks one by the calls' kind and start, which
     the kept join does not record, so the caller joins instead."""
     pairs = op_launches(trace, keys)
-    lrow = pairs["_lrow"]
-    if lrow.len() > 1 and bool((lrow.diff().drop_nulls() == 0).any()):  # ascending: a repeat is an op with two calls
+    if matches_twice(pairs):
         return None
+    lrow = pairs["_lrow"]
     want = rows.cast(pl.Int64)
     n = max(int(lrow.max() if lrow.len() else -1), int(want.max() if want.drop_nulls().len() else -1)) + 1  # type: ignore[arg-type]
     out = {}

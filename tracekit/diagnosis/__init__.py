@@ -167,9 +167,10 @@ def diagnose(
     ctx.full_window = full
     ctx.window = full.analysed()
     if ctx.by_column is not None:
-        # a big export's generation phases before the rules: their steps over every operation
-        # then run beside the window's tables only, not beside what the rules keep (the NCCL
-        # calls table: h1x 386 → 365 MiB at the phases' peak with pages returned at once)
+        # a big export's generation phases and NCCL matching before the rules: their work over
+        # every operation or call then runs beside the window's tables only, not beside what
+        # the rules keep (h1x, pages returned at once: the phases' peak 386 → 365 MiB from
+        # this order alone)
         ctx.phases  # noqa: B018
         prepare_comm(ctx)
     findings: list[Finding] = []

@@ -180,11 +180,8 @@ class OpsByColumn:
             kernels = kernels.with_columns(pl.lit("kernel").alias("op_kind"), src.alias(_SRC_ROW)).select(plain)
         # the memcpys, memsets and graph launches as gpu_ops stacks them (no kernel rows)
         if _SRC_ROW in plain:
-            first = self.kernel_rows
-            numbered = []
-            for frame in (self.memcpys, self.memsets):
-                numbered.append(frame.with_columns(pl.int_range(first, first + frame.height, dtype=pl.Int64).alias(_SRC_ROW)))
-                first += frame.height
+            numbered = [frame.with_columns(pl.int_range(first, first + frame.height, dtype=pl.Int64).alias(_SRC_ROW))
+                        for frame, first in self._numbered_tables()]
             none = self._gather(_NONE, KERNEL_COLUMNS).with_columns(pl.lit(None, pl.Int64).alias(_SRC_ROW))
             ops = gpu_ops(none, numbered[0], numbered[1], self.graphs, columns=[_SRC_ROW], end_bound=self.end_bound)
         else:
@@ -219,8 +216,7 @@ class OpsByColumn:
             return None
         ops = ops.drop(_SRC_ROW).with_columns(launched[c] for c in _LAUNCHED)
         del launched
-        # graph launches (no op_launches row): gpu_ops stacks them last, in this order
-        g = gpu_ops(self._gather(_NONE, KERNEL_COLUMNS), None, None, self.graphs, end_bound=self.end_bound)
+        g = self._graph_ops()  # gpu_ops stacks them last, in this order
         if g.height:
             joined = launch_info(g.select("global_pid", "correlation_id"), api, columns=_LAUNCHED)
             tail = ops.slice(ops.height - g.height).with_columns(joined[c] for c in _LAUNCHED)
@@ -238,28 +234,25 @@ class OpsByColumn:
         gathered. Graph launches are joined to ``api``. ``None`` when some operation matches
         two calls (the caller joins instead)."""
         from tracekit.analysis.attribution import launch_info
-        from tracekit.analysis.op_launches import op_launches
+        from tracekit.analysis.op_launches import matches_twice, op_launches
 
         pairs = op_launches(self._trace, self._launch_keys)
-        lrow = pairs["_lrow"]
-        if lrow.len() > 1 and bool((lrow.diff().drop_nulls() == 0).any()):  # ascending: a repeat is an op with two calls
+        if matches_twice(pairs):
             return None
         launch = pairs.filter(within_any(pairs["api_start_ns"], starts, ends)).rename({"_lrow": _SRC_ROW})
-        del pairs, lrow
+        del pairs
         launch = launch.select(pl.col(_SRC_ROW).cast(pl.Int64), (pl.col("global_tid") % PID_UNIT).alias("tid"), "global_tid",
                                "api_start_ns", "api_end_ns")
         src = launch[_SRC_ROW]
-        first_copy = self.kernel_rows
-        first_set = first_copy + self.memcpys.height
-        k_rows = src.filter(src < first_copy)
+        k_rows = src.filter(src < self.kernel_rows)
         kernels = self._gather(k_rows.cast(pl.UInt32), KERNEL_COLUMNS).with_columns(k_rows.alias(_SRC_ROW))
         parts = []
-        for frame, lo, hi in ((self.memcpys, first_copy, first_set), (self.memsets, first_set, first_set + self.memsets.height)):
-            rows = src.filter((src >= lo) & (src < hi))
-            parts.append(frame[(rows - lo).cast(pl.UInt32)].with_columns(rows.alias(_SRC_ROW)))
+        for frame, first in self._numbered_tables():
+            rows = src.filter((src >= first) & (src < first + frame.height))
+            parts.append(frame[(rows - first).cast(pl.UInt32)].with_columns(rows.alias(_SRC_ROW)))
         ops = gpu_ops(kernels, parts[0], parts[1], None, columns=[_SRC_ROW], end_bound=self.end_bound)
         ops = ops.join(launch, on=_SRC_ROW, how="left", maintain_order="left").drop(_SRC_ROW)
-        g = gpu_ops(self._gather(_NONE, KERNEL_COLUMNS), None, None, self.graphs, end_bound=self.end_bound)
+        g = self._graph_ops()
         if g.height:  # graph launches: no kept row, few
             g = launch_info(g, api, columns=("tid", "global_tid", "api_start_ns", "api_end_ns"))
             g = g.filter(within_any(g["api_start_ns"], starts, ends))
@@ -267,12 +260,20 @@ class OpsByColumn:
         return ops
 
     def _launch_keys(self) -> pl.DataFrame:
-        """``global_pid`` and ``correlation_id`` of the kernels, memcpys and memsets, in
-        :func:`~tracekit.analysis.op_launches.op_launches`' numbering (for its join)."""
-        kernels = pl.DataFrame([self._src["global_pid"], self._src["correlation_id"]])
-        self._src.release()
-        parts = [kernels, *(f.select("global_pid", "correlation_id") for f in (self.memcpys, self.memsets))]
-        return pl.concat(parts, how="vertical_relaxed")
+        """:func:`~tracekit.analysis.op_launches.op_keys` of this export (for its join)."""
+        from tracekit.analysis.op_launches import op_keys
+
+        return op_keys(self._trace, self._src)
+
+    def _numbered_tables(self) -> list[tuple[pl.DataFrame, int]]:
+        """The memcpys and the memsets, each with the number of its first row in
+        :func:`~tracekit.analysis.op_launches.op_launches`' numbering (kernels first)."""
+        copies = self.kernel_rows
+        return [(self.memcpys, copies), (self.memsets, copies + self.memcpys.height)]
+
+    def _graph_ops(self) -> pl.DataFrame:
+        """The graph launches as ``gpu_ops`` stacks them (no kept launch row: few)."""
+        return gpu_ops(self._gather(_NONE, KERNEL_COLUMNS), None, None, self.graphs, end_bound=self.end_bound)
 
     def distinct(self, column: str) -> pl.Series:
         """The distinct values of kernel column ``name`` or ``short_name`` (texts looked up

@@ -298,14 +298,15 @@ class ExportDatabase:
         return span if span > 0 or table not in self.tables else self.row_count(table)
 
     # -- queries ---------------------------------------------------------------------
-    def query(self, sql: str, schema: Mapping[str, pl.DataType | type[pl.DataType]]) -> pl.DataFrame:
+    def query(self, sql: str, schema: Mapping[str, pl.DataType | type[pl.DataType]], *, rechunk: bool = True) -> pl.DataFrame:
         """Run ``sql`` and return a frame cast to ``schema`` (same names, same order).
 
-        The query's result columns must come in the order of ``schema``.
+        The query's result columns must come in the order of ``schema``. With
+        ``rechunk=False`` the ADBC reader's batches are kept as they came (no contiguous copy).
         """
         if self.engine == "adbc":
             try:
-                return self._query_adbc(sql, schema)
+                return self._query_adbc(sql, schema, rechunk=rechunk)
             except Exception as exc:  # ADBC mis-typing: fall back to the exact path
                 log.debug("ADBC query failed (%s); falling back to sqlite3", exc)
         try:
@@ -552,12 +553,7 @@ class ExportDatabase:
         whole = select_sql(table, exprs, where)
         slices = self._rowid_slices(table)
         if len(slices) < 2:
-            if not rechunk and self.engine == "adbc":
-                try:
-                    return self._query_adbc(whole, schema, rechunk=False)
-                except Exception as exc:  # ADBC mis-typing: the exact path, as query() does
-                    log.debug("ADBC read failed (%s); reading through sqlite3", exc)
-            return self.query(whole, schema)
+            return self.query(whole, schema, rechunk=rechunk)
         sqls = [f"{base} WHERE rowid > {lo} AND rowid <= {hi}{cond}" for lo, hi in slices]
         try:
             _split_threads_started[0] = max(_split_threads_started[0], len(sqls))
