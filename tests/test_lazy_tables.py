@@ -127,9 +127,9 @@ def test_gpu_metrics_filter_reaches_the_read(monkeypatch: pytest.MonkeyPatch) ->
     seen: list[str] = []
     real = type(fresh.db).query
 
-    def query(self: object, sql: str, schema: dict[str, pl.DataType]) -> pl.DataFrame:
+    def query(self: object, sql: str, schema: dict[str, pl.DataType], **kwargs: bool) -> pl.DataFrame:
         seen.append(sql)
-        return real(self, sql, schema)  # type: ignore[arg-type]
+        return real(self, sql, schema, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(type(fresh.db), "query", query)
     got = fresh.scan("gpu_metrics").filter(keep).collect(engine="streaming")
