@@ -160,7 +160,7 @@ def test_iteration_points_binned(monkeypatch: pytest.MonkeyPatch) -> None:
     its = prep.iteration_times(_open(EXPORTS[0]).nvtx)
     shown, note = HB._iteration_points(its)
     assert shown is its and note == ""
-    monkeypatch.setattr(HB, "MAX_ITERATION_POINTS", 5)
+    monkeypatch.setattr(prep, "MAX_ITERATION_POINTS", 5)
     shown, note = HB._iteration_points(its)
     assert shown.height <= 5 < its.height
     assert "median duration" in note

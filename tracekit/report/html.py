@@ -35,6 +35,7 @@ from tracekit.report.sections import (  # noqa: F401  (shared with the bounded r
     _graphs,
     _has_graph_launches,
     _hidden_graphs_note,
+    _iteration_points,
     _kernels_html,
     _layer_memory,
     _memo,
@@ -77,7 +78,8 @@ def _overview(page: _Page, trace: Any, breakdown: Callable[[], pl.DataFrame]) ->
     )  # fmt: skip
     its = prep.iteration_times(trace.nvtx)
     if not its.is_empty():
-        out += page.chart(iterations_chart(its, title="Iteration times"))
+        shown, note = _iteration_points(its)
+        out += note + page.chart(iterations_chart(shown, title="Iteration times"))
     return out
 
 

@@ -24,6 +24,7 @@ from tracekit.report.sections import (
     _graphs,
     _has_graph_launches,
     _hidden_graphs_note,
+    _iteration_points,
     _kernels_html,
     _layer_memory,
     _memo,
@@ -114,30 +115,6 @@ def _overview(page: _Page, trace: Any, facts: B.KernelFacts, window: tuple[int, 
         shown, note = _iteration_points(its)
         out += note + page.chart(iterations_chart(shown, title="Iteration times"))
     return out
-
-
-#: Most points of the iteration chart (all groups together; altair refuses 5,000 rows).
-MAX_ITERATION_POINTS = 2000
-
-
-def _iteration_points(its: pl.DataFrame) -> tuple[pl.DataFrame, str]:
-    """``its`` (:func:`~tracekit.viz.prep.iteration_times`) as it is when it has at most
-    :data:`MAX_ITERATION_POINTS` rows; else each point the median duration (ns) of that many
-    consecutive iterations of a group, numbered by its first, and a note that says so."""
-    if its.height <= MAX_ITERATION_POINTS:
-        return its, ""
-    groups = its["group"].n_unique()
-    longest = int(its.group_by("group").len()["len"].max())  # type: ignore[arg-type]
-    size = -(-longest * groups // MAX_ITERATION_POINTS)
-    shown = (
-        its.with_columns((pl.int_range(pl.len()).over("group") // size).alias("_bin"))
-        .group_by("group", "_bin", maintain_order=True)
-        .agg(pl.col("iteration").first(), pl.format("{} … {}", pl.col("name").first(), pl.col("name").last()).alias("name"),
-             pl.col("start_ns").first(), pl.col("end_ns").last(), pl.col("duration_ns").median().round(0).cast(pl.Int64))
-        .drop("_bin")
-    )
-    return shown, _note(f"{its.height:,} iterations: each point is the median duration of {size:,} consecutive "
-                        "iterations (numbered by the first), so that the chart stays readable.")
 
 
 def _kernels(page: _Page, kc: B.KernelColumns, facts: B.KernelFacts, graphs: pl.DataFrame | None, top_n: int) -> str:

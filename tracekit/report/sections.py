@@ -171,6 +171,18 @@ def _hidden_graphs_note(graphs: pl.DataFrame | None) -> str:
     )
 
 
+def _iteration_points(its: pl.DataFrame, what: str = "iterations") -> tuple[pl.DataFrame, str]:
+    """``its`` (:func:`~tracekit.viz.prep.iteration_times` or a frame like it) as it is when it
+    has at most :data:`~tracekit.viz.prep.MAX_ITERATION_POINTS` rows; else binned
+    (:func:`~tracekit.viz.prep.binned_iterations`) with a note that says so (``what``: the rows'
+    noun)."""
+    shown, size = prep.binned_iterations(its)
+    if size == 1:
+        return its, ""
+    return shown, _note(f"{its.height:,} {what}: each point is the median duration of {size:,} consecutive {what} "
+                        "(numbered by the first), so that the chart stays readable.")
+
+
 def _overview_facts(
     page: _Page, trace: Any, *, used_devices: set[Any], window: tuple[int, int] | None, graphs: pl.DataFrame | None,
     kernels_text: str, breakdown: Callable[[], pl.DataFrame], nvtx_events: int, metric_samples: int,
@@ -336,7 +348,8 @@ def _graphs(page: _Page, trace: Any, breakdown: Callable[[], pl.DataFrame]) -> s
         .with_columns(pl.int_range(pl.len()).over("group").cast(pl.Int64).alias("iteration"))
         .select("group", "iteration", pl.col("nvtx_path").fill_null("").alias("name"), "start_ns", "end_ns", "duration_ns")
     )
-    return out + page.chart(iterations_chart(replays, title="Replay span on the GPU, launch by launch"))
+    shown, note = _iteration_points(replays, "launches")
+    return out + note + page.chart(iterations_chart(shown, title="Replay span on the GPU, launch by launch"))
 
 
 def _communication_html(page: _Page, trace: Any, top: pl.DataFrame) -> str:

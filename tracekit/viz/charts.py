@@ -401,13 +401,16 @@ def iterations_chart(data: pl.DataFrame, *, title: str | None = None) -> Any:
     ----------
     data
         ``trace.nvtx`` or :func:`tracekit.viz.prep.iteration_times` output (``group``,
-        ``iteration``, ``duration_ns``).
+        ``iteration``, ``duration_ns``). More than :data:`tracekit.viz.prep.MAX_ITERATION_POINTS`
+        iterations are drawn binned (:func:`tracekit.viz.prep.binned_iterations`: each point the
+        median of that many consecutive ones, said in the subtitle).
     """
     alt = _alt()
     frame = data if "iteration" in data.columns else prep.iteration_times(data)
-    frame = frame.with_columns((pl.col("duration_ns") / 1e6).alias("duration_ms"))
     if "group" not in frame.columns:
         frame = frame.with_columns(pl.lit("all").alias("group"))
+    frame, size = prep.binned_iterations(frame)
+    frame = frame.with_columns((pl.col("duration_ns") / 1e6).alias("duration_ms"))
     chart = (
         alt.Chart(frame)
         .mark_line(point=True)
@@ -423,6 +426,9 @@ def iterations_chart(data: pl.DataFrame, *, title: str | None = None) -> Any:
             + (["name:N"] if "name" in frame.columns else []),
         )
     )
+    if size > 1:
+        return chart.properties(title=alt.TitleParams(
+            title or "", subtitle=f"each point: the median of {size:,} consecutive iterations"))
     return _titled(chart, title)
 
 

@@ -672,6 +672,40 @@ def iteration_times(nvtx: pl.DataFrame, *, pattern: str = ITERATION_PATTERN) -> 
     )
 
 
+#: Most points an iteration chart draws (all groups together; altair refuses a dataset of more
+#: than 5,000 rows when a chart is drawn or saved).
+MAX_ITERATION_POINTS = 2000
+
+
+def binned_iterations(its: pl.DataFrame, max_points: int | None = None) -> tuple[pl.DataFrame, int]:
+    """``its`` (:func:`iteration_times`) as it is when it has at most ``max_points`` rows
+    (default :data:`MAX_ITERATION_POINTS`), else binned: each row then stands for ``size``
+    consecutive iterations of a group — ``iteration`` and ``start_ns`` of the first,
+    ``end_ns`` of the last, ``name`` ``"first … last"`` and ``duration_ns`` their median (ns).
+
+    Needs ``group``, ``iteration`` and ``duration_ns``; ``name``, ``start_ns`` and ``end_ns``
+    are kept where present. Returns the frame and ``size`` (1 when not binned).
+    """
+    limit = MAX_ITERATION_POINTS if max_points is None else max_points
+    if its.height <= limit:
+        return its, 1
+    groups = its["group"].n_unique()
+    longest = int(its.group_by("group").len()["len"].max())  # type: ignore[arg-type]
+    size = -(-longest * groups // max(limit, 1))
+    aggs = {
+        "name": pl.format("{} … {}", pl.col("name").first(), pl.col("name").last()).alias("name"),
+        "start_ns": pl.col("start_ns").first(), "end_ns": pl.col("end_ns").last(),
+        "duration_ns": pl.col("duration_ns").median().round(0).cast(pl.Int64),
+    }
+    shown = (
+        its.with_columns((pl.int_range(pl.len()).over("group") // size).alias("_bin"))
+        .group_by("group", "_bin", maintain_order=True)
+        .agg(pl.col("iteration").first(), *[aggs[c] for c in its.columns if c in aggs])
+        .drop("_bin")
+    )
+    return shown, size
+
+
 def attributed_kernels(
     kernels: pl.DataFrame, cuda_api: pl.DataFrame, nvtx: pl.DataFrame, graphs: pl.DataFrame | None = None
 ) -> pl.DataFrame:
@@ -834,7 +868,8 @@ def nvtx_tree(
 
 __all__ = [
     "BREAKDOWN_CATEGORIES", "BUS_FACTORS", "DEFAULT_GPU_METRICS", "ITERATION_PATTERN", "LAYER_MEMORY_PATTERN", "LAYER_PATTERN",
-    "attributed_kernels", "data_window", "duration_histogram", "gpu_metrics_series", "gpu_ops", "graph_names",
-    "iteration_times", "layer_bands", "layer_block_matrix", "layer_growth", "layer_memory_series", "memory_series", "nccl_bandwidth", "nvtx_ranges",
+    "MAX_ITERATION_POINTS", "attributed_kernels", "binned_iterations", "data_window", "duration_histogram",
+    "gpu_metrics_series", "gpu_ops", "graph_names", "iteration_times", "layer_bands", "layer_block_matrix",
+    "layer_growth", "layer_memory_series", "memory_series", "nccl_bandwidth", "nvtx_ranges",
     "nvtx_tree", "temporal_breakdown", "timeline_nvtx", "timeline_ops", "top_kernels", "whole_graphs",
 ]  # fmt: skip
