@@ -615,6 +615,23 @@ def test_cli_unknown_metric_names_are_an_error(tmp_path: Path, capsys: pytest.Ca
     assert main(["export", "perfetto", str(DECODE), "-o", str(out), "--metrics", "tensor_active"]) == 0
 
 
+def test_cli_default_metrics_on_a_trace_without_gpu_metrics(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A plain ``export perfetto`` of a capture without ``--gpu-metrics-devices`` failed with
+    "--metrics: 'sms_active', … not in the trace" although no --metrics was given (found by
+    running every command on every bundled export)."""
+    assert tracekit.open(TRAIN).gpu_metrics.is_empty()
+    for fmt, name in (("perfetto", "t.pftrace"), ("chrome-json", "t.json")):
+        out = tmp_path / name
+        assert main(["export", "perfetto", str(TRAIN), "-f", fmt, "-o", str(out)]) == 0
+        assert "error" not in capsys.readouterr().err and out.stat().st_size > 0
+    rb = read_back(tmp_path / "t.pftrace")
+    gpu_counters = [u for u, d in rb.tracks.items() if d.HasField("parent_uuid") and rb.tracks[d.parent_uuid].name.startswith("GPU ")
+                    and not rb.tracks[d.parent_uuid].HasField("process")]
+    assert not gpu_counters and rb.tracks  # no GPU metric counters; the rest written
+    assert main(["export", "perfetto", str(TRAIN), "-o", str(tmp_path / "u.pftrace"), "--metrics", "tensor_active"]) == 2
+    assert "none: the trace has no GPU metrics" in capsys.readouterr().err
+
+
 def test_cli_help_lists_export(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--help"]) == 0
     assert "export" in capsys.readouterr().out

@@ -80,7 +80,7 @@ def perfetto(
     ranks: Annotated[str | None, typer.Option("--ranks", help="Only these ranks, e.g. 0,2-3.")] = None,
     metrics: Annotated[str | None, typer.Option(
         "--metrics", help="GPU metrics to write as counters: comma-separated gpu_metrics names, 'all' or 'none' "
-                          "(default: sms_active, tensor_active, dram_read_bandwidth, dram_write_bandwidth).")] = None,
+                          "(default: those of sms_active, tensor_active, dram_read_bandwidth, dram_write_bandwidth the trace has).")] = None,
 ) -> None:
     """Write a Perfetto trace (ui.perfetto.dev): one process per rank, a track per GPU stream
     (kernels, copies, CUDA graph replays), CPU threads with CUDA API calls and NVTX ranges,
@@ -108,7 +108,7 @@ def perfetto(
         trace = tracekit.open_many(traces[0] if len(traces) == 1 else traces)
     chosen: Sequence[str] | str = DEFAULT_METRICS if metrics is None else (
         "all" if metrics.strip() == "all" else [m.strip() for m in metrics.split(",") if m.strip() not in ("", "none")])
-    if not isinstance(chosen, str) and chosen:
+    if metrics is not None and not isinstance(chosen, str) and chosen:  # the defaults: those the trace has
         _check_metrics(trace, chosen)
     fn = write if fmt == "perfetto" else chrome_json
     summary = fn(trace, out, window=win, ranks=chosen_ranks, metrics=chosen)
