@@ -131,6 +131,21 @@ def test_bad_configs_are_one_line(tmp_path: Path) -> None:
     assert r.returncode == 2 and r.stderr.count("\n") == 1
 
 
+def test_a_trace_given_as_the_config_is_one_line(tmp_path: Path) -> None:
+    """``tracekit model run.sqlite`` (the trace where the config goes) was an internal error
+    (UnicodeDecodeError) on every bundled export."""
+    with pytest.raises(TracekitError, match=r"is an SQLite database \(an Nsight Systems export\?\), not text; .* pass it with --trace"):
+        load_model(DECODE)
+    with pytest.raises(TracekitError, match="is a binary file, not text; .* pass it with --trace"):
+        load_model(DECODE.with_suffix(".nsys-rep"))
+    ref = tmp_path / "m.yaml"
+    ref.write_text("hf_config: missing.json\n")
+    with pytest.raises(TracekitError, match=r"hf_config .*missing.json does not exist"):
+        load_model(ref)
+    r = subprocess.run([sys.executable, "-m", "tracekit.cli.main", "model", str(DECODE)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.startswith("tracekit: error: model config ") and r.stderr.count("\n") == 1
+
+
 def test_cli_model_json() -> None:
     r = subprocess.run([sys.executable, "-m", "tracekit.cli.main", "model", str(TINY), "--trace", str(DECODE), "-f", "json"],
                        capture_output=True, text=True, timeout=300)

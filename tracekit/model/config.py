@@ -147,6 +147,22 @@ class TransformerConfig:
         return asdict(self)
 
 
+def _config_text(path: Path, what: str = "model config") -> str:
+    """The text of config file ``path``; a missing file or one that is not UTF-8 text (a trace
+    or report given as the config, say) is a :class:`TracekitError`."""
+    if not path.is_file():
+        raise TracekitError(f"{what} {path} does not exist; give a YAML file or a Hugging Face config.json")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        with open(path, "rb") as f:
+            head = f.read(16)
+        kind = "an SQLite database (an Nsight Systems export?)" if head.startswith(b"SQLite format 3") else "a binary file"
+        hint = "; to compare a trace with the model, pass it with --trace" if "export" in kind or path.suffix in (
+            ".nsys-rep", ".qdrep", ".ncu-rep") else ""
+        raise TracekitError(f"{what} {path} is {kind}, not text; give a YAML file or a Hugging Face config.json{hint}") from None
+
+
 def load_model(obj: Any, **overrides: Any) -> TransformerConfig:
     """A :class:`TransformerConfig` from itself, a mapping, a YAML file (the dataclass fields;
     ``hf_config: path/to/config.json`` may supply the shapes) or a Hugging Face ``config.json``;
@@ -163,10 +179,8 @@ def load_model(obj: Any, **overrides: Any) -> TransformerConfig:
     base = Path(".")
     if isinstance(obj, str | os.PathLike):
         path = Path(obj)
-        if not path.is_file():
-            raise TracekitError(f"model config {path} does not exist; give a YAML file or a Hugging Face config.json")
+        text = _config_text(path)
         base = path.parent
-        text = path.read_text()
         if path.suffix == ".json":
             data: dict[str, Any] = hf_fields(_json(text, path), path.stem)
         else:
@@ -187,7 +201,7 @@ def load_model(obj: Any, **overrides: Any) -> TransformerConfig:
     hf = data.pop("hf_config", None)
     if hf is not None:
         hf_path = (base / hf) if not Path(hf).is_absolute() else Path(hf)
-        data = {**hf_fields(_json(hf_path.read_text(), hf_path), hf_path.stem), **data}
+        data = {**hf_fields(_json(_config_text(hf_path, "hf_config"), hf_path), hf_path.stem), **data}
     known = {f.name for f in fields(TransformerConfig)}
     unknown = sorted(set(data) - known)
     if unknown:
