@@ -41,6 +41,25 @@ def test_summary_and_diagnose_return_pages_from_a_smaller_input(monkeypatch: pyt
     assert tune_allocator(["report", str(EXPORT)], {}) == EAGER_LARGE  # BIG_INPUT_BYTES
 
 
+def test_stats_returns_pages_soon_from_its_own_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``stats`` on an input of at least DECAY_SHORT_FROM["stats"] (256 MiB): large allocations
+    eager and freed pages back after 0.2 s; the jemalloc options parse (polars starts with them)."""
+    assert allocator.DECAY_SHORT.startswith(EAGER_LARGE + ",") and "dirty_decay_ms:200" in allocator.DECAY_SHORT
+    assert allocator.DECAY_SHORT_FROM["stats"] == 256 << 20
+    size = EXPORT.stat().st_size
+    monkeypatch.setitem(allocator.DECAY_SHORT_FROM, "stats", size)
+    env: dict[str, str] = {}
+    assert tune_allocator(["stats", "-r", "nvtx_gpu_proj_sum", str(EXPORT)], env) == allocator.DECAY_SHORT
+    assert env == {"_RJEM_MALLOC_CONF": allocator.DECAY_SHORT}
+    monkeypatch.setitem(allocator.DECAY_SHORT_FROM, "stats", size + 1)
+    assert tune_allocator(["stats", str(EXPORT)], {}) == EAGER_LARGE
+    assert tune_allocator(["summary", str(EXPORT)], {}, min_bytes=1) == DECAY_NOW  # DECAY_SHORT is stats' alone
+    r = subprocess.run([sys.executable, "-c", "import polars as pl; print(pl.Series([1, 2]).sum())"],
+                       env={**os.environ, "_RJEM_MALLOC_CONF": allocator.DECAY_SHORT}, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "3" and "Invalid conf" not in r.stderr, r.stderr
+
+
 def test_large_allocations_eager_for_small_inputs_and_other_commands() -> None:
     size = EXPORT.stat().st_size
     for argv in (["summary", str(EXPORT)], ["stats", str(EXPORT)], ["summary", "/no/such/file.sqlite"]):

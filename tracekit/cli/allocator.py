@@ -40,7 +40,7 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from pathlib import Path
 
 __all__ = [
-    "BIG_INPUT_BYTES", "DECAY_NOW", "DECAY_NOW_FROM", "EAGER_LARGE", "MMAP_THRESHOLD", "STEPPED_COMMANDS", "map_large_blocks", "tune_allocator",
+    "BIG_INPUT_BYTES", "DECAY_NOW", "DECAY_NOW_FROM", "DECAY_SHORT", "DECAY_SHORT_FROM", "EAGER_LARGE", "MMAP_THRESHOLD", "STEPPED_COMMANDS", "map_large_blocks", "tune_allocator",
 ]
 
 #: Inputs from this size on (bytes; a folder: its files) count as big.
@@ -60,6 +60,17 @@ STEPPED_COMMANDS = frozenset({"diff", "report", "summary", "diagnose", "export"}
 #: time (page faults: 0.29 M → 1.34 M), 4.0–4.5 s → 5.8–6.2 s in all
 #: (benchmarks/README.md, "Issue 28, thirteenth session").
 DECAY_NOW_FROM = {"summary": 256 << 20, "diagnose": 256 << 20}
+#: jemalloc options: :data:`EAGER_LARGE`, and freed pages go back after 0.2 s instead of ~10 s.
+DECAY_SHORT = f"{EAGER_LARGE},dirty_decay_ms:200,muzzy_decay_ms:0"
+#: Input bytes from which a command gets :data:`DECAY_SHORT` (when it does not get
+#: :data:`DECAY_NOW`): ``stats`` from 256 MiB. Its reports free one whole-column step before
+#: the next allocates; on the h1x export (363 MB, 1 M kernels, 5 M calls) the three big
+#: reports with the column cache empty peaked at 354–382 MiB with :data:`EAGER_LARGE` and
+#: 297–322 MiB with this (a 500 ms delay: 311–345, 1 s: 303–344), in as much time (by turns,
+#: medians of 3: 4.64 → 4.77 s; alternating, 4 runs: 4.65–5.12 → 4.61–4.89 s); on s1x (1 GPU)
+#: the cold run took 0.1–0.2 s longer (2.8–3.0 → 2.95–3.2 s) and warm runs were as fast
+#: (benchmarks/README.md, "Issue 28, fourteenth session").
+DECAY_SHORT_FROM = {"stats": 256 << 20}
 _VARIABLE = "_RJEM_MALLOC_CONF"
 #: Commands that start the user's program, which would inherit the variable.
 _RUNS_PROGRAMS = frozenset({"capture"})
@@ -86,7 +97,8 @@ def tune_allocator(argv: Sequence[str], env: MutableMapping[str, str] | None = N
     """Set jemalloc's options in ``env`` (default ``os.environ``) for the command line
     ``argv`` (without the program) and return them: :data:`DECAY_NOW` for a
     :data:`STEPPED_COMMANDS` command on an input of at least ``min_bytes`` (default: the
-    command's :data:`DECAY_NOW_FROM`, else :data:`BIG_INPUT_BYTES`), else
+    command's :data:`DECAY_NOW_FROM`, else :data:`BIG_INPUT_BYTES`), :data:`DECAY_SHORT` for
+    a command of :data:`DECAY_SHORT_FROM` on an input of at least its size, else
     :data:`EAGER_LARGE`. None, and ``env`` untouched, when ``env`` has a jemalloc setting
     already, ``argv`` is empty or runs ``capture`` (the program it profiles would inherit it). Must run before polars is imported (jemalloc reads it once)."""
     env = os.environ if env is None else env
@@ -95,15 +107,12 @@ def tune_allocator(argv: Sequence[str], env: MutableMapping[str, str] | None = N
     value = EAGER_LARGE
     if min_bytes is None:
         min_bytes = DECAY_NOW_FROM.get(argv[0], BIG_INPUT_BYTES)
-    if argv[0] in STEPPED_COMMANDS:
-        total = 0
-        for arg in argv[1:]:
-            if arg.startswith("-"):
-                continue
-            total += _size(Path(arg))
-            if total >= min_bytes:
-                value = DECAY_NOW
-                break
+    if argv[0] in STEPPED_COMMANDS or argv[0] in DECAY_SHORT_FROM:
+        total = sum(_size(Path(arg)) for arg in argv[1:] if not arg.startswith("-"))
+        if argv[0] in STEPPED_COMMANDS and total >= min_bytes:
+            value = DECAY_NOW
+        elif total >= DECAY_SHORT_FROM.get(argv[0], BIG_INPUT_BYTES + 1):
+            value = DECAY_SHORT
     env[_VARIABLE] = value
     return value
 
