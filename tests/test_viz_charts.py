@@ -301,3 +301,23 @@ def test_series_charts_of_four_gpus_stay_under_altairs_row_limit() -> None:
     assert prep.memory_series(many).height > 5000  # 16 devices x 800 points
     spec = tv.memory_chart(many).to_dict()
     assert len(next(iter(spec["datasets"].values()))) <= ROW_BUDGET
+
+
+def test_nccl_chart_samples_points_but_not_medians(tp2: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Beyond NCCL_MAX_POINTS calls the points are a sample, said in the subtitle; the median
+    line is over every call (it was over the sample)."""
+    from tracekit.viz import charts
+
+    calls = prep.nccl_bandwidth(tp2.nccl).filter(pl.col("bytes") > 0)
+    assert calls.height > 10
+    monkeypatch.setattr(charts, "NCCL_MAX_POINTS", 10)
+    spec = tv.nccl_bandwidth_chart(calls).to_dict()
+    data = spec["datasets"]
+    points = data[spec["layer"][0]["data"]["name"]]
+    medians = data[spec["layer"][1]["data"]["name"]]
+    assert len(points) == 10
+    assert spec["title"]["subtitle"] == f"10 of {calls.height:,} calls drawn (a random sample); medians over all"
+    by_hand = calls.group_by("op" if "op" in calls.columns else "collective", "bytes").agg(pl.col("bus_bandwidth_gbps").median())
+    assert len(medians) == by_hand.height
+    assert sorted(round(r["bus_bandwidth_gbps"], 9) for r in medians) == sorted(
+        round(v, 9) for v in by_hand["bus_bandwidth_gbps"].to_list())

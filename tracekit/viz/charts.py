@@ -656,6 +656,10 @@ def _pick(frame: pl.DataFrame, key: str) -> str | None:
     return next((c for c in _NCCL_ALIASES[key] if c in frame.columns), None)
 
 
+#: Most NCCL calls :func:`nccl_bandwidth_chart` draws as points (a random sample beyond).
+NCCL_MAX_POINTS = 4000
+
+
 def nccl_bandwidth_chart(data: pl.DataFrame, *, title: str | None = None) -> Any:
     """NCCL bus bandwidth against message size, one colour per collective, median line on top.
 
@@ -665,7 +669,8 @@ def nccl_bandwidth_chart(data: pl.DataFrame, *, title: str | None = None) -> Any
         One row per NCCL call with a collective name (``collective``/``op``), a message size
         in bytes (``bytes``/``message_bytes``) and ``bus_bandwidth_gbps`` (1e9 B/s), e.g.
         ``trace.nccl`` or :func:`tracekit.analysis.nccl` output. Rows without size or
-        bandwidth are dropped.
+        bandwidth are dropped. Beyond :data:`NCCL_MAX_POINTS` calls the points are a random
+        sample (the subtitle says so); the median line is over every call.
     """
     alt = _alt()
     cols = {k: _pick(data, k) for k in _NCCL_ALIASES}
@@ -683,13 +688,14 @@ def nccl_bandwidth_chart(data: pl.DataFrame, *, title: str | None = None) -> Any
         & pl.col("bus_bandwidth_gbps").is_not_null()
         & (pl.col("bus_bandwidth_gbps") > 0)
     )
-    if frame.height > 4000:  # one point per call is plenty; keep the chart light
-        frame = frame.sample(4000, seed=0).sort("bytes")
-    medians = (
+    medians = (  # over every call, before the points are thinned
         frame.group_by("collective", "bytes")
         .agg(pl.col("bus_bandwidth_gbps").median())
         .sort("collective", "bytes")
     )
+    calls = frame.height
+    if calls > NCCL_MAX_POINTS:  # altair embeds at most 5,000 rows; a random sample of the points
+        frame = frame.sample(NCCL_MAX_POINTS, seed=0).sort("bytes")
     binary = (
         "datum.value >= 1073741824 ? format(datum.value / 1073741824, '~g') + ' GiB' : "
         "datum.value >= 1048576 ? format(datum.value / 1048576, '~g') + ' MiB' : "
@@ -708,4 +714,8 @@ def nccl_bandwidth_chart(data: pl.DataFrame, *, title: str | None = None) -> Any
         tooltip=["collective:N", alt.Tooltip("bytes:Q", format=",.0f"), alt.Tooltip("bus_bandwidth_gbps:Q", format=".2f", title="busbw (GB/s)")],
     )  # fmt: skip
     lines = alt.Chart(medians).mark_line().encode(x=x, y=y, color=color)
-    return _titled(alt.layer(points, lines), title)
+    chart = alt.layer(points, lines)
+    if frame.height < calls:
+        return chart.properties(title=alt.TitleParams(
+            title or "", subtitle=f"{frame.height:,} of {calls:,} calls drawn (a random sample); medians over all"))
+    return _titled(chart, title)
