@@ -561,7 +561,7 @@ class ExportDatabase:
                 parts = list(pool.map(lambda sql: self._query_adbc(sql, schema, rechunk=False), sqls))
         except Exception as exc:  # ADBC mis-typing in a slice: the exact single-threaded path
             log.debug("parallel ADBC read failed (%s); reading in one query", exc)
-            return self.query(whole, schema)
+            return self.query(whole, schema, rechunk=rechunk)
         return pl.concat(parts, rechunk=rechunk)
 
     def _rowid_slices(self, table: str) -> list[tuple[int, int]]:

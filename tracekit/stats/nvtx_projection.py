@@ -161,13 +161,8 @@ def projection(trace: NsysTrace, *, kernels_only: bool = False) -> Projection:
         del pairs
     ops = ops.with_row_index("_op")
     tree = _nvtx_tree(trace.table("nvtx", _TREE_COLUMNS), [], paths=False)
-    threads = tree.select("global_tid", "_thr").unique(subset=["global_tid"], keep="first")
-    calls = (
-        ops.select("_op", "global_tid", pl.col("api_start_ns").alias("_s"), pl.col("api_end_ns").alias("_e"))
-        .filter(pl.col("_s").is_not_null())
-        .join(threads, on="global_tid", how="inner")
-        .select("_op", "_thr", "_s", "_e")
-    )
+    calls = _on_tree_threads(
+        ops.select("_op", "global_tid", pl.col("api_start_ns").alias("_s"), pl.col("api_end_ns").alias("_e")), tree)
     inner = _innermost(calls, tree)
     found = inner.filter(pl.col("_idx").is_not_null())["_op"].cast(pl.Int64)
     inside = pl.repeat(False, ops.height, dtype=pl.Boolean, eager=True)
@@ -221,19 +216,8 @@ def projection_for_totals(trace: NsysTrace) -> Projection:
     ).with_row_index("_op")
     del pairs
     tree = _nvtx_tree(trace.table("nvtx", _TREE_COLUMNS), [], paths=False)
-    threads = tree.select("global_tid", "_thr").unique(subset=["global_tid"], keep="first")
+    calls = _on_tree_threads(calls, tree)
     tree = tree.drop("global_tid", "is_open", "event_type_id")
-    # each call's thread of the tree looked up, not joined: the join copied every call's
-    # columns while the calls were held (s30x, 30 M calls: +534 MiB at this report's peak);
-    # calls on threads without ranges, or without a start, are dropped as the inner join did
-    thr = calls["global_tid"].replace_strict(threads["global_tid"], threads["_thr"], default=None,
-                                             return_dtype=threads.schema["_thr"])
-    keep = thr.is_not_null() & calls["_s"].is_not_null()
-    calls = calls.select("_op", thr.alias("_thr"), "_s", "_e")
-    del thr
-    if not keep.all():
-        calls = calls.filter(keep)
-    del keep
     inners, extras = [], []
     starts = innermost_starts(tree)  # the per-tree work, once (per chunk it grew with chunks × ranges)
     ends = tree["end_ns"].drop_nulls().unique().sort()
@@ -252,6 +236,19 @@ def projection_for_totals(trace: NsysTrace) -> Projection:
         calls = calls.clear()
     ops = _OpColumns(op_column, lrow)
     return Projection(tree, ops, calls, inner, pl.Series("inside", [], pl.Boolean), extra)  # type: ignore[arg-type]
+
+
+def _on_tree_threads(calls: pl.DataFrame, tree: pl.DataFrame) -> pl.DataFrame:
+    """``calls`` (``_op``, ``global_tid``, ``_s``, ``_e``) as ``_op``, ``_thr`` (the thread's
+    number in ``tree``), ``_s``, ``_e``, in their order; calls without a start or on a thread
+    without ranges are dropped. The thread is looked up, not joined: a join copied every call's
+    columns while the calls were held (s30x, 30 M calls: +534 MiB at ``nvtx_gpu_proj_sum``'s peak)."""
+    threads = tree.select("global_tid", "_thr").unique(subset=["global_tid"], keep="first")
+    thr = calls["global_tid"].replace_strict(threads["global_tid"], threads["_thr"], default=None,
+                                             return_dtype=threads.schema["_thr"])
+    keep = thr.is_not_null() & calls["_s"].is_not_null()
+    out = calls.select("_op", thr.alias("_thr"), "_s", "_e")
+    return out if keep.all() else out.filter(keep)
 
 
 class _OpColumns:
