@@ -111,7 +111,7 @@ def tune_allocator(argv: Sequence[str], env: MutableMapping[str, str] | None = N
         total = sum(_size(Path(arg)) for arg in argv[1:] if not arg.startswith("-"))
         if argv[0] in STEPPED_COMMANDS and total >= min_bytes:
             value = DECAY_NOW
-        elif total >= DECAY_SHORT_FROM.get(argv[0], BIG_INPUT_BYTES + 1):
+        elif argv[0] in DECAY_SHORT_FROM and total >= DECAY_SHORT_FROM[argv[0]]:
             value = DECAY_SHORT
     env[_VARIABLE] = value
     return value
