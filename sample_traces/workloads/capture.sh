@@ -5,6 +5,7 @@
 #
 # TARGETs: decode1 train1 tp2 tp2ranks tp2pp2 customar ncu_drill ncu_full ncu_prec planted planted_metrics planted_sync planted_ncu ncu_int8 reexport
 #          hf_eager graph1 compile compile_functional tp2graph overhead (issue 26: HF generate, CUDA graphs, torch.compile)
+#          dp_ddp dp_exposed dp_fsdp2 gen_calls gen_calls_annot serve_inproc serve_child micro compile_where (issue 36: run structure)
 # NSYS / NCU name the tools (default: nsys/ncu on PATH, else the nsys shipped inside
 # Nsight Compute 2025.3.1). Each nsys target leaves NAME.nsys-rep, NAME.sqlite and the
 # `nsys stats --format csv` output of that same nsys in OUTDIR/NAME/; each ncu target
@@ -76,6 +77,28 @@ DRILL_SECTIONS=(--section SpeedOfLight --section SpeedOfLight_RooflineChart
   --section ComputeWorkloadAnalysis
   --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats)
 TENSOR_METRICS=sm__ops_path_tensor_src_bf16_dst_fp32.sum,sm__ops_path_tensor_src_fp16.sum,sm__ops_path_tensor_src_tf32_dst_fp32.sum,sm__ops_path_tensor_src_fp8.sum,sm__ops_path_tensor_src_fp64.sum,sm__inst_executed_pipe_tensor_op_gmma.sum,dram__bytes_read.sum,dram__bytes_write.sum
+
+# issue 36 (run structure): whole runs as users profile them (start-up included, no capture
+# range, no NVTX unless said), summary stats only (the *_trace reports would be larger than the files)
+RS=(--trace=cuda,nvtx --sample=none --cpuctxsw=none --cuda-memory-usage=true --force-overwrite=true)
+SUM_REPORTS=cuda_gpu_kern_sum,cuda_gpu_mem_time_sum,cuda_gpu_mem_size_sum,cuda_api_sum,nvtx_sum,nvtx_gpu_proj_sum,cuda_kern_exec_sum
+export_sum() {  # DIR NAME: .nsys-rep -> .sqlite -> summary stats CSVs
+  local dir=$1 name=$2
+  "$NSYS" export --type=sqlite "${BLOBS[@]}" --force-overwrite=true -o "$dir/$name.sqlite" "$dir/$name.nsys-rep" >/dev/null || return 1
+  "$NSYS" stats --format=csv --report="$SUM_REPORTS" --force-overwrite=true \
+      --output="$dir/stats/$name" "$dir/$name.sqlite" >/dev/null 2>"$dir/stats/$name.stderr.txt"
+  ls -la "$dir"
+}
+rs_target() {  # NAME -- NSYS-OPTIONS... COMMAND...
+  local name=$1; shift; shift
+  local dir="$OUT/$name"; mkdir -p "$dir/stats"
+  local rs=("${RS[@]}"); [ -n "${RS_TRACE:-}" ] && rs[0]="--trace=$RS_TRACE"
+  echo "== $name: $NSYS profile ${rs[*]} -o $dir/$name $*" | tee "$dir/command.txt"
+  "$NSYS" profile "${rs[@]}" -o "$dir/$name" "$@" > "$dir/profile_log.txt" 2>&1; grep -v -i warn "$dir/profile_log.txt" | tail -8
+  export_sum "$dir" "$name"
+}
+ANNOTATE=(env "PYTHONPATH=$ROOT/tracekit/capture/torch_autoload" "TRACEKIT_ANNOTATE_TORCH={}")
+SERVE=(--layout child --requests 12 --rate 12)
 
 for target in "$@"; do
   SECONDS=0
@@ -182,6 +205,30 @@ for target in "$@"; do
       "$NSYS" profile --trace=cuda,nvtx --sample=none --cpuctxsw=none --force-overwrite=true -o "$dir/overhead" \
           "$PY" annotate_overhead.py > "$dir/under_nsys.json" 2> "$dir/under_nsys.stderr.txt"
       grep '^{' "$dir/under_nsys.json"; rm -f "$dir/overhead.nsys-rep" ;;
+    # --- issue 36: run structure (training without NVTX, generate() calls, serving, microbenchmarks) ---
+    dp_ddp) rs_target train_ddp_2gpu -- "$PY" -m torch.distributed.run --nproc-per-node 2 train_dp.py --mode ddp ;;
+    dp_exposed) rs_target train_ddp_exposed_2gpu -- "$PY" -m torch.distributed.run --nproc-per-node 2 train_dp.py --mode allreduce-after-backward ;;
+    dp_fsdp2)  # one nsys per rank
+      name=train_fsdp2_2gpu; dir="$OUT/$name"; mkdir -p "$dir/stats"
+      echo "== $name: $PY -m torch.distributed.run --nproc-per-node 2 --no-python $NSYS profile ${RS[*]} -o $dir/${name}_rank%q{RANK} $PY train_dp.py --mode fsdp2" | tee "$dir/command.txt"
+      "$PY" -m torch.distributed.run --nproc-per-node 2 --no-python "$NSYS" profile "${RS[@]}" \
+          -o "$dir/${name}_rank%q{RANK}" "$PY" train_dp.py --mode fsdp2 > "$dir/profile_log.txt" 2>&1; grep -v -i warn "$dir/profile_log.txt" | tail -8
+      for r in 0 1; do export_sum "$dir" "${name}_rank$r"; done ;;
+    gen_calls) rs_target hf_generate_calls -- "$PY" hf_generate_calls.py --calls 3 ;;
+    gen_calls_annot) rs_target hf_generate_calls_annotated -- "${ANNOTATE[@]}" "$PY" hf_generate_calls.py --calls 3 ;;
+    serve_inproc) rs_target serve_cb_1gpu -- "$PY" serve.py --layout inproc --requests 12 --rate 12 ;;
+    serve_child)  # the engine in a forked child: not followed (the default), then followed; GPU metrics on both
+      rs_target serve_child_nofollow -- --gpu-metrics-devices=0 --gpu-metrics-frequency=500 "$PY" serve.py "${SERVE[@]}"
+      rs_target serve_child_follow -- --trace-fork-before-exec=true --gpu-metrics-devices=0 --gpu-metrics-frequency=500 \
+          "$PY" serve.py "${SERVE[@]}" ;;
+    micro_jax) RS_TRACE=cuda rs_target microbench_jax -- env XLA_PYTHON_CLIENT_PREALLOCATE=false "$PY" microbench.py --kind jax --reps 500 ;;
+    micro)
+      # XLA's NVTX ranges (registered strings) made nsys 2025.3's importer fail ("Cannot find string for an
+      # exterior index": no kernel table in the export), so the JAX run is traced without NVTX
+      RS_TRACE=cuda rs_target microbench_jax -- env XLA_PYTHON_CLIENT_PREALLOCATE=false "$PY" microbench.py --kind jax --reps 500
+      rs_target microbench_triton -- "$PY" microbench.py --kind triton ;;
+    compile_where) rs_target compile_where_decode -- env TORCH_LOGS=perf_hints "$PY" graph_decode.py --mode compile-where \
+          --layers 8 --batch 8 --prompt 512 --steps 24 --max-seq 4096 ;;
     *) echo "unknown target $target" ;;
   esac
   echo "== $target took ${SECONDS}s"

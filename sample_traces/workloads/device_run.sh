@@ -11,7 +11,8 @@ for f in "$ROOT"/.dw/*.deb; do dpkg -x "$f" /tmp/dw; done
 export LD_LIBRARY_PATH=/tmp/dw/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 NSYS=${NSYS:-/opt/nvidia/nsight-compute/2025.3.1/host/target-linux-x64/nsys}
 export NSYS
-res=/tmp/capture
+name=${CAPTURE_NAME:-capture}
+res=/tmp/$name
 mkdir -p $res
 {
   echo "date: $(date -u +%FT%TZ)"
@@ -23,6 +24,6 @@ mkdir -p $res
 } > $res/machine.txt 2>&1
 cat $res/machine.txt
 timeout "$budget" bash "$ROOT/sample_traces/workloads/capture.sh" $res "$@" 2>&1 | tee $res/capture_log.txt
-cd /tmp && tar cf - capture | xz -T0 -6 > /tmp/capture.tar.xz
-split -b 15M -d /tmp/capture.tar.xz "$OUT/capture.tar.xz.part"
+cd /tmp && tar --exclude="*.nsys-rep" -cf - "$name" | xz -T0 -6 > "/tmp/$name.tar.xz"
+split -b 15M -d "/tmp/$name.tar.xz" "$OUT/$name.tar.xz.part"
 ls -la "$OUT"; du -sh $res/*

@@ -25,6 +25,12 @@ Modes:
   (``torch.compiler.cudagraph_mark_step_begin``) and the new caches are cloned outside the
   compiled code: every step copies every layer's whole KV cache, more than once.
 
+* ``compile-where``: the step compiled with ``torch.compile`` (default mode) writing the new
+  token into its KV cache the way code ported from JAX does, ``cache.copy_(torch.where(pos ==
+  positions, k, cache))``: Inductor turns it into pointwise Triton kernels that read and write
+  every layer's whole cache each step (``--max-seq`` sizes the cache, as an engine sizes it
+  for the longest context).
+
 NVTX: ``prefill`` and ``decode.<i>`` ranges when ``--nvtx`` is given (a serving engine has
 none by default; the TP capture leaves them out). The profiled part runs between
 ``cudaProfilerStart`` and ``cudaProfilerStop``; the script then leaves with ``os._exit(0)``
@@ -47,6 +53,8 @@ from torch import nn
 HERE = Path(__file__).resolve().parent
 #: ``--mode compile-functional``: decode steps return new KV caches instead of writing in place.
 FUNCTIONAL = False
+#: ``--mode compile-where``: decode steps rewrite the whole cache through ``torch.where``.
+WHERE = False
 
 
 class Shape:
@@ -99,6 +107,11 @@ class Attention(nn.Module):
             k_cache[:, :, :t] = k
             v_cache[:, :, :t] = v
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        elif WHERE and caches is not None:  # decode, JAX style: every position rewritten, the new one selected
+            sel = torch.arange(k_cache.shape[2], device=k.device).view(1, 1, -1, 1) == pos.view(1, 1, 1, 1)
+            k_cache.copy_(torch.where(sel, k, k_cache))
+            v_cache.copy_(torch.where(sel, v, v_cache))
+            y = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask, enable_gqa=True)
         elif FUNCTIONAL and caches is not None:  # decode, functional style: a new cache each step
             k_cache, v_cache = k_cache.index_copy(2, pos, k), v_cache.index_copy(2, pos, v)
             caches[0], caches[1] = k_cache, v_cache
@@ -183,13 +196,14 @@ class Model(nn.Module):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--mode", choices=["graph", "eager", "compile-kvcopy", "compile-functional"], default="graph")
+    ap.add_argument("--mode", choices=["graph", "eager", "compile-kvcopy", "compile-functional", "compile-where"], default="graph")
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--layers", type=int, default=None)
+    ap.add_argument("--max-seq", type=int, default=None, help="KV cache length (default: prompt + steps, rounded up to 64)")
     ap.add_argument("--nvtx", action="store_true")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bfloat16")
@@ -206,7 +220,7 @@ def main() -> None:
     cfg = json.loads((HERE / "qwen3_0.6b_config.json").read_text())
     s = Shape(cfg, args.layers)
     total = args.prompt + args.warmup + args.steps + 1
-    max_seq = 64 * math.ceil(total / 64)
+    max_seq = max(64 * math.ceil(total / 64), args.max_seq or 0)
     torch.manual_seed(rank)
     with torch.device(device):
         model = Model(s, args.tp, args.batch, max_seq, dtype, device).to(dtype).eval()
@@ -225,10 +239,11 @@ def main() -> None:
     if args.mode.startswith("compile-"):
         # the caches as plain tensors the compiled step writes into (not module buffers), or
         # (functional) replaces by new ones
-        global FUNCTIONAL
+        global FUNCTIONAL, WHERE
         FUNCTIONAL = args.mode == "compile-functional"
+        WHERE = args.mode == "compile-where"
         caches = [[torch.zeros_like(layer.self_attn.k_cache), torch.zeros_like(layer.self_attn.v_cache)] for layer in model.layers]
-        step_fn = torch.compile(model, mode="reduce-overhead")
+        step_fn = torch.compile(model) if WHERE else torch.compile(model, mode="reduce-overhead")
 
     @torch.inference_mode()
     def prefill() -> torch.Tensor:
@@ -322,8 +337,8 @@ def main() -> None:
                           "steps": args.steps, "layers": s.layers, "ttft_ms": round(1e3 * ttft, 3),
                           "ms_per_token": round(1e3 * (wall - ttft) / max(args.steps, 1), 3),
                           "tokens": len(tokens)}), flush=True)
-    if args.tp > 1 or cuda:
-        os._exit(0)
+    if args.tp > 1:  # NCCL teardown after graph-captured collectives can hang; one GPU exits normally
+        os._exit(0)     # (os._exit skips the CUDA profiler's final flush: a whole-run capture would lose kernels)
 
 
 if __name__ == "__main__":
