@@ -18,7 +18,6 @@ import pytest
 import tracekit
 from tracekit.diagnosis import DiagnoseConfig, diagnose
 from tracekit.diagnosis.result import fmt_ns
-from tracekit.diagnosis.window import find_period
 
 from .conftest import ROOT, SAMPLES, llm_capture, llm_capture_names, union_ns
 
@@ -89,25 +88,20 @@ def test_window_from_nvtx_excludes_warmup_by_hand() -> None:
     assert d.window.end_ns == max(last_gpu_end, steps[-1][2])
 
 
-def test_window_from_kernel_period_matches_nvtx_steps() -> None:
-    """Without NVTX the repeating sequence of GPU operations gives the same steps: 12
-    iterations of as many operations as the NVTX steps of the same program launch, the first
-    one warm-up, and a median step within 5 % of the NVTX-delimited run."""
+def test_window_from_kernel_loop_matches_nvtx_steps() -> None:
+    """Without NVTX the kernel loop gives the same steps: 12 iterations of as many operations
+    as the NVTX steps of the same program launch (the step's only once-per-step operation, a
+    device-to-device copy, marks it), the first one warm-up, and a median step within 5 % of
+    the NVTX-delimited run."""
     d = diagnose(_export("clean_nonvtx"))
     ref = diagnose(_export("clean"))
-    assert d.window.method == "kernel_period"
+    assert d.window.method == "kernel_loop"
     its = d.window.iterations
     per_step = set(ref.window.iterations["ops"].to_list())
     assert len(per_step) == 1
-    assert its.height == 12 and set(its["kernels"].to_list()) == per_step
+    assert its.height == 12 and set(its["kernels"].to_list()[1:]) == per_step
     assert d.window.steps == 11
     assert abs(d.window.step_ns - ref.window.step_ns) / ref.window.step_ns < 0.05  # type: ignore[operator]
-
-
-def test_find_period_prologue_epilogue() -> None:
-    seq = np.array([0, 1] * 8 + [2, 3, 4, 3, 5] * 12 + [6, 7])
-    assert find_period(seq) == (5, 16, 76)
-    assert find_period(np.arange(100)) is None
 
 
 def test_host_bound_time_by_hand() -> None:
@@ -263,7 +257,7 @@ def test_every_sample_diagnoses(path: Path) -> None:
     assert f.columns == ["category", "severity", "time_ns", "share", "title", "evidence", "advice", "next"]
     assert set(f["severity"]) <= {"high", "medium", "low", "info"}
     payload = json.loads(d.to_json())
-    assert payload["window"]["method"] in ("nvtx", "forwards", "graph_replays", "kernel_period", "whole_trace")
+    assert payload["window"]["method"] in ("nvtx", "forwards", "graph_replays", "kernel_loop", "whole_trace")
     assert d.to_markdown().startswith("# Diagnosis")
 
 
@@ -273,7 +267,8 @@ def test_cli_formats_and_errors(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     payload = json.loads(out.stdout)
     assert payload["findings"][0]["category"] == "host_bound"
-    assert set(payload) == {"trace", "window", "phases", "findings"}
+    assert set(payload) == {"trace", "structure", "window", "phases", "findings"}
+    assert payload["structure"]["kind"] == "unknown" and payload["structure"]["steady_iterations"] == payload["window"]["steps"]
     bad = subprocess.run([*exe, str(_export("host_bound")), "--set", "nope=1"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "unknown diagnosis setting" in bad.stderr
     md = subprocess.run([*exe, str(_export("launch_bound")), "-f", "markdown"], capture_output=True, text=True, timeout=300)
@@ -362,7 +357,7 @@ def test_the_three_commands_on_every_export(path: Path) -> None:
     from tracekit.model import compare
 
     d = diagnose(path)
-    assert d.findings.height >= 0 and d.window.method in ("nvtx", "forwards", "graph_replays", "kernel_period", "whole_trace")
+    assert d.findings.height >= 0 and d.window.method in ("nvtx", "forwards", "graph_replays", "kernel_loop", "whole_trace")
     assert all(f.title for f in d.items)
     diff = tracekit.diff(path, path)
     assert all(set(frame["verdict"]) <= {"no change"} for frame in diff.levels.values())
@@ -505,9 +500,10 @@ def test_a_step_loop_is_not_called_a_generation() -> None:
 
 def test_phases_do_not_depend_on_group_order_or_held_tables() -> None:
     """Two processes with as many steps (custom_allreduce_2gpu: one per GPU) tie; the pick of
-    the main process and of the busiest device is fixed (lowest pid/device), so the phases are
+    the main process and of the busiest device is fixed (lowest pid/device), so the steps are
     the same in every run and whichever tables the trace already holds (a group-by's row order
-    had made the time to first token 444 µs or 2.43 ms from one call to the next)."""
+    had made the first step's time 444 µs or 2.43 ms from one call to the next). The run is a
+    collective microbenchmark: no generation phases (its heavy first iteration is no prompt)."""
     from tracekit.analysis.phases import generation_steps
     from tracekit.diagnosis.config import DiagnoseConfig
     from tracekit.diagnosis.context import Context
@@ -515,17 +511,21 @@ def test_phases_do_not_depend_on_group_order_or_held_tables() -> None:
     path = ROOT / "sample_traces" / "custom_allreduce_2gpu" / "custom_allreduce_2gpu.sqlite"
     ctx = Context(tracekit.open(path), DiagnoseConfig())
     ctx.prepare_reads()
-    runs = {generation_steps(ctx.ops_with_launch, ctx.nvtx, ctx.graph_launches).to_dicts().__repr__() for _ in range(12)}
+    # tokens=True: as if the steps made tokens, so that there are steps to compare
+    runs = {generation_steps(ctx.ops_with_launch, ctx.nvtx, ctx.graph_launches, tokens=True).to_dicts().__repr__() for _ in range(12)}
     assert len(runs) == 1
-    fresh = tracekit.diagnose(tracekit.open(path)).phases
+    fresh = tracekit.diagnose(tracekit.open(path))
     held = tracekit.open(path)
     _ = held.kernels, held.memcpys
-    assert fresh.height == 2
-    assert fresh.equals(tracekit.diagnose(held).phases)
-    # the first process (lowest pid) is the one measured: its prefill step's busy time, 245,696 ns
+    again = tracekit.diagnose(held)
+    assert fresh.structure.kind == again.structure.kind == "microbenchmark"
+    assert fresh.phases.height == 0 and again.phases.height == 0
+    assert fresh.window.start_ns == again.window.start_ns and fresh.window.end_ns == again.window.end_ns
+    # the first process (lowest pid) is the one measured: its first step's busy time, 245,696 ns
     # by hand in SQL (union of its 6 kernels, copies and memsets launched inside iter.2)
-    steps = generation_steps(ctx.ops_with_launch, ctx.nvtx, ctx.graph_launches)
+    steps = generation_steps(ctx.ops_with_launch, ctx.nvtx, ctx.graph_launches, tokens=True)
     assert steps["gpu_busy_ns"].to_list()[0] == 245696
+    assert generation_steps(ctx.ops_with_launch, ctx.nvtx, ctx.graph_launches).height == 0
 
 
 @pytest.mark.parametrize("name", ["llm_decode_1gpu", "custom_allreduce_2gpu", "llm_tp2_nccl", *[f"stack:{n}" for n in llm_capture_names()]])

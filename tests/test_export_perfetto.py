@@ -640,21 +640,20 @@ def test_cli_help_lists_export(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 # -- the steady-state window's tie rule -------------------------------------------------------------------
-def test_period_search_breaks_ties_by_lowest_rank(decode: object) -> None:
-    """Two ranks with the same GPU time: the lowest rank is searched, whatever the row order."""
-    from tracekit.diagnosis.config import DiagnoseConfig
-    from tracekit.diagnosis.window import kernel_period_iterations
+def test_loop_search_breaks_ties_by_lowest_rank(decode: object) -> None:
+    """Two ranks with the same GPU time: the lowest rank is searched first, whatever the row
+    order, and its iterations are those of the rank alone."""
+    from tracekit.analysis.structure import kernel_loop_iterations
 
     k = decode.kernels.select("device_id", "start_ns", "end_ns", "duration_ns", "name")
     shifted = k.with_columns(pl.col("start_ns") + 1_000, pl.col("end_ns") + 1_000)
     a = pl.concat([k.with_columns(pl.lit(0, pl.Int64).alias("rank")), shifted.with_columns(pl.lit(1, pl.Int64).alias("rank"))])
     b = pl.concat([shifted.with_columns(pl.lit(1, pl.Int64).alias("rank")), k.with_columns(pl.lit(0, pl.Int64).alias("rank"))])
-    cfg = DiagnoseConfig()
-    ia, ib = kernel_period_iterations(a, cfg), kernel_period_iterations(b, cfg)
-    assert ia.height > 0
-    assert ia.equals(ib)
-    assert ia["start_ns"].to_list() == kernel_period_iterations(k.with_columns(pl.lit(0, pl.Int64).alias("rank")), cfg)[
-        "start_ns"].to_list()
+    la, lb = kernel_loop_iterations(a), kernel_loop_iterations(b)
+    assert la and la[0].keys == {"rank": 0, "device_id": 0} and lb[0].keys == la[0].keys
+    assert la[0].iterations.height > 0 and la[0].iterations.equals(lb[0].iterations)
+    alone = kernel_loop_iterations(k.with_columns(pl.lit(0, pl.Int64).alias("rank")))
+    assert la[0].iterations["start_ns"].to_list() == alone[0].iterations["start_ns"].to_list()
 
 
 @pytest.mark.parametrize("metrics", ["all", ["tensor_active"], []])

@@ -144,7 +144,7 @@ def test_empty_results_say_why() -> None:
 
     t = tracekit.open(SAMPLES / "planted" / "planted_clean_nonvtx" / "planted_clean_nonvtx.sqlite")
     ops = launch_info(gpu_ops(t.kernels, t.memcpys, t.memsets), t.cuda_api)
-    with pytest.warns(EmptyResultWarning, match="no NVTX ranges.*kernel_period_iterations"):
+    with pytest.warns(EmptyResultWarning, match="no NVTX ranges.*kernel_loop_iterations"):
         assert iterations(ops, t.nvtx).height == 0
     tp2 = tracekit.open(TP2)
     with pytest.warns(EmptyResultWarning, match="no NVTX range name matches 'nope'"):

@@ -17,12 +17,13 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+import numpy as np
 import polars as pl
 
 from tracekit.analysis._frames import interval_union, max_int, process_key, rank_keys
 from tracekit.analysis.attribution import _nvtx_tree
 
-__all__ = ["DEFAULT_ITERATION_PATTERN", "ITERATION_WORDS", "iteration_ranges", "iteration_stats", "iterations", "word_pattern"]
+__all__ = ["DEFAULT_ITERATION_PATTERN", "ITERATION_WORDS", "iteration_ranges", "iteration_stats", "iterations", "warmup_count", "word_pattern"]
 
 #: Words that name an iteration range (``step.3``, ``decode_12``, ``Iteration 4``, ``epoch:1``).
 ITERATION_WORDS: tuple[str, ...] = ("step", "iter", "iteration", "batch", "epoch", "decode", "forward")
@@ -111,8 +112,8 @@ def iterations(
             else f"no NVTX range name matches {pattern!r} (pass pattern=… for your step ranges)"
         )
         warnings.warn(
-            f"iterations: none found: {why}; tracekit.diagnose finds iterations from the repeating kernel "
-            "sequence instead (tracekit.diagnosis.window.kernel_period_iterations)",
+            f"iterations: none found: {why}; tracekit.diagnose finds iterations from the kernels that run "
+            "once per iteration instead (tracekit.analysis.structure.kernel_loop_iterations)",
             EmptyResultWarning, stacklevel=2,
         )
         return pl.DataFrame(schema={**({"rank": nvtx.schema["rank"]} if keys else {}), **_SCHEMA})
@@ -181,3 +182,19 @@ def iteration_stats(
         ((pl.col("max") - pl.col("min")) / pl.col("median")).alias("spread"),
     )
     return out.sort([*keys, "metric"])
+
+
+def warmup_count(lengths: list[int], factor: float) -> int:
+    """How many leading iterations are warm-up: each one longer than ``factor`` times the
+    median of those after it, at most half of them."""
+    n = len(lengths)
+    count = 0
+    while count < n // 2:
+        rest = lengths[count + 1 :]
+        if not rest:
+            break
+        if lengths[count] > factor * float(np.median(rest)):
+            count += 1
+        else:
+            break
+    return count

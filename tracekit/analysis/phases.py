@@ -13,13 +13,21 @@ steps, from the first of these sources that gives at least :data:`MIN_STEPS`:
 3. ``graph_replays``: each replay of the CUDA graph that holds the most GPU time is a decode
    step (serving engines, ``torch.compile(mode="reduce-overhead")``); the GPU work before the
    first replay, back to the previous idle gap longer than a step, is the prefill;
-4. ``kernel_period``: the repeating per-token sequence of kernel names on the busiest GPU
-   (:func:`~tracekit.analysis.period.find_period`); the work before it is the prefill.
+4. ``kernel_loop``: one step per instance of the loop of one-token forwards on the busiest GPU,
+   found from the names that run once per forward (:func:`tracekit.analysis.loops.token_loop`:
+   the embedding, the final norm, the LM head and the sampling run once per token, the
+   layers' kernels once per layer), over every ``generate()`` call of the capture.
 
-Without a ``prefill`` range, a leading step whose GPU busy time is at least
-``prefill_factor`` (:data:`~tracekit.analysis.layers.PREFILL_FACTOR`) times the median of the
-others is the prefill (the prompt's forward does a prompt's worth of work; warm-up is excluded
-by capturing after it).
+Without a ``prefill`` range, the prefills are: of several ``generate()`` calls found in the
+kernel loop, each call's first forward; of an engine's steps (a kernel loop whose steps differ
+in size), every step that launched a prompt's forward besides the decode
+(:func:`engine_prefills`: counted from its operations, ``prefills`` per step); of forwards
+(``module``) and other kernel-loop steps, every step whose GPU busy time is at least
+``prefill_factor`` (:data:`~tracekit.analysis.layers.PREFILL_FACTOR`) times the median step's
+(the prompt's forward does a prompt's worth of work). NVTX step ranges without a prefill range
+have none: a heavy first step is no prompt (NCCL's first wait, a cold start). A loop is only a
+generation with evidence that it makes tokens: a prefill, a decode name, graph replays, or
+(``tokens``) the sampled ids copied to the host every step.
 
 :func:`phase_summary` gives per phase the time to first token, the time per output token
 (median and 90th percentile of the intervals between decode steps) and the GPU busy share.
@@ -37,11 +45,19 @@ import polars as pl
 
 from tracekit.analysis._frames import interval_union, process_key, rank_keys
 from tracekit.analysis.attribution import _nvtx_tree
-from tracekit.analysis.iterations import DEFAULT_ITERATION_PATTERN, word_pattern
+from tracekit.analysis.iterations import DEFAULT_ITERATION_PATTERN, warmup_count, word_pattern
 from tracekit.analysis.layers import PREFILL_FACTOR, forward_ranges
-from tracekit.analysis.period import find_period
+from tracekit.analysis.loops import (
+    REGULAR,
+    find_loops,
+    host_copy_codes,
+    idle_before,
+    main_loop,
+    token_loop,
+)
 
-__all__ = ["DECODE_PATTERN", "MIN_STEPS", "PREFILL_PATTERN", "STEP_COLUMNS", "generation_steps", "phase_summary", "trace_generation_steps"]
+__all__ = ["DECODE_PATTERN", "MIN_STEPS", "PREFILL_PATTERN", "REQUEST_COLUMNS", "STEP_COLUMNS", "engine_prefills", "generation_steps", "number_requests", "phase_summary",
+           "requests", "trace_generation_steps"]
 
 #: At least this many steps make a generation (fewer: no phases).
 MIN_STEPS = 3
@@ -55,6 +71,7 @@ DECODE_PATTERN = word_pattern(("decode", "generate", "generation", "token", "sam
 STEP_COLUMNS: dict[str, pl.DataType | type[pl.DataType]] = {
     "step": pl.Int64, "phase": pl.Utf8, "source": pl.Utf8, "name": pl.Utf8, "start_ns": pl.Int64, "end_ns": pl.Int64,
     "gpu_start_ns": pl.Int64, "gpu_end_ns": pl.Int64, "gpu_busy_ns": pl.Int64, "ops": pl.Int64, "interval_ns": pl.Int64,
+    "prefills": pl.Int64,
 }
 
 
@@ -196,34 +213,84 @@ def _from_graphs(launches: pl.DataFrame, ops: pl.DataFrame, rk: list[str]) -> pl
     return pl.concat(parts, how="vertical_relaxed")
 
 
-def _from_period(ops: pl.DataFrame, rk: list[str]) -> pl.DataFrame | None:
-    """Steps of the repeating kernel sequence on the busiest GPU; the work before the first
-    period is the prefill."""
-    k = ops.filter(pl.col("op_kind") == "kernel") if "op_kind" in ops.columns else ops
-    if k.height < 2 * MIN_STEPS:
+def _from_loops(ops: pl.DataFrame, rk: list[str]) -> pl.DataFrame | None:
+    """One step per instance of the token loop (:func:`~tracekit.analysis.loops.token_loop`) of
+    the busiest GPU's operations: each forward of a token (the prompt's included), also over
+    several ``generate()`` calls; the work before the first instance, when the loop holds no
+    prompt forward, is a prefill step."""
+
+    if ops.height < 2 * MIN_STEPS:
         return None
     dev = [*rk, "device_id"]
-    busiest = k.group_by(dev).agg(pl.col("duration_ns").sum())
+    busiest = ops.group_by(dev).agg(pl.col("duration_ns").sum())
     busiest = busiest.sort(["duration_ns", *dev], descending=[True, *[False] * len(dev)], nulls_last=True).head(1).select(dev)
-    k = k.join(busiest, on=dev).sort("start_ns")
+    k = ops.join(busiest, on=dev).sort("start_ns")
     names = k["name"]  # integer codes from a big export's narrow read (equal names, equal codes)
-    codes = (names if names.dtype.is_integer() else names.cast(pl.Categorical).to_physical()).to_numpy().astype(np.int64)
-    found = find_period(codes, min_repeats=MIN_STEPS)
-    if found is None:
+    codes = (names if names.dtype.is_integer() else names.cast(pl.Categorical).to_physical()).fill_null(-1).to_numpy().astype(np.int64)
+    loops = find_loops(codes, k["start_ns"].to_numpy(), k["end_ns"].to_numpy(), min_repeats=MIN_STEPS)
+    main = main_loop(loops, host_copies=host_copy_codes(names, codes))
+    if main is None:
         return None
-    p, first, stop = found
-    bounds = list(range(first, stop, p))
+    loop = token_loop(loops, main)
+    phase: np.ndarray | None = None
+    if loop is not main:
+        # several generate() calls (main) of one forward per token: each call's first is its prompt's
+        call = np.searchsorted(main.bounds, loop.bounds, side="right") - 1
+        phase = np.where(np.diff(np.concatenate([[-1], call])) != 0, "prefill", "decode")
+    elif main.regular < REGULAR:
+        # an engine's steps, some of which also run an arriving request's prompt: those are
+        # heavier anywhere in the run (marked below, by GPU busy time)
+        phase = np.full(loop.count, "", dtype=object)
+    first = int(loop.bounds[0])
     ids = np.full(k.height, -1, dtype=np.int64)
-    if first > 0:
-        ids[:first] = 0  # the prefill: everything before the loop
-    for i, b in enumerate(bounds):
-        ids[b : min(b + p, k.height)] = i + (1 if first > 0 else 0)
+    lead = 0
+    if first > 0 and loop is main:
+        # before the loop, back to the last idle gap longer than a step: the prompt's forward
+        # when the loop holds none (what lies before that gap is start-up)
+        starts = k["start_ns"].to_numpy()
+        gap = idle_before(starts, k["end_ns"].to_numpy())
+        step = float(np.median(np.diff(starts[loop.bounds]))) if loop.count > 1 else 0.0
+        long = np.nonzero(gap[1 : first + 1] > max(step, 1.0))[0]
+        lead = first - (int(long[-1]) + 1 if long.size else 0)
+        ids[first - lead : first] = 0
+    shift = 1 if lead else 0
+    for i, (a, b) in enumerate(zip(loop.bounds, np.append(loop.bounds[1:], loop.stop), strict=True)):
+        ids[int(a) : int(b)] = i + shift
     j = k.with_columns(pl.Series("_sid", ids)).filter(pl.col("_sid") >= 0)
     steps = _gpu_of(j, "_sid", rk).sort("_sid")
+    labels = pl.lit(None, pl.Utf8)
+    if phase is not None:
+        full = np.concatenate([["prefill"] if shift else [], phase]).astype(object)
+        labels = pl.Series("phase", [p or "?" for p in full], dtype=pl.Utf8).gather(steps["_sid"])
     steps = steps.with_columns(pl.col("gpu_start_ns").alias("start_ns"), pl.col("gpu_end_ns").alias("end_ns"),
-                               pl.lit(None, pl.Utf8).alias("name"),
-                               pl.when((pl.col("_sid") == 0) & pl.lit(first > 0)).then(pl.lit("prefill")).otherwise(None).alias("phase"))
+                               pl.lit(None, pl.Utf8).alias("name"), labels.alias("phase"))
     return steps.drop("_sid")
+
+
+def engine_prefills(ops: np.ndarray, busy: np.ndarray, prefill_factor: float = PREFILL_FACTOR) -> np.ndarray:
+    """How many prompts each step of an engine ran besides its decode (0 for a decode-only
+    step): a prompt's forward launches about as many operations as the batched decode forward,
+    so a step's operations are the usual decode step's (the most common count, ``M``) plus
+    ``k`` times a prompt's (``P``), or ``k·P`` alone when no request was decoding. ``P`` is
+    read off the steps above and below ``M`` (the smallest such difference and those within
+    half of it again). Without such steps, a step with ``prefill_factor`` times the median
+    GPU busy time ran one prompt."""
+    if ops.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    values, counts = np.unique(ops, return_counts=True)
+    m = float(values[np.argmax(counts)])
+    above = ops[ops > 1.2 * m] - m
+    below = ops[(ops < 0.8 * m) & (ops > 0.2 * m)]
+    cands = np.concatenate([above, below]).astype(float)
+    if cands.size == 0:
+        return (busy >= prefill_factor * float(np.median(busy))).astype(np.int64)
+    p = float(np.median(cands[cands <= 1.5 * cands.min()]))
+    k = np.zeros(ops.size, dtype=np.int64)
+    hi = ops > 1.2 * m
+    lo = (ops < 0.8 * m) & (ops > 0.2 * m)
+    k[hi] = np.maximum(np.rint((ops[hi] - m) / p), 1).astype(np.int64)
+    k[lo] = np.maximum(np.rint(ops[lo] / p), 1).astype(np.int64)
+    return k
 
 
 def _get_all(ops: pl.DataFrame, get: Callable[[list[str]], pl.DataFrame] | None) -> pl.DataFrame:
@@ -238,6 +305,7 @@ def generation_steps(
     *,
     pattern: str = DEFAULT_ITERATION_PATTERN,
     prefill_factor: float = PREFILL_FACTOR,
+    tokens: bool = False,
 ) -> pl.DataFrame:
     """The prefill and decode steps of a generation (see the module doc for the sources).
 
@@ -258,20 +326,24 @@ def generation_steps(
     pattern
         Iteration range names (regular expression, case-insensitive).
     prefill_factor
-        Without a prefill range, a leading step with at least this many times the median GPU
-        busy time of the others is the prefill.
+        Without a prefill range, a forward or kernel-loop step with at least this many times
+        the median GPU busy time is a prefill (NVTX step ranges need a prefill range).
+    tokens
+        Whether the steps are known to make tokens (:func:`tracekit.analysis.structure.
+        token_evidence`: the sampled ids copied to the host each step): needed for steps found
+        in the kernel loop, and for NVTX steps without a prefill or decode name.
 
     Returns
     -------
     One row per step, in time order: :data:`STEP_COLUMNS` — ``step`` (0-based), ``phase``
     (``prefill``/``decode``), ``source`` (``nvtx``, ``module``, ``graph_replays``,
-    ``kernel_period``), ``name`` (the range's label, or the launch's NVTX path), ``start_ns``/
+    ``kernel_loop``), ``name`` (the range's label, or the launch's NVTX path), ``start_ns``/
     ``end_ns`` (the CPU range for NVTX sources; the launch call to the replay's end for graph
     replays; the GPU span otherwise), ``gpu_start_ns``/``gpu_end_ns``/``gpu_busy_ns`` (its GPU
     work: span and union, ns), ``ops``, ``interval_ns`` (next step's start − this one's: the
     time per output token of a decode step; null for the last). Empty when no source gives
     :data:`MIN_STEPS` steps, or when nothing says the steps generate tokens: no prefill step
-    (a range or a leading heavy step), no step named as :data:`DECODE_PATTERN` and not graph
+    (a range, a call's first forward or a heavy step), no step named as :data:`DECODE_PATTERN` and not graph
     replays (a training loop's ``step.N`` is not a decode); of a trace set, the rank (or
     process) with the most steps.
     """
@@ -285,7 +357,8 @@ def generation_steps(
         if found is None:
             get = None
         if rk != (rank_keys(ops_with_launch, nvtx) if nvtx.height else rank_keys(ops_with_launch)):  # ranks in one only
-            return generation_steps(_get_all(ops_with_launch, get), nvtx, graph_launches, pattern=pattern, prefill_factor=prefill_factor)
+            return generation_steps(_get_all(ops_with_launch, get), nvtx, graph_launches, pattern=pattern, prefill_factor=prefill_factor,
+                                    tokens=tokens)
     else:
         rk = rank_keys(ops_with_launch, nvtx) if nvtx.height else rank_keys(ops_with_launch)
         found = _from_nvtx(nvtx, rk, pattern) if "api_start_ns" in ops_with_launch.columns else None
@@ -309,24 +382,36 @@ def generation_steps(
         steps = _from_graphs(graph_launches, ops_with_launch, rk)
         source = "graph_replays"
     if steps is None:
-        steps = _from_period(ops_with_launch, rk)
-        source = "kernel_period"
+        steps = _from_loops(ops_with_launch, rk)
+        source = "kernel_loop"
     if steps is None or steps.height < MIN_STEPS:
         return _empty(rk)
     steps = steps.sort("start_ns")
-    if not (steps["phase"] == "prefill").any():  # a leading step far heavier than the rest
-        busy = steps["gpu_busy_ns"].fill_null(0).to_numpy().astype(float)
-        lead = 0
-        while lead < min(2, steps.height - MIN_STEPS) and busy[lead] >= prefill_factor * float(np.median(busy[lead + 1:])):
-            lead += 1
-        steps = steps.with_columns(pl.when(pl.int_range(pl.len()) < lead).then(pl.lit("prefill")).otherwise(pl.col("phase")).alias("phase"))
+    busy = steps["gpu_busy_ns"].fill_null(0).to_numpy().astype(float)
+    prefills: np.ndarray | None = None
+    if (steps["phase"] == "?").any():
+        # an engine's steps: how many prompts each also ran, from its operation count
+        prefills = engine_prefills(steps["ops"].fill_null(0).to_numpy(), busy, prefill_factor)
+        steps = steps.with_columns(pl.when(pl.Series(prefills > 0)).then(pl.lit("prefill")).otherwise(pl.lit("decode")).alias("phase"))
+    elif not (steps["phase"] == "prefill").any() and source in ("module", "kernel_loop"):
+        # forwards found without ranges that say which is which: every forward far heavier
+        # than the median one processes a prompt (each generate() call's first)
+        heavy = busy >= prefill_factor * float(np.median(busy))
+        if heavy.sum() <= steps.height - MIN_STEPS:
+            steps = steps.with_columns(pl.when(pl.Series(heavy)).then(pl.lit("prefill")).otherwise(pl.col("phase")).alias("phase"))
     named = steps["name"].drop_nulls().str.contains("(?i)" + DECODE_PATTERN).any() if "name" in steps.columns else False
-    if not (steps["phase"] == "prefill").any() and not named and source != "graph_replays":
-        # repeated steps alone do not make a generation: a training loop's step.N or a
-        # kernel period is not decoding unless a prefill, a decode name or graph replays say so
+    if source == "kernel_loop" and not tokens:
+        # a loop found in the kernels alone is no generation without a sign of tokens: a
+        # simulation's time steps can have a heavy first one too
+        return _empty(rk)
+    if not (steps["phase"] == "prefill").any() and not named and source != "graph_replays" and not tokens:
+        # repeated steps alone do not make a generation: a training loop's step.N is not
+        # decoding unless a prefill range, a decode name, graph replays or the sampled
+        # tokens' copies say so (a heavy first step does not: NCCL's first wait, a cold start)
         return _empty(rk)
     steps = steps.with_columns(
         pl.col("phase").fill_null("decode"),
+        (pl.Series(prefills, dtype=pl.Int64) if prefills is not None else (pl.col("phase") == "prefill").cast(pl.Int64)).alias("prefills"),
         pl.lit(source).alias("source"),
         pl.int_range(pl.len(), dtype=pl.Int64).alias("step"),
         (pl.col("start_ns").shift(-1) - pl.col("start_ns")).alias("interval_ns"),
@@ -334,15 +419,71 @@ def generation_steps(
     return steps.select(*rk, *[pl.col(c).cast(t) for c, t in STEP_COLUMNS.items()])
 
 
+#: Columns of :func:`requests`.
+REQUEST_COLUMNS: dict[str, pl.DataType | type[pl.DataType]] = {
+    "request": pl.Int64, "warmup": pl.Boolean, "start_ns": pl.Int64, "end_ns": pl.Int64, "prefill_steps": pl.Int64,
+    "decode_steps": pl.Int64, "ttft_ns": pl.Int64, "tpot_median_ns": pl.Float64, "tpot_p90_ns": pl.Float64,
+}
+
+
+def number_requests(steps: pl.DataFrame) -> pl.DataFrame:
+    """``steps`` (:func:`generation_steps`) with ``request``: each prefill step starts the next
+    request (0-based) and the decode steps after it belong to it; decode steps before the
+    first prefill (a generation already running when the capture began) are request 0."""
+    if steps.height == 0:
+        return steps.with_columns(pl.lit(None, pl.Int64).alias("request"))
+    pre = (pl.col("phase") == "prefill").cast(pl.Int64)
+    lead = 1 if steps.sort("start_ns")["phase"][0] == "prefill" else 0
+    return steps.sort("start_ns").with_columns((pre.cum_sum() - lead).alias("request"))
+
+
+def requests(steps: pl.DataFrame, *, warmup_factor: float = 1.5) -> pl.DataFrame:
+    """One row per request of :func:`number_requests`' steps: what a user of ``generate()``
+    measures per call.
+
+    ``start_ns``/``end_ns`` (first step's start, last step's end), ``prefill_steps``,
+    ``decode_steps``, ``ttft_ns`` (from the prefill's start to the end of its GPU work: the
+    first token ready on the GPU; null without a prefill in the capture), ``tpot_median_ns``
+    and ``tpot_p90_ns`` (the intervals between the request's consecutive decode steps' starts:
+    time per output token). ``warmup``: a leading request that took more than
+    ``warmup_factor`` times the median of the requests after it (a cold first call: cuBLAS and
+    cuDNN heuristics, the allocator's first blocks), at most half of them.
+    """
+    if steps.height == 0:
+        return pl.DataFrame(schema=REQUEST_COLUMNS)
+    s = steps if "request" in steps.columns else number_requests(steps)
+    end = pl.max_horizontal("end_ns", "gpu_end_ns")
+    rows = []
+    for (req,), part in s.sort("start_ns").group_by(["request"], maintain_order=True):
+        pre = part.filter(pl.col("phase") == "prefill")
+        dec = part.filter(pl.col("phase") == "decode")
+        ttft = None
+        if pre.height:
+            first = pre.row(0, named=True)
+            ttft = int((first["gpu_end_ns"] or first["end_ns"]) - first["start_ns"])
+        tpot = dec["start_ns"].diff().drop_nulls().cast(pl.Float64)
+        rows.append({
+            "request": req, "warmup": False, "start_ns": int(part["start_ns"].min()),  # type: ignore[arg-type]
+            "end_ns": int(part.select(end.max()).item()), "prefill_steps": pre.height, "decode_steps": dec.height,
+            "ttft_ns": ttft, "tpot_median_ns": float(tpot.median()) if tpot.len() else None,  # type: ignore[arg-type]
+            "tpot_p90_ns": float(tpot.quantile(0.9, interpolation="nearest")) if tpot.len() else None,  # type: ignore[arg-type]
+        })
+    out = pl.DataFrame(rows, schema=REQUEST_COLUMNS)
+    warm = warmup_count((out["end_ns"] - out["start_ns"]).to_list(), warmup_factor) if out.height > 1 else 0
+    return out.with_columns((pl.int_range(pl.len()) < warm).alias("warmup"))
+
+
 def phase_summary(steps: pl.DataFrame) -> pl.DataFrame:
     """Per phase of :func:`generation_steps`: what a user of a serving engine measures.
 
-    Returns one row per phase (``prefill`` first): ``steps``, ``ttft_ns`` (prefill: from the
-    first prefill step's start to the end of its GPU work — the first token ready on the GPU;
-    null for decode), ``tpot_median_ns`` and ``tpot_p90_ns`` (decode: the intervals between
-    consecutive decode steps' starts, i.e. time per output token; the last step's own span
-    when it is the only one), ``step_median_ns`` (median step span), ``gpu_busy_ns`` (summed),
+    Returns one row per phase (``prefill`` first): ``steps``, ``ttft_ns`` (prefill: from a
+    prefill step's start to the end of its GPU work — the first token ready on the GPU; the
+    median over the prefill steps when there are several; null for decode),
+    ``tpot_median_ns`` and ``tpot_p90_ns`` (decode: the intervals between consecutive decode
+    steps' starts of one request (``request`` column, :func:`number_requests`), i.e. time per
+    output token), ``step_median_ns`` (median step span), ``gpu_busy_ns`` (summed),
     ``span_ns`` (first start to last end), ``busy_share`` (``gpu_busy_ns / span_ns``, 0–1).
+    Pass the steady requests' steps (``RunStructure.steady_steps``) for the steady figures.
     """
     schema = {"phase": pl.Utf8, "steps": pl.Int64, "ttft_ns": pl.Int64, "tpot_median_ns": pl.Float64, "tpot_p90_ns": pl.Float64,
               "step_median_ns": pl.Float64, "gpu_busy_ns": pl.Int64, "span_ns": pl.Int64, "busy_share": pl.Float64}
@@ -359,11 +500,14 @@ def phase_summary(steps: pl.DataFrame) -> pl.DataFrame:
         ttft = None
         tpot = pl.Series([], dtype=pl.Float64)
         if phase == "prefill":
-            first = part.row(0, named=True)
-            ttft = int((first["gpu_end_ns"] or first["end_ns"]) - first["start_ns"])
+            ttfts = part.select(pl.coalesce("gpu_end_ns", "end_ns") - pl.col("start_ns")).to_series().drop_nulls()
+            ttft = int(ttfts.sort()[(ttfts.len() - 1) // 2]) if ttfts.len() else None  # the median, a measured one
         else:
-            # between consecutive decode steps only (not across a prefill of another request)
-            tpot = part["start_ns"].diff().drop_nulls().cast(pl.Float64)
+            # between consecutive decode steps of one request only (not across a prefill or
+            # the gap between two generate() calls)
+            by = "request" if "request" in part.columns else None
+            d = part["start_ns"].diff() if by is None else part.select(pl.col("start_ns").diff().over(by)).to_series()
+            tpot = d.drop_nulls().cast(pl.Float64)
         lengths = part.select(end - pl.col("start_ns")).to_series().cast(pl.Float64)
         rows.append({
             "phase": phase, "steps": part.height, "ttft_ns": ttft,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
@@ -14,6 +14,9 @@ from tracekit.analysis.gpu_time import idle_gaps
 from tracekit.diagnosis.config import DiagnoseConfig
 from tracekit.diagnosis.ops_by_column import KERNEL_COLUMNS, OpsByColumn, by_column
 from tracekit.diagnosis.result import Window
+
+if TYPE_CHECKING:
+    from tracekit.analysis.structure import RunStructure
 
 __all__ = ["Context"]
 
@@ -161,16 +164,62 @@ class Context:
                               memsets=nodes.get("memsets"))
 
     @cached_property
-    def phases(self) -> pl.DataFrame:
-        """The generation phases (:func:`tracekit.analysis.phases.phase_summary`), with the
-        model's MFU/MBU/efficiency when ``model`` is given; empty for a trace set. Of a big
-        export read a column at a time the operations' columns are read narrow
-        (:meth:`_phase_ops`)."""
-        from tracekit.analysis.phases import generation_steps, phase_summary
+    def structure(self) -> RunStructure:
+        """The run's structure (:mod:`tracekit.analysis.structure`): iterations (launch columns
+        only for the operations of the measured steps, the operations a column at a time on a
+        big export), warm-up, segments, the kind of run, and, for a generation or a server, its
+        token steps and requests (:func:`~tracekit.analysis.phases.generation_steps`; left out
+        of a trace set and where :meth:`_phases_fit` says they do not fit)."""
+        from tracekit.analysis.phases import generation_steps
+        from tracekit.analysis.structure import build_structure, find_iterations
 
-        if self.rk or not self._phases_fit():
+        found = find_iterations(self.ops_for_window, self.launched_ops, self.nvtx, self.config, graph_launches=self.graph_launches)
+        lo, hi = self._capture_span()
+        total = int(self.ops_for_window(["duration_ns"])["duration_ns"].sum() or 0)
+        s = build_structure(found, self.config, trace_start_ns=lo, trace_end_ns=hi, window_ops=self._classify_ops,
+                            total_gpu_ns=total)
+        if s.kind in ("training", "microbenchmark") or self.rk or not self._phases_fit():
+            return s
+        steps = generation_steps(self._phase_ops, self.nvtx, self.graph_launches, tokens=s.token_evidence is not None)
+        return s.with_generation(steps, warmup_factor=self.config.warmup_factor)
+
+    def _capture_span(self) -> tuple[int, int]:
+        """The capture's start and end (ns): the export's time window, else the span of the
+        GPU operations (a trace set)."""
+        meta = getattr(self.trace, "meta", None)
+        lo, hi = getattr(meta, "start_ns", None), getattr(meta, "end_ns", None)
+        if lo is not None and hi is not None:
+            return int(lo), int(hi)
+        times = self.ops_for_window(["start_ns", "end_ns"])
+        if times.height == 0:
+            return 0, 0
+        return int(times["start_ns"].min()), int(times["end_ns"].max())  # type: ignore[arg-type]
+
+    #: Without iterations, the kind of run is read from the whole trace only up to this many
+    #: kernels (training is told by its backward kernels in a slice of a run, too).
+    CLASSIFY_WHOLE_MAX = 2_000_000
+
+    def _classify_ops(self, start_ns: int, end_ns: int) -> pl.DataFrame:
+        """The GPU operations (text names) starting in ``[start_ns, end_ns)`` (the structure
+        asks for a few steady iterations, or for the whole trace when it has none: then only
+        up to :data:`CLASSIFY_WHOLE_MAX` kernels), for :func:`~tracekit.analysis.structure.classify`."""
+        if self.kernel_count > self.CLASSIFY_WHOLE_MAX and (start_ns, end_ns - 1) == self._capture_span():
             return pl.DataFrame()
-        summary = phase_summary(generation_steps(self._phase_ops, self.nvtx, self.graph_launches))
+        return self.ops_where((pl.col("start_ns") >= start_ns) & (pl.col("start_ns") < end_ns)).select(
+            [c for c in ("name", "op_kind", "duration_ns", "device_id", "bytes") if c in self.op_columns])
+
+    @cached_property
+    def phases(self) -> pl.DataFrame:
+        """The generation phases of the steady requests (:func:`tracekit.analysis.phases.
+        phase_summary` of ``structure.steady_steps``), with the model's MFU/MBU/efficiency
+        when ``model`` is given; empty when the run is no generation or server, and for a
+        trace set."""
+        from tracekit.analysis.phases import phase_summary
+
+        steps = self.structure.steady_steps
+        if steps.height == 0:
+            return pl.DataFrame()
+        summary = phase_summary(steps)
         if self.model is None or summary.height == 0:
             return summary
         from tracekit.model.gpu import gpu_of

@@ -63,8 +63,9 @@ class Finding:
 class Window:
     """The steady-state window the findings are about.
 
-    ``method`` is ``nvtx`` (iterations from NVTX ranges), ``kernel_period`` (from the
-    repeating kernel sequence), ``given`` (passed by the caller) or ``whole_trace``;
+    ``method`` is ``nvtx`` (iterations from NVTX ranges), ``forwards`` (NVTX ranges of one
+    forward each), ``graph_replays``, ``kernel_loop`` (the kernels that run once per iteration:
+    :mod:`tracekit.analysis.structure`), ``given`` (passed by the caller) or ``whole_trace``;
     ``reason`` says why; ``steps`` counts the steady iterations in it (0 when none);
     ``warmup_steps`` the leading ones excluded; ``step_ns`` is the median steady iteration.
 
@@ -138,9 +139,13 @@ class Diagnosis:
     """
 
     def __init__(self, trace_name: str, window: Window, findings: list[Finding], *, phases: pl.DataFrame | None = None,
-                 gpu_time: pl.DataFrame | None = None) -> None:
+                 gpu_time: pl.DataFrame | None = None, structure: Any = None) -> None:
         self.trace_name = trace_name
         self.window = window
+        #: The run's structure (:class:`tracekit.analysis.structure.RunStructure`): its kind,
+        #: iterations, warm-up, start-up and, for a generation or a server, its requests; the
+        #: window is its steady iterations. ``None`` for a set reduced on Dask.
+        self.structure = structure
         #: :func:`tracekit.analysis.phases.phase_summary` of the trace (with the model's MFU/MBU
         #: when ``diagnose(model=…)``); empty when no generation phases were found.
         self.phases = phases if phases is not None else pl.DataFrame()
@@ -197,6 +202,7 @@ class Diagnosis:
     def to_dict(self) -> dict[str, Any]:
         return {
             "trace": self.trace_name,
+            "structure": self.structure.as_dict() if self.structure is not None else None,
             "window": self.window.as_dict(),
             "phases": self.phases.to_dicts(),
             "findings": [
@@ -220,13 +226,15 @@ class Diagnosis:
             what = f"{w.sample_steps} steps" if w.sample_steps else fmt_ns((w.sample_end_ns or 0) - (w.sample_start_ns or 0))
             sample = f"; rules run on {what} from its middle, times at stake scaled ×{w.scale:.3g}"
         text = f"window {fmt_ns(w.duration_ns)} ({w.method}{steps}{warm}): {w.reason}{sample}"
+        if self.structure is not None and w.method != "given":
+            text = f"run — {self.structure.headline()}\n{text}"
         phases = self.phases_text()
         return f"{text}\n{phases}" if phases else text
 
     def phases_text(self) -> str:
-        """One line on the generation phases: time to first token, time per output token
-        (median and p90), GPU busy share, and MFU/MBU when the model was given; ``""`` when
-        the trace shows no prefill/decode steps."""
+        """One line on the generation phases of the steady requests: time to first token, time
+        per output token (median and p90), GPU busy share, and MFU/MBU when the model was given;
+        ``""`` when the run is no generation or server."""
         p = self.phases
         if p.height == 0:
             return ""

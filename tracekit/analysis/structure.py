@@ -1,0 +1,882 @@
+"""The structure of a run: start-up, warm-up, steady iterations and tear-down, and what kind of
+run it is. Found once per trace and read by everything that needs a window or a step
+(diagnosis, generation phases, diff, the model comparison, the reports, TraceExplorer).
+
+Iterations come from the first of these sources that gives at least ``min_repeats``:
+
+1. ``nvtx``: NVTX ranges named step, iter, iteration, batch, epoch, decode or forward (as
+   words; :func:`tracekit.analysis.iterations.iteration_ranges`), of the process with most;
+2. ``forwards``: NVTX ranges that each run the model's layers once
+   (:func:`tracekit.analysis.layers.forward_ranges`: ``--annotate-torch``'s root-module range
+   per forward of ``generate()``);
+3. ``graph_replays``: replays of the CUDA graph that holds the most GPU time, when it holds at
+   least :data:`GRAPH_STEP_SHARE` of its device's (serving engines, ``torch.compile``);
+4. ``kernel_loop``: the loop of each GPU's operations found from the names that run once per
+   iteration (:func:`tracekit.analysis.loops.find_loops`, :func:`~tracekit.analysis.loops.main_loop`):
+   a training step's loss and embedding backward, a ``generate()`` call's prompt kernels, an
+   engine step's copy of the sampled tokens to the host. Every GPU (rank) is searched; the
+   busiest one's iterations bound the window.
+
+A leading iteration that takes more than ``warmup_factor`` times the median of the iterations
+after it (CPU range or GPU span, whichever is longer) is warm-up; at most half are. Before the
+first iteration is start-up (imports, model construction, NCCL set-up, compilation), after the
+last one tear-down: neither is ever part of the window, so no finding counts them as time at
+stake.
+
+The kind of run (:func:`classify`) is read from the steady iterations' GPU operations:
+``training`` (backward kernels, optimizer kernels, gradient collectives), ``generation`` (a
+prompt's forward, then one-token forwards: :mod:`tracekit.analysis.phases`), ``serving``
+(prefills of arriving requests in the same engine steps as other requests' decode),
+``microbenchmark`` (a loop of a few kernels timed over and over) or ``unknown``, each with the
+evidence that decided it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+import numpy as np
+import polars as pl
+
+from tracekit.analysis._frames import within_any
+from tracekit.analysis.iterations import (
+    DEFAULT_ITERATION_PATTERN,
+    ITERATION_WORDS,
+    iteration_ranges,
+    iterations,
+    warmup_count,
+)
+from tracekit.analysis.layers import forward_ranges
+from tracekit.analysis.loops import HOST_COPY_NAME, Loop, find_loops, host_copy_codes, main_loop
+
+__all__ = [
+    "GRAPH_STEP_SHARE",
+    "KINDS",
+    "Ops",
+    "OpsWithLaunch",
+    "RunStructure",
+    "StructureSettings",
+    "find_iterations",
+    "graph_replay_iterations",
+    "kernel_loop_iterations",
+    "warmup_count",
+]
+
+#: The kinds of run :func:`classify` tells apart.
+KINDS = ("training", "generation", "serving", "microbenchmark", "unknown")
+
+#: The operations with their launch columns, or a function of CPU ranges (``start_ns``,
+#: ``end_ns``; ``None`` for all) that gives at least those launched inside them.
+OpsWithLaunch = pl.DataFrame | Callable[[pl.DataFrame | None], pl.DataFrame]
+
+#: The operations, or a function that gives some of their columns (those of ``columns`` they
+#: have, ``ops.select(...)``; ``name`` may come as integer codes, equal for equal names).
+Ops = pl.DataFrame | Callable[[list[str]], pl.DataFrame]
+
+
+class Settings(Protocol):
+    """What the structure reads of a configuration (:class:`StructureSettings`, or
+    :class:`tracekit.diagnosis.DiagnoseConfig`, which has the same fields)."""
+
+    iteration_pattern: str
+    warmup_factor: float
+    min_repeats: int
+    exact_steps: int
+    sample_steps: int
+
+
+@dataclass(frozen=True)
+class StructureSettings:
+    """How iterations are found. ``iteration_pattern``: NVTX step range names (regex,
+    case-insensitive); ``warmup_factor``: a leading iteration longer than this times the
+    median of the rest is warm-up; ``min_repeats``: fewest iterations of a loop;
+    ``exact_steps``/``sample_steps``: of a trace with more NVTX steps than ``exact_steps``,
+    only the first 50, ``sample_steps`` + 10 in the middle and the last two are measured."""
+
+    iteration_pattern: str = DEFAULT_ITERATION_PATTERN
+    warmup_factor: float = 1.5
+    min_repeats: int = 3
+    exact_steps: int = 400
+    sample_steps: int = 100
+
+
+#: Columns of the iteration frames of the GPU-side sources (graph replays, kernel loops).
+_ITER_SCHEMA = {"iteration": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64, "duration_ns": pl.Int64,
+                "gpu_span_ns": pl.Int64, "kernels": pl.Int64}
+
+
+def _empty_iterations(keys: list[str] | None = None) -> pl.DataFrame:
+    return pl.DataFrame(schema={**{k: pl.Int64 for k in keys or []}, **_ITER_SCHEMA})
+
+
+# -- kernel loops ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DeviceLoop:
+    """The main loop of one GPU's operations (:func:`kernel_loop_iterations`): its device keys,
+    the loop, and the iterations it gives (``_ITER_SCHEMA`` columns). ``names`` maps the
+    anchors' codes to names when the operations had text names."""
+
+    keys: dict[str, Any]
+    loop: Loop
+    iterations: pl.DataFrame
+    names: dict[int, str] = field(default_factory=dict)
+
+    def anchor_names(self, limit: int = 3) -> list[str]:
+        """The first anchor names (shortened), for evidence."""
+        out = [self.names.get(a, "") for a in self.loop.anchors]
+        return [_short(n) for n in out if n][:limit]
+
+
+def _short(name: str, width: int = 48) -> str:
+    """A kernel name cut for a sentence: the function's own name, without namespaces, template
+    arguments and parameters (``void at::native::<unnamed>::cunn_SoftMaxBackward<4, …>(…)`` →
+    ``cunn_SoftMaxBackward``)."""
+    s = re.sub(r"^(?:void |std::enable_if<[^>]*>::type )", "", name)
+    s = s.replace("<unnamed>::", "").replace("(anonymous namespace)::", "")
+    s = re.split(r"[<(]", s, maxsplit=1)[0] or s
+    s = s.split("::")[-1] if "::" in s else s
+    s = s.strip() or name
+    return s if len(s) <= width else s[: width - 1] + "…"
+
+
+def _codes(names: pl.Series) -> tuple[np.ndarray, dict[int, str] | None]:
+    """Integer codes of ``names`` (equal names, equal codes) and, for text names, a way back."""
+    if names.dtype.is_integer():
+        return names.fill_null(-1).to_numpy().astype(np.int64), None
+    codes = names.cast(pl.Categorical).to_physical().fill_null(-1).to_numpy().astype(np.int64)
+    return codes, {}
+
+
+def kernel_loop_iterations(ops: pl.DataFrame, *, min_repeats: int = 3) -> list[DeviceLoop]:
+    """The main loop of every GPU's operations, busiest GPU first.
+
+    Parameters
+    ----------
+    ops
+        GPU operations: ``device_id``, ``start_ns``, ``end_ns``, ``duration_ns``, ``name``
+        (text, or integer codes equal for equal names); ``rank`` for a trace set.
+    min_repeats
+        Fewest iterations of a loop.
+
+    Returns
+    -------
+    One :class:`DeviceLoop` per GPU whose operations hold a main loop
+    (:func:`~tracekit.analysis.loops.main_loop`), the busiest GPU (most GPU time; ties: lowest
+    keys) first. Iteration ``i`` runs from its first operation's start to the next
+    iteration's first start (the last one to its last operation's end); ``kernels`` counts its
+    operations.
+    """
+    if ops.height == 0:
+        return []
+    keys = [c for c in ("rank", "device_id") if c in ops.columns]
+    totals = ops.group_by(keys).agg(pl.col("duration_ns").sum()).sort(
+        ["duration_ns", *keys], descending=[True, *([False] * len(keys))], nulls_last=True)
+    out = []
+    for row in totals.iter_rows(named=True):
+        sel = pl.all_horizontal([pl.col(k) == row[k] if row[k] is not None else pl.col(k).is_null() for k in keys])
+        g = ops.filter(sel).sort("start_ns").select("start_ns", "end_ns", "name")
+        if g.height < 2 * min_repeats:
+            continue
+        codes, back = _codes(g["name"])
+        loops = find_loops(codes, g["start_ns"].to_numpy(), g["end_ns"].to_numpy(), min_repeats=min_repeats)
+        loop = main_loop(loops, host_copies=host_copy_codes(g["name"], codes))
+        if loop is None or loop.count < min_repeats:
+            continue
+        starts = g["start_ns"].to_numpy()
+        prev_end = np.maximum.accumulate(g["end_ns"].to_numpy())
+        b = loop.bounds
+        first = starts[b]
+        last_end = int(prev_end[loop.stop - 1])
+        ends = np.append(first[1:], last_end)
+        sizes = loop.sizes()
+        frame = pl.DataFrame({"iteration": np.arange(loop.count, dtype=np.int64), "start_ns": first.astype(np.int64),
+                              "end_ns": ends.astype(np.int64)}).with_columns(
+            (pl.col("end_ns") - pl.col("start_ns")).alias("duration_ns"),
+            (pl.col("end_ns") - pl.col("start_ns")).alias("gpu_span_ns"),
+            pl.Series("kernels", sizes.astype(np.int64)),
+        )
+        names: dict[int, str] = {}
+        if back is not None:
+            at = np.searchsorted(np.sort(codes), np.array(loop.anchors))  # any position of each anchor
+            order = np.argsort(codes, kind="stable")
+            for a, pos in zip(loop.anchors, at, strict=True):
+                names[int(a)] = str(g["name"][int(order[pos])])
+        out.append(DeviceLoop({k: row[k] for k in keys}, loop, frame.select(list(_ITER_SCHEMA)), names))
+    return out
+
+
+# -- CUDA graph replays ------------------------------------------------------------------------
+
+#: Graph replays define the steps only when the replayed graph holds at least this share of
+#: its device's GPU time (a graph captured for one small part of a step does not).
+GRAPH_STEP_SHARE = 0.25
+
+
+def graph_replay_iterations(launches: pl.DataFrame, ops: pl.DataFrame, *, min_repeats: int = 3) -> pl.DataFrame:
+    """Iterations from CUDA graph replays: serving engines and ``torch.compile`` replay each
+    decode step as one graph, so without NVTX step ranges the replays of the graph that holds
+    the most GPU time are the steps.
+
+    Parameters
+    ----------
+    launches
+        :func:`~tracekit.analysis.graphs.graph_launches` (either trace mode).
+    ops
+        The GPU operations (``device_id``, ``duration_ns``; ``rank``), to weigh the graph
+        against its device's work (:data:`GRAPH_STEP_SHARE`).
+
+    Returns the columns of :func:`kernel_loop_iterations`' iterations: step ``i`` runs from the
+    start of replay ``i`` to the start of replay ``i + 1`` (the last one to its end);
+    ``kernels`` is the replay's kernels in per-node traces, else 1. Empty when no graph was
+    launched at least ``min_repeats`` times or none holds enough of its device's time.
+    """
+    empty = _empty_iterations()
+    if launches.height < min_repeats:
+        return empty
+    dev = [c for c in ("rank", "device_id") if c in launches.columns]
+    graph = [*dev, "pid", "graph_exec_id"]
+    per = launches.group_by(graph).agg(pl.len().alias("n"), pl.col("gpu_time_ns").sum().alias("g")).filter(pl.col("n") >= min_repeats)
+    if per.height == 0:
+        return empty
+    busy = ops.group_by([c for c in dev if c in ops.columns]).agg(pl.col("duration_ns").sum().alias("_all")) if ops.height else None
+    if busy is not None and busy.height:
+        per = per.join(busy, on=[c for c in dev if c in ops.columns], how="left").filter(
+            pl.col("_all").is_null() | (pl.col("g") >= GRAPH_STEP_SHARE * pl.col("_all")))
+    if per.height == 0:
+        return empty
+    top = per.sort(["g", *graph], descending=[True, *([False] * len(graph))], nulls_last=True).head(1).select(graph)
+    reps = launches.join(top, on=graph).sort("start_ns")
+    starts = reps["start_ns"].to_list()
+    ends = reps["end_ns"].to_list()
+    kernels = reps["kernels"].fill_null(1).to_list()
+    rows = []
+    for i, (s0, e0, k) in enumerate(zip(starts, ends, kernels, strict=True)):
+        e = starts[i + 1] if i + 1 < len(starts) else e0
+        rows.append((i, s0, e, e - s0, e - s0, int(k)))
+    return pl.DataFrame(rows, schema=empty.schema, orient="row")
+
+
+# -- NVTX iterations ---------------------------------------------------------------------------
+
+
+def nvtx_iterations(ops_with_launch: OpsWithLaunch, nvtx: pl.DataFrame, settings: Settings) -> pl.DataFrame:
+    """:func:`~tracekit.analysis.iterations.iterations` of the process with the most iteration
+    ranges; with more than ``exact_steps`` of them, measured only for the first 50, a middle
+    stretch of ``sample_steps`` + some and the last two (the others keep their CPU range, null
+    GPU times). ``ops_with_launch`` may be a function of the measured ranges (``None``: all of
+    them) giving the operations with their launch columns, at least those launched in the
+    ranges. Empty when fewer than two ranges match (one matching range is not a loop)."""
+    ranges = iteration_ranges(nvtx, pattern=settings.iteration_pattern)
+    if ranges.height == 0:
+        return pl.DataFrame()
+    proc = [c for c in ("rank", "pid") if c in ranges.columns]
+    main = ranges.group_by(proc).len().sort(["len", *proc], descending=[True, *([False] * len(proc))],
+                                              nulls_last=True).head(1).select(proc)
+    ranges = ranges.join(main, on=proc).sort("iteration")
+    n = ranges.height
+    if n < 2:  # one matching range is not a loop (a compiler's one-off "…iter…" range)
+        return pl.DataFrame()
+    if n > settings.exact_steps:
+        mid = n // 2
+        half = settings.sample_steps // 2 + 5
+        keep = sorted({*range(min(50, n // 2)), *range(max(mid - half, 0), min(mid + half, n)), n - 2, n - 1})
+        chosen = ranges.filter(pl.col("iteration").is_in(keep))
+        ops = ops_with_launch(chosen) if callable(ops_with_launch) else ops_with_launch
+        # first the operations launched inside some chosen range (of any rank: a superset of
+        # those the join below keeps), so that only these few are sorted and joined
+        if "api_start_ns" in ops.columns:
+            ops = ops.filter(within_any(ops["api_start_ns"], chosen["start_ns"], chosen["end_ns"]))
+        keys = [c for c in ("rank",) if c in ops.columns and c in chosen.columns]
+        win = chosen.select(*keys, pl.col("start_ns").alias("api_start_ns"), pl.col("end_ns").alias("_iend")).sort([*keys, "api_start_ns"])
+        # only the columns ``iterations`` reads are filtered and sorted (not every op column)
+        needed = [c for c in ("rank", "global_tid", "api_start_ns", "device_id", "start_ns", "end_ns", "duration_ns", "op_kind")
+                  if c in ops.columns]
+        ops = (
+            ops.lazy().select(needed).filter(pl.col("api_start_ns").is_not_null()).collect().sort([*keys, "api_start_ns"])
+            .join_asof(win, on="api_start_ns", by=keys or None, strategy="backward", check_sortedness=False)
+            .filter(pl.col("_iend").is_not_null() & (pl.col("api_start_ns") <= pl.col("_iend"))).drop("_iend")
+        )
+    else:
+        ops = ops_with_launch(None) if callable(ops_with_launch) else ops_with_launch
+    its = iterations(ops, nvtx, pattern=settings.iteration_pattern)
+    its = its.join(main, on=proc).sort("iteration")
+    if n > settings.exact_steps:
+        its = its.filter(pl.col("ops") > 0)
+    return its
+
+
+# -- the iterations, from the first source that has them -------------------------------------
+
+
+@dataclass
+class Iterations:
+    """What :func:`find_iterations` found: the iterations that bound the window (``frame``,
+    with ``w_start``/``w_end``/``length_ns``: the iteration's extent over CPU range and GPU
+    span, and its length), how many there were in all (``total``; a big NVTX trace measures
+    only some), the source (``method``) and a sentence saying so (``reason``), and, for
+    ``kernel_loop``, every GPU's loop (``loops``, busiest first)."""
+
+    frame: pl.DataFrame
+    total: int
+    method: str
+    reason: str
+    loops: list[DeviceLoop] = field(default_factory=list)
+
+
+def _getter(kernels: Ops) -> Callable[[list[str]], pl.DataFrame]:
+    if callable(kernels):
+        return kernels
+    frame = kernels
+
+    def get(columns: list[str]) -> pl.DataFrame:
+        return frame.select([c for c in columns if c in frame.columns])
+
+    return get
+
+
+def find_iterations(
+    kernels: Ops,
+    ops_with_launch: OpsWithLaunch,
+    nvtx: pl.DataFrame,
+    settings: Settings,
+    *,
+    graph_launches: pl.DataFrame | None = None,
+) -> Iterations:
+    """The iterations of a trace, from the first source that has them (see the module doc).
+
+    ``kernels`` is the sequence searched for loops: the GPU operations (``gpu_ops``), or a
+    function giving some of their columns (:data:`Ops`). ``ops_with_launch``: the operations
+    with their launch columns, or a function that gives them for some CPU ranges."""
+    get = _getter(kernels)
+    its = nvtx_iterations(ops_with_launch, nvtx, settings) if nvtx.height else pl.DataFrame()
+    its, few = _holding_work(its, get)
+    forwards_why = None
+    if its.height == 0 and nvtx.height:
+        # no step ranges: the ranges that each run the model's layers once (a forward per token
+        # of generate(), as --annotate-torch's root-module ranges give them) are the steps
+        fwd = forward_ranges(nvtx)
+        if fwd.height >= 2:
+            names = fwd["name"].drop_nulls().unique().sort().to_list()
+            exact = "^(?:" + "|".join(re.escape(n) for n in names) + ")$"
+            its = nvtx_iterations(ops_with_launch, nvtx, replace(settings, iteration_pattern=exact))  # type: ignore[type-var]
+            shown = ", ".join(names[:3]) + (" …" if len(names) > 3 else "")
+            layers = int(fwd["layers"].max() or 0)  # type: ignore[arg-type]
+            forwards_why = f"NVTX forward ranges ({shown}: each runs the model's {layers} layers once)"
+    named = ("named " + ", ".join(ITERATION_WORDS[:-1]) + f" or {ITERATION_WORDS[-1]}" if settings.iteration_pattern == DEFAULT_ITERATION_PATTERN
+             else f"matching {settings.iteration_pattern!r}")
+    if its.height:
+        method, why = ("forwards", forwards_why) if forwards_why else ("nvtx", f"NVTX iteration ranges ({named})")
+        total = int(its["iteration"].max()) + 1  # type: ignore[arg-type]
+        frame = its.with_columns(
+            pl.min_horizontal("start_ns", "gpu_start_ns").alias("w_start"),
+            pl.max_horizontal("end_ns", "gpu_end_ns").alias("w_end"),
+            pl.max_horizontal("duration_ns", pl.col("gpu_span_ns").fill_null(0)).alias("length_ns"),
+        )
+        return Iterations(_timed(frame), total, method, why)
+    frame = pl.DataFrame()
+    loops: list[DeviceLoop] = []
+    method, why = "", ""
+    if few:
+        why = few
+    if graph_launches is not None and graph_launches.height:
+        frame = graph_replay_iterations(graph_launches, get(["rank", "device_id", "duration_ns"]), min_repeats=settings.min_repeats)
+        method, why = "graph_replays", "no NVTX iteration ranges: one step per replay of the CUDA graph that holds the most GPU time"
+    if frame.height == 0:
+        loops = kernel_loop_iterations(get(["rank", "device_id", "start_ns", "end_ns", "duration_ns", "name"]),
+                                       min_repeats=settings.min_repeats)
+        frame = loops[0].iterations if loops else _empty_iterations()
+        method = "kernel_loop"
+        no = "no NVTX ranges" if nvtx.height == 0 else "no NVTX iteration ranges"
+        if few:
+            no = few
+        if loops:
+            top = loops[0]
+            said = ", ".join(top.anchor_names())
+            why = (f"{no}: iterations from the kernels that run once per iteration ({len(top.loop.anchors)} of them"
+                   + (f": {said}" if said else "") + ")")
+        else:
+            why = f"{no}: iterations from the kernel sequence"
+    frame = frame.with_columns(pl.col("start_ns").alias("w_start"), pl.col("end_ns").alias("w_end"),
+                               pl.col("duration_ns").alias("length_ns")) if frame.height else frame
+    return Iterations(_timed(frame), frame.height, method, why, loops)
+
+
+#: NVTX iteration ranges are the iterations only when the operations launched inside them are
+#: at least this share of all (ranges named like ``FSDP::pre_forward`` around a hook are not) …
+NVTX_WORK_SHARE = 0.1
+#: … and at least this share of them have one name, digits aside (``step.3``, ``step.4``; not
+#: ``FSDP::pre_forward (blocks.3)`` beside ``flash_attn::_flash_attn_forward``).
+NVTX_ONE_NAME = 0.8
+
+
+def _holding_work(its: pl.DataFrame, get: Callable[[list[str]], pl.DataFrame]) -> tuple[pl.DataFrame, str]:
+    """``its`` (NVTX iterations) when they are one loop's ranges (:data:`NVTX_ONE_NAME`) and,
+    when every one was measured, hold :data:`NVTX_WORK_SHARE` of the GPU operations; else an
+    empty frame and why."""
+    if its.height == 0:
+        return its, ""
+    if "name" in its.columns:
+        shape = its["name"].fill_null("").str.replace_all(r"\d+", "#")
+        top = shape.value_counts(sort=True)
+        if top.height and int(top["count"][0]) < NVTX_ONE_NAME * its.height:
+            return pl.DataFrame(), (f"NVTX ranges named like iterations ({top.height} names: "
+                                    f"{', '.join(repr(n[:40]) for n in top[shape.name].head(2).to_list())} …) are not one loop")
+    if "ops" not in its.columns or its["ops"].null_count():
+        return its, ""
+    total = get(["start_ns"]).height
+    inside = int(its["ops"].sum())
+    if total and inside < NVTX_WORK_SHARE * total:
+        name = str(its["name"][0]) if "name" in its.columns and its["name"][0] is not None else "?"
+        return pl.DataFrame(), (f"NVTX ranges named like iterations ({name!r} …) launch only {inside / total:.0%} of the "
+                                "GPU operations, so they are not the iterations")
+    return its, ""
+
+
+def _timed(frame: pl.DataFrame) -> pl.DataFrame:
+    """Iterations without a time (a damaged NVTX table) cannot bound a window."""
+    if frame.height == 0 or "w_start" not in frame.columns:
+        return frame
+    return frame.filter(pl.col("w_start").is_not_null() & pl.col("w_end").is_not_null() & pl.col("length_ns").is_not_null())
+
+
+# -- the structure -----------------------------------------------------------------------------
+
+#: Kernel names of a backward pass (autograd's ``*Backward*`` kernels, cuDNN/flash attention's
+#: ``bprop``/``bwd``, cuBLAS-style ``dgrad``/``wgrad``, embedding's ``compute_grad_weight``).
+BACKWARD_NAMES = r"(?i)backward|_bwd|bwd_|bprop|dgrad|wgrad|grad_input|grad_weight"
+#: Kernel names of an optimizer step (PyTorch's multi-tensor and fused optimizers, apex, …).
+OPTIMIZER_NAMES = r"(?i)adam|\bsgd|\blamb\b|adagrad|rmsprop|multi_tensor_apply|fused_optim"
+#: NCCL kernels that reduce gradients in data-parallel training.
+GRADIENT_COLLECTIVES = r"(?i)nccl\w*(?:allreduce|reducescatter|reduce_scatter)"
+#: Training: backward kernels must be at least this share of the steady iterations' kernel time.
+BACKWARD_SHARE = 0.01
+#: A microbenchmark's iterations hold at most this many operations (median), …
+MICRO_MAX_OPS = 8
+#: … of at most this many kernel names in all, …
+MICRO_MAX_NAMES = 8
+#: … it repeats at least this many times, …
+MICRO_MIN_REPEATS = 3
+#: … its steady iterations hold at least this share of the capture's GPU time, …
+MICRO_GPU_SHARE = 0.1
+#: … and the GPU is busy at least this share of each iteration (a benchmark times GPU work;
+#: a solver whose host works between a few kernels is no benchmark).
+MICRO_BUSY = 0.2
+#: A decode step copies its sampled token ids to the host: at most this many bytes.
+TOKEN_COPY_MAX_BYTES = 1 << 16
+#: Kernels that pick the next token (argmax, top-k, sort, sampling) …
+SAMPLING_NAMES = r"(?i)argmax|ArgMax|topk|top_k|multinomial|sampl|radix_sort|sort_|gumbel"
+#: … and that only a model's forward runs (matrix products, attention).
+MODEL_NAMES = r"(?i)gemm|gemv|nvjet|cutlass|xmma|cublas|matmul|flash|sdpa|attention|fmha"
+
+
+@dataclass
+class RunStructure:
+    """The structure of a run (see the module doc).
+
+    ``kind`` (one of :data:`KINDS`) with ``evidence`` (sentences); ``method`` (``nvtx``,
+    ``forwards``, ``graph_replays``, ``kernel_loop`` or ``none``) and ``reason``: how the
+    iterations were found. ``iterations``: one row per iteration of the GPU (or process) that
+    bounds the window, with ``warmup`` (bool) and ``w_start``/``w_end`` (its extent, ns) and
+    ``length_ns``; ``total`` iterations in all, the first ``warmup_steps`` of them warm-up,
+    ``steps`` steady ones of median ``step_ns``. ``start_ns``…``end_ns`` is the steady window
+    (the whole capture when there are no iterations). ``segments``: per GPU or process with
+    iterations, the ``startup``, ``warmup``, ``steady`` and ``teardown`` stretches
+    (``start_ns``, ``end_ns``, ``duration_ns``, ``iterations``, ``evidence``). ``ranks``: how
+    many GPUs or processes run the loop. ``steps_table`` and ``requests`` (generation and
+    serving) are the token steps and requests of :mod:`tracekit.analysis.phases`, set by
+    :meth:`with_generation`.
+    """
+
+    kind: str
+    evidence: tuple[str, ...]
+    method: str
+    reason: str
+    iterations: pl.DataFrame
+    total: int
+    warmup_steps: int
+    steps: int
+    step_ns: int | None
+    start_ns: int
+    end_ns: int
+    trace_start_ns: int
+    trace_end_ns: int
+    segments: pl.DataFrame
+    ranks: int = 1
+    #: Why the steps look like one-token forwards (a small device-to-host copy of the sampled
+    #: ids each step, sampling and model kernels), or ``None``: what lets a loop without a
+    #: prefill or decode range count as a generation.
+    token_evidence: str | None = None
+    loops: list[DeviceLoop] = field(default_factory=list, repr=False)
+    steps_table: pl.DataFrame = field(default_factory=pl.DataFrame, repr=False)
+    requests: pl.DataFrame = field(default_factory=pl.DataFrame, repr=False)
+
+    @property
+    def startup_ns(self) -> int | None:
+        """From the capture's start to the first iteration (ns), on the GPU or process that
+        bounds the window; ``None`` without iterations."""
+        if self.iterations.height == 0:
+            return None
+        return max(int(self.iterations["w_start"].min()) - self.trace_start_ns, 0)  # type: ignore[arg-type]
+
+    @property
+    def teardown_ns(self) -> int | None:
+        """From the last iteration's end to the capture's end (ns)."""
+        if self.iterations.height == 0:
+            return None
+        return max(self.trace_end_ns - int(self.iterations["w_end"].max()), 0)  # type: ignore[arg-type]
+
+    @property
+    def steady_steps(self) -> pl.DataFrame:
+        """The token steps of the steady requests (not warm-up), with ``request``: what the
+        steady phase figures are computed from (:func:`tracekit.analysis.phases.phase_summary`)."""
+        st = self.steps_table
+        if st.height == 0 or "warmup" not in st.columns:
+            return st
+        return st.filter(~pl.col("warmup"))
+
+    def with_generation(self, steps: pl.DataFrame, *, warmup_factor: float = 1.5) -> RunStructure:
+        """This structure with the token steps of :func:`tracekit.analysis.phases.
+        generation_steps` (``steps``): their requests, which requests are warm-up, and the kind
+        (``generation`` or ``serving``) when no other kind was found first (a training loop's
+        steps are never a generation). Unchanged when ``steps`` is empty or the kind is
+        already known."""
+        if steps.height == 0 or self.kind in ("training", "microbenchmark"):
+            return self
+        return _with_generation(self, steps, warmup_factor)
+
+    def headline(self) -> str:
+        """One line: the kind, the steady iterations, warm-up and start-up (what ``tracekit
+        summary`` prints first)."""
+        return _headline(self)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain data (JSON): kind, evidence, how iterations were found, the steady window and
+        the segments."""
+        return {
+            "kind": self.kind, "evidence": list(self.evidence), "method": self.method, "reason": self.reason,
+            "iterations": self.total, "warmup_iterations": self.warmup_steps, "steady_iterations": self.steps,
+            "step_ns": self.step_ns, "window_start_ns": self.start_ns, "window_end_ns": self.end_ns,
+            "startup_ns": self.startup_ns, "teardown_ns": self.teardown_ns, "ranks": self.ranks,
+            "headline": self.headline(), "segments": self.segments.to_dicts(),
+            "requests": self.requests.to_dicts() if self.requests.height else [],
+        }
+
+
+def _fmt_ns(ns: float | None) -> str:
+    if ns is None:
+        return "?"
+    if ns >= 1e9:
+        return f"{ns / 1e9:.2f} s"
+    if ns >= 1e6:
+        return f"{ns / 1e6:.1f} ms"
+    if ns >= 1e3:
+        return f"{ns / 1e3:.0f} µs"
+    return f"{ns:.0f} ns"
+
+
+def _headline(s: RunStructure) -> str:
+    if s.total == 0:
+        return f"{s.kind}: no iterations found ({s.reason})"
+    on = f" on {s.ranks} ranks" if s.ranks > 1 else ""
+    warm = f", {s.warmup_steps} warm-up" if s.warmup_steps else ""
+    start = s.startup_ns
+    tail = f", start-up {_fmt_ns(start)} not counted" if start else ""
+    if s.kind in ("generation", "serving") and s.requests.height:
+        return _generation_headline(s, tail)
+    noun = {"training": "steps", "microbenchmark": "repetitions"}.get(s.kind, "iterations")
+    return f"{s.kind}: {s.steps} steady {noun} of {_fmt_ns(s.step_ns)}{on}{warm}{tail}"
+
+
+def _generation_headline(s: RunStructure, tail: str) -> str:
+    req = s.requests
+    steady = req.filter(~pl.col("warmup")) if "warmup" in req.columns else req
+    warm = req.height - steady.height
+    base = steady if steady.height else req
+    ttft = base["ttft_ns"].drop_nulls()
+    tpot = base["tpot_median_ns"].drop_nulls()
+    parts = []
+    if ttft.len():
+        parts.append(f"time to first token {_fmt_ns(float(ttft.median()))}")  # type: ignore[arg-type]
+    if tpot.len():
+        parts.append(f"time per output token {_fmt_ns(float(tpot.median()))}")  # type: ignore[arg-type]
+    if s.kind == "serving":
+        steps = s.steps_table
+        n_steps = steps.height
+        prefills = int(steps["prefills"].sum()) if n_steps and "prefills" in steps.columns else 0
+        what = f"{n_steps} engine steps, {prefills} prefills"
+        warm = int(steps.filter(pl.col("warmup"))["prefills"].sum()) if n_steps and "warmup" in steps.columns else 0
+    else:
+        what = f"{req.height} request{'s' if req.height != 1 else ''}"
+    warm_s = f" ({warm} warm-up set apart)" if warm else ""
+    return f"{s.kind}: {what}{warm_s}; steady: " + (", ".join(parts) or "no token times") + tail
+
+
+def _iteration_lengths(it: pl.DataFrame) -> list[int]:
+    return it["length_ns"].to_list() if it.height else []
+
+
+def _segments(keys: dict[str, Any], it: pl.DataFrame, warm: int, lo: int, hi: int, evidence: str) -> list[dict[str, Any]]:
+    """Start-up, warm-up, steady and tear-down of one GPU's (process's) iterations."""
+    if it.height == 0:
+        return []
+    first = int(it["w_start"].min())  # type: ignore[arg-type]
+    last = int(it["w_end"].max())  # type: ignore[arg-type]
+    steady_start = int(it.slice(warm)["w_start"].min()) if warm < it.height else last  # type: ignore[arg-type]
+    rows = [
+        ("startup", lo, first, 0, "before the first iteration"),
+        ("warmup", first, steady_start, warm, "leading iterations over the warm-up factor × the median of the rest"),
+        ("steady", steady_start, last, it.height - warm, evidence),
+        ("teardown", last, hi, 0, "after the last iteration"),
+    ]
+    return [{**keys, "segment": seg, "start_ns": a, "end_ns": max(b, a), "duration_ns": max(b - a, 0), "iterations": n, "evidence": e}
+            for seg, a, b, n, e in rows]
+
+
+_SEGMENT_SCHEMA = {"segment": pl.Utf8, "start_ns": pl.Int64, "end_ns": pl.Int64, "duration_ns": pl.Int64, "iterations": pl.Int64,
+                   "evidence": pl.Utf8}
+
+
+def build_structure(
+    found: Iterations,
+    settings: Settings,
+    *,
+    trace_start_ns: int,
+    trace_end_ns: int,
+    window_ops: Callable[[int, int], pl.DataFrame] | None = None,
+    total_gpu_ns: int | None = None,
+) -> RunStructure:
+    """The :class:`RunStructure` of the iterations ``found`` (:func:`find_iterations`):
+    warm-up, the steady window, the segments of every GPU with a loop, and the kind of run
+    read from the steady window's operations (``window_ops(start_ns, end_ns)``: the GPU
+    operations starting in it, text names, ``op_kind``, ``duration_ns``, ``bytes``; ``None``
+    leaves the kind ``unknown``) and ``total_gpu_ns`` (the capture's summed GPU operation
+    time). Generation and serving need the token steps: :meth:`RunStructure.with_generation`
+    adds them."""
+    it = found.frame
+    if it.height == 0:
+        seg = pl.DataFrame(schema=_SEGMENT_SCHEMA)
+        s = RunStructure("unknown", ("no iterations: " + found.reason,) if found.reason else (), found.method or "none",
+                         found.reason or "no iterations", it, 0, 0, 0, None, trace_start_ns, trace_end_ns,
+                         trace_start_ns, trace_end_ns, seg)
+        if window_ops is not None:  # training is told by its kernels without iterations (a slice of a run)
+            kind, ev = classify(window_ops(trace_start_ns, trace_end_ns + 1), s, total_gpu_ns=total_gpu_ns)
+            if kind == "training":
+                s.kind, s.evidence = kind, (*ev, "no iterations found: " + found.reason)
+        return s
+    warm = warmup_count(_iteration_lengths(it), settings.warmup_factor)
+    steady = it.slice(warm)
+    start = int(steady["w_start"].min())  # type: ignore[arg-type]
+    if warm:
+        # the window opens when the warm-up's own GPU work is over (the host may run ahead)
+        gpu_end = "gpu_end_ns" if "gpu_end_ns" in it.columns else "end_ns"
+        prev = it.slice(0, warm)[gpu_end].max()
+        if prev is not None:
+            start = max(start, int(prev))  # type: ignore[arg-type]
+    end = int(steady["w_end"].max())  # type: ignore[arg-type]
+    step_ns = int(float(np.median(steady["length_ns"].to_numpy())))
+    reason = found.reason
+    if warm:
+        reason += f"; the first {warm} iteration(s) took over {settings.warmup_factor}× the median of the rest (warm-up)"
+    it = it.with_columns((pl.int_range(pl.len()) < warm).alias("warmup"))
+    rows: list[dict[str, Any]] = []
+    ranks = 1
+    if found.loops:
+        ranks = len(found.loops)
+        for dl in found.loops:
+            d_it = dl.iterations.with_columns(pl.col("start_ns").alias("w_start"), pl.col("end_ns").alias("w_end"),
+                                              pl.col("duration_ns").alias("length_ns"))
+            d_warm = warmup_count(_iteration_lengths(d_it), settings.warmup_factor)
+            rows.extend(_segments(dl.keys, d_it, d_warm, trace_start_ns, trace_end_ns, found.reason))
+    else:
+        keys = {k: it[k][0] for k in ("rank", "pid") if k in it.columns}
+        rows.extend(_segments(keys, it, warm, trace_start_ns, trace_end_ns, found.reason))
+    segments = pl.DataFrame(rows) if rows else pl.DataFrame(schema=_SEGMENT_SCHEMA)
+    s = RunStructure("unknown", (), found.method, reason, it, found.total, warm, found.total - warm, step_ns, start, end,
+                     trace_start_ns, trace_end_ns, segments, ranks, found.loops)
+    if window_ops is not None:
+        lo, hi = _classify_span(it, warm, start, end)
+        ops = window_ops(lo, hi)
+        n_span = it.slice(warm).filter((pl.col("w_start") >= lo) & (pl.col("w_start") < hi)).height
+        s.kind, s.evidence = classify(ops, s, total_gpu_ns=total_gpu_ns, iterations=n_span, span_ns=hi - lo)
+        s.token_evidence = token_evidence(ops, n_span) if s.kind == "unknown" else None
+    return s
+
+
+#: The kind of run is read from at most this many steady iterations in the middle.
+CLASSIFY_ITERATIONS = 20
+
+
+def _classify_span(it: pl.DataFrame, warm: int, start: int, end: int) -> tuple[int, int]:
+    """The middle :data:`CLASSIFY_ITERATIONS` steady iterations' extent (the whole steady
+    window when it has no more)."""
+    steady = it.slice(warm)
+    if steady.height <= CLASSIFY_ITERATIONS:
+        return start, end
+    part = steady.slice((steady.height - CLASSIFY_ITERATIONS) // 2, CLASSIFY_ITERATIONS)
+    return int(part["w_start"].min()), int(part["w_end"].max())  # type: ignore[arg-type]
+
+
+def _names_like(ops: pl.DataFrame, pattern: str) -> pl.DataFrame:
+    k = ops.filter((pl.col("op_kind") == "kernel") if "op_kind" in ops.columns else pl.lit(True))
+    return k.filter(pl.col("name").str.contains(pattern))
+
+
+def classify(window_ops: pl.DataFrame, s: RunStructure, *, total_gpu_ns: int | None = None, iterations: int | None = None,
+             span_ns: int | None = None) -> tuple[str, tuple[str, ...]]:
+    """``(kind, evidence)`` of a run from its steady window's GPU operations (text names):
+    ``training`` when backward kernels hold at least :data:`BACKWARD_SHARE` of the kernel time
+    (optimizer kernels and gradient collectives add to the evidence); ``microbenchmark`` when
+    at least :data:`MICRO_MIN_REPEATS` iterations of at most :data:`MICRO_MAX_OPS` operations
+    each, of at most :data:`MICRO_MAX_NAMES` kernel names, hold :data:`MICRO_GPU_SHARE` of the
+    capture's GPU time (``total_gpu_ns``; ``window_ops`` covers ``iterations`` of the steady
+    ones, over ``span_ns``) with the GPU busy :data:`MICRO_BUSY` of the time; otherwise
+    ``unknown`` until the token steps are known (:meth:`RunStructure.with_generation`)."""
+    ops = window_ops
+    if ops.height == 0 or "name" not in ops.columns or ops["name"].dtype != pl.Utf8:
+        return "unknown", ("no GPU operations with names in the steady window",)
+    kern = ops.filter(pl.col("op_kind") == "kernel") if "op_kind" in ops.columns else ops
+    total = int(kern["duration_ns"].sum() or 0)
+    bwd = _names_like(ops, BACKWARD_NAMES)
+    share = int(bwd["duration_ns"].sum() or 0) / total if total else 0.0
+    if bwd.height and share >= BACKWARD_SHARE:
+        names = bwd.group_by("name").agg(pl.col("duration_ns").sum()).sort("duration_ns", descending=True)["name"]
+        shown = list(dict.fromkeys(_short(n) for n in names.to_list()))
+        ev = [f"backward kernels: {len(shown)} kinds, {share:.0%} of the steady steps' kernel time "
+              f"({', '.join(shown[:3])})"]
+        opt = _names_like(ops, OPTIMIZER_NAMES)
+        if opt.height:
+            top = opt.group_by("name").len().sort("len", descending=True)["name"][0]
+            ev.append(f"optimizer kernels: {opt.height:,} launches ({_short(top)} …)")
+        coll = _names_like(ops, GRADIENT_COLLECTIVES)
+        if coll.height:
+            top = coll.group_by("name").len().sort("len", descending=True)["name"][0]
+            ev.append(f"gradient collectives: {coll.height:,} ({_short(top, 60)} …)")
+        return "training", tuple(ev)
+    size_col = "ops" if "ops" in s.iterations.columns else "kernels"
+    sizes = s.iterations.slice(s.warmup_steps)[size_col].drop_nulls() if size_col in s.iterations.columns else pl.Series([], dtype=pl.Int64)
+    median = float(sizes.median()) if sizes.len() else 0.0  # type: ignore[arg-type]
+    per_name = kern.group_by("name").agg(pl.len().alias("n"), pl.col("duration_ns").sum().alias("t"),
+                                         pl.col("duration_ns").median().alias("m")).sort("t", descending=True)
+    gpu = int(ops["duration_ns"].sum() or 0)
+    scale = s.steps / iterations if iterations else 1.0  # the span's GPU time → the steady window's
+    enough = total_gpu_ns is None or total_gpu_ns <= 0 or gpu * scale >= MICRO_GPU_SHARE * total_gpu_ns
+    busy = span_ns is None or span_ns <= 0 or gpu >= MICRO_BUSY * span_ns
+    if (s.method != "graph_replays" and s.total >= MICRO_MIN_REPEATS and 0 < median <= MICRO_MAX_OPS
+            and 0 < per_name.height <= MICRO_MAX_NAMES and enough and busy):
+        timed = "; ".join(f"{_short(r['name'])} ×{r['n']:,}, median {_fmt_ns(r['m'])}" for r in per_name.head(3).iter_rows(named=True))
+        return "microbenchmark", (
+            f"{s.total:,} iterations of {median:.0f} operation(s) each, {per_name.height} kernel name(s) in all: "
+            f"a loop timing a few kernels ({timed})",
+        )
+    return "unknown", ("no backward kernels, and not a loop timing a few kernels",)
+
+
+def token_evidence(window_ops: pl.DataFrame, iterations: int) -> str | None:
+    """Why the steady iterations look like one-token forwards, or ``None``: at least one small
+    device-to-host copy (≤ :data:`TOKEN_COPY_MAX_BYTES`: the sampled ids) per iteration of the
+    ``iterations`` that ``window_ops`` covers, and
+    sampling (:data:`SAMPLING_NAMES`) and model kernels (:data:`MODEL_NAMES`) in them. A loop
+    without (a simulation's time steps, a NaN check's ``.item()`` after each layer) is not a
+    generation, however its first step compares with the rest."""
+    ops = window_ops
+    if ops.height == 0 or iterations == 0 or "name" not in ops.columns or ops["name"].dtype != pl.Utf8:
+        return None
+    copies = ops.filter((pl.col("name") == HOST_COPY_NAME) & (pl.col("bytes") <= TOKEN_COPY_MAX_BYTES)) if "bytes" in ops.columns else ops.clear()
+    if copies.height < iterations:
+        return None
+    sampling = _names_like(ops, SAMPLING_NAMES)
+    model = _names_like(ops, MODEL_NAMES)
+    if sampling.height == 0 or model.height == 0:
+        return None
+    size = int(copies["bytes"].median() or 0)  # type: ignore[arg-type]
+    return (f"each step copies {size:,} B to the host ({copies.height:,} copies over {iterations} steady steps) after "
+            f"{_short(sampling['name'][0])}: the sampled tokens of a decode loop")
+
+
+#: Serving: an idle gap longer than this many times the median step interval (and at least
+#: :data:`BURST_GAP_MIN_NS`) separates bursts of engine steps; leading bursts with less than
+#: :data:`WARMUP_BURST_SHARE` of the steps are warm-up (a benchmark client's test request).
+BURST_GAP_FACTOR = 20.0
+BURST_GAP_MIN_NS = 50_000_000
+WARMUP_BURST_SHARE = 0.2
+
+
+def _decode_runs(steps: pl.DataFrame) -> list[int]:
+    """Decode steps after each prefill step, up to the next prefill."""
+    runs: list[int] = []
+    for phase in steps.sort("start_ns")["phase"].to_list():
+        if phase == "prefill":
+            runs.append(0)
+        elif runs:
+            runs[-1] += 1
+    return runs
+
+
+def _with_generation(s: RunStructure, steps: pl.DataFrame, warmup_factor: float) -> RunStructure:
+    from tracekit.analysis.phases import number_requests, requests
+
+    steps = number_requests(steps)
+    runs = _decode_runs(steps)
+    prefills = int(steps["prefills"].sum()) if "prefills" in steps.columns else len(runs)
+    src = steps["source"][0] if "source" in steps.columns and steps.height else ""
+    serving = prefills >= 3 and bool(runs) and (min(runs) == 0 or max(runs) >= 1.5 * min(runs) + 1 or prefills > len(runs))
+    heavy = ""
+    if prefills:
+        busy = steps.filter(pl.col("phase") == "decode")["gpu_busy_ns"].drop_nulls()
+        pre = steps.filter(pl.col("phase") == "prefill")["gpu_busy_ns"].drop_nulls()
+        if busy.len() and pre.len() and float(busy.median() or 0) > 0:  # type: ignore[arg-type]
+            heavy = f", {float(pre.median()) / float(busy.median()):.0f}× a decode step's GPU time"  # type: ignore[arg-type]
+    if serving:
+        # requests arrive while others decode: no decode step belongs to one request, so each
+        # prefill is a request (its time to first token) and each step serves all of them
+        gaps = steps.sort("start_ns").select(
+            (pl.col("start_ns") - pl.max_horizontal("end_ns", "gpu_end_ns").shift(1)).alias("g"))["g"]
+        interval = float(steps.sort("start_ns")["start_ns"].diff().drop_nulls().median() or 0)  # type: ignore[arg-type]
+        cut = max(BURST_GAP_FACTOR * interval, BURST_GAP_MIN_NS)
+        burst = (gaps.fill_null(0) > cut).cast(pl.Int64).cum_sum()
+        steps = steps.sort("start_ns").with_columns(burst.alias("_burst"))
+        sizes = steps.group_by("_burst").len().sort("_burst")
+        warm_bursts: set[int] = set()
+        seen = 0
+        for b, n in sizes.iter_rows():
+            if b == sizes["_burst"].max() or seen + n >= WARMUP_BURST_SHARE * steps.height:
+                break
+            warm_bursts.add(b)
+            seen += n
+        steps = steps.with_columns(pl.col("_burst").is_in(list(warm_bursts)).alias("warmup")).drop("_burst")
+        req = requests(steps.with_columns(pl.when(pl.col("phase") == "prefill").then(pl.col("request")).otherwise(None).alias("request")
+                                          ).filter(pl.col("request").is_not_null()), warmup_factor=warmup_factor)
+        warm_req = steps.filter(pl.col("phase") == "prefill").select("request", "warmup")
+        req = req.drop("warmup").join(warm_req, on="request", how="left").select(list(req.columns))
+        steady = steps.filter(~pl.col("warmup")).sort("start_ns")
+        tpot = float(steady["start_ns"].diff().drop_nulls().median() or 0) if steady.height > 1 else None  # type: ignore[arg-type]
+        req = req.with_columns(pl.lit(tpot, pl.Float64).alias("tpot_median_ns"), pl.lit(None, pl.Float64).alias("tpot_p90_ns"))
+        n_warm = int(steps.filter(pl.col("warmup"))["prefills"].sum()) if "prefills" in steps.columns else 0
+        ev = (f"{prefills} prefills (a prompt's forward each) in {len(runs)} of {steps.height} engine steps, while other requests "
+              f"decoded: decode runs of {min(runs)} to {max(runs)} steps between them (continuous batching); the time per output "
+              "token is the engine's step interval, shared by every running request"
+              + (f"; {n_warm} request(s) before a pause of over {_fmt_ns(cut)} set apart as warm-up (a client's test request)"
+                 if n_warm else ""),)
+        kind = "serving"
+    else:
+        req = requests(steps, warmup_factor=warmup_factor)
+        warm_ids = req.filter(pl.col("warmup"))["request"].to_list()
+        steps = steps.with_columns(pl.col("request").is_in(warm_ids).alias("warmup"))
+        if prefills:
+            what = (f"a prompt's forward (prefill{heavy}) then one-token steps: {prefills} request"
+                    + ("s" if prefills > 1 else "") + f" of {int(np.median(runs))} decode steps"
+                    + (" each" if prefills > 1 else ""))
+        else:
+            what = f"{steps.height} decode steps ({src}); the prompt's forward is not in the capture"
+        ev = (what + (f" ({len(warm_ids)} warm-up request set apart: it took over {warmup_factor}× the median of the rest)"
+                      if warm_ids else ""),)
+        kind = "generation"
+    out = replace(s, steps_table=steps, requests=req)
+    if s.kind == "unknown":
+        out = replace(out, kind=kind, evidence=ev)
+    return out
