@@ -276,7 +276,9 @@ def test_diff_leads_with_the_verdict_and_says_why() -> None:
     assert md.index(next(ln for ln in md if ln.startswith("## Why"))) < md.index(next(ln for ln in md if ln == "## kernel"))
     r = _cli(str(before), str(after), "--by", "step,family")
     lines = r.stdout.splitlines()
-    assert lines[0] == d.verdict_line() and lines[1].startswith("why")
+    # the verdict, each run's structure, then why
+    assert lines[0] == d.verdict_line() and lines[1] == f"before: {d.runs['before']}" and lines[2] == f"after: {d.runs['after']}"
+    assert d.runs["before"].startswith("generation: ") and lines[3].startswith("why")
     assert "launch_bound went away" in r.stdout.split("step:")[0]  # before the first table
     back = _cli(str(after), str(before), "--by", "step")
     assert back.returncode == 1 and back.stdout.startswith("slower: step time")

@@ -73,11 +73,14 @@ def test_chart_of_more_iterations_than_altair_embeds() -> None:
 
 
 def test_whole_table_report_bins_a_long_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Run section draws the run structure's iterations (the same steps the diagnosis's
+    window is made of), binned past the limit."""
     trace = tracekit.open(DECODE)
-    n = prep.iteration_times(trace.nvtx).height
+    n = prep.structure_iterations(tracekit.structure(trace)).height
+    assert n == 8  # the capture's 8 decode steps (NVTX step.N)
     monkeypatch.setattr(prep, "MAX_ITERATION_POINTS", 4)
     document = H.build_report(trace)
-    text = _section(document, "overview")
+    text = _section(document, "run")
     assert "could not be built" not in text
     size = -(-n // 4)
     assert f"{n:,} iterations: each point is the median duration of {size:,} consecutive iterations" in text

@@ -157,11 +157,13 @@ def test_small_exports_keep_the_whole_table_report() -> None:
 
 
 def test_iteration_points_binned(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tracekit.report.sections import _iteration_points
+
     its = prep.iteration_times(_open(EXPORTS[0]).nvtx)
-    shown, note = HB._iteration_points(its)
+    shown, note = _iteration_points(its)
     assert shown is its and note == ""
     monkeypatch.setattr(prep, "MAX_ITERATION_POINTS", 5)
-    shown, note = HB._iteration_points(its)
+    shown, note = _iteration_points(its)
     assert shown.height <= 5 < its.height
     assert "median duration" in note
     assert shown.columns == its.columns

@@ -23,11 +23,12 @@ __all__ = [
     "diff",
     "open",
     "open_many",
+    "structure",
 ]
 
 if TYPE_CHECKING:
     from tracekit.comparison import diff
-    from tracekit.diagnosis import diagnose
+    from tracekit.diagnosis import diagnose, structure
     from tracekit.errors import (
         CaptureError,
         MissingDependencyError,
@@ -44,6 +45,7 @@ _LAZY = {
     "open": ("tracekit.opening", "open"),
     "open_many": ("tracekit.scale.reduced", "open_many"),
     "diagnose": ("tracekit.diagnosis", "diagnose"),
+    "structure": ("tracekit.diagnosis", "structure"),
     "diff": ("tracekit.comparison", "diff"),
     "NsysTrace": ("tracekit.nsys.trace", "NsysTrace"),
     "NcuReport": ("tracekit.ncu.report", "NcuReport"),

@@ -38,6 +38,9 @@ class _Side:
     step_lengths: pl.DataFrame | None
     #: labels of the NVTX step ranges themselves (``step.7``): one key per run, ``step.N``
     step_labels: list[str] = field(default_factory=list)
+    #: The run's structure in one line (``RunStructure.headline``) and its kind.
+    run: str = ""
+    kind: str = ""
 
 
 _EMPTY = {"step": pl.Int64, "key": pl.Utf8, "value": pl.Int64}
@@ -166,6 +169,9 @@ class Diff:
     findings: pl.DataFrame = field(default_factory=pl.DataFrame)
     #: What the reader should know about the comparison (graph replays whose kernels are unseen …).
     notes: list[str] = field(default_factory=list)
+    #: Each run's structure in one line (``before``/``after``: kind, steady steps, warm-up,
+    #: start-up; :meth:`tracekit.analysis.structure.RunStructure.headline`).
+    runs: dict[str, str] = field(default_factory=dict)
 
     def headline(self) -> dict[str, Any] | None:
         """The answer first: the step level's ``step_time`` row — ``verdict`` (``slower``,
@@ -233,7 +239,7 @@ class Diff:
         return {
             "verdict": self.headline(), "verdict_line": self.verdict_line(),
             "findings": self.findings.to_dicts(), "notes": self.notes,
-            "before": self.before, "after": self.after, "steps": self.steps, "step_source": self.methods,
+            "before": self.before, "after": self.after, "runs": self.runs, "steps": self.steps, "step_source": self.methods,
             "settings": {**self.settings, "threshold": bar},
             "levels": {k: v.to_dicts() for k, v in self.levels.items()},
             "regressions": self.regressions(bar).to_dicts(),
@@ -501,6 +507,10 @@ def diff(
     changed = pl.DataFrame()
     if findings:
         changed = findings_change(ra.findings, rb.findings, steps_before=ra.window_steps, steps_after=rb.window_steps)
+    notes = [*ra.notes, *rb.notes]
+    if ra.kind and rb.kind and ra.kind != rb.kind and "unknown" not in (ra.kind, rb.kind):
+        notes.insert(0, f"the runs are of different kinds (before: {ra.kind}, after: {rb.kind}): their steps are not the same "
+                        "unit of work, so per-step times compare different things")
     return Diff(
         name(before), name(after), out,
         steps={"before": ra.steps, "after": rb.steps},
@@ -508,7 +518,8 @@ def diff(
         settings={"k": k, "min_effect": min_effect, "fixed": fixed},
         threshold=float(threshold),
         findings=changed,
-        notes=[*ra.notes, *rb.notes],
+        notes=notes,
+        runs={k: v for k, v in (("before", ra.run), ("after", rb.run)) if v},
     )
 
 
@@ -524,6 +535,8 @@ class _Run:
     notes: list[str]
     findings: pl.DataFrame = field(default_factory=pl.DataFrame)
     window_steps: int | None = None
+    run: str = ""
+    kind: str = ""
 
 
 def _run_stats(trace: Any, levels: tuple[str, ...], suffix: str, side: str, findings: bool, *, bounded: bool,
@@ -540,13 +553,15 @@ def _run_stats(trace: Any, levels: tuple[str, ...], suffix: str, side: str, find
         s = _steady_steps(trace)
         stats = {level: per_step_stats(_level_values(trace, level, s), s.steps, suffix) for level in levels}
         note = _graph_note(side, s)
-        run = _Run(stats, len(s.steps), s.method, [note] if note else [])
+        run = _Run(stats, len(s.steps), s.method, [note] if note else [], run=s.run, kind=s.kind)
         del s
     if findings:
         from tracekit.diagnosis import diagnose
 
         d = diagnose(trace)
         run.findings, run.window_steps = d.findings, d.window.steps
+        if d.structure is not None:
+            run.run, run.kind = d.structure.headline(), d.structure.kind
     if opened and hasattr(trace, "close"):
         trace.close()
     return run

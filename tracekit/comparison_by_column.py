@@ -255,7 +255,7 @@ def _nvtx_steps(run: _Run, ranges: pl.DataFrame, main: pl.DataFrame, cfg: Any) -
     """NVTX step ranges, every step measured: each step's GPU span from the operations
     launched in it (``iterations``), warm-up steps left out as ``steady_window`` leaves them,
     and each operation in the steady step of its own process whose CPU range holds its launch."""
-    from tracekit.diagnosis.window import _warmup_count
+    from tracekit.analysis.iterations import warmup_count as _warmup_count
 
     launch = run.ops.launch
     start, end = run.column("start_ns"), run.column("end_ns")

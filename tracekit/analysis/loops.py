@@ -47,6 +47,8 @@ class Loop:
     bounds: np.ndarray
     stop: int
     coverage: float
+    #: Share of the operations' summed time inside those instances.
+    time_coverage: float = 1.0
 
     @property
     def regular(self) -> float:
@@ -208,6 +210,9 @@ def find_loops(
     n = int(codes.size)
     if n < min_repeats:
         return []
+    durations = np.maximum(ends - starts, 0).astype(np.float64)
+    busy = np.concatenate([[0.0], np.cumsum(durations)])  # busy[i]: summed time of operations before i
+    total_time = float(busy[-1])
     uniq, inverse, counts = np.unique(codes, return_inverse=True, return_counts=True)
     gap = idle_before(starts, ends)
     order = np.argsort(inverse, kind="stable")  # positions grouped by name, in time order
@@ -229,10 +234,14 @@ def find_loops(
         sizes = np.diff(np.append(bounds, stop))
         # only instances of about the usual size count: one instance that holds the rest of the
         # program (a name that runs a few times at start-up and once more at the end) is no loop
-        coverage = float(sizes[sizes <= _TYPICAL * np.median(sizes)].sum()) / n
+        usual = sizes <= _TYPICAL * np.median(sizes)
+        coverage = float(sizes[usual].sum()) / n
         if coverage < min_coverage:
             continue
-        loops.append(Loop(c, tuple(int(uniq[i]) for i in names[rows]), bounds, stop, coverage))
+        ends_at = np.append(bounds[1:], stop)
+        inside = float((busy[ends_at[usual]] - busy[bounds[usual]]).sum())
+        loops.append(Loop(c, tuple(int(uniq[i]) for i in names[rows]), bounds, stop, coverage,
+                          inside / total_time if total_time > 0 else 1.0))
     return loops
 
 
@@ -242,6 +251,9 @@ REGULAR = 0.8
 #: :func:`main_loop`: the main loop's instances of the usual size cover at least this share of
 #: the operations (a long start-up, compilation say, can hold most of a short run's operations).
 MAIN_COVERAGE = 0.25
+#: :func:`main_loop`: … and hold at least this share of the operations' summed time (a loop of
+#: a few-microsecond copies beside the convolutions that take the time is not the program's).
+MAIN_TIME_COVERAGE = 0.1
 #: :func:`main_loop`: of the loops that qualify, those within this share of the best coverage
 #: compete (the outermost of them wins): a loop around a few of the steps does not.
 COVERAGE_SLACK = 0.1
@@ -250,7 +262,8 @@ COVERAGE_SLACK = 0.1
 def main_loop(loops: list[Loop], *, host_copies: frozenset[int] = frozenset()) -> Loop | None:
     """The loop that is the program's iteration, of :func:`find_loops`' loops.
 
-    Of the loops whose usual-size instances cover :data:`MAIN_COVERAGE` of the operations,
+    Of the loops whose usual-size instances cover :data:`MAIN_COVERAGE` of the operations and
+    :data:`MAIN_TIME_COVERAGE` of their time,
     the first kind found of: regular loops (:data:`REGULAR`) with at least two anchor names (a
     training step, a ``generate()`` call, a decode step); regular loops of one anchor name (a
     step whose only once-per-step operation is a copy: one name repeating is weaker evidence
@@ -262,7 +275,7 @@ def main_loop(loops: list[Loop], *, host_copies: frozenset[int] = frozenset()) -
     several anchor names whose instances differ in size. Of that kind, the outermost (fewest
     instances) of those covering within :data:`COVERAGE_SLACK` of the best. ``None`` when no
     loop qualifies."""
-    big = [lp for lp in loops if lp.coverage >= MAIN_COVERAGE]
+    big = [lp for lp in loops if lp.coverage >= MAIN_COVERAGE and lp.time_coverage >= MAIN_TIME_COVERAGE]
     for pick in (
         lambda lp: len(lp.anchors) >= 2 and lp.regular >= REGULAR,
         lambda lp: lp.regular >= REGULAR,

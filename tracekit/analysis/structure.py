@@ -125,6 +125,8 @@ class DeviceLoop:
     loop: Loop
     iterations: pl.DataFrame
     names: dict[int, str] = field(default_factory=dict)
+    #: Its leading warm-up iterations (set by :func:`build_structure`).
+    warmup: int = 0
 
     def anchor_names(self, limit: int = 3) -> list[str]:
         """The first anchor names (shortened), for evidence."""
@@ -580,8 +582,9 @@ def _fmt_ns(ns: float | None) -> str:
 
 
 def _headline(s: RunStructure) -> str:
+    kind = "run of unknown kind" if s.kind == "unknown" else s.kind
     if s.total == 0:
-        return f"{s.kind}: no iterations found ({s.reason})"
+        return f"{kind}: no iterations found ({s.reason})"
     on = f" on {s.ranks} ranks" if s.ranks > 1 else ""
     warm = f", {s.warmup_steps} warm-up" if s.warmup_steps else ""
     start = s.startup_ns
@@ -589,7 +592,7 @@ def _headline(s: RunStructure) -> str:
     if s.kind in ("generation", "serving") and s.requests.height:
         return _generation_headline(s, tail)
     noun = {"training": "steps", "microbenchmark": "repetitions"}.get(s.kind, "iterations")
-    return f"{s.kind}: {s.steps} steady {noun} of {_fmt_ns(s.step_ns)}{on}{warm}{tail}"
+    return f"{kind}: {s.steps} steady {noun} of {_fmt_ns(s.step_ns)}{on}{warm}{tail}"
 
 
 def _generation_headline(s: RunStructure, tail: str) -> str:
@@ -685,19 +688,21 @@ def build_structure(
     it = it.with_columns((pl.int_range(pl.len()) < warm).alias("warmup"))
     rows: list[dict[str, Any]] = []
     ranks = 1
+    loops = []
     if found.loops:
         ranks = len(found.loops)
         for dl in found.loops:
             d_it = dl.iterations.with_columns(pl.col("start_ns").alias("w_start"), pl.col("end_ns").alias("w_end"),
                                               pl.col("duration_ns").alias("length_ns"))
             d_warm = warmup_count(_iteration_lengths(d_it), settings.warmup_factor)
+            loops.append(replace(dl, warmup=d_warm))
             rows.extend(_segments(dl.keys, d_it, d_warm, trace_start_ns, trace_end_ns, found.reason))
     else:
         keys = {k: it[k][0] for k in ("rank", "pid") if k in it.columns}
         rows.extend(_segments(keys, it, warm, trace_start_ns, trace_end_ns, found.reason))
     segments = pl.DataFrame(rows) if rows else pl.DataFrame(schema=_SEGMENT_SCHEMA)
     s = RunStructure("unknown", (), found.method, reason, it, found.total, warm, found.total - warm, step_ns, start, end,
-                     trace_start_ns, trace_end_ns, segments, ranks, found.loops)
+                     trace_start_ns, trace_end_ns, segments, ranks, loops=loops)
     if window_ops is not None:
         lo, hi = _classify_span(it, warm, start, end)
         ops = window_ops(lo, hi)

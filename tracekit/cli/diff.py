@@ -57,6 +57,8 @@ def _render(d, threshold: float, top: int) -> None:  # type: ignore[no-untyped-d
     color = colors.get(h["verdict"], "") if h else ""
     # whole lines (soft wrap): a log or a pipe keeps each on one line
     console.print(f"[bold {color}]{d.verdict_line()}[/]" if color else d.verdict_line(), highlight=False, soft_wrap=True)
+    for side, line in d.runs.items():
+        console.print(f"{side}: {line}", highlight=False, markup=False, soft_wrap=True)
     why = d.why_lines()
     if why:
         console.print("why — findings of tracekit diagnose that changed:", highlight=False, soft_wrap=True)

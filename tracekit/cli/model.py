@@ -95,14 +95,15 @@ def model(
 
 
 def _phases(trace: object, cfg: object, gpu: object) -> pl.DataFrame:
-    """The trace's generation phases against the model (:func:`tracekit.model.phases.phase_efficiency`);
-    empty when the trace shows no prefill/decode steps."""
+    """The steady requests' generation phases against the model (:func:`tracekit.model.phases.phase_efficiency`);
+    empty when the run is no generation or server."""
     import polars as pl
 
-    from tracekit.analysis.phases import phase_summary, trace_generation_steps
+    from tracekit.analysis.phases import phase_summary
+    from tracekit.diagnosis import structure
     from tracekit.model.phases import phase_efficiency
 
-    s = phase_summary(trace_generation_steps(trace))
+    s = phase_summary(structure(trace).steady_steps)  # the steady requests of the run's structure
     return phase_efficiency(s, cfg, gpu=gpu) if s.height else pl.DataFrame()
 
 

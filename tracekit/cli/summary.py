@@ -48,6 +48,10 @@ def summary(
 
         d = diagnose(trace, model=desc)
         _add_phases(s, d)  # a set's diagnosis has no phases
+    if not hasattr(trace, "kernels_across_ranks"):
+        from tracekit.diagnosis import structure
+
+        _add_structure(s, d.structure if d is not None and d.structure is not None else structure(trace))
     _render(s)
     if d is not None and findings > 0:
         from tracekit.cli.diagnose import render
@@ -96,6 +100,29 @@ def _add_graphs(s, trace) -> None:  # type: ignore[no-untyped-def]
     items = list(s.tables.items())
     at = next((i + 1 for i, (k, _) in enumerate(items) if k == "top kernels"), len(items))
     s.tables = dict([*items[:at], ("CUDA graphs", table), *items[at:]])
+
+
+def _add_structure(s, st) -> None:  # type: ignore[no-untyped-def]
+    """The run's structure first (kind, steady iterations, warm-up, start-up: one line, and
+    why), its segments per GPU or process, and the requests of a generation or server."""
+    import polars as pl
+
+    items = list(s.info.items())
+    s.info = dict([("run", st.headline()), *([("why", "; ".join(st.evidence))] if st.evidence else []),
+                   ("iterations from", st.reason), *items])
+    seg = st.segments
+    if seg.height:
+        keys = [c for c in ("rank", "pid", "device_id") if c in seg.columns]
+        t0 = st.trace_start_ns
+        s.tables = {"run structure": seg.select(
+            *keys, "segment", ((pl.col("start_ns") - t0) / 1e9).alias("from_s"), (pl.col("duration_ns") / 1e6).alias("ms"),
+            "iterations"), **s.tables}
+    req = st.requests
+    if req.height:
+        t0 = st.trace_start_ns
+        s.tables["requests"] = req.select(
+            "request", "warmup", ((pl.col("start_ns") - t0) / 1e9).alias("from_s"), "decode_steps",
+            (pl.col("ttft_ns") / 1e6).alias("ttft_ms"), (pl.col("tpot_median_ns") / 1e6).alias("tpot_median_ms"))
 
 
 def _add_phases(s, d) -> None:  # type: ignore[no-untyped-def]

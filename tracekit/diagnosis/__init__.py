@@ -13,7 +13,7 @@ from typing import Any
 from tracekit.diagnosis.config import DiagnoseConfig
 from tracekit.diagnosis.result import CATEGORIES, SEVERITIES, Diagnosis, Finding, Window
 
-__all__ = ["CATEGORIES", "SEVERITIES", "DiagnoseConfig", "Diagnosis", "Finding", "Window", "diagnose"]
+__all__ = ["CATEGORIES", "SEVERITIES", "DiagnoseConfig", "Diagnosis", "Finding", "Window", "diagnose", "structure"]
 
 
 def _open(obj: Any) -> Any:
@@ -107,6 +107,36 @@ def _cmd(ctx: Any) -> str:
     from tracekit.diagnosis.rules_host import _cmd as cmd
 
     return cmd(ctx)
+
+
+def structure(trace: Any, *, config: DiagnoseConfig | None = None) -> Any:
+    """The structure of a run (:class:`tracekit.analysis.structure.RunStructure`): what kind
+    of run it is (training, generation, serving, microbenchmark) and why, its iterations,
+    warm-up, start-up and tear-down, and the requests of a generation or server. The same
+    structure ``diagnose`` takes its window from (``Diagnosis.structure``).
+
+    ``trace``: an :class:`~tracekit.nsys.trace.NsysTrace`, a per-rank
+    :class:`~tracekit.multi.TraceSet` or a path to open; ``config``: the thresholds
+    (:class:`DiagnoseConfig`: ``iteration_pattern``, ``warmup_factor``, ``min_repeats`` …).
+
+    Examples
+    --------
+    >>> s = tracekit.structure("run.sqlite")          # doctest: +SKIP
+    >>> s.headline()                                   # doctest: +SKIP
+    'training: 10 steady steps of 42.6 ms on 2 ranks, 2 warm-up, start-up 21.42 s not counted'
+    >>> s.segments, s.iterations, s.requests           # doctest: +SKIP
+    """
+    from tracekit.diagnosis.context import Context
+
+    tr = _open(trace)
+    if hasattr(tr, "kernels_across_ranks"):
+        from tracekit.errors import TracekitError
+
+        raise TracekitError("structure: a set reduced on Dask keeps no per-operation rows; open the ranks with "
+                            "tracekit.open_many(..., engine='local') for their structure")
+    ctx = Context(tr, config or DiagnoseConfig())
+    ctx.prepare_reads()
+    return ctx.structure
 
 
 def diagnose(

@@ -112,19 +112,16 @@ def _sample_whole(window: Window, ops: pl.DataFrame, config: DiagnoseConfig) -> 
 
 
 def steady_ops(trace: Any) -> tuple[pl.DataFrame, list[int], str]:
-    """Every GPU operation of the steady steps (``gpu_ops`` with the launch columns) with its
-    ``step`` (the iteration number), the steady steps' numbers, and how steps were found.
+    """Every GPU operation of the run structure's steady steps (``gpu_ops`` with the launch
+    columns) with its ``step`` (the iteration number), the steady steps' numbers, and how steps
+    were found.
 
     An operation belongs to the step whose CPU range holds its launch call (NVTX steps) or
     whose GPU span holds its start (steps from the kernel sequence); without steps every
     operation is in step 0. Every step is measured (no sampling)."""
-    from tracekit.diagnosis.config import DiagnoseConfig
-    from tracekit.diagnosis.context import Context
-    from tracekit.diagnosis.window import steady_window
-
     cfg = DiagnoseConfig(exact_steps=10**9, max_window_ops=10**12)  # every step measured, no sampling
     ctx = Context(trace, cfg)
-    w = steady_window(ctx.ops, ctx.ops_with_launch, ctx.nvtx, cfg, graph_launches=ctx.graph_launches)
+    w = window_of(ctx.structure, ctx.ops_for_window, cfg)
     ops = ctx.ops_with_launch
     it = w.iterations
     if it.height == 0:

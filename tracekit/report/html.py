@@ -45,6 +45,7 @@ from tracekit.report.sections import (  # noqa: F401  (shared with the bounded r
     _nvtx_html,
     _overview_facts,
     _Page,
+    _run,
 )
 from tracekit.viz import prep
 from tracekit.viz.tables import fmt_ns, html_table
@@ -65,9 +66,13 @@ def _breakdown(trace: Any) -> pl.DataFrame:
     return prep.temporal_breakdown(trace.kernels, trace.memcpys, trace.memsets, graphs)
 
 
-def _overview(page: _Page, trace: Any, breakdown: Callable[[], pl.DataFrame]) -> str:
-    from tracekit.viz import iterations_chart
+def _diagnose(trace: Any, ncu: Any) -> Any:
+    from tracekit.diagnosis import diagnose
 
+    return diagnose(trace, ncu=ncu)
+
+
+def _overview(page: _Page, trace: Any, breakdown: Callable[[], pl.DataFrame]) -> str:
     k = trace.kernels
     graphs = _graph_rows(trace)
     out = _overview_facts(
@@ -76,10 +81,6 @@ def _overview(page: _Page, trace: Any, breakdown: Callable[[], pl.DataFrame]) ->
         kernels_text=f"{k.height:,} launches, {k['short_name'].n_unique():,} distinct, {fmt_ns(k['duration_ns'].sum())} GPU time",
         breakdown=breakdown, nvtx_events=trace.nvtx.height, metric_samples=trace.gpu_metrics.height,
     )  # fmt: skip
-    its = prep.iteration_times(trace.nvtx)
-    if not its.is_empty():
-        shown, note = _iteration_points(its)
-        out += note + page.chart(iterations_chart(shown, title="Iteration times"))
     return out
 
 
@@ -219,7 +220,9 @@ def build_report(
         add_sections(page, trace, ncu, top_n=top_n, max_marks=max_marks)
     elif trace is not None:
         origin = (prep.data_window(trace.kernels, trace.memcpys, trace.memsets, _graph_rows(trace)) or (None, None))[0]
-        page.section("findings", "Findings", lambda: _findings(trace, ncu))
+        diagnosis = _memo(lambda: _diagnose(trace, ncu))
+        page.section("findings", "Findings", lambda: _findings(diagnosis()))
+        page.section("run", "Run", lambda: _run(page, diagnosis().structure))
         breakdown = _memo(lambda: _breakdown(trace))
         page.section("overview", "Overview", lambda: _overview(page, trace, breakdown))
         page.section("kernels", "Top kernels", lambda: _kernels(page, trace, top_n))

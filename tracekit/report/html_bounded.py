@@ -24,7 +24,6 @@ from tracekit.report.sections import (
     _graphs,
     _has_graph_launches,
     _hidden_graphs_note,
-    _iteration_points,
     _kernels_html,
     _layer_memory,
     _memo,
@@ -34,6 +33,7 @@ from tracekit.report.sections import (
     _nvtx_html,
     _overview_facts,
     _Page,
+    _run,
 )
 from tracekit.viz import prep
 from tracekit.viz.tables import fmt_ns
@@ -56,6 +56,12 @@ def _release(trace: Any) -> None:
     gc.collect()
 
 
+def _diagnose(trace: Any, ncu: Any) -> Any:
+    from tracekit.diagnosis import diagnose
+
+    return diagnose(trace, ncu=ncu)
+
+
 def add_sections(page: _Page, trace: Any, ncu: Any, *, top_n: int, max_marks: int) -> None:
     """Add the nsys sections of ``trace`` to ``page``, in bounded memory."""
     from tracekit.analysis.attribution import NVTX_COLUMNS
@@ -65,7 +71,9 @@ def add_sections(page: _Page, trace: Any, ncu: Any, *, top_n: int, max_marks: in
     # the copy tables (small) are read once, before the diagnosis as in the whole-table report,
     # and kept for the overview's span and breakdown
     memcpys, memsets = trace.memcpys, trace.memsets
-    page.section("findings", "Findings", lambda: _findings(trace, ncu, windows))
+    diagnosis = _memo(lambda: _diagnose(trace, ncu))
+    page.section("findings", "Findings", lambda: _findings(diagnosis(), windows))
+    page.section("run", "Run", lambda: _run(page, diagnosis().structure))
     _release(trace)
     facts = _memo(kc.facts)
     graphs = _graph_rows(trace)
@@ -103,17 +111,11 @@ def _overview(page: _Page, trace: Any, facts: B.KernelFacts, window: tuple[int, 
               breakdown: Callable[[], pl.DataFrame], nvtx: Callable[[], pl.DataFrame],
               metrics: Callable[[], tuple[int, pl.DataFrame, pl.DataFrame]]) -> str:
     """:func:`tracekit.report.html._overview` from the kernel columns."""
-    from tracekit.viz import iterations_chart
-
     out = _overview_facts(
         page, trace, used_devices=set(facts.devices), window=window, graphs=graphs,
         kernels_text=f"{facts.launches:,} launches, {facts.distinct:,} distinct, {fmt_ns(facts.gpu_time_ns)} GPU time",
         breakdown=breakdown, nvtx_events=nvtx().height, metric_samples=metrics()[0],
     )
-    its = prep.iteration_times(nvtx())
-    if not its.is_empty():
-        shown, note = _iteration_points(its)
-        out += note + page.chart(iterations_chart(shown, title="Iteration times"))
     return out
 
 

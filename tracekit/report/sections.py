@@ -96,13 +96,11 @@ def _note(text: str) -> str:
     return f'<p class="note">{html.escape(text)}</p>'
 
 
-def _findings(trace: Any, ncu: Any, windows: list[Any] | None = None) -> str:
-    """The Findings section (:func:`tracekit.diagnosis.diagnose`); the diagnosis's window is
-    appended to ``windows`` when given (the bounded report's detail sections draw it)."""
-    from tracekit.diagnosis import diagnose
+def _findings(d: Any, windows: list[Any] | None = None) -> str:
+    """The Findings section of a diagnosis (:func:`tracekit.diagnosis.diagnose`); its window
+    is appended to ``windows`` when given (the bounded report's detail sections draw it)."""
     from tracekit.diagnosis.result import fmt_ns
 
-    d = diagnose(trace, ncu=ncu)
     if windows is not None:
         windows.append(d.window)
     colors = {"high": "#b3261e", "medium": "#a15c00", "low": "#0b5cad", "info": "#666"}
@@ -120,6 +118,37 @@ def _findings(trace: Any, ncu: Any, windows: list[Any] | None = None) -> str:
         + "".join(rows) + "</table>"
     ) if rows else "<p>No findings.</p>"
     return _note(d.window_text()) + table
+
+
+def _run(page: _Page, structure: Any) -> str:
+    """The Run section: the run's structure (:func:`tracekit.structure`) — its kind and why,
+    how iterations were found, start-up and tear-down, each GPU's (or process's) iterations
+    over time with warm-up marked, and the requests of a generation or server."""
+    from tracekit.viz import iterations_chart
+
+    if structure is None:
+        return _note("No run structure (a trace set reduced on Dask keeps no per-operation rows).")
+    s = structure
+    rows = [("run", s.headline()), ("why", "; ".join(s.evidence) or "–"), ("iterations from", s.reason)]
+    if s.startup_ns is not None:
+        rows.append(("start-up", f"{fmt_ns(s.startup_ns)} before the first iteration (not in the window)"))
+    if s.teardown_ns is not None:
+        rows.append(("tear-down", f"{fmt_ns(s.teardown_ns)} after the last iteration (not in the window)"))
+    if s.total:
+        rows.append(("steady window", f"{fmt_ns(s.end_ns - s.start_ns)}: {s.steps} iterations of {fmt_ns(s.step_ns)} (median)"))
+    out = _facts(rows)
+    its = prep.structure_iterations(s)
+    if not its.is_empty():
+        shown, note = _iteration_points(its)
+        out += note + page.chart(iterations_chart(shown, title="Iterations (warm-up and steady)"))
+    req = s.requests
+    if req.height:
+        t0 = s.trace_start_ns
+        out += html_table(
+            req.select("request", "warmup", ((pl.col("start_ns") - t0) / 1e9).round(3).alias("from_s"), "prefill_steps",
+                       "decode_steps", "ttft_ns", "tpot_median_ns"),
+            formats={"ttft_ns": fmt_ns, "tpot_median_ns": fmt_ns}, left=("warmup",))
+    return out
 
 
 def _graph_rows(trace: Any) -> pl.DataFrame | None:

@@ -12,6 +12,7 @@ minimal aggregations the charts need.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import polars as pl
 
@@ -672,6 +673,42 @@ def iteration_times(nvtx: pl.DataFrame, *, pattern: str = ITERATION_PATTERN) -> 
     )
 
 
+def structure_iterations(structure: Any) -> pl.DataFrame:
+    """The iterations of a run's structure (:func:`tracekit.structure`), as
+    :func:`iteration_times` gives NVTX ranges: every GPU's kernel-loop iterations (``group``
+    ``GPU N`` / ``rank N GPU M``), else the NVTX, forward or graph-replay iterations of the
+    process that bounds the window.
+
+    Returns ``group``, ``iteration``, ``name`` (``warm-up`` or ``steady``), ``start_ns``,
+    ``end_ns``, ``duration_ns`` (the iteration's length: CPU range or GPU span, the longer);
+    empty when the run has no iterations.
+    """
+    schema = {"group": pl.Utf8, "iteration": pl.Int64, "name": pl.Utf8, "start_ns": pl.Int64, "end_ns": pl.Int64,
+              "duration_ns": pl.Int64}
+    parts = []
+    loops = getattr(structure, "loops", None) or []
+    if loops:
+        for dl in loops:
+            label = " ".join(f"{'GPU' if k == 'device_id' else k} {v}" for k, v in dl.keys.items())
+            it = dl.iterations
+            warm = dl.warmup
+            parts.append(it.select(
+                pl.lit(label).alias("group"), pl.col("iteration").cast(pl.Int64),
+                pl.when(pl.int_range(pl.len()) < warm).then(pl.lit("warm-up")).otherwise(pl.lit("steady")).alias("name"),
+                "start_ns", "end_ns", pl.col("duration_ns").cast(pl.Int64)))
+    elif structure is not None and structure.iterations.height:
+        it = structure.iterations
+        keys = [k for k in ("rank", "pid") if k in it.columns]
+        label = pl.concat_str([pl.lit(f"{k} ") + pl.col(k).cast(pl.Utf8) for k in keys], separator=" ") if keys else pl.lit("all")
+        parts.append(it.select(
+            label.alias("group"), pl.col("iteration").cast(pl.Int64),
+            pl.when(pl.col("warmup")).then(pl.lit("warm-up")).otherwise(pl.lit("steady")).alias("name"),
+            pl.col("w_start").alias("start_ns"), pl.col("w_end").alias("end_ns"), pl.col("length_ns").cast(pl.Int64).alias("duration_ns")))
+    if not parts:
+        return pl.DataFrame(schema=schema)
+    return pl.concat(parts).select([pl.col(c).cast(t) for c, t in schema.items()])
+
+
 #: Most points an iteration chart draws (all groups together; altair refuses a dataset of more
 #: than 5,000 rows when a chart is drawn or saved).
 MAX_ITERATION_POINTS = 2000
@@ -869,7 +906,7 @@ def nvtx_tree(
 __all__ = [
     "BREAKDOWN_CATEGORIES", "BUS_FACTORS", "DEFAULT_GPU_METRICS", "ITERATION_PATTERN", "LAYER_MEMORY_PATTERN", "LAYER_PATTERN",
     "MAX_ITERATION_POINTS", "attributed_kernels", "binned_iterations", "data_window", "duration_histogram",
-    "gpu_metrics_series", "gpu_ops", "graph_names", "iteration_times", "layer_bands", "layer_block_matrix",
+    "gpu_metrics_series", "gpu_ops", "graph_names", "iteration_times", "layer_bands", "layer_block_matrix", "structure_iterations",
     "layer_growth", "layer_memory_series", "memory_series", "nccl_bandwidth", "nvtx_ranges",
     "nvtx_tree", "temporal_breakdown", "timeline_nvtx", "timeline_ops", "top_kernels", "whole_graphs",
 ]  # fmt: skip

@@ -94,6 +94,7 @@ class TraceExplorer(widgets.VBox):  # type: ignore[misc,name-defined]
         self.origin_ns = self.full_window[0]
         self._attributed: pl.DataFrame | None = None
         self._diagnosis: Any = None
+        self._structure: Any = None
         self._syncing = False
 
         # state the views show (read by tests and by users)
@@ -159,6 +160,9 @@ class TraceExplorer(widgets.VBox):  # type: ignore[misc,name-defined]
         self.window_slider.observe(self._on_slider, names="value")
         self.reset_button = w.Button(description="whole trace", icon="expand")
         self.reset_button.on_click(lambda _b: setattr(self, "window", None))
+        self.steady_button = w.Button(description="steady window", icon="compress",
+                                      tooltip="the run's steady iterations (tracekit.structure): no start-up, warm-up or tear-down")
+        self.steady_button.on_click(lambda _b: self.show_steady())
         self.show_nvtx = w.Checkbox(value=True, description="NVTX lanes")
         self.show_nvtx.observe(lambda _c: self._refresh_timeline(), names="value")
         self.window_label = w.HTML()
@@ -182,7 +186,7 @@ class TraceExplorer(widgets.VBox):  # type: ignore[misc,name-defined]
             w.VBox([w.HBox([self.filter_text, self.sort_by, self.top_n]), self.kernel_picker, v["top"].widget,
                     self.top_table, self.instances_html]),
             w.VBox([self.nvtx_depth, self.nvtx_html]),
-            w.VBox([w.HBox([self.window_slider, self.reset_button, self.show_nvtx]), self.window_label,
+            w.VBox([w.HBox([self.window_slider, self.reset_button, self.steady_button, self.show_nvtx]), self.window_label,
                     v["timeline"].widget]),
             w.VBox([v["breakdown"].widget, v["nccl"].widget, self.comm_html]),
             w.VBox([v["metrics"].widget]),
@@ -205,6 +209,26 @@ class TraceExplorer(widgets.VBox):  # type: ignore[misc,name-defined]
                 self.views[name].activate()
             if index == self.FINDINGS_TAB and not self.findings_select.options:
                 self._guard("findings", None, self._refresh_findings)
+
+    # -- the run's structure -------------------------------------------------------------------------
+    @property
+    def structure(self) -> Any:
+        """The run's structure (:func:`tracekit.structure`: kind, iterations, warm-up,
+        start-up, requests), computed once: the diagnosis's when it was made first."""
+        if getattr(self, "_structure", None) is None:
+            if self._diagnosis is not None and self._diagnosis.structure is not None:
+                self._structure = self._diagnosis.structure
+            else:
+                from tracekit.diagnosis import structure
+
+                self._structure = structure(self.trace)
+        return self._structure
+
+    def show_steady(self) -> None:
+        """Set :attr:`window` to the run's steady iterations (no start-up, warm-up or tear-down)."""
+        s = self.structure
+        if s.total and s.end_ns > s.start_ns:
+            self.window = (s.start_ns, s.end_ns)
 
     # -- findings ---------------------------------------------------------------------------------------
     @property
@@ -396,6 +420,7 @@ class TraceExplorer(widgets.VBox):  # type: ignore[misc,name-defined]
                     str(getattr(meta, "version", "") or getattr(meta, "product_version", "") or "?")
                 ),
             ),
+            ("run", html.escape(self._run_line())),
             ("window", f"{fmt_ns(hi - lo)} ({'selected' if self.window else 'whole trace'})"),
             ("GPUs with GPU work", str(gpus)),
             ("kernels", f"{k.height:,}"),
@@ -428,15 +453,24 @@ class TraceExplorer(widgets.VBox):  # type: ignore[misc,name-defined]
         self._guard("breakdown", self.views["overview"], breakdown)
 
         def iterations() -> None:
-            its = self.prep.iteration_times(t.nvtx)
+            st = self.structure
+            its = self.prep.structure_iterations(st)
             if its.is_empty():
-                self.views["iterations"].message("no iteration ranges (NVTX named step.N / iter N)")
+                self.views["iterations"].message(f"no iterations: {st.reason}")
                 return
             from tracekit.viz import iterations_chart
 
-            self.views["iterations"].show(iterations_chart(its, title="Iterations"))
+            self.views["iterations"].show(iterations_chart(its, title=f"Iterations — {st.headline()}"))
 
         self._guard("iterations", self.views["iterations"], iterations)
+
+    def _run_line(self) -> str:
+        """The run's structure in one line, or why there is none (the explorer stays up)."""
+        try:
+            return str(self.structure.headline())
+        except Exception as exc:  # keep the explorer alive
+            self.errors["structure"] = f"{type(exc).__name__}: {exc}"
+            return f"(no structure: {type(exc).__name__})"
 
     def _graph_facts(self) -> list[tuple[str, str]]:
         """The overview's line on CUDA graph replays traced whole in the window (none without)."""
