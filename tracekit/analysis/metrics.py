@@ -35,6 +35,7 @@ from tracekit.analysis._frames import rank_keys
 
 __all__ = [
     "DEFAULT_METRICS",
+    "metric_activity",
     "kernel_metrics",
     "metric_names",
     "metrics_by",
@@ -51,6 +52,72 @@ DEFAULT_METRICS: tuple[str, ...] = (
     "dram_read_bandwidth",
     "dram_write_bandwidth",
 )
+
+
+#: The metric that says whether a GPU computed: any SM active in the sample interval.
+ACTIVITY_METRIC = "sms_active"
+
+
+def metric_activity(gpu_metrics: pl.DataFrame, ops: pl.DataFrame | None = None) -> pl.DataFrame:
+    """What each GPU did according to its metrics alone, and how much of it the traced GPU
+    operations account for.
+
+    Parameters
+    ----------
+    gpu_metrics
+        The ``gpu_metrics`` table (stable names; values in percent).
+    ops
+        The traced GPU operations (``device_id``, ``start_ns``, ``end_ns``; ``rank``), or
+        ``None``: then ``untraced_active_ns`` is ``active_ns``.
+
+    Returns
+    -------
+    One row per (``rank``,) ``device_id``: ``samples``, ``period_ns`` (median sample
+    interval), ``start_ns``/``end_ns`` (the sampled span: the first interval's start to the last
+    sample), ``span_ns``; the time-weighted mean over the span of each of
+    :data:`DEFAULT_METRICS` present (``<metric>_mean``, percent); ``active_ns`` (summed sample
+    intervals in which some SM was active, :data:`ACTIVITY_METRIC` > 0), ``active_share``
+    (``active_ns / span_ns``), ``sm_active_during_active`` (mean SM active over those
+    intervals, percent) and ``untraced_active_ns`` (the part of ``active_ns`` in intervals that
+    no traced operation of the device overlaps: GPU work the capture did not trace). Empty
+    without samples.
+    """
+    keys = [*rank_keys(gpu_metrics), "device_id"]
+    present = set(metric_names(gpu_metrics)) if gpu_metrics.height else set()
+    if gpu_metrics.height == 0 or ACTIVITY_METRIC not in present:
+        return pl.DataFrame()
+    chosen = [m for m in DEFAULT_METRICS if m in present]
+    series, keys = _series(gpu_metrics, chosen)
+    act = series[ACTIVITY_METRIC].select(*keys, "_t0", "timestamp_ns", "_dt", "_v", "metric_period_ns")
+    active = act.filter(pl.col("_v") > 0)
+    if ops is not None and ops.height and active.height:
+        okeys = [k for k in keys if k in ops.columns]
+        o = ops.select(*okeys, "start_ns", "end_ns").filter(pl.col("end_ns") > pl.col("start_ns")).sort([*okeys, "start_ns"])
+        # an interval is traced when some operation of its device ends after its start and
+        # starts before its end: the last operation starting before the interval's end
+        # (as-of) ends after the interval's start, or one starts inside it
+        iv = active.with_row_index("_i").sort([*okeys, "timestamp_ns"])
+        last = iv.join_asof(o.with_columns(pl.col("end_ns").cum_max().over(okeys).alias("_reach")).select(
+            *okeys, pl.col("start_ns").alias("timestamp_ns"), "_reach"), on="timestamp_ns", by=okeys or None, strategy="backward",
+            check_sortedness=False)
+        traced = last.filter(pl.col("_reach").is_not_null() & (pl.col("_reach") > pl.col("_t0")))["_i"]
+        untraced = active.with_row_index("_i").filter(~pl.col("_i").is_in(traced))
+    else:
+        untraced = active
+    out = act.group_by(keys).agg(
+        pl.len().cast(pl.Int64).alias("samples"), pl.col("metric_period_ns").first().alias("period_ns"),
+        pl.col("_t0").min().cast(pl.Int64).alias("start_ns"), pl.col("timestamp_ns").max().alias("end_ns"))
+    out = out.with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("span_ns"))
+    for m in chosen:
+        part = series[m].group_by(keys).agg((pl.col("_v") * pl.col("_dt")).sum().alias("_i"), pl.col("_dt").sum().alias("_t"))
+        out = out.join(part.select(*keys, (pl.col("_i") / pl.col("_t")).alias(f"{m}_mean")), on=keys, how="left")
+    busy = active.group_by(keys).agg(pl.col("_dt").sum().cast(pl.Int64).alias("active_ns"),
+                                     ((pl.col("_v") * pl.col("_dt")).sum() / pl.col("_dt").sum()).alias("sm_active_during_active"))
+    lost = untraced.group_by(keys).agg(pl.col("_dt").sum().cast(pl.Int64).alias("untraced_active_ns"))
+    out = out.join(busy, on=keys, how="left").join(lost, on=keys, how="left").with_columns(
+        pl.col("active_ns").fill_null(0), pl.col("untraced_active_ns").fill_null(0))
+    out = out.with_columns((pl.col("active_ns") / pl.col("span_ns")).alias("active_share"))
+    return out.sort(keys)
 
 
 def metric_names(gpu_metrics: pl.DataFrame) -> list[str]:

@@ -42,6 +42,7 @@ def summary(
     else:
         s = trace_summary(trace, top=top, nvtx_each=nvtx_each)
         _add_graphs(s, trace)
+        _add_metrics(s, trace)
     d = None
     if findings > 0 or desc is not None:
         from tracekit.diagnosis import diagnose
@@ -100,6 +101,36 @@ def _add_graphs(s, trace) -> None:  # type: ignore[no-untyped-def]
     items = list(s.tables.items())
     at = next((i + 1 for i, (k, _) in enumerate(items) if k == "top kernels"), len(items))
     s.tables = dict([*items[:at], ("CUDA graphs", table), *items[at:]])
+
+
+def _add_metrics(s, trace) -> None:  # type: ignore[no-untyped-def]
+    """The "GPU metrics" table when the trace sampled them: per GPU the means of SM active,
+    Tensor active and DRAM bandwidth (percent) over the sampled span, how long some SM was
+    active, and how much of that no traced operation explains
+    (:func:`tracekit.analysis.metrics.metric_activity`); a capture without kernels shows the
+    GPU's work here only."""
+    import polars as pl
+
+    from tracekit.analysis._frames import gpu_ops
+    from tracekit.diagnosis.rules_coverage import MAX_METRIC_ROWS
+
+    db = trace.db
+    if not db.has_table("GPU_METRICS") or db.row_count("GPU_METRICS") > MAX_METRIC_ROWS:
+        return
+    from tracekit.analysis.metrics import metric_activity
+
+    cols = ["device_id", "start_ns", "end_ns"]
+    ops = gpu_ops(trace.table("kernels", [*cols, "pid", "global_pid", "context_id", "stream_id", "correlation_id", "duration_ns", "name"]),
+                  None, None, None).select(cols)
+    act = metric_activity(trace.gpu_metrics, ops)
+    if act.height == 0:
+        return
+    pct = {c: label for c, label in (("sms_active_mean", "sm%"), ("tensor_active_mean", "tensor%"),
+                                     ("dram_read_bandwidth_mean", "dram_rd%"), ("dram_write_bandwidth_mean", "dram_wr%"))
+           if c in act.columns}
+    s.tables["GPU metrics: means over the sampled span (%), time with SMs active"] = act.select(
+        pl.col("device_id").alias("GPU"), (pl.col("span_ns") / 1e9).alias("span_s"), *[pl.col(c).alias(n) for c, n in pct.items()],
+        (pl.col("active_ns") / 1e9).alias("active_s"), (pl.col("untraced_active_ns") / 1e9).alias("untraced_s"))
 
 
 def _add_structure(s, st) -> None:  # type: ignore[no-untyped-def]

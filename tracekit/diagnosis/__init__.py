@@ -66,7 +66,14 @@ def _missing(ctx: Any) -> list[Finding]:
 
 
 def _no_kernels(ctx: Any) -> Finding:
-    """The one finding of a trace without kernels or graph launches: what it holds instead."""
+    """The one finding of a trace without kernels or graph launches: the GPU work its GPU
+    metrics saw in a process it did not follow (:mod:`.rules_coverage`), else what it holds
+    instead."""
+    from tracekit.diagnosis.rules_coverage import untraced_work_without_kernels
+
+    found = untraced_work_without_kernels(ctx, _cmd(ctx))
+    if found is not None:
+        return found
     copies, sets = ctx.memcpys.height, ctx.memsets.height
     holds = f"{copies:,} memory copies and {sets:,} memsets" if copies or sets else "no GPU work at all"
     return Finding(
@@ -189,7 +196,9 @@ def diagnose(
     ctx = Context(tr, cfg, ncu=_open(ncu) if ncu is not None else None, model=model)
     ctx.prepare_reads()
     if ctx.kernel_count == 0 and ctx.graphs.height == 0:  # no GPU compute: say that, not host_bound
-        return Diagnosis(_trace_name(tr), Window(0, 0, "whole_trace", "no kernels in the trace"), [_no_kernels(ctx)])
+        lo, hi = ctx._capture_span()
+        return Diagnosis(_trace_name(tr), Window(lo, hi, "whole_trace", "no kernels in the trace: the whole capture"), [_no_kernels(ctx)],
+                         structure=ctx.structure)
     if window is not None:
         full = Window(int(window[0]), int(window[1]), "given", "window given by the caller")
     else:
@@ -214,6 +223,9 @@ def diagnose(
         from tracekit.diagnosis.rules_model import model_findings
 
         findings.extend(model_findings(ctx))
+    from tracekit.diagnosis.rules_coverage import untraced_work
+
+    findings.extend(untraced_work(ctx))
     findings.extend(_missing(ctx))
     if full.sampled:  # the rules saw a sample of the steady state: scale what it costs
         for f in findings:

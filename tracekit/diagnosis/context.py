@@ -171,8 +171,10 @@ class Context:
         token steps and requests (:func:`~tracekit.analysis.phases.generation_steps`; left out
         of a trace set and where :meth:`_phases_fit` says they do not fit)."""
         from tracekit.analysis.phases import generation_steps
-        from tracekit.analysis.structure import build_structure, find_iterations
+        from tracekit.analysis.structure import Iterations, build_structure, find_iterations
 
+        if self.kernel_count == 0 and self.graphs.height == 0:
+            return self._structure_without_kernels(Iterations, build_structure)
         found = find_iterations(self.ops_for_window, self.launched_ops, self.nvtx, self.config, graph_launches=self.graph_launches)
         lo, hi = self._capture_span()
         total = int(self.ops_for_window(["duration_ns"])["duration_ns"].sum() or 0)
@@ -182,6 +184,22 @@ class Context:
             return s
         steps = generation_steps(self._phase_ops, self.nvtx, self.graph_launches, tokens=s.token_evidence is not None)
         return s.with_generation(steps, warmup_factor=self.config.warmup_factor)
+
+    def _structure_without_kernels(self, iterations: Any, build: Any) -> RunStructure:
+        """The structure of a capture without kernels: no iterations, and what the GPU metrics
+        saw instead (the SMs active in a process the capture did not follow)."""
+        from tracekit.diagnosis.result import fmt_ns
+        from tracekit.diagnosis.rules_coverage import gpu_metric_activity
+
+        lo, hi = self._capture_span()
+        s = build(iterations(pl.DataFrame(), 0, "none", "the capture holds no kernels"), self.config, trace_start_ns=lo, trace_end_ns=hi)
+        act = gpu_metric_activity(self, None)
+        if act.height and int(act["active_ns"].sum()) > 0:
+            top = act.sort("active_ns", descending=True).row(0, named=True)
+            s.evidence = (f"yet GPU {top['device_id']}'s metrics show its SMs active {fmt_ns(top['active_ns'])} "
+                          f"({top['active_share']:.0%} of {fmt_ns(top['span_ns'])}): the work ran in a process the capture did not "
+                          "follow (tracekit diagnose says how to capture it)",)
+        return s
 
     def _capture_span(self) -> tuple[int, int]:
         """The capture's start and end (ns): the export's time window, else the span of the
