@@ -25,6 +25,14 @@ Each such operation gets a ``kind`` (first match wins):
     device-to-device ``cudaMemcpy*`` (``tensor.copy_`` of contiguous tensors).
 ``fill``
     memsets and fill kernels (``zeros``, ``fill_``).
+``inplace_copy``
+    Inductor kernels that fuse ATen's in-place ``copy_`` (``triton_poi_fused_copy__19``,
+    ``…_arange_copy__eq_…_where_4``): compiled code writing a buffer it was given (a KV cache
+    updated as ``cache.copy_(torch.where(pos == positions, k, cache))``) rewrites the whole
+    buffer every call, whatever else the kernel computes.
+
+:func:`large_pointwise` adds what no name tells: pointwise kernels of a decode step that last
+far longer than its matrix products, which at one token per step can only be moving memory.
 """
 
 from __future__ import annotations
@@ -34,10 +42,23 @@ import polars as pl
 from tracekit.analysis._frames import rank_keys
 from tracekit.analysis.families import with_family
 
-__all__ = ["DATA_MOVEMENT_KINDS", "data_movement", "data_movement_ops"]
+__all__ = ["DATA_MOVEMENT_KINDS", "INPLACE_COPY_PATTERN", "NOT_INPLACE_COPY", "data_movement", "data_movement_ops", "inplace_copy", "large_pointwise"]
 
 #: ``kind`` values, in the order they are tested.
-DATA_MOVEMENT_KINDS: tuple[str, ...] = ("concat", "index_write", "dtype_cast", "layout", "memcpy", "fill")
+DATA_MOVEMENT_KINDS: tuple[str, ...] = ("inplace_copy", "concat", "index_write", "dtype_cast", "layout", "memcpy", "fill")
+
+#: Inductor kernels that fuse the in-place ``copy_`` (its name, ``copy_``, and the ``_``
+#: that joins fused op names: ``…_copy__…``), once :data:`NOT_INPLACE_COPY` (``_to_copy``,
+#: ``index_copy``, ``lift_fresh_copy``) is taken out of the name.
+INPLACE_COPY_PATTERN = r"^triton_[a-z]+_fused.*_copy__"
+NOT_INPLACE_COPY = r"(?:_to|index|fresh)_copy__"
+
+
+def inplace_copy(name: pl.Expr) -> pl.Expr:
+    """Whether a kernel name is an Inductor kernel that fuses ``copy_`` (see
+    :data:`INPLACE_COPY_PATTERN`)."""
+    return name.str.replace_all(NOT_INPLACE_COPY, "_").str.contains(INPLACE_COPY_PATTERN).fill_null(False)
+
 
 _KIND_PATTERNS: tuple[tuple[str, str], ...] = (
     ("concat", r"(?i)cat_?array|batched_?copy|^triton_[a-z]+_fused_(?:[a-z0-9_]*_)?cat_"),
@@ -52,6 +73,7 @@ def _kind() -> pl.Expr:
     expr: pl.Expr = pl.lit("layout")
     for label, pattern in reversed(_KIND_PATTERNS):
         expr = pl.when(name.str.contains(pattern).fill_null(False)).then(pl.lit(label)).otherwise(expr)
+    expr = pl.when(inplace_copy(name)).then(pl.lit("inplace_copy")).otherwise(expr)
     op = pl.col("op_kind")
     return pl.when(op == "memcpy").then(pl.lit("memcpy")).when(op == "memset").then(pl.lit("fill")).otherwise(expr)
 
@@ -74,8 +96,9 @@ def data_movement_ops(ops: pl.DataFrame) -> pl.DataFrame:
     frame = ops if "op_kind" in ops.columns else ops.with_columns(pl.lit("kernel").alias("op_kind"))
     frame = with_family(frame, name_column="name")
     dtod = pl.col("name").str.contains(r"(?i)device-to-device|dtod").fill_null(False)
-    keep = ((pl.col("op_kind") == "kernel") & (pl.col("family") == "copy")) | ((pl.col("op_kind") == "memcpy") & dtod) | (
-        pl.col("op_kind") == "memset")
+    inplace = inplace_copy(pl.col("name"))
+    keep = ((pl.col("op_kind") == "kernel") & ((pl.col("family") == "copy") | inplace)) | (
+        (pl.col("op_kind") == "memcpy") & dtod) | (pl.col("op_kind") == "memset")
     return frame.filter(keep).with_columns(_kind().alias("kind"))
 
 
@@ -115,3 +138,53 @@ def data_movement(ops: pl.DataFrame, *, by: tuple[str, ...] = ("kind", "name")) 
     out = out.join(total, on=rk, how="left") if rk else out.join(total, how="cross")
     out = out.with_columns((pl.col("gpu_time_ns") / pl.col("_total")).alias("share")).drop("_total")
     return out.sort("gpu_time_ns", descending=True)
+
+
+#: :func:`large_pointwise`: a pointwise kernel whose median lasts at least this many times the
+#: median matrix product of the same operations …
+POINTWISE_OVER_GEMM = 2.0
+#: … and at least this long (ns) …
+POINTWISE_MIN_NS = 20_000
+#: … and that takes at least this share of their GPU time.
+POINTWISE_MIN_SHARE = 0.05
+
+
+def large_pointwise(ops: pl.DataFrame) -> pl.DataFrame:
+    """Pointwise kernels (family ``elementwise``: Inductor's ``triton_poi_…``, eager
+    elementwise kernels) that outlast the matrix products around them: a median duration of at
+    least :data:`POINTWISE_OVER_GEMM` times the median GEMM launch's (and
+    :data:`POINTWISE_MIN_NS`), and at least :data:`POINTWISE_MIN_SHARE` of the GPU time of
+    ``ops``. In a decode step, where each matrix product reads its weights once for one token,
+    a pointwise kernel that lasts longer moves more memory than the model's weights: a cache
+    rewritten whole, a buffer copied in and out.
+
+    Parameters
+    ----------
+    ops
+        The operations of one window (``name``, ``duration_ns``; ``op_kind``): a generation's
+        steady decode steps.
+
+    Returns
+    -------
+    (``rank``,) ``name``, ``ops``, ``gpu_time_ns``, ``median_ns``, ``gemm_median_ns`` (the
+    median GEMM launch), ``over_gemm`` (the ratio), ``share`` (of the GPU time of ``ops``),
+    largest first; empty without GEMMs.
+    """
+    rk = rank_keys(ops)
+    frame = ops if "op_kind" in ops.columns else ops.with_columns(pl.lit("kernel").alias("op_kind"))
+    kern = with_family(frame.filter(pl.col("op_kind") == "kernel"), name_column="name")
+    gemm = kern.filter(pl.col("family") == "gemm")
+    schema = {**{k: pl.Int64 for k in rk}, "name": pl.Utf8, "ops": pl.Int64, "gpu_time_ns": pl.Int64, "median_ns": pl.Float64,
+              "gemm_median_ns": pl.Float64, "over_gemm": pl.Float64, "share": pl.Float64}
+    if gemm.height == 0:
+        return pl.DataFrame(schema=schema)
+    total = float(frame["duration_ns"].sum() or 0)
+    g_med = float(gemm["duration_ns"].median())  # type: ignore[arg-type]
+    per = kern.filter(pl.col("family") == "elementwise").group_by([*rk, "name"]).agg(
+        pl.len().cast(pl.Int64).alias("ops"), pl.col("duration_ns").sum().alias("gpu_time_ns"),
+        pl.col("duration_ns").median().alias("median_ns"))
+    per = per.with_columns(pl.lit(g_med).alias("gemm_median_ns"), (pl.col("median_ns") / g_med).alias("over_gemm"),
+                           (pl.col("gpu_time_ns") / total if total else pl.lit(None, pl.Float64)).alias("share"))
+    per = per.filter((pl.col("over_gemm") >= POINTWISE_OVER_GEMM) & (pl.col("median_ns") >= POINTWISE_MIN_NS)
+                     & (pl.col("share") >= POINTWISE_MIN_SHARE))
+    return per.select(list(schema)).sort("gpu_time_ns", descending=True)

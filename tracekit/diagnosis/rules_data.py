@@ -10,7 +10,7 @@ import re
 
 import polars as pl
 
-from tracekit.analysis.data_movement import data_movement
+from tracekit.analysis.data_movement import data_movement, large_pointwise
 from tracekit.diagnosis.context import Context
 from tracekit.diagnosis.result import Finding
 from tracekit.diagnosis.rules_host import _cmd
@@ -19,9 +19,16 @@ __all__ = ["DATA_RULES", "REMOVABLE_KINDS", "data_movement_rule"]
 
 #: Kinds whose time a change of code removes (a static KV cache instead of ``torch.cat``,
 #: fused casts and layouts); index writes and fills stay (they are the cheap alternative).
-REMOVABLE_KINDS: tuple[str, ...] = ("concat", "dtype_cast", "layout", "memcpy")
+REMOVABLE_KINDS: tuple[str, ...] = ("inplace_copy", "concat", "dtype_cast", "layout", "memcpy", "large_pointwise")
 
 _ADVICE = {
+    "inplace_copy": "a compiled step that writes a tensor it was given through copy_ (a KV cache updated as "
+    "cache.copy_(torch.where(pos == positions, new, cache)), JAX-style) rewrites the whole tensor every call: write only "
+    "the new position (cache.index_copy_(2, pos, new), cache[:, :, pos] = new), which Inductor keeps in place, or keep "
+    "the cache a module buffer",
+    "large_pointwise": "a pointwise kernel that outlasts the step's matrix products moves more memory than the weights "
+    "(a cache or a buffer rewritten whole each token): find which tensor it writes (ncu's DRAM bytes, or the fused op "
+    "names) and write only what changes",
     "concat": "torch.cat copies all of its inputs: a KV cache grown with it (Hugging Face's default DynamicCache) is "
     "re-copied whole every step — preallocate it and write each token in place (generate(..., "
     "cache_implementation='static'), a paged cache as in vLLM/SGLang, or index_copy_ into a buffer allocated once); small "
@@ -43,8 +50,10 @@ def data_movement_rule(ctx: Context) -> list[Finding]:
     device-side copies, memsets and whole-graph replays, whose kernels are unseen).
 
     ``time_ns`` = the window's time in the removable kinds (:data:`REMOVABLE_KINDS`: concat,
-    dtype_cast, layout, device-to-device memcpy): what a preallocated cache, fused casts and
-    in-place writes take off the GPU. ``share`` is of the window, as for every rule; the title
+    dtype_cast, layout, device-to-device memcpy, Inductor in-place ``copy_`` kernels, and — in a
+    generation or a server — pointwise kernels far longer than the step's matrix products,
+    :func:`~tracekit.analysis.data_movement.large_pointwise`): what a preallocated cache, fused
+    casts and writes of only what changed take off the GPU. ``share`` is of the window, as for every rule; the title
     gives the share of GPU time too. Severity follows the share of the window, but a finding
     is kept (as ``low``) whenever the GPU share passes the threshold: once a host-bound loop is
     fixed (CUDA graphs), the copies are what is left."""
@@ -53,6 +62,8 @@ def data_movement_rule(ctx: Context) -> list[Finding]:
         return []
     dev = [*ctx.rk, "device_id"]
     by_dev = data_movement(ops, by=(*dev, "kind", "name"))
+    if ctx.structure.kind in ("generation", "serving"):
+        by_dev = pl.concat([by_dev, _large_pointwise(ops, dev, by_dev)], how="diagonal_relaxed")
     if by_dev.height == 0:
         return []
     per_dev = by_dev.group_by(dev).agg(
@@ -84,6 +95,21 @@ def data_movement_rule(ctx: Context) -> list[Finding]:
               f"tracekit capture ncu --nvtx --kernel-name regex:'{_regex(top_kernel['name'][0]) if top_kernel.height else 'Copy'}' "
               f"--launch-count 5 -- {_cmd(ctx)}"],
     )]
+
+
+def _large_pointwise(ops: pl.DataFrame, dev: list[str], moved: pl.DataFrame) -> pl.DataFrame:
+    """:func:`~tracekit.analysis.data_movement.large_pointwise` per device, as rows of kind
+    ``large_pointwise`` in ``data_movement``'s columns (kernels already counted as data
+    movement left out)."""
+    parts = []
+    seen = set(moved["name"].to_list()) if moved.height else set()
+    for keys, part in ops.group_by(dev):
+        big = large_pointwise(part).filter(~pl.col("name").is_in(list(seen)))
+        if big.height:
+            parts.append(big.select(
+                *[pl.lit(v).alias(k) for k, v in zip(dev, keys, strict=True)], pl.lit("large_pointwise").alias("kind"), "name",
+                "ops", "gpu_time_ns", pl.col("median_ns").alias("mean_ns"), pl.lit(None, pl.Int64).alias("bytes"), "share"))
+    return pl.concat(parts, how="diagonal_relaxed") if parts else pl.DataFrame()
 
 
 def _short(name: str) -> str:
