@@ -21,6 +21,10 @@ def summary(
     model: str | None = typer.Option(None, "--model", help="Transformer description (YAML or HF config.json): MFU/MBU per generation phase."),
     batch: int | None = typer.Option(None, "--batch", help="With --model: sequences per step."),
     prompt_len: int | None = typer.Option(None, "--prompt-len", help="With --model: prompt tokens per sequence."),
+    tokens_per_step: int | None = typer.Option(None, "--tokens-per-step", min=1,
+                                               help="Training: tokens per step on all GPUs together: tokens per second, and "
+                                                    "with --model (or --params) the training MFU (6 × parameters × tokens)."),
+    params: float | None = typer.Option(None, "--params", min=1, help="Training: the model's parameters (instead of --model's count)."),
     nvtx_each: bool = typer.Option(False, "--nvtx-each", help="List numbered NVTX ranges one by one (default: step.0 … step.7 → step.*)."),
     engine: str = typer.Option("local", "--engine", help=ENGINE_HELP),
     scheduler: str | None = typer.Option(None, "--scheduler", help=SCHEDULER_HELP),
@@ -44,11 +48,12 @@ def summary(
         _add_graphs(s, trace)
         _add_metrics(s, trace)
     d = None
-    if findings > 0 or desc is not None:
+    if findings > 0 or desc is not None or tokens_per_step is not None:
         from tracekit.diagnosis import diagnose
 
-        d = diagnose(trace, model=desc)
+        d = diagnose(trace, model=desc if not tokens_per_step else None)
         _add_phases(s, d)  # a set's diagnosis has no phases
+        _add_training(s, d, trace, tokens_per_step=tokens_per_step, params=params, model=desc)
     if not hasattr(trace, "kernels_across_ranks"):
         from tracekit.diagnosis import structure
 
@@ -154,6 +159,50 @@ def _add_structure(s, st) -> None:  # type: ignore[no-untyped-def]
         s.tables["requests"] = req.select(
             "request", "warmup", ((pl.col("start_ns") - t0) / 1e9).alias("from_s"), "decode_steps",
             (pl.col("ttft_ns") / 1e6).alias("ttft_ms"), (pl.col("tpot_median_ns") / 1e6).alias("tpot_median_ms"))
+
+
+def _add_training(s, d, trace, *, tokens_per_step, params, model) -> None:  # type: ignore[no-untyped-def]
+    """The "training step" table (forward, backward, optimizer: median time per step, compute,
+    communication and how much of it is exposed) and, with ``--tokens-per-step``, the
+    throughput and training MFU (:func:`tracekit.analysis.training.training_throughput`)."""
+    import polars as pl
+
+    from tracekit.diagnosis.result import fmt_ns
+
+    t = d.training
+    if t.height == 0:
+        if tokens_per_step:
+            s.notes.append("--tokens-per-step: the run is not training (no backward kernels in its steady steps)")
+        return
+    ms = lambda c: (pl.col(c) / 1e6).alias(c.replace("_ns", "_ms"))  # noqa: E731
+    s.tables["training step (median per step and GPU)"] = t.select(
+        "phase", ms("time_ns"), (pl.col("share") * 100).alias("step_pct"), ms("compute_ns"), ms("communication_ns"),
+        ms("exposed_comm_ns"), ms("idle_ns"))
+    if not tokens_per_step or d.structure is None or not d.structure.step_ns:
+        return
+    from tracekit.analysis.training import training_throughput
+
+    n_params, peak, dtype = params, None, "bf16"
+    if model is not None:
+        from tracekit.model import load_model
+        from tracekit.model.costs import model_summary
+
+        cfg = load_model(model)
+        dtype = cfg.dtype
+        n_params = n_params or model_summary(cfg)["params"]
+    if n_params:
+        from tracekit.model.costs import peaks
+        from tracekit.model.gpu import gpu_of
+
+        peak = peaks(gpu_of(trace, None), dtype)[0]
+    tp = training_throughput(d.structure.step_ns, tokens_per_step, params=n_params, gpus=d.structure.ranks, peak_flops=peak)
+    line = f"{tp['tokens_per_s']:,.0f} tokens/s ({tokens_per_step:,} tokens per step of {fmt_ns(tp['step_ns'])})"
+    if tp["mfu"] is not None:
+        line += (f"; MFU {tp['mfu']:.1%} (6 × {n_params / 1e6:,.1f} M parameters × tokens = {tp['model_flops_per_step'] / 1e12:,.2f} "
+                 f"TFLOP per step on {d.structure.ranks} GPU(s), {dtype} peak {peak / 1e12:,.0f} TFLOP/s each)")
+    elif n_params:
+        line += "; MFU: the GPU's peak is unknown"
+    s.info["training throughput"] = line
 
 
 def _add_phases(s, d) -> None:  # type: ignore[no-untyped-def]

@@ -232,7 +232,8 @@ def diagnose(
             if f.time_ns is not None and f.category != "warmup":
                 f.time_ns = round(f.time_ns * full.scale)
     _cap_at_window(findings, full)
-    return Diagnosis(_trace_name(tr), full, findings, phases=ctx.phases, gpu_time=_gpu_time(ctx), structure=ctx.structure)
+    return Diagnosis(_trace_name(tr), full, findings, phases=ctx.phases, gpu_time=_gpu_time(ctx), structure=ctx.structure,
+                     training=ctx.training)
 
 
 def _gpu_time(ctx: Any) -> Any:

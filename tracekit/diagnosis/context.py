@@ -227,6 +227,36 @@ class Context:
             [c for c in ("name", "op_kind", "duration_ns", "device_id", "bytes") if c in self.op_columns])
 
     @cached_property
+    def training(self) -> pl.DataFrame:
+        """The steady training steps taken apart (:func:`tracekit.analysis.training.
+        training_phases` over the analysed window, per GPU; :func:`~tracekit.analysis.training.
+        training_summary`): forward, backward and optimizer per step with their compute and
+        exposed communication; empty when the run is not training."""
+        from tracekit.analysis.comm import categorize_ops
+        from tracekit.analysis.training import training_phases, training_summary
+
+        s = self.structure
+        if s.kind != "training" or self.kernels_w.height == 0:
+            return pl.DataFrame()
+        w = self.window
+        inside = (pl.col("start_ns") >= w.start_ns) & (pl.col("start_ns") < w.end_ns)
+        steps = []
+        for dl in s.loops:  # every GPU's own steps
+            it = dl.iterations.slice(dl.warmup).filter(inside)
+            steps.append(it.select(*[pl.lit(v).alias(k) for k, v in dl.keys.items()], pl.col("iteration").alias("step"),
+                                   "start_ns", "end_ns"))
+        if not steps:  # NVTX steps: each step's span on every GPU of the window
+            its = s.iterations.filter(~pl.col("warmup")).select(pl.col("iteration").alias("step"), pl.col("w_start").alias("start_ns"),
+                                                                   pl.col("w_end").alias("end_ns")).filter(inside)
+            devices = self.kernels_w.select([*self.rk, "device_id"]).unique()
+            steps.append(devices.join(its, how="cross"))
+        frame = pl.concat(steps, how="vertical_relaxed")
+        if frame.height == 0:
+            return pl.DataFrame()
+        ops = categorize_ops(self.kernels_w, self.memcpys_w if self.memcpys_w.height else None, None, None)
+        return training_summary(training_phases(ops, frame))
+
+    @cached_property
     def phases(self) -> pl.DataFrame:
         """The generation phases of the steady requests (:func:`tracekit.analysis.phases.
         phase_summary` of ``structure.steady_steps``), with the model's MFU/MBU/efficiency

@@ -139,13 +139,17 @@ class Diagnosis:
     """
 
     def __init__(self, trace_name: str, window: Window, findings: list[Finding], *, phases: pl.DataFrame | None = None,
-                 gpu_time: pl.DataFrame | None = None, structure: Any = None) -> None:
+                 gpu_time: pl.DataFrame | None = None, structure: Any = None, training: pl.DataFrame | None = None) -> None:
         self.trace_name = trace_name
         self.window = window
         #: The run's structure (:class:`tracekit.analysis.structure.RunStructure`): its kind,
         #: iterations, warm-up, start-up and, for a generation or a server, its requests; the
         #: window is its steady iterations. ``None`` for a set reduced on Dask.
         self.structure = structure
+        #: A training run's steady step taken apart (:func:`tracekit.analysis.training.
+        #: training_summary`: forward, backward, optimizer with compute and exposed
+        #: communication, medians per step, ns); empty for other runs.
+        self.training = training if training is not None else pl.DataFrame()
         #: :func:`tracekit.analysis.phases.phase_summary` of the trace (with the model's MFU/MBU
         #: when ``diagnose(model=…)``); empty when no generation phases were found.
         self.phases = phases if phases is not None else pl.DataFrame()
@@ -205,6 +209,7 @@ class Diagnosis:
             "structure": self.structure.as_dict() if self.structure is not None else None,
             "window": self.window.as_dict(),
             "phases": self.phases.to_dicts(),
+            "training": self.training.to_dicts(),
             "findings": [
                 {
                     "category": f.category, "severity": f.severity, "time_ns": f.time_ns, "share": f.share,
@@ -228,8 +233,21 @@ class Diagnosis:
         text = f"window {fmt_ns(w.duration_ns)} ({w.method}{steps}{warm}): {w.reason}{sample}"
         if self.structure is not None and w.method != "given":
             text = f"run — {self.structure.headline()}\n{text}"
-        phases = self.phases_text()
+        phases = self.phases_text() or self.training_text()
         return f"{text}\n{phases}" if phases else text
+
+    def training_text(self) -> str:
+        """One line on a training step's phases (median per step): forward, backward,
+        optimizer, and the communication they expose; ``""`` for other runs."""
+        t = self.training
+        if t.height == 0:
+            return ""
+        parts = []
+        for r in t.iter_rows(named=True):
+            exposed = f", {fmt_ns(r['exposed_comm_ns'])} exposed communication" if r["exposed_comm_ns"] else ""
+            share = f" ({r['share']:.0%})" if r.get("share") is not None else ""
+            parts.append(f"{r['phase']} {fmt_ns(r['time_ns'])}{share}{exposed}")
+        return "training step — " + "; ".join(parts)
 
     def phases_text(self) -> str:
         """One line on the generation phases of the steady requests: time to first token, time
