@@ -136,6 +136,54 @@ def llm_capture(name: str) -> Path:
     return target / f"{name}.sqlite"
 
 
+#: Whole-run captures of programs as users run them (issue 36: data-parallel training, generate()
+#: calls, a serving engine in-process and in a forked child, a compiled decode, microbenchmarks),
+#: each ``<name>/<file>.sqlite.xz`` (two for per-rank captures) and ``stats.tar.xz``.
+RUN_STRUCTURE = SAMPLES / "run_structure"
+
+
+def run_capture_names() -> list[str]:
+    """The bundled whole-run captures (folders of ``sample_traces/run_structure``)."""
+    return sorted(p.name for p in RUN_STRUCTURE.iterdir() if any(p.glob("*.sqlite.xz")))
+
+
+@functools.cache
+def run_capture(name: str) -> Path:
+    """The folder of capture ``name`` with its ``.sqlite`` files and ``stats/`` unpacked once
+    into ``.cache/run_structure-<hash>/<name>/`` (a temporary folder, then a rename)."""
+    import hashlib
+    import lzma
+
+    packed = sorted((RUN_STRUCTURE / name).glob("*.sqlite.xz"))
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in packed)).hexdigest()[:12]
+    target = ROOT / ".cache" / f"run_structure-{digest}" / name
+
+    def fill(tmp: Path) -> None:
+        for p in packed:
+            with lzma.open(p) as src, open(tmp / p.name[: -len(".xz")], "wb") as dst:
+                shutil.copyfileobj(src, dst)
+        with tarfile.open(RUN_STRUCTURE / name / "stats.tar.xz", "r:xz") as tar:
+            tar.extractall(tmp, filter="data")
+
+    _unpack_once(target, target / packed[-1].name[: -len(".xz")], fill)
+    return target
+
+
+def run_capture_log(name: str) -> list[dict]:  # type: ignore[type-arg]
+    """The JSON lines the captured program printed (its own timings: the ground truth the
+    tracekit reading is compared with), from ``profile_log.txt``."""
+    import json
+
+    out = []
+    for line in (RUN_STRUCTURE / name / "profile_log.txt").read_text().splitlines():
+        if line.startswith("{"):
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+    return out
+
+
 @pytest.fixture(scope="session")
 def corpus_dir() -> Path:
     if not NSYS_CORPUS.is_dir():

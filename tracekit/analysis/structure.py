@@ -708,6 +708,10 @@ def build_structure(
         ops = window_ops(lo, hi)
         n_span = it.slice(warm).filter((pl.col("w_start") >= lo) & (pl.col("w_start") < hi)).height
         s.kind, s.evidence = classify(ops, s, total_gpu_ns=total_gpu_ns, iterations=n_span, span_ns=hi - lo)
+        if s.kind == "microbenchmark" and (lo, hi) != (start, end) and n_span and ops.height / n_span * s.steps <= MICRO_EVIDENCE_OPS:
+            # a benchmark's loops (one kernel timed, then another) each get their line: every
+            # steady repetition's kernels, not the middle ones only
+            s.evidence = (_timed_kernels(window_ops(start, end), s),)
         s.token_evidence = token_evidence(ops, n_span) if s.kind == "unknown" else None
     return s
 
@@ -773,12 +777,26 @@ def classify(window_ops: pl.DataFrame, s: RunStructure, *, total_gpu_ns: int | N
     busy = span_ns is None or span_ns <= 0 or gpu >= MICRO_BUSY * span_ns
     if (s.method != "graph_replays" and s.total >= MICRO_MIN_REPEATS and 0 < median <= MICRO_MAX_OPS
             and 0 < per_name.height <= MICRO_MAX_NAMES and enough and busy):
-        timed = "; ".join(f"{_short(r['name'])} ×{r['n']:,}, median {_fmt_ns(r['m'])}" for r in per_name.head(3).iter_rows(named=True))
-        return "microbenchmark", (
-            f"{s.total:,} iterations of {median:.0f} operation(s) each, {per_name.height} kernel name(s) in all: "
-            f"a loop timing a few kernels ({timed})",
-        )
+        return "microbenchmark", (_timed_kernels(ops, s, median),)
     return "unknown", ("no backward kernels, and not a loop timing a few kernels",)
+
+
+#: A microbenchmark's kernels are listed from every steady repetition up to this many operations.
+MICRO_EVIDENCE_OPS = 500_000
+
+
+def _timed_kernels(ops: pl.DataFrame, s: RunStructure, median: float | None = None) -> str:
+    """The microbenchmark sentence: the loop, and each kernel it times with its launches and
+    median duration (what a benchmark reports)."""
+    kern = ops.filter(pl.col("op_kind") == "kernel") if "op_kind" in ops.columns else ops
+    per_name = kern.group_by("name").agg(pl.len().alias("n"), pl.col("duration_ns").sum().alias("t"),
+                                         pl.col("duration_ns").median().alias("m")).sort("t", descending=True)
+    if median is None:
+        col = "ops" if "ops" in s.iterations.columns else "kernels"
+        median = float(s.iterations.slice(s.warmup_steps)[col].median() or 0)  # type: ignore[arg-type]
+    timed = "; ".join(f"{_short(r['name'])} ×{r['n']:,}, median {_fmt_ns(r['m'])}" for r in per_name.head(4).iter_rows(named=True))
+    return (f"{s.total:,} iterations of {median:.0f} operation(s) each, {per_name.height} kernel name(s) in all: "
+            f"a loop timing a few kernels ({timed})")
 
 
 def token_evidence(window_ops: pl.DataFrame, iterations: int) -> str | None:
@@ -858,6 +876,8 @@ def _with_generation(s: RunStructure, steps: pl.DataFrame, warmup_factor: float)
                                           ).filter(pl.col("request").is_not_null()), warmup_factor=warmup_factor)
         warm_req = steps.filter(pl.col("phase") == "prefill").select("request", "warmup")
         req = req.drop("warmup").join(warm_req, on="request", how="left").select(list(req.columns))
+        per_step = steps.filter(pl.col("phase") == "prefill").select("request", pl.col("prefills").alias("_k"))
+        req = req.join(per_step, on="request", how="left").with_columns(pl.col("_k").fill_null(1).alias("prefill_steps")).drop("_k")
         steady = steps.filter(~pl.col("warmup")).sort("start_ns")
         tpot = float(steady["start_ns"].diff().drop_nulls().median() or 0) if steady.height > 1 else None  # type: ignore[arg-type]
         req = req.with_columns(pl.lit(tpot, pl.Float64).alias("tpot_median_ns"), pl.lit(None, pl.Float64).alias("tpot_p90_ns"))
