@@ -27,7 +27,15 @@ import tracekit
 from tracekit.analysis.loops import find_loops, main_loop, token_loop
 from tracekit.stats import run_report
 
-from .conftest import NSYS_CORPUS, ROOT, SAMPLES, llm_capture, run_capture, run_capture_log, run_capture_names
+from .conftest import (
+    NSYS_CORPUS,
+    ROOT,
+    SAMPLES,
+    llm_capture,
+    run_capture,
+    run_capture_log,
+    run_capture_names,
+)
 from .nsys_reference import assert_same_as_nsys, read_reference
 
 NAMES = run_capture_names()
@@ -69,9 +77,9 @@ def _log(name: str) -> dict:  # type: ignore[type-arg]
 
 
 def test_the_captures_are_there() -> None:
-    assert NAMES == sorted(["compile_where_decode", "hf_generate_calls", "hf_generate_calls_annotated", "microbench_jax",
+    assert sorted(["compile_where_decode", "hf_generate_calls", "hf_generate_calls_annotated", "microbench_jax",
                             "microbench_triton", "serve_cb_1gpu", "serve_child_follow", "serve_child_nofollow", "train_ddp_2gpu",
-                            "train_ddp_exposed_2gpu", "train_fsdp2_2gpu"])
+                            "train_ddp_exposed_2gpu", "train_fsdp2_2gpu"]) == NAMES
 
 
 # -- the capturing nsys's own statistics: tracekit prints the same -----------------------------------
