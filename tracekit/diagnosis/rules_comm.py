@@ -6,11 +6,14 @@ per-rank reports (``tracekit.open_many``). Time at stake per rule is in each doc
 
 from __future__ import annotations
 
+from typing import Any
+
 import polars as pl
 
 from tracekit.analysis.comm import (
     activity_segments,
     categorize_ops,
+    comm_by_range,
     comm_kind_expr,
     overlap_breakdown,
     peer_copy_expr,
@@ -48,6 +51,7 @@ def _compute_breakdown(ctx: Context) -> pl.DataFrame:
     graphs = ctx.graphs.filter((pl.col("start_ns") >= w.start_ns) & (pl.col("start_ns") < w.end_ns)) if ctx.graphs.height else None
     ops = categorize_ops(k, ctx.memcpys_w if ctx.memcpys_w.height else None, None, graphs)
     seg = activity_segments(ops, start_ns=ctx.window.start_ns, end_ns=ctx.window.end_ns)
+    ctx.__dict__["_comm_segments"] = seg  # the straggler rule reads what the waiting GPUs did
     return overlap_breakdown(seg)
 
 
@@ -139,20 +143,55 @@ def _compute_skew(ctx: Context) -> pl.DataFrame:
         return pl.DataFrame()
     # only the columns the matching reads (collective_skew reads no other); the table's other
     # columns go now
-    nccl = nccl.select(c for c in MATCH_COLUMNS if c in nccl.columns)
+    nccl = nccl.select(c for c in (*MATCH_COLUMNS, "device_id") if c in nccl.columns)
     matched = match_collectives(nccl)
     del nccl
     if matched.height == 0:
         return pl.DataFrame()
     sk = collective_skew(matched)
     w = ctx.window
-    return sk.filter((pl.col("last_start_ns") >= w.start_ns) & (pl.col("first_start_ns") < w.end_ns) & (pl.col("match_ranks") > 1))
+    sk = sk.filter((pl.col("last_start_ns") >= w.start_ns) & (pl.col("first_start_ns") < w.end_ns) & (pl.col("match_ranks") > 1))
+    # each rank's wait for the last one, on its own GPU (GPU times only)
+    if "device_id" not in matched.columns:
+        return sk
+    waits = matched.filter(pl.col("match_id").is_in(sk["match_id"].implode()) & (pl.col("wait_ns") > 0)
+                           & (pl.col("time_base") == "gpu") & pl.col("device_id").is_not_null())
+    ctx.__dict__["_comm_waits"] = waits.select(
+        *[c for c in ctx.rk if c in waits.columns], "device_id", "match_id", "straggler_rank", "start_ns",
+        pl.col("last_start_ns").alias("end_ns"))
+    return sk
+
+
+def _idle_waits(ctx: Context, rank: Any) -> int | None:
+    """Of the other ranks' waits for ``rank`` (start of their collective kernel to the last
+    rank's start, on their own GPU), the time their GPU computed nothing (ns): what the waiting
+    cost them. ``None`` when the waits are not known on the GPUs' timeline."""
+    waits = ctx.__dict__.get("_comm_waits")
+    if waits is None or waits.height == 0:
+        return None
+    _breakdown(ctx)  # the window's activity segments
+    seg = ctx.__dict__.get("_comm_segments")
+    if seg is None or seg.height == 0:
+        return None
+    mine = waits.filter(pl.col("straggler_rank") == rank)
+    w = ctx.window
+    mine = mine.with_columns(pl.col("start_ns").clip(w.start_ns, w.end_ns), pl.col("end_ns").clip(w.start_ns, w.end_ns)).filter(
+        pl.col("end_ns") > pl.col("start_ns"))
+    if mine.height == 0:
+        return 0
+    keys = [k for k in [*ctx.rk, "device_id"] if k in seg.columns and k in mine.columns]
+    mine = mine.with_columns(pl.col(k).cast(seg.schema[k]) for k in keys)
+    got = comm_by_range(seg, mine)
+    return int((got["window_ns"] - got["compute_only_ns"] - got["overlap_ns"]).clip(lower_bound=0).sum())
 
 
 def straggler(ctx: Context) -> list[Finding]:
     """``straggler``: one rank starts last in at least ``straggler_share`` of the matched
     collectives (``collective_skew``) in the window, so the others wait for it. ``time_ns`` =
-    the summed start skew (last start − first start) of the collectives where it was last."""
+    the part of the others' waits (their collective kernel's start to the straggler's, on
+    their own GPU) in which their GPU computed nothing: a wait hidden under compute on another
+    stream (DDP's bucketed all-reduces during the backward) costs nothing. Without GPU times
+    for the calls, the summed start skew of the collectives where it was last."""
     sk = _skew(ctx)
     if sk.height < 3:
         return []
@@ -164,14 +203,18 @@ def straggler(ctx: Context) -> list[Finding]:
     top = per.row(0, named=True)
     if top["share_last"] < ctx.config.straggler_share:
         return []
-    total = int(top["skew_ns"])
+    skew = int(top["skew_ns"])
+    idle = _idle_waits(ctx, top["straggler_rank"])
+    total = skew if idle is None else idle
     sev = ctx.config.severity(ctx.share(total))
     if sev is None:
         return []
+    cost = (f"{fmt_ns(skew)} in the window" if idle is None else
+            f"{fmt_ns(skew)} of waiting in the window, {fmt_ns(idle)} of it with nothing else running on the waiting GPU")
     return [Finding(
         "straggler", sev,
         f"Rank {top['straggler_rank']} starts last in {top['share_last']:.0%} of {sk.height} collectives; the others wait "
-        f"{fmt_ns(top['median_wait_ns'])} per collective (median), {fmt_ns(total)} in the window",
+        f"{fmt_ns(top['median_wait_ns'])} per collective (median), {cost}",
         time_ns=total, share=ctx.share(total), evidence=per,
         advice="Find what that rank does before the collective (host work, data loading, a slower GPU or a "
         "throttled clock, extra logging/checkpointing on rank 0) and move it off the step or spread it across ranks.",
