@@ -134,10 +134,12 @@ class DeviceLoop:
         return [_short(n) for n in out if n][:limit]
 
 
-def _short(name: str, width: int = 48) -> str:
+def _short(name: str | None, width: int = 48) -> str:
     """A kernel name cut for a sentence: the function's own name, without namespaces, template
     arguments and parameters (``void at::native::<unnamed>::cunn_SoftMaxBackward<4, …>(…)`` →
-    ``cunn_SoftMaxBackward``)."""
+    ``cunn_SoftMaxBackward``); ``?`` for a missing name (a damaged export)."""
+    if not name:
+        return "?"
     s = re.sub(r"^(?:void |std::enable_if<[^>]*>::type )", "", name)
     s = s.replace("<unnamed>::", "").replace("(anonymous namespace)::", "")
     s = re.split(r"[<(]", s, maxsplit=1)[0] or s
@@ -513,6 +515,10 @@ class RunStructure:
     #: ids each step, sampling and model kernels), or ``None``: what lets a loop without a
     #: prefill or decode range count as a generation.
     token_evidence: str | None = None
+    #: A server's spans with no request to run (``start_ns``, ``end_ns``: gaps between engine
+    #: steps longer than :data:`NO_LOAD_FACTOR` times the median step interval): idle by load,
+    #: not the engine's time.
+    idle_spans: pl.DataFrame = field(default_factory=pl.DataFrame, repr=False)
     loops: list[DeviceLoop] = field(default_factory=list, repr=False)
     steps_table: pl.DataFrame = field(default_factory=pl.DataFrame, repr=False)
     requests: pl.DataFrame = field(default_factory=pl.DataFrame, repr=False)
@@ -821,6 +827,9 @@ def token_evidence(window_ops: pl.DataFrame, iterations: int) -> str | None:
             f"{_short(sampling['name'][0])}: the sampled tokens of a decode loop")
 
 
+#: Serving: a gap between engine steps longer than this many times the median step interval
+#: is time with no request to run.
+NO_LOAD_FACTOR = 3.0
 #: Serving: an idle gap longer than this many times the median step interval (and at least
 #: :data:`BURST_GAP_MIN_NS`) separates bursts of engine steps; leading bursts with less than
 #: :data:`WARMUP_BURST_SHARE` of the steps are warm-up (a benchmark client's test request).
@@ -904,4 +913,47 @@ def _with_generation(s: RunStructure, steps: pl.DataFrame, warmup_factor: float)
     out = replace(s, steps_table=steps, requests=req)
     if s.kind == "unknown":
         out = replace(out, kind=kind, evidence=ev)
+    out = _after_warm_requests(out, steps)
+    if kind == "serving":
+        out = replace(out, idle_spans=_no_load(steps))
+        lost = int((out.idle_spans["end_ns"] - out.idle_spans["start_ns"]).sum()) if out.idle_spans.height else 0
+        if lost and s.kind == "unknown":
+            out = replace(out, evidence=(*out.evidence, f"the engine had no request to run for {_fmt_ns(lost)} between steps "
+                                                        "(gaps over 3× the median step interval): idle by load"))
     return out
+
+
+def _no_load(steps: pl.DataFrame) -> pl.DataFrame:
+    """The steady engine steps' gaps of more than :data:`NO_LOAD_FACTOR` median intervals."""
+    st = steps.filter(~pl.col("warmup")).sort("start_ns") if "warmup" in steps.columns else steps.sort("start_ns")
+    schema = {"start_ns": pl.Int64, "end_ns": pl.Int64}
+    if st.height < 3:
+        return pl.DataFrame(schema=schema)
+    median = float(st["start_ns"].diff().drop_nulls().median() or 0)  # type: ignore[arg-type]
+    end = pl.max_horizontal("end_ns", "gpu_end_ns").shift(1)
+    g = st.select(end.alias("start_ns"), pl.col("start_ns").alias("end_ns"), pl.col("start_ns").diff().alias("_iv"))
+    return g.filter(pl.col("_iv") > NO_LOAD_FACTOR * median).filter(pl.col("end_ns") > pl.col("start_ns")).select(list(schema))
+
+
+def _after_warm_requests(s: RunStructure, steps: pl.DataFrame) -> RunStructure:
+    """The steady window opens after the warm-up requests' steps (a cold first generate()
+    call, a client's test request): the iterations before the first steady token step become
+    warm-up."""
+    if "warmup" not in steps.columns or not steps["warmup"].any() or s.iterations.height == 0:
+        return s
+    steady = steps.filter(~pl.col("warmup"))
+    if steady.height == 0:
+        return s
+    first = int(steady["start_ns"].min())  # type: ignore[arg-type]
+    it = s.iterations
+    before = it.filter(pl.col("w_end") <= first).height  # iterations wholly before the first steady token step
+    before = min(before, it.height - 1)
+    if before <= s.warmup_steps:
+        return s
+    rest = it.slice(before)
+    step_ns = int(float(np.median(rest["length_ns"].to_numpy())))
+    start = max(s.start_ns, int(it.slice(0, before)["gpu_end_ns" if "gpu_end_ns" in it.columns else "end_ns"].max() or s.start_ns))
+    start = min(start, int(rest["w_start"].min()))  # type: ignore[arg-type]
+    reason = s.reason + f"; the first {before} iteration(s) ran the warm-up requests"
+    return replace(s, iterations=it.with_columns((pl.int_range(pl.len()) < before).alias("warmup")), warmup_steps=before,
+                   steps=s.total - before, step_ns=step_ns, start_ns=start, reason=reason)

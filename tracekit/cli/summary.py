@@ -117,10 +117,10 @@ def _add_metrics(s, trace) -> None:  # type: ignore[no-untyped-def]
     import polars as pl
 
     from tracekit.analysis._frames import gpu_ops
-    from tracekit.diagnosis.rules_coverage import MAX_METRIC_ROWS
+    from tracekit.diagnosis.context import Context
 
     db = trace.db
-    if not db.has_table("GPU_METRICS") or db.row_count("GPU_METRICS") > MAX_METRIC_ROWS:
+    if not db.has_table("GPU_METRICS") or db.row_count("GPU_METRICS") > Context.MAX_METRIC_ROWS:
         return
     from tracekit.analysis.metrics import metric_activity
 

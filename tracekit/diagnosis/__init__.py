@@ -226,6 +226,8 @@ def diagnose(
     from tracekit.diagnosis.rules_coverage import untraced_work
 
     findings.extend(untraced_work(ctx))
+    if ctx.structure.kind == "microbenchmark":
+        _as_benchmark(findings)
     findings.extend(_missing(ctx))
     if full.sampled:  # the rules saw a sample of the steady state: scale what it costs
         for f in findings:
@@ -234,6 +236,22 @@ def diagnose(
     _cap_at_window(findings, full)
     return Diagnosis(_trace_name(tr), full, findings, phases=ctx.phases, gpu_time=_gpu_time(ctx), structure=ctx.structure,
                      training=ctx.training)
+
+
+#: Findings about the host's pace, which a microbenchmark sets by design (it waits for each
+#: repetition to time it).
+_BENCHMARK_PACED = ("host_bound", "launch_bound", "sync_stall", "low_gpu_utilization")
+
+
+def _as_benchmark(findings: list[Finding]) -> None:
+    """In a microbenchmark the GPU idles between repetitions because the loop waits for each
+    one: the host-pace findings stay, as ``info``, saying so; their time is what each
+    repetition's measured time holds besides the kernels."""
+    for f in findings:
+        if f.category in _BENCHMARK_PACED and f.severity != "info":
+            f.severity = "info"
+            f.title = ("A microbenchmark waits for each repetition, so the GPU idles between them by design; the time it "
+                       f"measures per repetition holds this too: {f.title}")
 
 
 def _gpu_time(ctx: Any) -> Any:

@@ -189,17 +189,32 @@ class Context:
         """The structure of a capture without kernels: no iterations, and what the GPU metrics
         saw instead (the SMs active in a process the capture did not follow)."""
         from tracekit.diagnosis.result import fmt_ns
-        from tracekit.diagnosis.rules_coverage import gpu_metric_activity
 
         lo, hi = self._capture_span()
         s = build(iterations(pl.DataFrame(), 0, "none", "the capture holds no kernels"), self.config, trace_start_ns=lo, trace_end_ns=hi)
-        act = gpu_metric_activity(self, None)
+        act = self.metric_activity(None)
         if act.height and int(act["active_ns"].sum()) > 0:
             top = act.sort("active_ns", descending=True).row(0, named=True)
             s.evidence = (f"yet GPU {top['device_id']}'s metrics show its SMs active {fmt_ns(top['active_ns'])} "
                           f"({top['active_share']:.0%} of {fmt_ns(top['span_ns'])}): the work ran in a process the capture did not "
                           "follow (tracekit diagnose says how to capture it)",)
         return s
+
+    #: GPU metrics are read whole for :meth:`metric_activity` only up to this many rows.
+    MAX_METRIC_ROWS = 5_000_000
+
+    def metric_activity(self, ops: pl.DataFrame | None) -> pl.DataFrame:
+        """:func:`~tracekit.analysis.metrics.metric_activity` of the trace's GPU metrics against
+        ``ops``; empty without metrics or with more than :data:`MAX_METRIC_ROWS` of them."""
+        from tracekit.analysis.metrics import metric_activity
+
+        db = getattr(self.trace, "db", None)
+        if db is not None and (not db.has_table("GPU_METRICS") or db.row_count("GPU_METRICS") > self.MAX_METRIC_ROWS):
+            return pl.DataFrame()
+        metrics = getattr(self.trace, "gpu_metrics", None)
+        if not isinstance(metrics, pl.DataFrame) or metrics.height == 0:
+            return pl.DataFrame()
+        return metric_activity(metrics, ops)
 
     def _capture_span(self) -> tuple[int, int]:
         """The capture's start and end (ns): the export's time window, else the span of the
@@ -577,12 +592,28 @@ class Context:
             (pl.col("busy_ns") / max(w.duration_ns, 1)).alias("utilization"),
         ).sort(keys)
 
+    @cached_property
+    def step_unit(self) -> tuple[int, str]:
+        """``(count, noun)`` of the steps the findings' per-step figures are of: the analysed
+        window's token steps for a generation (``token step``) or a server (``engine step``),
+        whose iterations may be whole ``generate()`` calls; else its iterations (``step``)."""
+        s = self.__dict__.get("structure")
+        st = s.steady_steps if s is not None and s.kind in ("generation", "serving") else None
+        if st is not None and st.height:
+            w = self.window
+            n = st.filter((pl.col("start_ns") >= w.start_ns) & (pl.col("start_ns") < w.end_ns)).height
+            if n:
+                return n, "token step" if s.kind == "generation" else "engine step"
+        return self.window.steps, "step"
+
     def per_step(self, ns: float) -> str:
-        """``"X per step"`` when the window has steps, else ``"X in the window"``."""
+        """``"X per step"`` (per token or engine step of a generation or a server: see
+        :attr:`step_unit`) when the window has steps, else ``"X in the window"``."""
         from tracekit.diagnosis.result import fmt_ns
 
-        if self.window.steps:
-            return f"{fmt_ns(ns / self.window.steps)} per step"
+        n, noun = self.step_unit
+        if n:
+            return f"{fmt_ns(ns / n)} per {noun}"
         return f"{fmt_ns(ns)} in the window"
 
     def share(self, ns: float | None) -> float | None:

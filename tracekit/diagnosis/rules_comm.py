@@ -157,7 +157,7 @@ def _compute_skew(ctx: Context) -> pl.DataFrame:
     waits = matched.filter(pl.col("match_id").is_in(sk["match_id"].implode()) & (pl.col("wait_ns") > 0)
                            & (pl.col("time_base") == "gpu") & pl.col("device_id").is_not_null())
     ctx.__dict__["_comm_waits"] = waits.select(
-        *[c for c in ctx.rk if c in waits.columns], "device_id", "match_id", "straggler_rank", "start_ns",
+        *[c for c in ("rank",) if c in waits.columns], "device_id", "match_id", "straggler_rank", "start_ns",
         pl.col("last_start_ns").alias("end_ns"))
     return sk
 
@@ -179,7 +179,8 @@ def _idle_waits(ctx: Context, rank: Any) -> int | None:
         pl.col("end_ns") > pl.col("start_ns"))
     if mine.height == 0:
         return 0
-    keys = [k for k in [*ctx.rk, "device_id"] if k in seg.columns and k in mine.columns]
+    keys = [k for k in ("rank", "device_id") if k in seg.columns and k in mine.columns]
+    mine = mine.select(*keys, "start_ns", "end_ns")
     mine = mine.with_columns(pl.col(k).cast(seg.schema[k]) for k in keys)
     got = comm_by_range(seg, mine)
     return int((got["window_ns"] - got["compute_only_ns"] - got["overlap_ns"]).clip(lower_bound=0).sum())

@@ -13,10 +13,9 @@ from typing import Any
 import polars as pl
 
 from tracekit.analysis._frames import process_key
-from tracekit.analysis.metrics import metric_activity
 from tracekit.diagnosis.result import Finding, fmt_ns
 
-__all__ = ["FOLLOW_CHILDREN", "gpu_metric_activity", "untraced_work", "untraced_work_without_kernels"]
+__all__ = ["FOLLOW_CHILDREN", "untraced_work", "untraced_work_without_kernels"]
 
 #: With kernels traced, activity outside them is reported when it is at least this share of
 #: the GPU's active time …
@@ -25,8 +24,6 @@ UNTRACED_SHARE = 0.25
 UNTRACED_MIN_NS = 50_000_000
 #: Without kernels, any activity at least this long (ns) is reported.
 ACTIVE_MIN_NS = 10_000_000
-#: GPU metrics are read for this check only up to this many rows (the whole table).
-MAX_METRIC_ROWS = 5_000_000
 
 #: How to capture the work of child processes (what ``--trace-fork-before-exec`` does was
 #: checked on the bundled serving captures, sample_traces/run_structure/serve_child_*).
@@ -36,20 +33,6 @@ FOLLOW_CHILDREN = (
     "its last GPU records are written only when it leaves through the C library's exit(): multiprocessing ends forked "
     "children with os._exit, which skips that (call torch.cuda.profiler.stop() or leave through ctypes.CDLL(None).exit(0))"
 )
-
-
-def gpu_metric_activity(ctx: Any, ops: pl.DataFrame | None) -> pl.DataFrame:
-    """:func:`~tracekit.analysis.metrics.metric_activity` of the trace's GPU metrics against
-    ``ops``; empty without metrics or with more than :data:`MAX_METRIC_ROWS` of them."""
-    db = getattr(ctx.trace, "db", None)
-    if db is not None and not db.has_table("GPU_METRICS"):
-        return pl.DataFrame()
-    if db is not None and db.row_count("GPU_METRICS") > MAX_METRIC_ROWS:
-        return pl.DataFrame()
-    metrics = getattr(ctx.trace, "gpu_metrics", None)
-    if not isinstance(metrics, pl.DataFrame) or metrics.height == 0:
-        return pl.DataFrame()
-    return metric_activity(metrics, ops)
 
 
 def _processes_without_cuda(ctx: Any) -> pl.DataFrame:
@@ -69,7 +52,7 @@ def untraced_work_without_kernels(ctx: Any, cmd: str) -> Finding | None:
     active: the work ran in a process the capture did not follow. ``time_ns`` is the active
     time; evidence: the metrics per GPU and the processes named like the traced one that made
     no CUDA call. ``None`` without metrics or activity."""
-    act = gpu_metric_activity(ctx, None)
+    act = ctx.metric_activity(None)
     if act.height == 0 or int(act["active_ns"].sum()) < ACTIVE_MIN_NS:
         return None
     top = act.sort("active_ns", descending=True).row(0, named=True)
@@ -103,7 +86,7 @@ def untraced_work(ctx: Any) -> list[Finding]:
     if ctx.kernel_count == 0:
         return []
     ops = ctx.ops_for_window(["rank", "device_id", "start_ns", "end_ns"])
-    act = gpu_metric_activity(ctx, ops)
+    act = ctx.metric_activity(ops)
     if act.height == 0:
         return []
     bad = act.filter((pl.col("untraced_active_ns") >= UNTRACED_MIN_NS)

@@ -13,6 +13,7 @@ import shlex
 import numpy as np
 import polars as pl
 
+from tracekit.analysis._frames import within_any
 from tracekit.analysis.gpu_time import GRAPH_LAUNCH_API
 from tracekit.analysis.launch import launch_bound_stretches
 from tracekit.analysis.memory import copies
@@ -84,8 +85,21 @@ def _main_gaps(ctx: Context) -> pl.DataFrame:
             pl.when(pl.col("graph_launch") | pl.col("in_stretch")).then(None).otherwise(pl.col(c)).alias(c)
             for c in ("after_sync", "sync_start_ns", "sync_end_ns")
         )
+    if gaps.height:
+        gaps = _mark_no_load(ctx, gaps)
     ctx.__dict__["_classified_gaps"] = gaps
     return gaps
+
+
+def _mark_no_load(ctx: Context, gaps: pl.DataFrame) -> pl.DataFrame:
+    """A server's gaps inside its spans with no request to run (``RunStructure.idle_spans``)
+    get cause ``no_load``: idle by load, no rule's time."""
+    spans = ctx.structure.idle_spans
+    if spans.height == 0:
+        return gaps
+    mid = ((pl.col("start_ns") + pl.col("end_ns")) // 2)
+    inside = within_any(gaps.select(mid.alias("m"))["m"], spans["start_ns"], spans["end_ns"])
+    return gaps.with_columns(pl.when(inside).then(pl.lit("no_load")).otherwise(pl.col("cause")).alias("cause"))
 
 
 def _mark_sync_gaps(ctx: Context, gaps: pl.DataFrame) -> pl.DataFrame:
@@ -330,12 +344,12 @@ def launch_bound(ctx: Context) -> list[Finding]:
     sev = ctx.config.severity(ctx.share(total))
     if sev is None:
         return []
-    steps = max(ctx.window.steps, 1)
-    per_step_k = ctx.kernels_w.height / steps
+    n_steps, noun = ctx.step_unit
+    per_step_k = ctx.kernels_w.height / max(n_steps, 1)
     title = (
-        f"Launch-bound: {per_step_k:.0f} kernels per step, median {fmt_ns(top['median_kernel_ns'])} each but "
+        f"Launch-bound: {per_step_k:.0f} kernels per {noun}, median {fmt_ns(top['median_kernel_ns'])} each but "
         f"{fmt_ns(top['median_api_ns'])} per launch call; GPU idle {ctx.per_step(total)} between them"
-        if ctx.window.steps else
+        if n_steps else
         f"Launch-bound: {top['kernels']} short kernels (median {fmt_ns(top['median_kernel_ns'])}) launched one at a time, "
         f"{fmt_ns(top['median_api_ns'])} per launch call; GPU idle {fmt_ns(total)} between them"
     )
@@ -427,7 +441,8 @@ def sync_stall(ctx: Context) -> list[Finding]:
     if sev is None:
         return []
     dev_costs = costs.join(per_dev.head(1).select(dk), on=dk)
-    steps = max(ctx.window.steps, 1)
+    n_steps, noun = ctx.step_unit
+    steps = max(n_steps, 1)
     syncs = syncs.with_columns(pl.col("name").str.replace(API_VERSION_SUFFIX, ""))
     by_call = syncs.group_by("name").agg(pl.len().alias("calls"), pl.col("duration_ns").sum().alias("host_blocked_ns"))
     idle_by = dev_costs.group_by(pl.col("sync_call").alias("name")).agg(
@@ -440,7 +455,7 @@ def sync_stall(ctx: Context) -> list[Finding]:
     n = int(syncs.height)
     mean_after = int(dev_costs["idle_after_ns"].sum()) / max(dev_costs.height, 1)
     calls = ", ".join(f"{r['name']} ×{r['calls']}" for r in ev.head(3).iter_rows(named=True))
-    per = f"{n / steps:.0f} per step" if ctx.window.steps else f"{n} in the window"
+    per = f"{n / steps:.0f} per {noun}" if n_steps else f"{n} in the window"
     return [Finding(
         "sync_stall", sev,
         f"Host synchronisations inside the loop ({per}: {calls}); the GPU idles {fmt_ns(mean_after)} after each; "
@@ -526,12 +541,13 @@ def pageable_memcpy(ctx: Context) -> list[Finding]:
     ).with_columns((pl.col("bytes") / pl.col("time_ns")).alias("bandwidth_gbps")).sort("time_ns", descending=True)
     b = int(ev["bytes"].sum())
     bw = b / max(int(ev["time_ns"].sum()), 1)
-    steps = max(ctx.window.steps, 1)
+    n_steps, noun = ctx.step_unit
+    steps = max(n_steps, 1)
     return [Finding(
         "pageable_memcpy", sev,
-        f"{bad.height / steps:.0f} pageable/synchronous host copies per step ({b / steps / 2**20:.1f} MiB at "
+        f"{bad.height / steps:.0f} pageable/synchronous host copies per {noun} ({b / steps / 2**20:.1f} MiB at "
         f"{bw:.1f} GB/s), {ctx.per_step(total)} of copy time not overlapped with compute"
-        if ctx.window.steps else
+        if n_steps else
         f"{bad.height} pageable/synchronous host copies ({b / 2**20:.1f} MiB at {bw:.1f} GB/s), "
         f"{fmt_ns(total)} not overlapped with compute",
         time_ns=total, share=ctx.share(total), evidence=ev,

@@ -26,6 +26,7 @@ from tracekit.outputs import write_output
 from tracekit.report.sections import (  # noqa: F401  (shared with the bounded report; tests reach them here)
     _MODE_TEXT,
     CSS,
+    _activity_note,
     _busy_ns,
     _communication_html,
     _facts,
@@ -140,24 +141,7 @@ def _metrics(page: _Page, trace: Any, origin: int | None) -> str:
         )
         .sort("device_id", "metric_label")
     )
-    return _activity_note(trace, g) + _metrics_html(page, g, summary, origin)
-
-
-def _activity_note(trace: Any, g: pl.DataFrame) -> str:
-    """One line per GPU: how long its SMs were active by the metrics, and how much of that no
-    traced operation explains (:func:`tracekit.analysis.metrics.metric_activity`)."""
-    from tracekit.analysis._frames import gpu_ops
-    from tracekit.analysis.metrics import metric_activity
-
-    ops = gpu_ops(trace.kernels, trace.memcpys, trace.memsets, _graph_rows(trace)).select("device_id", "start_ns", "end_ns")
-    act = metric_activity(g, ops)
-    lines = []
-    for r in act.iter_rows(named=True):
-        lost = (f"; {fmt_ns(r['untraced_active_ns'])} of it outside every traced operation (work of a process the capture did "
-                "not follow)") if r["untraced_active_ns"] else ""
-        lines.append(f"GPU {r['device_id']}: SMs active {fmt_ns(r['active_ns'])} of {fmt_ns(r['span_ns'])} sampled "
-                     f"({r['active_share']:.0%}){lost}.")
-    return "".join(_note(t) for t in lines)
+    return _activity_note(trace) + _metrics_html(page, g, summary, origin)
 
 
 # -- ncu section -----------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import polars as pl
 
 from tracekit.report import bounded as B
 from tracekit.report.sections import (
+    _activity_note,
     _communication_html,
     _findings,
     _graph_launches,
@@ -102,7 +103,7 @@ def add_sections(page: _Page, trace: Any, ncu: Any, *, top_n: int, max_marks: in
     page.section("timeline", "Timeline", lambda: _timeline(page, kc, detail(), memcpys, memsets, graphs, nvtx(), max_marks))
     page.section("communication", "Communication", lambda: _communication(page, trace, kc))
     origin = (span() or (None, None))[0]
-    page.section("metrics", "GPU metrics", lambda: _metrics(page, metrics(), origin))
+    page.section("metrics", "GPU metrics", lambda: _metrics(page, trace, metrics(), origin))
     page.section("memory", "Memory", lambda: _memory(page, trace, origin))
     page.section("layer_memory", "Memory per layer", lambda: _layer_memory(page, trace, nvtx()))
 
@@ -204,9 +205,9 @@ def _communication(page: _Page, trace: Any, kc: B.KernelColumns) -> str:
     return _communication_html(page, trace, top)
 
 
-def _metrics(page: _Page, figures: tuple[int, pl.DataFrame, pl.DataFrame], origin: int | None) -> str:
+def _metrics(page: _Page, trace: Any, figures: tuple[int, pl.DataFrame, pl.DataFrame], origin: int | None) -> str:
     """:func:`tracekit.report.html._metrics` from the streamed GPU-metric figures."""
     total, series, summary = figures
     if total == 0:
         return _note("No GPU metrics (capture with nsys --gpu-metrics-devices=all).")
-    return _metrics_html(page, series, summary, origin)
+    return _activity_note(trace) + _metrics_html(page, series, summary, origin)

@@ -151,6 +151,38 @@ def _run(page: _Page, structure: Any) -> str:
     return out
 
 
+#: The GPU metrics section's activity lines read the metrics and the kernels' times whole only
+#: up to these sizes (rows).
+ACTIVITY_MAX_METRIC_ROWS = 5_000_000
+ACTIVITY_MAX_KERNELS = 2_000_000
+
+
+def _activity_note(trace: Any) -> str:
+    """One line per GPU: how long its SMs were active by the metrics, and how much of that no
+    traced operation explains (:func:`tracekit.analysis.metrics.metric_activity`); nothing on
+    exports too big to read them whole (:data:`ACTIVITY_MAX_METRIC_ROWS`,
+    :data:`ACTIVITY_MAX_KERNELS`)."""
+    from tracekit.analysis._frames import gpu_ops
+    from tracekit.analysis.metrics import metric_activity
+
+    db = getattr(trace, "db", None)
+    if db is not None and (not db.has_table("GPU_METRICS") or db.row_count("GPU_METRICS") > ACTIVITY_MAX_METRIC_ROWS
+                           or (db.has_table("CUPTI_ACTIVITY_KIND_KERNEL") and db.row_count("CUPTI_ACTIVITY_KIND_KERNEL")
+                               > ACTIVITY_MAX_KERNELS)):
+        return ""
+    cols = ["pid", "global_pid", "device_id", "context_id", "stream_id", "correlation_id", "start_ns", "end_ns", "duration_ns"]
+    kernels = trace.table("kernels", [*cols, "name"]) if hasattr(trace, "table") else trace.kernels
+    ops = gpu_ops(kernels, trace.memcpys, trace.memsets, _graph_rows(trace)).select("device_id", "start_ns", "end_ns")
+    act = metric_activity(trace.gpu_metrics, ops)
+    lines = []
+    for r in act.iter_rows(named=True):
+        lost = (f"; {fmt_ns(r['untraced_active_ns'])} of it outside every traced operation (work of a process the capture did "
+                "not follow)") if r["untraced_active_ns"] else ""
+        lines.append(f"GPU {r['device_id']}: SMs active {fmt_ns(r['active_ns'])} of {fmt_ns(r['span_ns'])} sampled "
+                     f"({r['active_share']:.0%}){lost}.")
+    return "".join(_note(t) for t in lines)
+
+
 def _graph_rows(trace: Any) -> pl.DataFrame | None:
     """The trace's CUDA graph launches traced whole (``graph_trace``), or ``None``."""
     from tracekit.analysis.graphs import graph_trace_of
