@@ -328,6 +328,25 @@ def test_compiled_decode_rewriting_its_cache() -> None:
     assert int(got["gpu_time_ns"].sum()) == copying and copying / total > 0.4
 
 
+def test_compiled_prompt_forward_is_its_own_step() -> None:
+    """The compiled prompt forward is specialised to the prompt's length, so it runs none of
+    the decode step's kernel names and the loop glues it to the warm-up decode step before it;
+    that step's copy of the sampled ids to the host, followed by the GPU idling, ends it. The
+    steady request is then the program's: a prefill and 24 decode steps, time to first token
+    within 5 % of the program's own timer (prefill launch to the token on the host; ours is the
+    prompt forward's GPU span), 24 copies of 64 B to the host after it (SQL)."""
+    s = _structure("compile_where_decode")
+    log = _log("compile_where_decode")
+    r = s.requests.filter(~pl.col("warmup")).row(0, named=True)
+    assert (r["prefill_steps"], r["decode_steps"]) == (1, log["steps"])
+    assert abs(r["ttft_ns"] / 1e6 - log["ttft_ms"]) / log["ttft_ms"] < 0.05
+    assert abs(r["tpot_median_ns"] / 1e6 - log["ms_per_token"]) / log["ms_per_token"] < 0.05
+    prefill = s.steps_table.filter(~pl.col("warmup") & (pl.col("phase") == "prefill")).row(0, named=True)
+    (copies,) = _sql("compile_where_decode", "SELECT COUNT(*) FROM CUPTI_ACTIVITY_KIND_MEMCPY WHERE copyKind = 2 "
+                                             f"AND bytes = 64 AND start > {prefill['gpu_end_ns']}")[0]
+    assert copies == log["steps"]
+
+
 def test_inplace_copy_names() -> None:
     from tracekit.analysis.data_movement import inplace_copy
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-__all__ = ["HOST_COPY_NAME", "Loop", "find_loops", "host_copy_codes", "idle_before", "main_loop", "token_loop"]
+__all__ = ["HOST_COPY_NAME", "Loop", "find_loops", "host_copy_codes", "idle_before", "main_loop", "split_at_host_copies", "token_loop"]
 
 #: At most this many names of one count are compared with each other (their alignment is
 #: checked pairwise).
@@ -314,3 +314,42 @@ def host_copy_codes(names: pl.Series, codes: np.ndarray) -> frozenset[int]:
         return frozenset()
     hit = (names == HOST_COPY_NAME).fill_null(False).to_numpy()
     return frozenset(int(c) for c in np.unique(codes[hit]))
+
+
+#: :func:`split_at_host_copies`: an instance is split only when it holds more than this many
+#: times the median instance's operations …
+SPLIT_SIZE = 1.5
+#: … and each part holds at least this share of the median instance's operations.
+SPLIT_PART = 0.5
+
+
+def split_at_host_copies(bounds: np.ndarray, stop: int, codes: np.ndarray, gap: np.ndarray,
+                         host_copies: frozenset[int]) -> np.ndarray:
+    """``bounds`` (a token loop's instance starts, ``stop`` one past the last) with every
+    oversized instance cut after each device-to-host copy inside it that the GPU idles after
+    (``gap``: :func:`idle_before`, ns) and that leaves at least :data:`SPLIT_PART` of a median
+    instance on either side. The first instance is left whole (a cold first step compiles,
+    autotunes and copies to the host as it pleases). A one-token step ends by copying the sampled ids to the host,
+    and the host waits for them before it launches the next step; a step whose kernels are not
+    the loop's (a compiled prompt forward specialised to the prompt's length runs none of the
+    decode step's kernel names) would otherwise be glued to the step before it."""
+    if not host_copies or bounds.size < 2:
+        return bounds
+    sizes = np.diff(np.append(bounds, stop))
+    median = float(np.median(sizes))
+    if median <= 0:
+        return bounds
+    copies = np.nonzero(np.isin(codes, np.fromiter(host_copies, dtype=np.int64)))[0]
+    extra: list[int] = []
+    for a, b in zip(bounds[1:], np.append(bounds[2:], stop), strict=True):
+        if b - a <= SPLIT_SIZE * median:
+            continue
+        last = int(a)
+        for p in copies[(copies >= a) & (copies < b - 1)]:
+            cut = int(p) + 1
+            if gap[cut] > 0 and cut - last >= SPLIT_PART * median and b - cut >= SPLIT_PART * median:
+                extra.append(cut)
+                last = cut
+    if not extra:
+        return bounds
+    return np.sort(np.concatenate([bounds, np.array(extra, dtype=bounds.dtype)]))

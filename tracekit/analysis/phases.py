@@ -53,6 +53,7 @@ from tracekit.analysis.loops import (
     host_copy_codes,
     idle_before,
     main_loop,
+    split_at_host_copies,
     token_loop,
 )
 
@@ -232,33 +233,36 @@ def _from_loops(ops: pl.DataFrame, rk: list[str]) -> pl.DataFrame | None:
     if main is None:
         return None
     loop = token_loop(loops, main)
+    starts = k["start_ns"].to_numpy()
+    gap = idle_before(starts, k["end_ns"].to_numpy())
+    # a step without the loop's kernel names (a compiled prompt forward specialised to its
+    # length) is cut from the step before it at that step's copy of the sampled ids
+    bounds = split_at_host_copies(loop.bounds, loop.stop, codes, gap, host_copy_codes(names, codes))
     phase: np.ndarray | None = None
     if loop is not main:
         # several generate() calls (main) of one forward per token: each call's first is its prompt's
-        call = np.searchsorted(main.bounds, loop.bounds, side="right") - 1
+        call = np.searchsorted(main.bounds, bounds, side="right") - 1
         phase = np.where(np.diff(np.concatenate([[-1], call])) != 0, "prefill", "decode")
     elif main.regular < REGULAR:
         # an engine's steps, some of which also run an arriving request's prompt: those are
         # heavier anywhere in the run (marked below, by GPU busy time)
-        phase = np.full(loop.count, "", dtype=object)
-    first = int(loop.bounds[0])
+        phase = np.full(bounds.size, "", dtype=object)
+    first = int(bounds[0])
     ids = np.full(k.height, -1, dtype=np.int64)
     lead = 0
     if first > 0 and loop is main:
         # before the loop, back to the last idle gap longer than a step: the prompt's forward
         # when the loop holds none (what lies before that gap is start-up)
-        starts = k["start_ns"].to_numpy()
-        gap = idle_before(starts, k["end_ns"].to_numpy())
-        step = float(np.median(np.diff(starts[loop.bounds]))) if loop.count > 1 else 0.0
+        step = float(np.median(np.diff(starts[bounds]))) if bounds.size > 1 else 0.0
         long = np.nonzero(gap[1 : first + 1] > max(step, 1.0))[0]
         lead = first - (int(long[-1]) + 1 if long.size else 0)
         ids[first - lead : first] = 0
     shift = 1 if lead else 0
-    for i, (a, b) in enumerate(zip(loop.bounds, np.append(loop.bounds[1:], loop.stop), strict=True)):
+    for i, (a, b) in enumerate(zip(bounds, np.append(bounds[1:], loop.stop), strict=True)):
         ids[int(a) : int(b)] = i + shift
     j = k.with_columns(pl.Series("_sid", ids)).filter(pl.col("_sid") >= 0)
     steps = _gpu_of(j, "_sid", rk).sort("_sid")
-    labels = pl.lit(None, pl.Utf8)
+    labels: pl.Expr | pl.Series = pl.lit(None, pl.Utf8)
     if phase is not None:
         full = np.concatenate([["prefill"] if shift else [], phase]).astype(object)
         labels = pl.Series("phase", [p or "?" for p in full], dtype=pl.Utf8).gather(steps["_sid"])

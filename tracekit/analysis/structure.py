@@ -704,7 +704,7 @@ def build_structure(
             loops.append(replace(dl, warmup=d_warm))
             rows.extend(_segments(dl.keys, d_it, d_warm, trace_start_ns, trace_end_ns, found.reason))
     else:
-        keys = {k: it[k][0] for k in ("rank", "pid") if k in it.columns}
+        keys: dict[str, Any] = {k: it[k][0] for k in ("rank", "pid") if k in it.columns}
         rows.extend(_segments(keys, it, warm, trace_start_ns, trace_end_ns, found.reason))
     segments = pl.DataFrame(rows) if rows else pl.DataFrame(schema=_SEGMENT_SCHEMA)
     s = RunStructure("unknown", (), found.method, reason, it, found.total, warm, found.total - warm, step_ns, start, end,
@@ -902,9 +902,10 @@ def _with_generation(s: RunStructure, steps: pl.DataFrame, warmup_factor: float)
         warm_ids = req.filter(pl.col("warmup"))["request"].to_list()
         steps = steps.with_columns(pl.col("request").is_in(warm_ids).alias("warmup"))
         if prefills:
+            each = (f"{runs[0]}" if len(set(runs)) == 1 else f"{min(runs)} to {max(runs)}") if runs else "0"
             what = (f"a prompt's forward (prefill{heavy}) then one-token steps: {prefills} request"
-                    + ("s" if prefills > 1 else "") + f" of {int(np.median(runs))} decode steps"
-                    + (" each" if prefills > 1 else ""))
+                    + ("s" if prefills > 1 else "") + f" of {each} decode steps"
+                    + (" each" if prefills > 1 and len(set(runs)) == 1 else ""))
         else:
             what = f"{steps.height} decode steps ({src}); the prompt's forward is not in the capture"
         ev = (what + (f" ({len(warm_ids)} warm-up request set apart: it took over {warmup_factor}× the median of the rest)"
@@ -952,7 +953,7 @@ def _after_warm_requests(s: RunStructure, steps: pl.DataFrame) -> RunStructure:
         return s
     rest = it.slice(before)
     step_ns = int(float(np.median(rest["length_ns"].to_numpy())))
-    start = max(s.start_ns, int(it.slice(0, before)["gpu_end_ns" if "gpu_end_ns" in it.columns else "end_ns"].max() or s.start_ns))
+    start = max(s.start_ns, int(it.slice(0, before)["gpu_end_ns" if "gpu_end_ns" in it.columns else "end_ns"].max() or s.start_ns))  # type: ignore[arg-type]
     start = min(start, int(rest["w_start"].min()))  # type: ignore[arg-type]
     reason = s.reason + f"; the first {before} iteration(s) ran the warm-up requests"
     return replace(s, iterations=it.with_columns((pl.int_range(pl.len()) < before).alias("warmup")), warmup_steps=before,

@@ -38,7 +38,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
     "llm-serving": {
         "description": "servers with worker processes and CUDA graphs: graphs traced per node, "
-        "follows fork+exec, capture opened by an NVTX range (--nvtx-capture)",
+        "follows forked workers that never exec, capture opened by an NVTX range (--nvtx-capture)",
         "mode": "nsys",
         "nsys": {
             "trace": ["cuda", "nvtx", "osrt", "cublas"],

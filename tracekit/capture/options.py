@@ -82,7 +82,11 @@ class NsysOptions:
     cuda_memory_usage
         Track CUDA memory allocations (``--cuda-memory-usage``).
     trace_fork_before_exec
-        Follow processes that fork and then exec (``--trace-fork-before-exec``).
+        Trace a forked child in the time between its ``fork`` and an ``exec``, i.e. a child
+        that never calls ``exec`` (a serving engine started with ``multiprocessing``'s fork:
+        ``--trace-fork-before-exec=true``). Children that ``exec`` (``spawn``, ``subprocess``)
+        are traced without it. The child's CUDA activity is flushed only when it exits through
+        libc's ``exit``; ``multiprocessing`` ends a forked child with ``os._exit``, which loses it.
     sample, cpuctxsw
         CPU sampling (``"process-tree"``, ``"system-wide"``, ``"none"``) and context switches.
     pytorch
