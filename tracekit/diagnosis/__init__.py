@@ -243,6 +243,15 @@ def diagnose(
 _BENCHMARK_PACED = ("host_bound", "launch_bound", "sync_stall", "low_gpu_utilization")
 
 
+#: What to do about a microbenchmark's idle time between repetitions.
+BENCHMARK_ADVICE = (
+    "Nothing to fix in the program being measured: a host timer around each synchronised repetition counts launch and "
+    "synchronisation with the kernels. For the kernels' own time read their durations (the run line lists each timed "
+    "kernel's median; `tracekit stats -r cuda_gpu_kern_sum`) or time with CUDA events over many queued repetitions "
+    "(triton.testing.do_bench, torch.utils.benchmark); a benchmark of the end-to-end call is right to include it."
+)
+
+
 def _as_benchmark(findings: list[Finding]) -> None:
     """In a microbenchmark the GPU idles between repetitions because the loop waits for each
     one: the host-pace findings stay, as ``info``, saying so; their time is what each
@@ -252,6 +261,7 @@ def _as_benchmark(findings: list[Finding]) -> None:
             f.severity = "info"
             f.title = ("A microbenchmark waits for each repetition, so the GPU idles between them by design; the time it "
                        f"measures per repetition holds this too: {f.title}")
+            f.advice = BENCHMARK_ADVICE
 
 
 def _gpu_time(ctx: Any) -> Any:

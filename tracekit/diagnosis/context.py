@@ -596,7 +596,8 @@ class Context:
     def step_unit(self) -> tuple[int, str]:
         """``(count, noun)`` of the steps the findings' per-step figures are of: the analysed
         window's token steps for a generation (``token step``) or a server (``engine step``),
-        whose iterations may be whole ``generate()`` calls; else its iterations (``step``)."""
+        whose iterations may be whole ``generate()`` calls; a microbenchmark's iterations
+        (``repetition``); else its iterations (``step``)."""
         s = self.__dict__.get("structure")
         st = s.steady_steps if s is not None and s.kind in ("generation", "serving") else None
         if st is not None and st.height:
@@ -604,6 +605,8 @@ class Context:
             n = st.filter((pl.col("start_ns") >= w.start_ns) & (pl.col("start_ns") < w.end_ns)).height
             if n:
                 return n, "token step" if s.kind == "generation" else "engine step"
+        if s is not None and s.kind == "microbenchmark":
+            return self.window.steps, "repetition"
         return self.window.steps, "step"
 
     def per_step(self, ns: float) -> str:

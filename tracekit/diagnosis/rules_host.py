@@ -455,7 +455,12 @@ def sync_stall(ctx: Context) -> list[Finding]:
     n = int(syncs.height)
     mean_after = int(dev_costs["idle_after_ns"].sum()) / max(dev_costs.height, 1)
     calls = ", ".join(f"{r['name']} ×{r['calls']}" for r in ev.head(3).iter_rows(named=True))
-    per = f"{n / steps:.0f} per {noun}" if n_steps else f"{n} in the window"
+    if not n_steps:
+        per = f"{n} in the window"
+    elif n >= steps:
+        per = f"{n / steps:.0f} per {noun}"
+    else:  # fewer than one per step: say how often
+        per = f"{n} in {steps} {noun}s"
     return [Finding(
         "sync_stall", sev,
         f"Host synchronisations inside the loop ({per}: {calls}); the GPU idles {fmt_ns(mean_after)} after each; "
