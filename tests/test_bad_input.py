@@ -85,6 +85,28 @@ def test_truncated_sqlite(tmp_path: Path) -> None:
     _assert_one_line_error(_cli("stats", "-r", "cuda_gpu_trace", str(cut)), "truncated or corrupt")
 
 
+@pytest.mark.parametrize("command", [["summary"], ["stats", "-r", "cuda_gpu_kern_sum"], ["diagnose"]])
+def test_damaged_schema_text(tmp_path: Path, command: list[str]) -> None:
+    """Bytes that are not UTF-8 flipped into a CREATE TABLE statement of sqlite_master make
+    SQLite report a malformed schema whose message quotes them, which Python's sqlite3 fails
+    to decode (UnicodeDecodeError): one line saying the schema is damaged, and the input
+    unchanged."""
+    source = SAMPLES / "planted" / "planted_clean" / "planted_clean.sqlite"
+    data = bytearray(source.read_bytes())
+    at = data.find(b"CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL")
+    assert at > 0
+    data[at + 3 : at + 9] = b"\x91\x92\x93\x94\x95\x96"
+    damaged = tmp_path / "damaged_schema.sqlite"
+    damaged.write_bytes(bytes(data))
+    with pytest.raises(UnicodeDecodeError):  # what Python's sqlite3 itself does on it
+        sqlite3.connect(f"file:{damaged}?mode=ro", uri=True).execute("SELECT count(*) FROM sqlite_master").fetchone()
+    with pytest.raises(TraceFormatError, match="damaged schema"):
+        tracekit.open(damaged).kernels
+    before = hashlib.sha256(damaged.read_bytes()).hexdigest()
+    _assert_one_line_error(_cli(*command, str(damaged)), "damaged schema", "nsys export")
+    assert hashlib.sha256(damaged.read_bytes()).hexdigest() == before
+
+
 def test_sqlite_of_another_program(tmp_path: Path) -> None:
     other = tmp_path / "shop.sqlite"
     con = sqlite3.connect(other)

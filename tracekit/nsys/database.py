@@ -257,6 +257,14 @@ class ExportDatabase:
                 "or corrupt: export the report again with `nsys export --type sqlite`"
             )
             raise TraceFormatError(msg) from None
+        except UnicodeDecodeError:
+            # SQLite's "malformed database schema (…)" message quotes the damaged CREATE
+            # statement, and Python's sqlite3 fails decoding its non-UTF-8 bytes
+            msg = (
+                f"{self.path} has a damaged schema (the table definitions SQLite keeps hold bytes that are not text); "
+                "the file is corrupt: export the report again with `nsys export --type sqlite`"
+            )
+            raise TraceFormatError(msg) from None
 
     # -- schema --------------------------------------------------------------------
     @cached_property
