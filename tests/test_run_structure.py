@@ -30,6 +30,7 @@ from tracekit.stats import run_report
 from .conftest import (
     NSYS_CORPUS,
     ROOT,
+    RUN_STRUCTURE,
     SAMPLES,
     llm_capture,
     run_capture,
@@ -107,6 +108,20 @@ def test_stats_equal_the_capturing_nsys(name: str, stem: str, report: str) -> No
         return
     result = run_report(trace, report, convention="2025")
     assert_same_as_nsys(result, reference, ordered=report != "nvtx_sum")
+
+
+@pytest.mark.parametrize(("name", "rank"), [("train_ddp_2gpu", None), ("train_fsdp2_2gpu", 0)])
+def test_nvtx_projection_equals_nsys_2023(name: str, rank: int | None) -> None:
+    """nvtx_gpu_proj_trace in nsys 2023.4.4's convention, byte for byte what that nsys printed
+    (Debian's CPU-only build, run here on the export). The operations outside every NVTX range
+    (NCCL's own ranges are the only NVTX here) get one row whose PID and TID are the main
+    thread's although the last outside launch came from autograd's backward thread."""
+    stem = f"{name}_rank{rank}" if rank is not None else name
+    reference = read_reference(RUN_STRUCTURE / name / f"nsys2023.4_{stem}_nvtx_gpu_proj_trace.csv")
+    report = run_report(_trace(name, rank), "nvtx_gpu_proj_trace", convention="2023")
+    assert [report.columns, *report.formatted_rows()] == reference  # every cell, in nsys's order
+    outside = report.frame.filter(pl.col("RangeId").is_null()).row(0, named=True)
+    assert outside["TID"] == outside["PID"]
 
 
 def test_every_capture_has_its_stats() -> None:

@@ -21,7 +21,7 @@ import tracekit
 from tracekit.errors import UnsupportedReportError
 from tracekit.stats import run_report
 
-from .conftest import NSYS_CORPUS, NSYS_REFERENCE, SAMPLES
+from .conftest import NSYS_CORPUS, NSYS_REFERENCE, ROOT, SAMPLES
 from .nsys_reference import read_reference
 
 REPORTS = ("nvtx_gpu_proj_trace", "nvtx_gpu_proj_sum", "nvtx_kern_sum")
@@ -301,19 +301,62 @@ def test_coarse_timestamps_count_calls_in_every_range_that_holds_them(report: st
     assert_identical(run_report(tracekit.open(copy), report, convention="2023"), reference)
 
 
-def test_outside_row_carries_the_launching_thread(tmp_path: Path) -> None:
-    """nsys 2023.4 gives the GPU work outside every range one row with the PID and TID of the
-    last such operation: with every outside launch of the host-bound capture moved to thread
-    756 + 7, nsys 2023.4.4 printed PID 756, TID 763 (not the main thread) — and so does tracekit."""
+def _with_threads_moved(tmp_path: Path, where: str) -> Path:
+    """A copy of the host-bound capture whose CUDA calls selected by ``where`` are moved to
+    thread 756 + 7 (the same process)."""
     copy = tmp_path / "tid.sqlite"
     copy.write_bytes((SAMPLES / "planted" / "planted_host_bound" / "planted_host_bound.sqlite").read_bytes())
     con = sqlite3.connect(copy)
-    con.execute(
-        "UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET globalTid = globalTid + 7 WHERE start < (SELECT min(start) FROM NVTX_EVENTS) "
-        "OR start > (SELECT max(end) FROM NVTX_EVENTS)"
-    )
+    con.execute(f"UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET globalTid = globalTid + 7 WHERE {where}")
     con.commit()
     con.close()
-    frame = run_report(tracekit.open(copy), "nvtx_gpu_proj_trace", convention="2023").frame
-    outside = frame.filter(pl.col("RangeId").is_null()).row(0, named=True)
+    return copy
+
+
+def _outside(path: Path) -> dict:  # type: ignore[type-arg]
+    frame = run_report(tracekit.open(path), "nvtx_gpu_proj_trace", convention="2023").frame
+    return frame.filter(pl.col("RangeId").is_null()).row(0, named=True)
+
+
+_OUTSIDE = "start < (SELECT min(start) FROM NVTX_EVENTS) OR start > (SELECT max(end) FROM NVTX_EVENTS)"
+
+
+def test_outside_row_carries_the_launching_thread(tmp_path: Path) -> None:
+    """nsys 2023.4 gives the GPU work outside every range one row with a PID and TID of one of
+    them: with every outside launch of the host-bound capture moved to thread 756 + 7, nsys
+    2023.4.4 printed PID 756, TID 763 (not the main thread) — and so does tracekit."""
+    outside = _outside(_with_threads_moved(tmp_path, _OUTSIDE))
     assert (outside["PID"], outside["TID"], outside["NumGPUOps"]) == (756, 763, 21)
+
+
+@pytest.mark.parametrize(("moved", "tid"), [
+    ("the last launch, a memcpy that ends after every other outside operation", 763),
+    ("the first launch, a kernel", 756),
+    ("the last memset (last in the kernels-memcpys-memsets order, not the latest end)", 756),
+    ("the last outside kernel", 756),
+])
+def test_outside_row_thread_is_sqlite_bare_column(tmp_path: Path, moved: str, tid: int) -> None:
+    """Which thread: SQLite's bare columns beside ``min(start)`` and ``max(end)`` in nsys's
+    GROUP BY, i.e. the last operation, in launch order, that started earlier or ended later
+    than every one before it. One launch of the 21 outside ones moved to thread 763 at a time;
+    what nsys 2023.4.4 printed for each (the first case's whole report is
+    tests/data/outside_tid/, compared cell by cell)."""
+    con = sqlite3.connect(f"file:{SAMPLES / 'planted' / 'planted_host_bound' / 'planted_host_bound.sqlite'}?mode=ro", uri=True)
+    rows = con.execute(
+        "SELECT r.rowid, EXISTS(SELECT 1 FROM CUPTI_ACTIVITY_KIND_KERNEL k WHERE k.correlationId = r.correlationId), "
+        "EXISTS(SELECT 1 FROM CUPTI_ACTIVITY_KIND_MEMCPY m WHERE m.correlationId = r.correlationId), "
+        "EXISTS(SELECT 1 FROM CUPTI_ACTIVITY_KIND_MEMSET s WHERE s.correlationId = r.correlationId) "
+        "FROM CUPTI_ACTIVITY_KIND_RUNTIME r WHERE r.start < (SELECT min(start) FROM NVTX_EVENTS) "
+        "OR r.start > (SELECT max(end) FROM NVTX_EVENTS) ORDER BY r.start").fetchall()
+    con.close()
+    launches = [r for r in rows if r[1] or r[2] or r[3]]
+    assert len(launches) == 21
+    pick = {"the last launch, a memcpy that ends after every other outside operation": launches[-1],
+            "the first launch, a kernel": launches[0],
+            "the last memset (last in the kernels-memcpys-memsets order, not the latest end)": [r for r in launches if r[3]][-1],
+            "the last outside kernel": [r for r in launches if r[1]][-1]}[moved]
+    path = _with_threads_moved(tmp_path, f"rowid = {pick[0]}")
+    assert (_outside(path)["PID"], _outside(path)["TID"]) == (756, tid)
+    if tid == 763:
+        assert_identical(run_report(tracekit.open(path), "nvtx_gpu_proj_trace", convention="2023"),
+                         read_reference(ROOT / "tests" / "data" / "outside_tid" / "ref_nvtx_gpu_proj_trace_last_memcpy_on_thread7.csv"))

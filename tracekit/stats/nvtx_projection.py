@@ -8,7 +8,8 @@ launching API call on the launching thread (nsys's rule; see
 Version conventions: nsys 2025.x prefixes default-domain range names with ``:``
 (``:step.0``) in all three reports and drops operations outside every range from
 ``nvtx_gpu_proj_trace``; 2023.x prints bare names and gives all those operations one row
-with an empty name (and the PID/TID of the last of them). ``nvtx_kern_sum`` lists kernels outside every range, with
+with an empty name (and the PID/TID of the last of them, in launch order, that started
+earlier or ended later than all before it: SQLite's bare columns beside min/max). ``nvtx_kern_sum`` lists kernels outside every range, with
 an empty range name, in both.
 """
 
@@ -453,12 +454,21 @@ def _trace_frame(p: Projection, convention: str, *, for_sum: bool = False) -> pl
         pl.col("_stack").alias("RangeStack"),
     )
     if convention == "2023" and not for_sum:
-        # one row for every operation outside all ranges; nsys prints the PID and TID of the
-        # last such operation it scanned (kernels, then memcpys, then memsets)
+        # one row for every operation outside all ranges. Its PID and TID are SQLite's "bare
+        # columns" of nsys's GROUP BY beside min(start) and max(end): the values of the last
+        # row, in launch order, at which either aggregate changed (a start earlier or an end
+        # later than every operation before it). nsys 2023.4.4 on the DDP and FSDP2 captures
+        # printed the main thread where the last outside launch came from autograd's thread
         rest_ops = p.ops.filter(pl.col("api_start_ns").is_not_null() & ~p.inside)
-        outside = rest_ops.select(
-            (pl.col("global_tid") // (1 << 24) % (1 << 24)).last().alias("_pid"),
-            pl.col("tid").last(),
+        ordered = rest_ops.sort(["api_start_ns", "_op"]).select(
+            "global_tid", "tid", "start_ns", "end_ns", "correlation_id",
+            ((pl.col("start_ns") < pl.col("start_ns").cum_min().shift(1)).fill_null(True)
+             | (pl.col("end_ns") > pl.col("end_ns").cum_max().shift(1)).fill_null(True)).alias("_hit"),
+        )
+        hit = ordered.filter(pl.col("_hit")).tail(1)
+        outside = ordered.select(
+            pl.lit(hit["global_tid"][0] // (1 << 24) % (1 << 24) if hit.height else None, pl.Int64).alias("_pid"),
+            pl.lit(hit["tid"][0] if hit.height else None, pl.Int64).alias("tid"),
             pl.col("start_ns").min().alias("_ps"),
             pl.col("end_ns").max().alias("_pe"),
             pl.col("correlation_id").n_unique().alias("_n"),
