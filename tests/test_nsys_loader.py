@@ -13,7 +13,7 @@ import tracekit
 from tracekit.nsys.schema import SCHEMA_VERSION, TABLES
 from tracekit.nsys.trace import IncompleteTraceWarning, NsysTrace
 
-from .conftest import NSYS_CORPUS, ROOT, corpus_files, sample_exports
+from .conftest import NSYS_CORPUS, ROOT, SAMPLES, corpus_files, sample_exports
 
 ALL_EXPORTS = corpus_files() + sample_exports()
 
@@ -122,6 +122,27 @@ def test_meta_versions() -> None:
     assert meta.processes[0].environment["NCCL_VERSION"] == "2.25.1-1"
     assert meta.session_epoch_ns == 1779782330176752435
     assert meta.duration_ns == meta.end_ns - meta.start_ns
+
+
+@pytest.mark.parametrize("path", [
+    SAMPLES / "llm_tp2_nccl" / "llm_tp2_nccl.sqlite",  # --capture-range=cudaProfilerApi
+    SAMPLES / "planted" / "planted_host_bound" / "planted_host_bound.sqlite",  # the whole run
+    NSYS_CORPUS / "nsys2022.2_pipit_saxpy_mpi_cuda.sqlite",
+], ids=lambda p: p.stem)
+def test_capture_window_is_on_the_events_timeline(path: Path) -> None:
+    """A capture opened by a capture range times its events from the capture's start, while
+    ANALYSIS_DETAILS keeps start and stop on another clock (llm_tp2_nccl: 9.99 s → 10.40 s
+    beside kernels at 16–395 ms); the window is then [0, duration]. Either way every CUDA call
+    and GPU operation lies inside it (SQL)."""
+    meta = _open(path).meta
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    start, stop = con.execute("SELECT startTime, stopTime FROM ANALYSIS_DETAILS").fetchone()
+    lo = min(con.execute(f"SELECT min(start) FROM {t}").fetchone()[0] for t in ("CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_KERNEL"))
+    hi = max(con.execute(f"SELECT max(end) FROM {t}").fetchone()[0] for t in ("CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_KERNEL"))
+    con.close()
+    assert meta.start_ns <= lo and hi <= meta.end_ns
+    assert meta.end_ns - meta.start_ns == stop - start == meta.duration_ns
+    assert (meta.start_ns == 0) == (lo < start)
 
 
 def test_incomplete_export_warns_and_gives_empty_tables() -> None:

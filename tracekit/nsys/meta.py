@@ -39,7 +39,9 @@ class TraceMeta:
     schema_version
         ``EXPORT_SCHEMA_VERSION`` (``"3.20.3"``) when recorded.
     start_ns, end_ns, duration_ns
-        The capture window on the trace timeline (``ANALYSIS_DETAILS``), in ns.
+        The capture window on the events' timeline, in ns: ``ANALYSIS_DETAILS``' start and
+        stop, or ``[0, duration]`` for a capture opened by a capture range, whose events are
+        timed from the capture's start while ``ANALYSIS_DETAILS`` keeps another clock.
     session_epoch_ns
         UTC epoch of timeline 0, in ns (``TARGET_INFO_SESSION_START_TIME.utcEpochNs``): add it
         to a timestamp for wall-clock time; it aligns traces of several ranks.
@@ -97,6 +99,25 @@ class TraceMeta:
         return next((v for k, v in self.capture if k == name), None)
 
 
+def _first_start(db: ExportSource, table: str) -> int | None:
+    if not db.has_column(table, "start"):
+        return None
+    row = next(iter(db.rows(f'SELECT start FROM "{table}" WHERE start IS NOT NULL LIMIT 1')), None)
+    return None if row is None or row[0] is None else int(row[0])
+
+
+def _rebased(db: ExportSource, start_ns: int, end_ns: int) -> bool:
+    """Whether the events lie on a timeline that starts at the capture rather than on
+    ``ANALYSIS_DETAILS``' own clock: the first CUDA API call and kernel (one row each; NVTX
+    only without them, since a range pushed before a capture range opened starts before its
+    0) fall before ``startTime`` yet within the capture's duration."""
+    seen = [t for t in (_first_start(db, "CUPTI_ACTIVITY_KIND_RUNTIME"), _first_start(db, "CUPTI_ACTIVITY_KIND_KERNEL")) if t is not None]
+    if not seen:
+        first = _first_start(db, "NVTX_EVENTS")
+        seen = [first] if first is not None and first >= 0 else []
+    return bool(seen) and all(t < start_ns and t <= end_ns - start_ns for t in seen)
+
+
 def _infer_version(db: ExportSource) -> str | None:
     if db.has_table("TARGET_INFO_GPU"):
         if db.has_column("TARGET_INFO_GPU", "deviceId"):
@@ -149,6 +170,12 @@ def read_meta(db: ExportSource) -> TraceMeta:
         row = next(iter(db.rows("SELECT startTime, stopTime, duration FROM ANALYSIS_DETAILS")), None)
         if row:
             meta.start_ns, meta.end_ns, meta.duration_ns = (None if v is None else int(v) for v in row)
+            if meta.start_ns is not None and meta.end_ns is not None and _rebased(db, meta.start_ns, meta.end_ns):
+                # a capture opened by a capture range (cudaProfilerStart, an NVTX range): its
+                # events are timed from the capture's start (timeline 0 is
+                # TARGET_INFO_SESSION_START_TIME), while ANALYSIS_DETAILS keeps start and stop
+                # on another clock; the window on the events' timeline is [0, duration]
+                meta.start_ns, meta.end_ns = 0, meta.end_ns - meta.start_ns
     epoch = db.scalar("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME") if db.has_table(
         "TARGET_INFO_SESSION_START_TIME"
     ) else None
