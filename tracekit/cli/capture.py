@@ -16,6 +16,8 @@ from typing import Annotated, Any
 
 import typer
 
+from tracekit.cli.terminal import help_markup_mode
+
 _EXP, _NSYS, _NCU = "Experiment", "Nsight Systems (nsys)", "Nsight Compute (ncu)"
 _MODES = {"nsys": "nsys", "ncu": "ncu", "both": "nsys+ncu", "none": "none"}
 _CONTEXT = {"allow_interspersed_args": False, "help_option_names": ["-h", "--help"]}
@@ -25,6 +27,7 @@ app = typer.Typer(
     invoke_without_command=True,
     add_completion=False,
     context_settings={"help_option_names": ["-h", "--help"]},
+    rich_markup_mode=help_markup_mode(),
 )
 
 
@@ -583,7 +586,6 @@ def _print_plan(exp: Any, sweep_spec: Any, named: dict[str, Any]) -> None:
 
 
 def _print_result(console: Any, result: Any) -> None:
-    from rich.table import Table
 
     style = "green" if result.complete else "red"
     console.print(f"[{style}]{result.status}[/{style}]  {result.folder}", soft_wrap=True)
@@ -599,16 +601,11 @@ def _print_result(console: Any, result: Any) -> None:
         result.summary.get("ncu") or {}
     ).get("top_kernels")
     if top:
-        table = Table("kernel", "count", "total ms", "%")
-        for k in top[:10]:
-            pct = k.get("pct")
-            table.add_row(
-                (k.get("short_name") or k["name"])[:80],
-                str(k["count"]),
-                f"{k['total_ns'] / 1e6:.3f}",
-                "" if pct is None else f"{pct:.1f}",
-            )
-        console.print(table)
+        from tracekit.cli.tables import print_table
+
+        rows = [[k.get("short_name") or k["name"], str(k["count"]), f"{k['total_ns'] / 1e6:.3f}",
+                 "" if k.get("pct") is None else f"{k['pct']:.1f}"] for k in top[:10]]
+        print_table(console, ["kernel", "count", "total ms", "%"], rows, text_columns={"kernel"})
 
 
 def _print_sweep(console: Any, table: Any) -> None:

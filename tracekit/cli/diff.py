@@ -46,7 +46,6 @@ def diff(
 
 def _render(d, threshold: float, top: int) -> None:  # type: ignore[no-untyped-def]
     from rich.console import Console
-    from rich.table import Table
 
     from tracekit.comparison import row_texts
 
@@ -69,15 +68,17 @@ def _render(d, threshold: float, top: int) -> None:  # type: ignore[no-untyped-d
     for note in d.notes:
         console.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
     console.print()
+    from tracekit.cli.tables import print_table
+
     for level, frame in d.levels.items():
-        table = Table(title=f"{level}: {d.before} → {d.after} (per step; steps {d.steps['before']} / {d.steps['after']})")
-        for col in ("key", "before", "after", "delta", "delta %", "noise", "verdict"):
-            table.add_column(col, justify="left" if col in ("key", "verdict") else "right", overflow="fold", max_width=60)
+        headers = ["key", "before", "after", "delta", "delta %", "noise", "verdict"]
+        rows = []
         for r in frame.head(top).iter_rows(named=True):
             t = row_texts(level, r)
-            table.add_row(t["key"], t["before"], t["after"], t["delta"], t["delta %"], t["noise"],
-                          f"[{colors.get(r['verdict'], '')}]{r['verdict']}[/]")
-        console.print(table)
+            rows.append([t["key"], t["before"], t["after"], t["delta"], t["delta %"], t["noise"],
+                         f"[{colors.get(r['verdict'], '')}]{r['verdict']}[/]"])
+        print_table(console, headers, rows, text_columns={"key", "verdict"}, markup_columns={"verdict"},
+                    title=f"{level}: {d.before} → {d.after} (per step; steps {d.steps['before']} / {d.steps['after']})")
     reg = d.regressions(threshold)
     console.print(f"{reg.height} regression(s) of at least {100 * threshold:.0f}% per step" if reg.height else
                   f"no regression of {100 * threshold:.0f}% or more per step")

@@ -13,10 +13,13 @@ from typing import Annotated
 
 import typer
 
+from tracekit.cli.terminal import help_markup_mode
+
 app = typer.Typer(
     help="Write a trace's timeline for other viewers (Perfetto UI, chrome://tracing).",
     no_args_is_help=True,
     add_completion=False,
+    rich_markup_mode=help_markup_mode(),
 )
 
 _FORMATS = {"perfetto": ".pftrace", "chrome-json": ".json"}

@@ -17,6 +17,8 @@ from typing import NoReturn
 
 import typer
 
+from tracekit.cli.terminal import help_markup_mode
+
 _state = {"debug": False}
 
 
@@ -40,6 +42,7 @@ COMMANDS: dict[str, str] = {
     "report": "tracekit.cli.report",
     "capture": "tracekit.cli.capture",
     "export": "tracekit.cli.export",
+    "mcp": "tracekit.cli.mcp",
 }
 
 
@@ -51,6 +54,7 @@ def build_app(argv: Sequence[str] | None = None) -> typer.Typer:
         no_args_is_help=True,
         pretty_exceptions_enable=False,
         add_completion=False,
+        rich_markup_mode=help_markup_mode(),
     )
     app.callback()(_root)
     args = list(sys.argv[1:] if argv is None else argv)

@@ -121,12 +121,7 @@ class _Tee:
 
 def _print_table(result) -> None:  # type: ignore[no-untyped-def]
     from rich.console import Console
-    from rich.table import Table
 
-    table = Table(title=result.name, show_lines=False)
-    for col in result.columns:
-        table.add_column(col, justify="left" if col in ("Name", "Range", "Operation", "Style", "Device") else "right",
-                         overflow="fold", max_width=80 if col in ("Name", "Range") else None)
-    for row in result.formatted_rows():
-        table.add_row(*row)
-    Console().print(table)
+    from tracekit.cli.tables import print_table
+
+    print_table(Console(), result.columns, result.formatted_rows(), title=result.name)

@@ -232,14 +232,14 @@ def _render(s) -> None:  # type: ignore[no-untyped-def]
     for key, value in s.info.items():
         info.add_row(key, value)
     console.print(info)
+    import polars as pl
+
+    from tracekit.cli.tables import print_table
+
     for title, frame in s.tables.items():
-        table = Table(title=title)
-        for col in frame.columns:
-            table.add_column(col, justify="left" if frame.schema[col].is_(__import__("polars").Utf8) else "right",
-                             overflow="fold", max_width=70)
-        for row in frame.iter_rows():
-            table.add_row(*("" if v is None else (f"{v:,.3f}" if isinstance(v, float) else f"{v:,}" if isinstance(v, int) else str(v)) for v in row))
-        console.print(table)
+        rows = [["" if v is None else (f"{v:,.3f}" if isinstance(v, float) else f"{v:,}" if isinstance(v, int) else str(v)) for v in row]
+                for row in frame.iter_rows()]
+        print_table(console, frame.columns, rows, text_columns={c for c in frame.columns if frame.schema[c] == pl.Utf8}, title=title)
     for note in s.notes:
         console.print(f"[yellow]note:[/yellow] {note}")
 
