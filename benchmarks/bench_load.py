@@ -14,6 +14,8 @@ the ratios are computed from those medians in the same run.
 * ``tracekit-sqlite3`` — the same with ``engine="sqlite3"`` (stdlib path; for information);
 * ``arrow`` — ADBC ``cursor.execute`` + ``fetch_arrow_table`` of the very SELECTs tracekit
   runs for those tables (recorded from tracekit itself), nothing else;
+* ``connectorx`` — ``connectorx.read_sql(..., return_type="arrow")`` of the same SELECTs
+  (issue 37's baseline; skipped with a note when connectorx is not installed);
 * ``pandas`` — ``pandas.read_sql`` of the same SELECTs on a stdlib ``sqlite3`` connection;
 
 ``load s`` is measured inside the child from just before the open to the last table; imports
@@ -54,7 +56,7 @@ from common import (  # noqa: E402
 )
 
 TABLES = ("kernels", "cuda_api", "nvtx")
-VARIANTS = ("tracekit", "arrow", "pandas", "tracekit-sqlite3", "tracekit-cached", "tracekit-fill")
+VARIANTS = ("tracekit", "arrow", "connectorx", "pandas", "tracekit-sqlite3", "tracekit-cached", "tracekit-fill")
 CACHE = OUT / "bench_load_cache"
 FILL_CACHE = OUT / "bench_load_fill_cache"
 LABELS = {
@@ -63,6 +65,7 @@ LABELS = {
     "tracekit-fill": "tracekit, first open (cache filled on the way)",
     "tracekit-sqlite3": "tracekit engine=sqlite3",
     "arrow": "raw Arrow (ADBC fetch_arrow_table)",
+    "connectorx": "raw connectorx (read_sql → Arrow)",
     "pandas": "pandas.read_sql (sqlite3)",
 }
 TARGETS = {"arrow": ("tracekit / raw Arrow", "≤ 1.3×"), "pandas": ("pandas / tracekit", "≥ 4×")}
@@ -140,6 +143,17 @@ def _load(variant: str, path: Path, queries: list[str]) -> tuple[dict[str, int],
             kept.append(cur.fetch_arrow_table())
             cur.close()
         return {f"q{i}": t.num_rows for i, t in enumerate(kept)}, "adbc"
+    if variant == "connectorx":
+        import re
+
+        import connectorx as cx
+
+        # the columns as declared (connectorx infers a type from the declaration; tracekit's
+        # CAST(... AS BLOB) of text columns has none, and a NULL first value then fails)
+        # (a literal NULL column, which tracekit selects for a column the export lacks, likewise)
+        plain = [re.sub(r", NULL(?= FROM)", "", re.sub(r'CAST\(("\w+") AS BLOB\)', r"\1", sql)) for sql in queries]
+        tables = [cx.read_sql(f"sqlite://{path.resolve()}", sql, return_type="arrow") for sql in plain]
+        return {f"q{i}": t.num_rows for i, t in enumerate(tables)}, "connectorx"
     if variant == "pandas":
         import sqlite3
 
@@ -161,6 +175,9 @@ def child(variant: str, path: Path, queries: list[str], warmup: Path | None) -> 
         import tracekit.nsys.trace  # noqa: F401  (tracekit.open imports it lazily)
     elif variant == "arrow":
         import adbc_driver_sqlite.dbapi  # noqa: F401
+        import pyarrow  # noqa: F401
+    elif variant == "connectorx":
+        import connectorx  # noqa: F401
         import pyarrow  # noqa: F401
     elif variant == "pandas":
         import pandas  # noqa: F401
@@ -345,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
 
     ratio_rows("tracekit ÷ raw Arrow", "tracekit", "arrow", "≤ 1.30×", lambda x: x <= 1.3)
     ratio_rows("first open, cache filled on the way ÷ raw Arrow", "tracekit-fill", "arrow", "≤ 1.30×", lambda x: x <= 1.3)
+    ratio_rows("first open, cache filled on the way ÷ raw connectorx", "tracekit-fill", "connectorx", "≤ 1.30×", lambda x: x <= 1.3)
+    ratio_rows("tracekit ÷ raw connectorx", "tracekit", "connectorx", "≤ 1.30×", lambda x: x <= 1.3)
     ratio_rows("pandas.read_sql ÷ tracekit", "pandas", "tracekit", "≥ 4.00×", lambda x: x >= 4)
     for stat, key in (("process wall, median", "process_s"),):
         if "tracekit" in summary and "pandas" in summary and "arrow" in summary:

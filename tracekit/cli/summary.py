@@ -116,18 +116,22 @@ def _add_metrics(s, trace) -> None:  # type: ignore[no-untyped-def]
     GPU's work here only."""
     import polars as pl
 
-    from tracekit.analysis._frames import gpu_ops
-    from tracekit.diagnosis.context import Context
+    from tracekit.diagnosis.context import Context, activity_samples
+    from tracekit.nsys.readers import implausible_end
 
     db = trace.db
-    if not db.has_table("GPU_METRICS") or db.row_count("GPU_METRICS") > Context.MAX_METRIC_ROWS:
+    if not db.has_table("GPU_METRICS") or not 0 < db.row_count("GPU_METRICS") <= Context.MAX_METRIC_ROWS:
         return
     from tracekit.analysis.metrics import metric_activity
 
+    samples = activity_samples(trace)
+    if samples.height == 0:
+        return
+    # only what metric_activity reads of the traced work: each operation's GPU and times
     cols = ["device_id", "start_ns", "end_ns"]
-    ops = gpu_ops(trace.table("kernels", [*cols, "pid", "global_pid", "context_id", "stream_id", "correlation_id", "duration_ns", "name"]),
-                  None, None, None).select(cols)
-    act = metric_activity(trace.gpu_metrics, ops)
+    ops = pl.concat([trace.table(t, cols) for t in ("kernels", "memcpys", "memsets")], how="vertical_relaxed").filter(
+        ~implausible_end().fill_null(False))  # a damaged export's INT64_MAX ends (gpu_ops drops them too)
+    act = metric_activity(samples, ops)
     if act.height == 0:
         return
     pct = {c: label for c, label in (("sms_active_mean", "sm%"), ("tensor_active_mean", "tensor%"),

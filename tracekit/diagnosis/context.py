@@ -59,6 +59,24 @@ _PHASE_OP_COLUMNS = ("pid", "global_pid", "device_id", "correlation_id", "start_
 _JOIN_KEYS = ("pid", "global_pid", "correlation_id")
 
 
+def activity_samples(trace: Any) -> pl.DataFrame:
+    """The samples :func:`~tracekit.analysis.metrics.metric_activity` reads (its
+    ``DEFAULT_METRICS``), read with a ``WHERE`` on their metric ids from an export: a capture at
+    10 kHz holds 20–30 metrics per sample, so the whole ``gpu_metrics`` table would be several
+    times larger (4.66 M rows and ~450 MiB on the 1 M-kernel benchmark export). A trace set, or
+    a trace whose table is loaded already, gives its ``gpu_metrics``."""
+    from tracekit.analysis.metrics import DEFAULT_METRICS
+
+    db = getattr(trace, "db", None)
+    loaded = getattr(trace, "is_loaded", None)
+    if db is None or (loaded is not None and loaded("gpu_metrics")):
+        metrics = getattr(trace, "gpu_metrics", None)
+        return metrics if isinstance(metrics, pl.DataFrame) else pl.DataFrame()
+    from tracekit.nsys.gpu_metrics import gpu_metric_samples
+
+    return gpu_metric_samples(db, list(DEFAULT_METRICS))
+
+
 def _table(trace: Any, name: str, *, whole: bool = False) -> pl.DataFrame:
     try:
         if not whole and name in _COLUMNS and hasattr(trace, "is_loaded") and not trace.is_loaded(name):
@@ -211,8 +229,8 @@ class Context:
         db = getattr(self.trace, "db", None)
         if db is not None and (not db.has_table("GPU_METRICS") or db.row_count("GPU_METRICS") > self.MAX_METRIC_ROWS):
             return pl.DataFrame()
-        metrics = getattr(self.trace, "gpu_metrics", None)
-        if not isinstance(metrics, pl.DataFrame) or metrics.height == 0:
+        metrics = activity_samples(self.trace)
+        if metrics.height == 0:
             return pl.DataFrame()
         return metric_activity(metrics, ops)
 

@@ -200,7 +200,8 @@ def trace_summary(trace: NsysTrace, *, top: int = 10, nvtx_each: bool = False) -
         s.info["GPUs"] = names
     s.info["GPUs with kernels"] = ", ".join(map(str, used)) or "none"
     s.info["kernels"] = f"{launches:,} launches, {_ms(gpu_ns)} GPU time"
-    api_calls = trace.cuda_api.height if trace.is_loaded("cuda_api") else trace.table("cuda_api", ["correlation_id"]).height
+    # the table is the export's rows one for one: count them, not read a column of millions
+    api_calls = trace.cuda_api.height if trace.is_loaded("cuda_api") else trace.db.row_count("CUPTI_ACTIVITY_KIND_RUNTIME")
     s.info["CUDA API calls"] = f"{api_calls:,}"
     # the columns top_nvtx reads, not kept on the trace (the whole table is ~1 GB on 6.5 M events)
     nvtx = trace.table("nvtx", ["event_type_id", "end_ns", "duration_ns", "name", "domain"])

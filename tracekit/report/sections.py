@@ -164,6 +164,7 @@ def _activity_note(trace: Any) -> str:
     :data:`ACTIVITY_MAX_KERNELS`)."""
     from tracekit.analysis._frames import gpu_ops
     from tracekit.analysis.metrics import metric_activity
+    from tracekit.diagnosis.context import activity_samples
 
     db = getattr(trace, "db", None)
     if db is not None and (not db.has_table("GPU_METRICS") or db.row_count("GPU_METRICS") > ACTIVITY_MAX_METRIC_ROWS
@@ -173,7 +174,7 @@ def _activity_note(trace: Any) -> str:
     cols = ["pid", "global_pid", "device_id", "context_id", "stream_id", "correlation_id", "start_ns", "end_ns", "duration_ns"]
     kernels = trace.table("kernels", [*cols, "name"]) if hasattr(trace, "table") else trace.kernels
     ops = gpu_ops(kernels, trace.memcpys, trace.memsets, _graph_rows(trace)).select("device_id", "start_ns", "end_ns")
-    act = metric_activity(trace.gpu_metrics, ops)
+    act = metric_activity(activity_samples(trace), ops)
     lines = []
     for r in act.iter_rows(named=True):
         lost = (f"; {fmt_ns(r['untraced_active_ns'])} of it outside every traced operation (work of a process the capture did "
