@@ -106,8 +106,16 @@ def _cpu_steps(ranges: pl.DataFrame, ops: pl.DataFrame, rk: list[str]) -> pl.Dat
     sorting and joining the operations (on a 1.09 M-kernel decode export the sort and as-of
     join peaked 150 MiB above its inputs)."""
     by = [*rk, "_proc"]
-    o = ops.filter(pl.col("api_start_ns").is_not_null()).select(
-        *rk, process_key("global_tid").alias("_proc"), "api_start_ns", "device_id", "start_ns", "end_ns")
+    # only the processes the ranges are in can match (a mask, not a join: one process, the
+    # common case, copies nothing more)
+    o = ops.select(*rk, process_key("global_tid").alias("_proc"), "api_start_ns", "device_id", "start_ns", "end_ns")
+    keys = ranges.select(by).unique()
+    mask = pl.col("api_start_ns").is_not_null()
+    if keys.height == 1:
+        mask = mask & pl.all_horizontal([pl.col(c) == v if v is not None else pl.col(c).is_null() for c, v in keys.row(0, named=True).items()])
+    else:
+        mask = mask & pl.struct(by).is_in(keys.to_struct().implode())
+    o = o.filter(mask)
     parts = []
     for key, r in ranges.sort("start_ns").group_by(by, maintain_order=True):
         match = pl.all_horizontal([pl.col(c) == v if v is not None else pl.col(c).is_null() for c, v in zip(by, key, strict=True)])
