@@ -14,7 +14,8 @@ the ratios are computed from those medians in the same run.
 * ``tracekit-sqlite3`` — the same with ``engine="sqlite3"`` (stdlib path; for information);
 * ``arrow`` — ADBC ``cursor.execute`` + ``fetch_arrow_table`` of the very SELECTs tracekit
   runs for those tables (recorded from tracekit itself), nothing else;
-* ``connectorx`` — ``connectorx.read_sql(..., return_type="arrow")`` of the same SELECTs
+* ``connectorx`` — ``connectorx.read_sql(..., return_type="arrow")`` of the same SELECTs (declared
+  columns, without NVTX's BLOB ``binaryData``, which connectorx cannot return as Arrow)
   (issue 37's baseline; skipped with a note when connectorx is not installed);
 * ``pandas`` — ``pandas.read_sql`` of the same SELECTs on a stdlib ``sqlite3`` connection;
 
@@ -151,7 +152,10 @@ def _load(variant: str, path: Path, queries: list[str]) -> tuple[dict[str, int],
         # the columns as declared (connectorx infers a type from the declaration; tracekit's
         # CAST(... AS BLOB) of text columns has none, and a NULL first value then fails)
         # (a literal NULL column, which tracekit selects for a column the export lacks, likewise)
-        plain = [re.sub(r", NULL(?= FROM)", "", re.sub(r'CAST\(("\w+") AS BLOB\)', r"\1", sql)) for sql in queries]
+        # (a literal NULL column, which tracekit selects for a column the export lacks, likewise;
+        # and NVTX's binaryData, a BLOB column connectorx cannot return as Arrow: left out)
+        plain = [re.sub(r', (?:NULL|"binaryData")(?=[, ] ?FROM|,)', "", re.sub(r'CAST\(("\w+") AS BLOB\)', r"\1", sql))
+                 for sql in queries]
         tables = [cx.read_sql(f"sqlite://{path.resolve()}", sql, return_type="arrow") for sql in plain]
         return {f"q{i}": t.num_rows for i, t in enumerate(tables)}, "connectorx"
     if variant == "pandas":
