@@ -121,7 +121,7 @@ def test_kernel_names_in_summary_are_shortened_in_one_line() -> None:
 
 
 @pytest.mark.parametrize("command", [["capture", "nsys"], ["capture", "ncu"], ["summary"], ["stats"], ["diagnose"],
-                                     ["diff"], ["report"], ["model"], ["export", "perfetto"]], ids=" ".join)
+                                     ["diff"], ["report"], ["model"], ["export", "perfetto"], ["mcp"]], ids=" ".join)
 def test_help_never_cuts_an_option_name(command: list[str]) -> None:
     """In a pipe (and below 100 columns) the help is click's plain layout: every option of the
     command appears whole."""
