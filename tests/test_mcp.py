@@ -311,6 +311,8 @@ def test_query_reads_tracekits_tables(client: Client) -> None:
     "PRAGMA table_info(kernels)",
     "SELECT * INTO copy FROM kernels",
     "SELECT * FROM read_csv('/etc/passwd')",
+    "SELECT * FROM \"read_csv\"('/etc/passwd')",  # a quoted table function is still called
+    "SELECT * FROM `scan_parquet`('/tmp/x.parquet')",
     "SELECT 1 FROM kernels; DROP TABLE kernels",
     "DELETE FROM kernels",
 ])

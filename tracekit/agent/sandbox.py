@@ -234,7 +234,11 @@ def check_select(sql: str) -> str:
     ``read_json``, any ``read_*``/``scan_*`` name)."""
     if not isinstance(sql, str) or not sql.strip():
         raise TracekitError("query: give one SELECT statement, e.g. SELECT name, count(*) FROM kernels GROUP BY name")
-    stripped, _ = _strip(sql)
+    stripped, quoted = _strip(sql)
+    for name in quoted:  # polars calls "read_csv"('/etc/passwd') as it calls read_csv(...)
+        if name.lower().startswith(("read_", "scan_")):
+            msg = f"query: {name} is refused: queries read tracekit's tables only (kernels, cuda_api, nvtx …), not files"
+            raise TracekitError(msg)
     tokens = _TOKEN.findall(stripped)
     while tokens and tokens[-1] == ";":
         tokens.pop()
