@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
+from tracekit.errors import TracekitError
 from tracekit.nsys.database import ExportSource
 
 #: Tables whose absence means the export holds no CUDA trace at all.
@@ -100,9 +101,14 @@ class TraceMeta:
 
 
 def _first_start(db: ExportSource, table: str) -> int | None:
-    if not db.has_column(table, "start"):
+    """The first non-null ``start`` of ``table`` (one row), or None: also when the table cannot
+    be read, which is said, in one line, when the table itself is asked for."""
+    try:
+        if not db.has_column(table, "start"):
+            return None
+        row = next(iter(db.rows(f'SELECT start FROM "{table}" WHERE start IS NOT NULL LIMIT 1')), None)
+    except TracekitError:
         return None
-    row = next(iter(db.rows(f'SELECT start FROM "{table}" WHERE start IS NOT NULL LIMIT 1')), None)
     return None if row is None or row[0] is None else int(row[0])
 
 
