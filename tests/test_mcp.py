@@ -118,6 +118,16 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     shutil.copy(SAMPLES / "planted" / "planted_clean" / "planted_clean.nsys-rep", d / "lonely.nsys-rep")
     (d / "link_out.sqlite").symlink_to(TP2)  # leads to the other root: followed
     (d / "link_etc").symlink_to("/etc")  # leads out of every root: refused
+    # links out of every root hidden inside what is opened: a columnar export's table files,
+    # and the export beside a report (newer than it, so it would be read)
+    outside = tmp_path_factory.mktemp("outside_every_root")
+    (outside / "StringIds.parquet").write_bytes(b"PAR1")
+    (outside / "export.sqlite").write_bytes(DECODE.read_bytes())
+    (d / "escape.parquetdir").mkdir()
+    (d / "escape.parquetdir" / "StringIds.parquet").symlink_to(outside / "StringIds.parquet")
+    shutil.copy(SAMPLES / "planted" / "planted_clean" / "planted_clean.nsys-rep", d / "escape.nsys-rep")
+    os.utime(d / "escape.nsys-rep", (1_000_000_000, 1_000_000_000))
+    (d / "escape.sqlite").symlink_to(outside / "export.sqlite")
     return d
 
 
@@ -313,11 +323,24 @@ def test_query_reads_tracekits_tables(client: Client) -> None:
     "SELECT * FROM read_csv('/etc/passwd')",
     "SELECT * FROM \"read_csv\"('/etc/passwd')",  # a quoted table function is still called
     "SELECT * FROM `scan_parquet`('/tmp/x.parquet')",
+    # the checker's reading of strings and comments is not polars': read_* refused in any of them
+    "SELECT $$/*$$ AS a, * FROM read_csv('/etc/passwd', has_header => false) -- */ kernels",
+    "SELECT 1 AS a /* /* */ -- */, * FROM read_csv('/etc/hostname', has_header => false)\n, kernels",
+    "SELECT $t$x$t$ AS a FROM kernels",
+    "SELECT 1 AS a /* /* nested */ */ FROM kernels",
     "SELECT 1 FROM kernels; DROP TABLE kernels",
     "DELETE FROM kernels",
 ])
 def test_query_refuses_anything_but_one_select(client: Client, sql: str) -> None:
     assert client.error("query", sql=sql, path=str(TP2)).startswith("tracekit: error: query:")
+
+
+def test_an_answer_too_large_is_one_line(client: Client) -> None:
+    """Rows are as wide as a query makes them, so the row limit bounds no answer's size: one
+    over the worker's cap (32 MiB of JSON) is answered with one line, and the server goes on."""
+    text = client.error("query", sql="SELECT LPAD(name, 200000, 'x') AS s FROM kernels", path=str(TP2), limit=300)
+    assert "more than the 32 MiB this server sends" in text
+    assert client.ok("top_kernels", path=str(TP2), n=1)["kernels"][0]["instances"] == 128
 
 
 def test_diff_equals_cli_json(client: Client) -> None:
@@ -340,6 +363,12 @@ def test_paths_outside_the_roots_are_refused(client: Client, root: Path) -> None
     assert "is outside" in client.error("kernel", path=str(DECODE), name="x", ncu_path="/etc/hosts")
     # a link inside a root to a file under a root is followed
     assert client.ok("describe", path=str(root / "link_out.sqlite"))["tables"]["kernels"] == 1076
+    # links out hidden inside an export folder, or as the export beside a report: refused
+    for path in (root / "escape.parquetdir", root / "escape.nsys-rep"):
+        assert "links outside the folders this server may read" in client.error("query", sql="SELECT count(*) FROM kernels",
+                                                                                  path=str(path))
+    assert "NUL" in client.error("describe", path="a\x00b")
+    assert "must be after" in client.error("diagnose", path=str(TP2), window_start_ns=10, window_end_ns=5)
 
 
 def test_bad_input_is_the_clis_line_and_the_server_goes_on(client: Client, root: Path) -> None:

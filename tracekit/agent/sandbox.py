@@ -56,6 +56,9 @@ class Roots:
         """``path`` resolved (a relative path is taken under the first root where it exists,
         else under the first root); raises one line when it is outside every root."""
         text = os.fspath(path)
+        if "\x00" in text:
+            msg = f"{what}: a path cannot hold a NUL character; give the path of a trace under {self.names()}"
+            raise TracekitError(msg)
         if not text.strip():
             msg = f"{what}: give the path of a trace under {self.names()}"
             raise TracekitError(msg)
@@ -87,12 +90,16 @@ def readable(path: Path, roots: Roots) -> Path | list[Path]:
 
         if folder_format(path) is None:
             return _rank_files(path, roots)
+        for member in path.iterdir():  # a parquetdir/arrowdir whose table files link out of the roots
+            if not roots.contains(member.resolve()):
+                msg = f"{member} links outside the folders this server may read ({roots.names()}); give an export without such links"
+                raise TracekitError(msg)
     kind = sniff(path)  # the CLI's one-line errors: missing, empty, not a trace, unreadable
     if kind == "nsys-sqlite":
         _refuse_pending_wal(path)
         return path
     if kind == "nsys-report":
-        return _export_of(path)
+        return _export_of(path, roots)
     return path
 
 
@@ -124,7 +131,7 @@ def _refuse_pending_wal(path: Path) -> None:
         raise TracekitError(msg)
 
 
-def _export_of(report: Path) -> Path:
+def _export_of(report: Path, roots: Roots) -> Path:
     """The SQLite export of ``report`` without writing beside it: the export beside it when it
     is fresh (made by tracekit, or by hand and newer than the report: what
     :func:`tracekit.nsys.export.export_report` reads too), else the one in the cache folder,
@@ -135,8 +142,12 @@ def _export_of(report: Path) -> Path:
 
     beside = report.with_suffix(".sqlite")
     if beside.is_file() and _is_fresh(beside, report):
-        _refuse_pending_wal(beside)
-        return beside
+        real = beside.resolve()  # the export beside it may be a link out of the roots
+        if not roots.contains(real):
+            msg = f"{beside} links outside the folders this server may read ({roots.names()}); give a report without such a link"
+            raise TracekitError(msg)
+        _refuse_pending_wal(real)
+        return real
     digest = hashlib.sha1(str(report.resolve()).encode()).hexdigest()[:12]
     target = cache_dir() / f"{report.stem}-{digest}.sqlite"
     if _is_fresh(target, report):
@@ -154,6 +165,7 @@ def _export_of(report: Path) -> Path:
         cmd.append("--include-blobs=true")
     cmd.append(str(report))
     try:
+        # its own session: the server's deadline kills the worker's process group, nsys included
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0 or not tmp.is_file():
             raise ExportError(_failure_message(report, tool, proc))
@@ -178,6 +190,9 @@ FORBIDDEN = frozenset({
     "commit", "rollback", "savepoint", "release", "import", "export", "upsert", "reindex", "analyze", "checkpoint",
 })
 _TOKEN = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*|;|\S")
+#: polars' SQL table functions that read files (read_csv, read_parquet, read_ipc, read_json,
+#: and any scan_*/read_* to come), as a word anywhere in the text.
+_FILE_FUNCTION = re.compile(r"(?i)(?<![A-Za-z0-9_])(?:read|scan)_[A-Za-z0-9_]*")
 
 
 def _strip(sql: str) -> tuple[str, list[str]]:
@@ -196,6 +211,8 @@ def _strip(sql: str) -> tuple[str, list[str]]:
             j = sql.find("*/", i + 2)
             if j < 0:
                 raise TracekitError("query: a /* comment is never closed")
+            if "/*" in sql[i + 2 : j]:  # polars nests block comments; this checker would not
+                raise TracekitError("query: a /* comment inside a /* comment is refused here")
             i = j + 2
             out.append(" ")
         elif c in "'\"`":
@@ -234,6 +251,15 @@ def check_select(sql: str) -> str:
     ``read_json``, any ``read_*``/``scan_*`` name)."""
     if not isinstance(sql, str) or not sql.strip():
         raise TracekitError("query: give one SELECT statement, e.g. SELECT name, count(*) FROM kernels GROUP BY name")
+    # the raw text first, comments and strings included: this checker's reading of comments and
+    # quotes need not be polars' ($$-quoted strings, nested /* */ comments), so a file-reading
+    # function is refused wherever its name appears (a kernel name holding "thread_" is not one)
+    reader = _FILE_FUNCTION.search(sql)
+    if reader:
+        msg = f"query: {reader.group(0)} is refused: queries read tracekit's tables only (kernels, cuda_api, nvtx …), not files"
+        raise TracekitError(msg)
+    if "$" in sql:
+        raise TracekitError("query: '$' (dollar-quoted strings, parameters) is refused here; quote strings with '...'")
     stripped, quoted = _strip(sql)
     for name in quoted:  # polars calls "read_csv"('/etc/passwd') as it calls read_csv(...)
         if name.lower().startswith(("read_", "scan_")):

@@ -27,6 +27,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from tracekit.agent.worker import MAX_ANSWER_BYTES
+
 __all__ = ["DEFAULT_TIMEOUT_S", "STATS_REPORTS", "Worker", "build_server", "default_memory_gb", "main", "serve"]
 
 #: Seconds one tool call may take unless ``--timeout`` says otherwise.
@@ -49,6 +51,14 @@ def default_memory_gb() -> float:
     except OSError:
         pass
     return 0.0
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the worker's process group (it leads its own session), else the worker."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
 
 
 class Worker:
@@ -77,9 +87,10 @@ class Worker:
         if self._proc is not None and self._proc.poll() is None:
             return
         self._buf.clear()
+        # its own process group: a kill at the deadline ends what it started too (nsys export)
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "tracekit.agent.worker", json.dumps(self.config)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, close_fds=True,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, close_fds=True, start_new_session=True,
         )
 
     def stop(self) -> None:
@@ -92,7 +103,7 @@ class Worker:
                 proc.stdin.close()
             proc.wait(timeout=2)
         except (OSError, subprocess.TimeoutExpired):
-            proc.kill()
+            _kill_group(proc)
             proc.wait()
         finally:
             if proc.stdout is not None:
@@ -103,7 +114,7 @@ class Worker:
         proc, self._proc = self._proc, None
         if proc is None:
             return
-        proc.kill()
+        _kill_group(proc)
         proc.wait()
         for stream in (proc.stdin, proc.stdout):
             try:
@@ -158,6 +169,9 @@ class Worker:
             if not chunk:
                 return b""
             self._buf += chunk
+            if len(self._buf) > MAX_ANSWER_BYTES + (1 << 20):  # the worker caps its answers; never hold more
+                return b'{"ok": false, "error": "tracekit: error: the answer is larger than this server sends: ask for fewer rows or narrower columns"}'
+
         line, _, rest = bytes(self._buf).partition(b"\n")
         self._buf = bytearray(rest)
         return line

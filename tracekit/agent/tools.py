@@ -283,6 +283,8 @@ class Session:
         if (window_start_ns is None) != (window_end_ns is None):
             raise TracekitError("give both window_start_ns and window_end_ns (on the trace's timeline), or neither")
         window = None if window_start_ns is None else (int(window_start_ns), int(window_end_ns))  # type: ignore[arg-type]
+        if window is not None and window[1] <= window[0]:
+            raise TracekitError(f"window_end_ns ({window[1]}) must be after window_start_ns ({window[0]})")
         cfg = DiagnoseConfig().with_overrides(list(settings))
         trace, resolved = self._nsys(path, "diagnose")
         ncu = self._ncu(ncu_path) if ncu_path else None

@@ -110,6 +110,10 @@ def _answers() -> TextIO:
     return channel
 
 
+#: Largest answer (bytes of JSON) a worker sends; a bigger one is answered with one line.
+MAX_ANSWER_BYTES = 32 << 20
+
+
 def main(argv: list[str] | None = None) -> int:
     """Serve requests from stdin until it closes. ``argv[0]``: the JSON config (``roots``,
     ``max_memory_bytes``, ``keep_open``, ``max_rows``)."""
@@ -142,6 +146,10 @@ def main(argv: list[str] | None = None) -> int:
             text = json.dumps(answer, allow_nan=False)
         except (TypeError, ValueError) as exc:  # a value the tools did not make plain JSON
             text = json.dumps({"id": answer.get("id"), "ok": False, "error": error_line(exc)})
+        if len(text) > MAX_ANSWER_BYTES:  # rows as wide as a query makes them: the row limit is no bound
+            text = json.dumps({"id": answer.get("id"), "ok": False, "error": (
+                f"tracekit: error: the answer is {len(text) / 2**20:,.0f} MiB, more than the {MAX_ANSWER_BYTES >> 20} MiB this "
+                "server sends: ask for fewer rows (limit) or narrower columns")})
         answers.write(text + "\n")
         answers.flush()
     return 0
