@@ -109,7 +109,8 @@ def _first_start(db: ExportSource, table: str) -> int | None:
         row = next(iter(db.rows(f'SELECT start FROM "{table}" WHERE start IS NOT NULL LIMIT 1')), None)
     except TracekitError:
         return None
-    return None if row is None or row[0] is None else int(row[0])
+    value = None if row is None else row[0]
+    return value if isinstance(value, int) else None  # a damaged cell (text in INTEGER) tells nothing
 
 
 def _rebased(db: ExportSource, start_ns: int, end_ns: int) -> bool:
