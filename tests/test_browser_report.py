@@ -64,4 +64,4 @@ def test_report_opens_offline_without_errors(tmp_path: Path) -> None:
     assert not errors and not state["failures"], errors + state["failures"]
     assert not requests, requests
     assert state["charts"] >= 8 and state["drawn"] >= state["charts"]
-    assert state["sections"][:4] == ["Findings", "Overview", "Top kernels", "NVTX breakdown"]
+    assert state["sections"][:5] == ["Findings", "Run", "Overview", "Top kernels", "NVTX breakdown"]
