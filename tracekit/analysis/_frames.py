@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import polars as pl
 
@@ -162,6 +162,81 @@ def _union_by_offset(f: pl.DataFrame, by: list[str]) -> pl.DataFrame | None:
     starts = g.filter(pl.col("_new")).select(*by, (pl.col("_s") - pl.col("_b")).alias("start_ns"))
     ends = g.filter(pl.col("_last")).select((pl.col("_max") - pl.col("_b")).alias("end_ns"))
     return pl.concat([starts, ends], how="horizontal")
+
+
+def span_and_busy(group: Any, device: Any, start: Any, end: Any, groups: int) -> dict[str, Any]:
+    """Per group ``0 … groups-1`` of operations (one value per operation: the group, a numpy
+    array, negative for an operation in none; the GPU, start and end in ns, numpy arrays or
+    polars Series, without nulls in the grouped operations): ``gpu_start_ns`` (first start),
+    ``gpu_end_ns`` (last end), ``gpu_busy_ns`` (length of the union of the operations'
+    ``[start, end)`` intervals per GPU, summed over the GPUs: :func:`interval_union`'s
+    merging, touching intervals joined) and ``ops`` (count); numpy int64 arrays of length
+    ``groups``, zero where a group has no operation.
+
+    Works on :data:`_SPAN_BLOCK` operations at a time, by consecutive groups, so that a
+    million operations never need a sorted copy of all of them at once."""
+    import numpy as np
+
+    group = np.asarray(group, dtype=np.int64)
+    out = {k: np.zeros(groups, dtype=np.int64) for k in ("gpu_start_ns", "gpu_end_ns", "gpu_busy_ns", "ops")}
+    grouped = group >= 0
+    counts = np.bincount(group[grouped], minlength=groups)
+    total = int(counts.sum())
+    if total == 0:
+        return out
+    # consecutive groups holding about _SPAN_BLOCK operations each
+    cuts = np.searchsorted(np.cumsum(counts), np.arange(_SPAN_BLOCK, total, _SPAN_BLOCK), side="left") + 1
+    bounds = [0, *sorted({int(c) for c in cuts if 0 < c < groups}), groups]
+
+    def take(values: Any, rows: Any) -> Any:
+        return values.gather(rows).to_numpy() if isinstance(values, pl.Series) else np.asarray(values)[rows]
+
+    for g0, g1 in zip(bounds[:-1], bounds[1:], strict=False):
+        rows = np.flatnonzero(grouped if len(bounds) == 2 else (group >= g0) & (group < g1))
+        if rows.size == 0:
+            continue
+        g, d, s, e = group[rows], take(device, rows), take(start, rows), take(end, rows)
+        del rows
+        order = np.lexsort((s, d, g))
+        g, d, s, e = g[order], d[order], s[order], e[order]
+        del order
+        first = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
+        at = g[first]
+        out["gpu_start_ns"][at] = np.minimum.reduceat(s, first)
+        out["gpu_end_ns"][at] = np.maximum.reduceat(e, first)
+        out["ops"][at] = np.diff(np.r_[first, g.size])
+        out["gpu_busy_ns"][at] = _busy_sorted(g, d, s, e, first)
+    return out
+
+
+def _busy_sorted(g: Any, d: Any, s: Any, e: Any, first: Any) -> Any:
+    """Union length per group of operations sorted by group, device and start (``first``:
+    where each group begins); :func:`span_and_busy`'s busy time."""
+    import numpy as np
+
+    seg = np.cumsum(np.r_[True, (g[1:] != g[:-1]) | (d[1:] != d[:-1])]) - 1
+    lo = int(min(s.min(), e.min()))
+    step = int(max(s.max(), e.max())) - lo + 1
+    if step * (int(seg[-1]) + 2) >= 1 << 62:  # the shifted times would not fit: polars, group by group
+        f = pl.DataFrame({"g": g, "d": d, "start_ns": s, "end_ns": e})
+        busy = interval_union(f, ["g", "d"]).group_by("g").agg((pl.col("end_ns") - pl.col("start_ns")).sum().alias("b")).sort("g")
+        return busy["b"].to_numpy()
+    # each (group, device) segment shifted past the last one: one running maximum for all
+    base = seg * step - lo
+    del seg
+    ss = s + base
+    run = np.maximum.accumulate(e + base)
+    del base
+    new = np.r_[True, ss[1:] > run[:-1]]
+    last = np.r_[new[1:], True]
+    length = run[last] - ss[new]
+    owner = g[new]
+    heads = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1]])
+    return np.add.reduceat(length, heads)
+
+
+#: Operations :func:`span_and_busy` sorts at a time.
+_SPAN_BLOCK = 1 << 18
 
 
 def within_any(values: pl.Series, starts: pl.Series, ends: pl.Series) -> pl.Series:

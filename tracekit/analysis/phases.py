@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from tracekit.analysis._frames import interval_union, process_key, rank_keys
+from tracekit.analysis._frames import interval_union, process_key, rank_keys, span_and_busy
 from tracekit.analysis.attribution import _nvtx_tree
 from tracekit.analysis.iterations import DEFAULT_ITERATION_PATTERN, warmup_count, word_pattern
 from tracekit.analysis.layers import PREFILL_FACTOR, forward_ranges
@@ -102,38 +102,46 @@ def _cpu_steps(ranges: pl.DataFrame, ops: pl.DataFrame, rk: list[str]) -> pl.Dat
 
     An operation belongs to the latest range of its process that starts at or before its
     launch call's start, when the call starts before that range ends: a binary search per
-    process over the ranges' starts (numpy), which holds one index per operation instead of
-    sorting and joining the operations (on a 1.09 M-kernel decode export the sort and as-of
-    join peaked 150 MiB above its inputs)."""
+    process over the ranges' starts, then :func:`~tracekit.analysis._frames.span_and_busy`
+    over the matched operations, on numpy arrays of the few columns read and a block of
+    operations at a time (on a 1.09 M-kernel decode export a sort and as-of join peaked
+    150 MiB above its inputs, a frame of the matched operations and its interval union
+    ~95 MiB; this stays below the launch join that built ``ops``, benchmarks/README.md,
+    "Issue 37")."""
     by = [*rk, "_proc"]
-    # only the processes the ranges are in can match (a mask, not a join: one process, the
-    # common case, copies nothing more)
-    o = ops.select(*rk, process_key("global_tid").alias("_proc"), "api_start_ns", "device_id", "start_ns", "end_ns")
-    keys = ranges.select(by).unique()
-    mask = pl.col("api_start_ns").is_not_null()
-    if keys.height == 1:
-        mask = mask & pl.all_horizontal([pl.col(c) == v if v is not None else pl.col(c).is_null() for c, v in keys.row(0, named=True).items()])
-    else:
-        mask = mask & pl.struct(by).is_in(keys.to_struct().implode())
-    o = o.filter(mask)
-    parts = []
+    out: list[pl.DataFrame] = []
+    schema: dict[str, pl.DataType] = {**{c: ops.schema[c] for c in rk}, **dict.fromkeys(
+        ("_sid", "gpu_start_ns", "gpu_end_ns", "gpu_busy_ns", "ops"), pl.Int64())}
+    if ops.height == 0:
+        return pl.DataFrame(schema=schema)
+    cols = ("api_start_ns", "device_id", "start_ns", "end_ns")
+    usable = pl.all_horizontal(pl.col(cols).is_not_null())
+    calls = ops["api_start_ns"].fill_null(0).to_numpy()
+    procs = ops.select(*rk, process_key("global_tid").alias("_proc")).unique()
     for key, r in ranges.sort("start_ns").group_by(by, maintain_order=True):
         match = pl.all_horizontal([pl.col(c) == v if v is not None else pl.col(c).is_null() for c, v in zip(by, key, strict=True)])
-        mine = o.filter(match) if o.select(by).n_unique() > 1 else o
-        if mine.height == 0:
+        if procs.filter(match).height == 0:
             continue
+        if procs.height > 1:  # this process's operations only
+            flags = ops.select(*rk, process_key("global_tid").alias("_proc"), *cols).select((usable & match.fill_null(False)).alias("_k"))
+        else:
+            flags = ops.select(usable.alias("_k"))
+        keep = flags["_k"].to_numpy()
+        del flags
         starts = r["start_ns"].to_numpy()
-        ends = r["end_ns"].to_numpy()
-        calls = mine["api_start_ns"].to_numpy()
         at = np.searchsorted(starts, calls, side="right") - 1
-        inside = (at >= 0) & (calls <= ends[np.maximum(at, 0)])
-        sid = r["_sid"].to_numpy()[at[inside]]
-        parts.append(mine.filter(pl.Series(inside)).select(*rk, "device_id", "start_ns", "end_ns").with_columns(
-            pl.Series("_sid", sid, dtype=pl.Int64)))
-    if not parts:
-        return _gpu_of(pl.DataFrame(schema={**{c: ops.schema[c] for c in rk}, "_sid": pl.Int64, "device_id": pl.Int64,
-                                            "start_ns": pl.Int64, "end_ns": pl.Int64}), "_sid", rk)
-    return _gpu_of(pl.concat(parts, how="vertical_relaxed"), "_sid", rk)
+        keep &= at >= 0
+        keep &= calls <= r["end_ns"].to_numpy()[np.maximum(at, 0)]
+        at[~keep] = -1  # not launched inside one of these ranges: no group
+        del keep
+        span = span_and_busy(at, ops["device_id"], ops["start_ns"], ops["end_ns"], len(starts))
+        del at
+        have = span["ops"] > 0
+        frame = pl.DataFrame({"_sid": r["_sid"].to_numpy()[have], **{c: v[have] for c, v in span.items()}})
+        out.append(frame.with_columns(*[pl.lit(v, ops.schema[c]).alias(c) for c, v in zip(rk, key, strict=False)]))
+    if not out:
+        return pl.DataFrame(schema=schema)
+    return pl.concat(out, how="vertical_relaxed").select([pl.col(c).cast(t) for c, t in schema.items()])
 
 
 def _gpu_of(j: pl.DataFrame, key: str, rk: list[str]) -> pl.DataFrame:

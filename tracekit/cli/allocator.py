@@ -52,14 +52,16 @@ EAGER_LARGE = "oversize_threshold:131072"
 #: Commands that work through a whole export in steps.
 STEPPED_COMMANDS = frozenset({"diff", "report", "summary", "diagnose", "export"})
 #: Input bytes from which a command gets :data:`DECAY_NOW` when not :data:`BIG_INPUT_BYTES`:
-#: ``summary`` and ``diagnose`` from 256 MiB. Their steps free and allocate columns of
+#: ``summary`` and ``diagnose`` from 192 MiB. Their steps free and allocate columns of
 #: millions of rows one after another, and with jemalloc's delay the pages of the last
 #: steps' columns were held on top of the next step's: on the 363 MB, 1 M-kernel h1x export
 #: a warm ``summary`` peaked at 444–472 MiB with :data:`EAGER_LARGE` and 321–322 MiB with
 #: pages returned at once (any delay, 1–20 ms, kept 355–413 MiB), for 1.5–1.8 s more system
 #: time (page faults: 0.29 M → 1.34 M), 4.0–4.5 s → 5.8–6.2 s in all
-#: (benchmarks/README.md, "Issue 28, thirteenth session").
-DECAY_NOW_FROM = {"summary": 256 << 20, "diagnose": 256 << 20}
+#: (benchmarks/README.md, "Issue 28, thirteenth session"); on the 222 MB, 1.09 M-kernel
+#: d1x export (a decode with per-layer NVTX ranges) 290–318 MiB with :data:`EAGER_LARGE`
+#: and 251 MiB with this, 3.0–4.6 s → 3.9–4.4 s ("Issue 37", second session).
+DECAY_NOW_FROM = {"summary": 192 << 20, "diagnose": 192 << 20}
 #: jemalloc options: :data:`EAGER_LARGE`, and freed pages go back after 0.2 s instead of ~10 s.
 DECAY_SHORT = f"{EAGER_LARGE},dirty_decay_ms:200,muzzy_decay_ms:0"
 #: Input bytes from which a command gets :data:`DECAY_SHORT` (when it does not get
