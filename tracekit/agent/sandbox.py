@@ -16,15 +16,12 @@ and SQL that can only read.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import re
-import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from tracekit.errors import ExportError, ToolNotFoundError, TracekitError
+from tracekit.errors import TracekitError
 
 __all__ = ["Roots", "check_select", "readable", "table_names_in"]
 
@@ -136,8 +133,7 @@ def _export_of(report: Path, roots: Roots) -> Path:
     is fresh (made by tracekit, or by hand and newer than the report: what
     :func:`tracekit.nsys.export.export_report` reads too), else the one in the cache folder,
     made there with an nsys found on this machine when missing or stale."""
-    from tracekit.cache import cache_dir
-    from tracekit.nsys.export import _failure_message, _is_fresh, _stamp, _supports_blobs
+    from tracekit.nsys.export import _is_fresh, cached_export_path, export_with, no_nsys
     from tracekit.tools import find_tool
 
     beside = report.with_suffix(".sqlite")
@@ -148,35 +144,15 @@ def _export_of(report: Path, roots: Roots) -> Path:
             raise TracekitError(msg)
         _refuse_pending_wal(real)
         return real
-    digest = hashlib.sha1(str(report.resolve()).encode()).hexdigest()[:12]
-    target = cache_dir() / f"{report.stem}-{digest}.sqlite"
+    target = cached_export_path(report)
     if _is_fresh(target, report):
         return target
     tool = find_tool("nsys", required=False)
     if tool is None:
-        msg = (f"{report.name} is an Nsight Systems report and no nsys was found to export it; run `nsys export "
-               f"--type sqlite -o {beside.name} {report.name}` on a machine with Nsight Systems and open the .sqlite, "
-               "or set NSYS=/path/to/nsys")
-        raise ToolNotFoundError(msg)
+        raise no_nsys(report)
     target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = target.with_name(f".{target.stem}.{os.getpid()}.tracekit-export.sqlite")
-    cmd = [str(tool.path), "export", "--type=sqlite", "--force-overwrite=true", "-o", str(tmp)]
-    if _supports_blobs(tool.path):
-        cmd.append("--include-blobs=true")
-    cmd.append(str(report))
-    try:
-        # its own session: the server's deadline kills the worker's process group, nsys included
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if proc.returncode != 0 or not tmp.is_file():
-            raise ExportError(_failure_message(report, tool, proc))
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
-    stamp = target.with_name(target.name + ".tracekit.json")
-    stamp_tmp = stamp.with_name(f".{stamp.name}.{os.getpid()}.tmp")
-    stamp_tmp.write_text(json.dumps(_stamp(report)))
-    os.replace(stamp_tmp, stamp)
-    return target
+    # nsys runs in the worker's process group: the server's deadline kills it with the worker
+    return export_with(tool, report, target)
 
 
 # -- SQL ---------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tracekit.cache import cache_dir
 from tracekit.errors import ExportError, ToolNotFoundError
-from tracekit.tools import find_tool
+from tracekit.tools import Tool, find_tool
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,12 @@ def export_path_for(report: Path) -> Path:
     beside = report.with_suffix(".sqlite")
     if os.access(report.parent, os.W_OK) and (not beside.exists() or _ours(beside)):
         return beside
+    return cached_export_path(report)
+
+
+def cached_export_path(report: Path) -> Path:
+    """Where the export of ``report`` goes in the cache folder (:func:`tracekit.cache.cache_dir`):
+    its name and a digest of its resolved path."""
     digest = hashlib.sha1(str(report.resolve()).encode()).hexdigest()[:12]
     return cache_dir() / f"{report.stem}-{digest}.sqlite"
 
@@ -78,14 +84,26 @@ def export_report(report: str | Path, *, include_blobs: bool = True, force: bool
     try:
         tool = find_tool("nsys")
     except ToolNotFoundError:
-        msg = (
-            f"{report.name} is an Nsight Systems report and no nsys was found to export it; "
-            f"run `nsys export --type sqlite -o {report.with_suffix('.sqlite').name} {report.name}` "
-            "on a machine with Nsight Systems and open the .sqlite, or set NSYS=/path/to/nsys"
-        )
-        raise ToolNotFoundError(msg) from None
+        raise no_nsys(report) from None
     assert tool is not None
     target.parent.mkdir(parents=True, exist_ok=True)
+    log.info("exporting %s with %s", report, tool.path)
+    return export_with(tool, report, target, include_blobs=include_blobs)
+
+
+def no_nsys(report: Path) -> ToolNotFoundError:
+    """The error for a report that needs exporting where no nsys was found: how to export it by hand."""
+    return ToolNotFoundError(
+        f"{report.name} is an Nsight Systems report and no nsys was found to export it; "
+        f"run `nsys export --type sqlite -o {report.with_suffix('.sqlite').name} {report.name}` "
+        "on a machine with Nsight Systems and open the .sqlite, or set NSYS=/path/to/nsys"
+    )
+
+
+def export_with(tool: Tool, report: Path, target: Path, *, include_blobs: bool = True) -> Path:
+    """Export ``report`` to ``target`` (its folder exists) with ``tool`` (nsys) and stamp it
+    (``target.tracekit.json``: the report's path, size and modification time, what
+    :func:`_is_fresh` compares); return ``target``. :class:`ExportError` when nsys fails."""
     # export under a temporary name, renamed only when nsys succeeded: a failed export (a
     # report newer than this nsys) leaves a partial file that a later open must never read
     tmp = target.with_name(f".{target.stem}.{os.getpid()}.tracekit-export.sqlite")
@@ -93,7 +111,6 @@ def export_report(report: str | Path, *, include_blobs: bool = True, force: bool
     if include_blobs and _supports_blobs(tool.path):
         cmd.append("--include-blobs=true")
     cmd.append(str(report))
-    log.info("exporting %s with %s", report, tool.path)
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0 or not tmp.is_file():
