@@ -114,20 +114,18 @@ def _cpu_steps(ranges: pl.DataFrame, ops: pl.DataFrame, rk: list[str]) -> pl.Dat
         ("_sid", "gpu_start_ns", "gpu_end_ns", "gpu_busy_ns", "ops"), pl.Int64())}
     if ops.height == 0:
         return pl.DataFrame(schema=schema)
-    cols = ("api_start_ns", "device_id", "start_ns", "end_ns")
-    usable = pl.all_horizontal(pl.col(cols).is_not_null())
+    usable = ops.select(pl.all_horizontal(pl.col("api_start_ns", "device_id", "start_ns", "end_ns").is_not_null())).to_series().to_numpy()
     calls = ops["api_start_ns"].fill_null(0).to_numpy()
-    procs = ops.select(*rk, process_key("global_tid").alias("_proc")).unique()
+    owners = ops.select(*rk, process_key("global_tid").alias("_proc"))
+    procs = owners.unique()
+    if procs.height == 1:  # every operation is the one process's: its column is not needed
+        owners = owners.clear()
     for key, r in ranges.sort("start_ns").group_by(by, maintain_order=True):
         match = pl.all_horizontal([pl.col(c) == v if v is not None else pl.col(c).is_null() for c, v in zip(by, key, strict=True)])
         if procs.filter(match).height == 0:
             continue
-        if procs.height > 1:  # this process's operations only
-            flags = ops.select(*rk, process_key("global_tid").alias("_proc"), *cols).select((usable & match.fill_null(False)).alias("_k"))
-        else:
-            flags = ops.select(usable.alias("_k"))
-        keep = flags["_k"].to_numpy()
-        del flags
+        # this process's operations only (all of them when there is one)
+        keep = usable & owners.select(match.fill_null(False)).to_series().to_numpy() if procs.height > 1 else usable.copy()
         starts = r["start_ns"].to_numpy()
         at = np.searchsorted(starts, calls, side="right") - 1
         keep &= at >= 0
