@@ -38,9 +38,6 @@ class _Side:
     step_lengths: pl.DataFrame | None
     #: labels of the NVTX step ranges themselves (``step.7``): one key per run, ``step.N``
     step_labels: list[str] = field(default_factory=list)
-    #: The run's structure in one line (``RunStructure.headline``) and its kind.
-    run: str = ""
-    kind: str = ""
 
 
 _EMPTY = {"step": pl.Int64, "key": pl.Utf8, "value": pl.Int64}
@@ -553,7 +550,7 @@ def _run_stats(trace: Any, levels: tuple[str, ...], suffix: str, side: str, find
         s = _steady_steps(trace)
         stats = {level: per_step_stats(_level_values(trace, level, s), s.steps, suffix) for level in levels}
         note = _graph_note(side, s)
-        run = _Run(stats, len(s.steps), s.method, [note] if note else [], run=s.run, kind=s.kind)
+        run = _Run(stats, len(s.steps), s.method, [note] if note else [])
         del s
     if findings:
         from tracekit.diagnosis import diagnose
