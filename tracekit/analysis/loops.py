@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-__all__ = ["HOST_COPY_NAME", "Loop", "find_loops", "host_copy_codes", "idle_before", "main_loop", "split_at_host_copies", "token_loop"]
+__all__ = ["HOST_COPY_NAME", "Loop", "find_loops", "host_copy_codes", "idle_before", "main_loop", "name_codes", "split_at_host_copies", "token_loop"]
 
 #: At most this many names of one count are compared with each other (their alignment is
 #: checked pairwise).
@@ -64,7 +64,7 @@ class Loop:
     @property
     def ops_per_instance(self) -> float:
         """Median operations per instance."""
-        sizes = np.diff(np.append(self.bounds, self.stop))
+        sizes = self.sizes()
         return float(np.median(sizes)) if sizes.size else 0.0
 
     def sizes(self) -> np.ndarray:
@@ -306,6 +306,15 @@ def token_loop(loops: list[Loop], main: Loop) -> Loop:
 
 #: The name :func:`~tracekit.analysis._frames.gpu_ops` gives a device-to-host copy.
 HOST_COPY_NAME = "[CUDA memcpy Device-to-Host]"
+
+
+def name_codes(names: pl.Series) -> np.ndarray:
+    """Integer codes of operation ``names`` for :func:`find_loops` (equal names, equal codes;
+    -1 for a missing name): the names themselves when already codes (a big export's narrow
+    read), else their categorical codes."""
+    if not names.dtype.is_integer():
+        names = names.cast(pl.Categorical).to_physical()
+    return names.fill_null(-1).to_numpy().astype(np.int64)
 
 
 def host_copy_codes(names: pl.Series, codes: np.ndarray) -> frozenset[int]:

@@ -53,6 +53,7 @@ from tracekit.analysis.loops import (
     host_copy_codes,
     idle_before,
     main_loop,
+    name_codes,
     split_at_host_copies,
     token_loop,
 )
@@ -252,9 +253,10 @@ def _from_loops(ops: pl.DataFrame, rk: list[str]) -> pl.DataFrame | None:
     busiest = busiest.sort(["duration_ns", *dev], descending=[True, *[False] * len(dev)], nulls_last=True).head(1).select(dev)
     k = ops.join(busiest, on=dev).sort("start_ns")
     names = k["name"]  # integer codes from a big export's narrow read (equal names, equal codes)
-    codes = (names if names.dtype.is_integer() else names.cast(pl.Categorical).to_physical()).fill_null(-1).to_numpy().astype(np.int64)
+    codes = name_codes(names)
     loops = find_loops(codes, k["start_ns"].to_numpy(), k["end_ns"].to_numpy(), min_repeats=MIN_STEPS)
-    main = main_loop(loops, host_copies=host_copy_codes(names, codes))
+    copies = host_copy_codes(names, codes)
+    main = main_loop(loops, host_copies=copies)
     if main is None:
         return None
     loop = token_loop(loops, main)
@@ -262,7 +264,7 @@ def _from_loops(ops: pl.DataFrame, rk: list[str]) -> pl.DataFrame | None:
     gap = idle_before(starts, k["end_ns"].to_numpy())
     # a step without the loop's kernel names (a compiled prompt forward specialised to its
     # length) is cut from the step before it at that step's copy of the sampled ids
-    bounds = split_at_host_copies(loop.bounds, loop.stop, codes, gap, host_copy_codes(names, codes))
+    bounds = split_at_host_copies(loop.bounds, loop.stop, codes, gap, copies)
     phase: np.ndarray | None = None
     if loop is not main:
         # several generate() calls (main) of one forward per token: each call's first is its prompt's

@@ -50,7 +50,14 @@ from tracekit.analysis.iterations import (
     warmup_count,
 )
 from tracekit.analysis.layers import forward_ranges
-from tracekit.analysis.loops import HOST_COPY_NAME, Loop, find_loops, host_copy_codes, main_loop
+from tracekit.analysis.loops import (
+    HOST_COPY_NAME,
+    Loop,
+    find_loops,
+    host_copy_codes,
+    main_loop,
+    name_codes,
+)
 
 __all__ = [
     "GRAPH_STEP_SHARE",
@@ -148,14 +155,6 @@ def _short(name: str | None, width: int = 48) -> str:
     return s if len(s) <= width else s[: width - 1] + "…"
 
 
-def _codes(names: pl.Series) -> tuple[np.ndarray, dict[int, str] | None]:
-    """Integer codes of ``names`` (equal names, equal codes) and, for text names, a way back."""
-    if names.dtype.is_integer():
-        return names.fill_null(-1).to_numpy().astype(np.int64), None
-    codes = names.cast(pl.Categorical).to_physical().fill_null(-1).to_numpy().astype(np.int64)
-    return codes, {}
-
-
 def kernel_loop_iterations(ops: pl.DataFrame, *, min_repeats: int = 3) -> list[DeviceLoop]:
     """The main loop of every GPU's operations, busiest GPU first.
 
@@ -186,7 +185,7 @@ def kernel_loop_iterations(ops: pl.DataFrame, *, min_repeats: int = 3) -> list[D
         g = ops.filter(sel).sort("start_ns").select("start_ns", "end_ns", "name")
         if g.height < 2 * min_repeats:
             continue
-        codes, back = _codes(g["name"])
+        codes = name_codes(g["name"])
         loops = find_loops(codes, g["start_ns"].to_numpy(), g["end_ns"].to_numpy(), min_repeats=min_repeats)
         loop = main_loop(loops, host_copies=host_copy_codes(g["name"], codes))
         if loop is None or loop.count < min_repeats:
@@ -205,9 +204,9 @@ def kernel_loop_iterations(ops: pl.DataFrame, *, min_repeats: int = 3) -> list[D
             pl.Series("kernels", sizes.astype(np.int64)),
         )
         names: dict[int, str] = {}
-        if back is not None:
-            at = np.searchsorted(np.sort(codes), np.array(loop.anchors))  # any position of each anchor
+        if not g["name"].dtype.is_integer():  # text names: the anchors' names
             order = np.argsort(codes, kind="stable")
+            at = np.searchsorted(codes[order], np.array(loop.anchors))  # any position of each anchor
             for a, pos in zip(loop.anchors, at, strict=True):
                 names[int(a)] = str(g["name"][int(order[pos])])
         out.append(DeviceLoop({k: row[k] for k in keys}, loop, frame.select(list(_ITER_SCHEMA)), names))
