@@ -116,13 +116,9 @@ def _add_metrics(s, trace) -> None:  # type: ignore[no-untyped-def]
     GPU's work here only."""
     import polars as pl
 
-    from tracekit.diagnosis.context import Context, activity_samples
-    from tracekit.nsys.readers import implausible_end
-
-    db = trace.db
-    if not db.has_table("GPU_METRICS") or not 0 < db.row_count("GPU_METRICS") <= Context.MAX_METRIC_ROWS:
-        return
     from tracekit.analysis.metrics import metric_activity
+    from tracekit.diagnosis.context import activity_samples
+    from tracekit.nsys.readers import implausible_end
 
     samples = activity_samples(trace)
     if samples.height == 0:

@@ -59,15 +59,23 @@ _PHASE_OP_COLUMNS = ("pid", "global_pid", "device_id", "correlation_id", "start_
 _JOIN_KEYS = ("pid", "global_pid", "correlation_id")
 
 
+#: GPU metrics are read for their activity (:func:`activity_samples`) only from an export with
+#: at most this many rows of them.
+MAX_METRIC_ROWS = 5_000_000
+
+
 def activity_samples(trace: Any) -> pl.DataFrame:
     """The samples :func:`~tracekit.analysis.metrics.metric_activity` reads (its
     ``DEFAULT_METRICS``), read with a ``WHERE`` on their metric ids from an export: a capture at
     10 kHz holds 20–30 metrics per sample, so the whole ``gpu_metrics`` table would be several
     times larger (4.66 M rows and ~450 MiB on the 1 M-kernel benchmark export). A trace set, or
-    a trace whose table is loaded already, gives its ``gpu_metrics``."""
+    a trace whose table is loaded already, gives its ``gpu_metrics``. Empty for an export
+    without GPU metrics or with more than :data:`MAX_METRIC_ROWS` rows of them."""
     from tracekit.analysis.metrics import DEFAULT_METRICS
 
     db = getattr(trace, "db", None)
+    if db is not None and (not db.has_table("GPU_METRICS") or db.row_count("GPU_METRICS") > MAX_METRIC_ROWS):
+        return pl.DataFrame()
     loaded = getattr(trace, "is_loaded", None)
     if db is None or (loaded is not None and loaded("gpu_metrics")):
         metrics = getattr(trace, "gpu_metrics", None)
@@ -218,17 +226,11 @@ class Context:
                           "follow (tracekit diagnose says how to capture it)",)
         return s
 
-    #: GPU metrics are read whole for :meth:`metric_activity` only up to this many rows.
-    MAX_METRIC_ROWS = 5_000_000
-
     def metric_activity(self, ops: pl.DataFrame | None) -> pl.DataFrame:
         """:func:`~tracekit.analysis.metrics.metric_activity` of the trace's GPU metrics against
         ``ops``; empty without metrics or with more than :data:`MAX_METRIC_ROWS` of them."""
         from tracekit.analysis.metrics import metric_activity
 
-        db = getattr(self.trace, "db", None)
-        if db is not None and (not db.has_table("GPU_METRICS") or db.row_count("GPU_METRICS") > self.MAX_METRIC_ROWS):
-            return pl.DataFrame()
         metrics = activity_samples(self.trace)
         if metrics.height == 0:
             return pl.DataFrame()

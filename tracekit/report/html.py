@@ -29,6 +29,7 @@ from tracekit.report.sections import (  # noqa: F401  (shared with the bounded r
     _activity_note,
     _busy_ns,
     _communication_html,
+    _diagnose,
     _facts,
     _findings,
     _graph_launches,
@@ -65,12 +66,6 @@ def _breakdown(trace: Any) -> pl.DataFrame:
     if trace.kernels.is_empty() and graphs is None:
         return pl.DataFrame()
     return prep.temporal_breakdown(trace.kernels, trace.memcpys, trace.memsets, graphs)
-
-
-def _diagnose(trace: Any, ncu: Any) -> Any:
-    from tracekit.diagnosis import diagnose
-
-    return diagnose(trace, ncu=ncu)
 
 
 def _overview(page: _Page, trace: Any, breakdown: Callable[[], pl.DataFrame]) -> str:

@@ -19,6 +19,7 @@ from tracekit.report import bounded as B
 from tracekit.report.sections import (
     _activity_note,
     _communication_html,
+    _diagnose,
     _findings,
     _graph_launches,
     _graph_rows,
@@ -55,12 +56,6 @@ def _release(trace: Any) -> None:
 
     trace.unload(*_RELEASED)
     gc.collect()
-
-
-def _diagnose(trace: Any, ncu: Any) -> Any:
-    from tracekit.diagnosis import diagnose
-
-    return diagnose(trace, ncu=ncu)
 
 
 def add_sections(page: _Page, trace: Any, ncu: Any, *, top_n: int, max_marks: int) -> None:

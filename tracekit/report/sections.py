@@ -96,6 +96,13 @@ def _note(text: str) -> str:
     return f'<p class="note">{html.escape(text)}</p>'
 
 
+def _diagnose(trace: Any, ncu: Any) -> Any:
+    """:func:`tracekit.diagnosis.diagnose` of ``trace`` (with ``ncu``), for the Findings and Run sections."""
+    from tracekit.diagnosis import diagnose
+
+    return diagnose(trace, ncu=ncu)
+
+
 def _findings(d: Any, windows: list[Any] | None = None) -> str:
     """The Findings section of a diagnosis (:func:`tracekit.diagnosis.diagnose`); its window
     is appended to ``windows`` when given (the bounded report's detail sections draw it)."""
@@ -151,30 +158,30 @@ def _run(page: _Page, structure: Any) -> str:
     return out
 
 
-#: The GPU metrics section's activity lines read the metrics and the kernels' times whole only
-#: up to these sizes (rows).
-ACTIVITY_MAX_METRIC_ROWS = 5_000_000
+#: The GPU metrics section's activity lines read the kernels' times whole only up to this many
+#: kernels (the metrics: :data:`tracekit.diagnosis.context.MAX_METRIC_ROWS`).
 ACTIVITY_MAX_KERNELS = 2_000_000
 
 
 def _activity_note(trace: Any) -> str:
     """One line per GPU: how long its SMs were active by the metrics, and how much of that no
     traced operation explains (:func:`tracekit.analysis.metrics.metric_activity`); nothing on
-    exports too big to read them whole (:data:`ACTIVITY_MAX_METRIC_ROWS`,
+    exports too big to read them whole (:data:`tracekit.diagnosis.context.MAX_METRIC_ROWS`,
     :data:`ACTIVITY_MAX_KERNELS`)."""
     from tracekit.analysis._frames import gpu_ops
     from tracekit.analysis.metrics import metric_activity
     from tracekit.diagnosis.context import activity_samples
 
     db = getattr(trace, "db", None)
-    if db is not None and (not db.has_table("GPU_METRICS") or db.row_count("GPU_METRICS") > ACTIVITY_MAX_METRIC_ROWS
-                           or (db.has_table("CUPTI_ACTIVITY_KIND_KERNEL") and db.row_count("CUPTI_ACTIVITY_KIND_KERNEL")
-                               > ACTIVITY_MAX_KERNELS)):
+    if db is not None and db.has_table("CUPTI_ACTIVITY_KIND_KERNEL") and db.row_count("CUPTI_ACTIVITY_KIND_KERNEL") > ACTIVITY_MAX_KERNELS:
+        return ""
+    samples = activity_samples(trace)
+    if samples.height == 0:
         return ""
     cols = ["pid", "global_pid", "device_id", "context_id", "stream_id", "correlation_id", "start_ns", "end_ns", "duration_ns"]
     kernels = trace.table("kernels", [*cols, "name"]) if hasattr(trace, "table") else trace.kernels
     ops = gpu_ops(kernels, trace.memcpys, trace.memsets, _graph_rows(trace)).select("device_id", "start_ns", "end_ns")
-    act = metric_activity(activity_samples(trace), ops)
+    act = metric_activity(samples, ops)
     lines = []
     for r in act.iter_rows(named=True):
         lost = (f"; {fmt_ns(r['untraced_active_ns'])} of it outside every traced operation (work of a process the capture did "
