@@ -553,7 +553,9 @@ def phase_summary(steps: pl.DataFrame) -> pl.DataFrame:
 def trace_generation_steps(trace: Any, **options: Any) -> pl.DataFrame:
     """:func:`generation_steps` of a trace: its GPU operations (graph replays included) with
     their launching calls, its NVTX ranges and its graph launches, read with only the columns
-    they need. ``options`` go to :func:`generation_steps`."""
+    they need. ``options`` go to :func:`generation_steps`: without ``tokens=True`` steps
+    found in the kernel loop are not taken as tokens (:func:`tracekit.structure` decides that
+    from the trace's evidence, and gives the steady requests' steps)."""
     from tracekit.analysis._frames import gpu_ops
     from tracekit.analysis.attribution import NVTX_COLUMNS, launch_info
     from tracekit.analysis.graphs import graph_launches, graph_trace_of, node_operations
