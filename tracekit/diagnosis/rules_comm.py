@@ -37,22 +37,33 @@ def _breakdown(ctx: Context) -> pl.DataFrame:
 
 
 def _compute_breakdown(ctx: Context) -> pl.DataFrame:
+    seg = _segments(ctx)
+    return pl.DataFrame() if seg is None else overlap_breakdown(seg)
+
+
+def _segments(ctx: Context) -> pl.DataFrame | None:
+    """``activity_segments`` of the window's GPUs, computed once per diagnosis (the overlap
+    breakdown and the straggler rule's idle waits read them); ``None`` without communication."""
+    if "_comm_segments" not in ctx.__dict__:
+        ctx.__dict__["_comm_segments"] = _compute_segments(ctx)
+    return ctx.__dict__["_comm_segments"]  # type: ignore[no-any-return]
+
+
+def _compute_segments(ctx: Context) -> pl.DataFrame | None:
     k = ctx.kernels_w
     if k.height == 0:
-        return pl.DataFrame()
+        return None
     names = k.select(pl.col("name").unique())
     has_comm = names.select(comm_kind_expr("name").is_not_null().any()).item()
     peer = ctx.memcpys_w.height > 0 and "copy_kind" in ctx.memcpys_w.columns and bool(
         ctx.memcpys_w.select(peer_copy_expr().fill_null(False).any()).item()
     )
     if not has_comm and not peer:  # no communication at all: skip the segment table
-        return pl.DataFrame()
+        return None
     w = ctx.window
     graphs = ctx.graphs.filter((pl.col("start_ns") >= w.start_ns) & (pl.col("start_ns") < w.end_ns)) if ctx.graphs.height else None
     ops = categorize_ops(k, ctx.memcpys_w if ctx.memcpys_w.height else None, None, graphs)
-    seg = activity_segments(ops, start_ns=ctx.window.start_ns, end_ns=ctx.window.end_ns)
-    ctx.__dict__["_comm_segments"] = seg  # the straggler rule reads what the waiting GPUs did
-    return overlap_breakdown(seg)
+    return activity_segments(ops, start_ns=ctx.window.start_ns, end_ns=ctx.window.end_ns)
 
 
 def exposed_communication(ctx: Context) -> list[Finding]:
@@ -169,8 +180,7 @@ def _idle_waits(ctx: Context, rank: Any) -> int | None:
     waits = ctx.__dict__.get("_comm_waits")
     if waits is None or waits.height == 0:
         return None
-    _breakdown(ctx)  # the window's activity segments
-    seg = ctx.__dict__.get("_comm_segments")
+    seg = _segments(ctx)  # what the waiting GPUs did
     if seg is None or seg.height == 0:
         return None
     mine = waits.filter(pl.col("straggler_rank") == rank)
