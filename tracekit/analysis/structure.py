@@ -86,13 +86,19 @@ Ops = pl.DataFrame | Callable[[list[str]], pl.DataFrame]
 
 class Settings(Protocol):
     """What the structure reads of a configuration (:class:`StructureSettings`, or
-    :class:`tracekit.diagnosis.DiagnoseConfig`, which has the same fields)."""
+    :class:`tracekit.diagnosis.DiagnoseConfig`, which has the same fields; read-only: both
+    are frozen)."""
 
-    iteration_pattern: str
-    warmup_factor: float
-    min_repeats: int
-    exact_steps: int
-    sample_steps: int
+    @property
+    def iteration_pattern(self) -> str: ...
+    @property
+    def warmup_factor(self) -> float: ...
+    @property
+    def min_repeats(self) -> int: ...
+    @property
+    def exact_steps(self) -> int: ...
+    @property
+    def sample_steps(self) -> int: ...
 
 
 @dataclass(frozen=True)

@@ -26,11 +26,12 @@ class DiagnoseConfig:
     #: A leading iteration is warm-up when it takes more than this times the median of the
     #: iterations after it (CPU range or GPU span, whichever is longer).
     warmup_factor: float = 1.5
-    #: Period detection: share of kernel names that must repeat at the period.
+    #: Not read any more (the period search it tuned gave way to the kernel loop,
+    #: :mod:`tracekit.analysis.loops`); kept so that code that sets it still runs.
     period_match: float = 0.95
-    #: Period detection: at least this many repetitions of the period.
+    #: Fewest iterations of a loop (kernel loop, CUDA graph replays).
     min_repeats: int = 3
-    #: Period detection: the repeating part must cover at least this share of the operations.
+    #: Not read any more, as ``period_match``.
     period_coverage: float = 0.5
     #: Big traces: with more steady iterations than this, iterations are measured for the
     #: first 50 (warm-up), the last two and the sample only.
