@@ -127,8 +127,9 @@ def main(argv: list[str] | None = None) -> int:
 
         args = expand_optional_values(args)
     # --help stays light; capture reads no big table and must run where only the workload's
-    # packages are (no polars on a GPU node: the summary then says so, the capture still works)
-    if command not in (None, "capture") and not {"--help", "-h"} & set(args):
+    # packages are (no polars on a GPU node: the summary then says so, the capture still works);
+    # mcp's server reads no table either (its workers prepare their own process)
+    if command not in (None, "capture", "mcp") and not {"--help", "-h"} & set(args):
         prepare_process(command)
 
     # a warning is one line on stderr ("tracekit: warning: …"), not file:line plus source; the
