@@ -226,43 +226,22 @@ class Session:
         """What ``tracekit summary PATH`` shows: capture info, the run's structure, top kernels,
         CUDA graphs, memory operations, NVTX ranges, GPU metrics, generation phases or the
         training step, and the top findings."""
-        from tracekit.cli.summary import (
-            _add_graphs,
-            _add_metrics,
-            _add_phases,
-            _add_structure,
-            _add_training,
-            set_summary,
-        )
+        from tracekit.cli.summary import build_summary
 
         if top < 0 or findings < 0:
             raise TracekitError("top and findings: give 0 or more")
         trace, resolved = self._nsys(path, "summary")
-        many = type(trace).__name__ != "NsysTrace"
-        if many:
-            s = set_summary(trace, top=top, label=resolved.name)
-        else:
-            from tracekit.nsys.summary import trace_summary
-
-            s = trace_summary(trace, top=top, nvtx_each=nvtx_each)
-            _add_graphs(s, trace)
-            _add_metrics(s, trace)
-        d = None
-        if findings > 0:
-            d = self._kept(trace, "diagnosis", lambda: self._diagnosis(trace))
-            _add_phases(s, d)
-            _add_training(s, d, trace, tokens_per_step=None, params=None, model=None)
-        if not hasattr(trace, "kernels_across_ranks"):
-            _add_structure(s, d.structure if d is not None and d.structure is not None
-                           else self._kept(trace, "structure", lambda: self._structure(trace)))
+        s, d = build_summary(trace, top=top, nvtx_each=nvtx_each, label=resolved.name,
+                             diagnosis=(lambda: self._kept(trace, "diagnosis", lambda: self._diagnosis(trace))) if findings > 0 else None,
+                             structure=lambda: self._kept(trace, "structure", lambda: self._structure(trace)))
         tables = {}
         for title, frame in s.tables.items():
             rows, page = _rows(frame, 0, self.max_rows)
             tables[title] = {"columns": frame.columns, "rows": rows, **page}
         top_findings = []
         if d is not None:
-            top_findings = [{k: f[k] for k in ("category", "severity", "time_ns", "share", "title", "advice", "next")}
-                            for f in json.loads(d.to_json())["findings"][:findings]]
+            top_findings = [{k: getattr(f, k) for k in ("category", "severity", "time_ns", "share", "title", "advice", "next")}
+                            for f in d.items[:findings]]
         info = dict(s.info)
         line = "; ".join(f"{k}: {info[k]}" for k in ("run", "kernels") if k in info)
         return {"path": str(resolved), "info": info, "tables": tables, "notes": list(s.notes),

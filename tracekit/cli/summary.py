@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import typer
 
 from tracekit.cli.inputs import ENGINE_HELP, SCHEDULER_HELP, WORKERS_HELP
@@ -34,35 +37,62 @@ def summary(
     ranges, generation phases (time to first token, time per output token) and top findings."""
     from tracekit.cli.diagnose import model_with
     from tracekit.cli.inputs import open_traces
-    from tracekit.nsys.summary import trace_summary
     from tracekit.nsys.trace import NsysTrace
 
     trace = open_traces(files, engine=engine, scheduler=scheduler, workers=workers, command="tracekit summary")
     file = files[0] if len(files) == 1 else f"{len(files)} files"
     desc = model_with(model, batch, prompt_len)
-    many = not isinstance(trace, NsysTrace)  # several ranks
-    if many:
-        s = set_summary(trace, top=top, label=file)
-    else:
-        s = trace_summary(trace, top=top, nvtx_each=nvtx_each)
-        _add_graphs(s, trace)
-        _add_metrics(s, trace)
-    d = None
+    diagnosis = None
     if findings > 0 or desc is not None or tokens_per_step is not None:
         from tracekit.diagnosis import diagnose
 
-        d = diagnose(trace, model=desc if not tokens_per_step else None)
-        _add_phases(s, d)  # a set's diagnosis has no phases
-        _add_training(s, d, trace, tokens_per_step=tokens_per_step, params=params, model=desc)
-    if not hasattr(trace, "kernels_across_ranks"):
-        from tracekit.diagnosis import structure
+        def diagnosis() -> Any:
+            return diagnose(trace, model=desc if not tokens_per_step else None)
 
-        _add_structure(s, d.structure if d is not None and d.structure is not None else structure(trace))
+    s, d = build_summary(trace, top=top, nvtx_each=nvtx_each, label=file, diagnosis=diagnosis,
+                         tokens_per_step=tokens_per_step, params=params, model=desc)
     _render(s)
     if d is not None and findings > 0:
         from tracekit.cli.diagnose import render
 
+        many = not isinstance(trace, NsysTrace)  # several ranks
         render(d, findings, title=f"top findings{' across ranks' if many else ''} (tracekit diagnose {file})")
+
+
+def build_summary(trace: Any, *, top: int = 10, nvtx_each: bool = False, label: str = "",
+                  diagnosis: Callable[[], Any] | None = None, structure: Callable[[], Any] | None = None,
+                  tokens_per_step: int | None = None, params: float | None = None, model: Any = None) -> tuple[Any, Any]:
+    """What ``tracekit summary`` shows of ``trace``, before it is printed: the
+    :class:`~tracekit.nsys.summary.TraceSummary` (of one export: :func:`~tracekit.nsys.summary.
+    trace_summary` with its CUDA graphs and GPU metrics; of ranks: :func:`set_summary`,
+    ``label`` naming them) with the generation phases and the training step of the diagnosis
+    that ``diagnosis()`` gives (none without it), and the run's structure (the diagnosis',
+    else ``structure()``'s, else :func:`tracekit.diagnosis.structure`'s); and that diagnosis.
+    Shared by the CLI and the MCP server's ``summary`` tool."""
+    from tracekit.nsys.summary import trace_summary
+    from tracekit.nsys.trace import NsysTrace
+
+    if not isinstance(trace, NsysTrace):  # several ranks
+        s = set_summary(trace, top=top, label=label)
+    else:
+        s = trace_summary(trace, top=top, nvtx_each=nvtx_each)
+        _add_graphs(s, trace)
+        _add_metrics(s, trace)
+    d = diagnosis() if diagnosis is not None else None
+    if d is not None:
+        _add_phases(s, d)  # a set's diagnosis has no phases
+        _add_training(s, d, trace, tokens_per_step=tokens_per_step, params=params, model=model)
+    if not hasattr(trace, "kernels_across_ranks"):
+        if d is not None and d.structure is not None:
+            st = d.structure
+        elif structure is not None:
+            st = structure()
+        else:
+            from tracekit.diagnosis import structure as structure_of
+
+            st = structure_of(trace)
+        _add_structure(s, st)
+    return s, d
 
 
 def _add_graphs(s, trace) -> None:  # type: ignore[no-untyped-def]
@@ -126,7 +156,7 @@ def _add_metrics(s, trace) -> None:  # type: ignore[no-untyped-def]
     # only what metric_activity reads of the traced work: each operation's GPU and times
     cols = ["device_id", "start_ns", "end_ns"]
     ops = pl.concat([trace.table(t, cols) for t in ("kernels", "memcpys", "memsets")], how="vertical_relaxed").filter(
-        ~implausible_end().fill_null(False))  # a damaged export's INT64_MAX ends (gpu_ops drops them too)
+        ~implausible_end())  # a damaged export's INT64_MAX ends (gpu_ops drops them too)
     act = metric_activity(samples, ops)
     if act.height == 0:
         return
