@@ -116,12 +116,10 @@ def _rank_files(folder: Path, roots: Roots) -> list[Path]:
 
 
 def _refuse_pending_wal(path: Path) -> None:
-    wal = path.with_name(path.name + "-wal")
-    try:
-        pending = wal.is_file() and wal.stat().st_size > 0
-    except OSError:
-        pending = False
-    if pending:
+    from tracekit.nsys.database import _beside
+
+    wal = _beside(path, "-wal")
+    if wal is not None:
         msg = (f"{wal.name} holds committed rows not yet in {path.name}; reading them could make SQLite create "
                f"{path.name}-shm beside it, and this server never writes there: checkpoint it first "
                f"(sqlite3 {path.name} 'PRAGMA wal_checkpoint') or open it with tracekit directly")

@@ -106,10 +106,9 @@ def _first_start(db: ExportSource, table: str) -> int | None:
     try:
         if not db.has_column(table, "start"):
             return None
-        row = next(iter(db.rows(f'SELECT start FROM "{table}" WHERE start IS NOT NULL LIMIT 1')), None)
+        value = db.scalar(f'SELECT start FROM "{table}" WHERE start IS NOT NULL LIMIT 1')
     except TracekitError:
         return None
-    value = None if row is None else row[0]
     return value if isinstance(value, int) else None  # a damaged cell (text in INTEGER) tells nothing
 
 
