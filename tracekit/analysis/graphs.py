@@ -38,6 +38,7 @@ __all__ = [
     "graph_trace_of",
     "node_operations",
     "trace_graph_launches",
+    "whole_graphs",
 ]
 
 #: Calls that launch a CUDA graph (runtime and driver API).
@@ -51,6 +52,22 @@ LAUNCH_COLUMNS = (
     "start_ns", "end_ns", "duration_ns", "gpu_time_ns", "kernels", "memcpys", "memsets", "mode",
     "tid", "global_tid", "api_name", "api_start_ns", "api_end_ns", "launch_api_ns", "nvtx_path",
 )
+
+
+def whole_graphs(graphs: pl.DataFrame | None) -> pl.DataFrame | None:
+    """The CUDA graph launches traced whole among ``graphs`` (``trace.graph_trace``, or
+    ``trace.graphs`` whose ``mode`` says how each was traced), with ``duration_ns``; ``None``
+    when there are none. Launches traced per node are left out: their kernels, copies and
+    memsets are rows of the other tables already, and would count twice."""
+    if graphs is None or graphs.is_empty():
+        return None
+    g = graphs.filter(pl.col("mode") == "graph") if "mode" in graphs.columns else graphs
+    g = g.filter(pl.col("start_ns").is_not_null() & pl.col("end_ns").is_not_null())
+    if g.is_empty():
+        return None
+    if "duration_ns" not in g.columns:
+        g = g.with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("duration_ns"))
+    return g
 
 
 def graph_trace_of(trace: Any, columns: list[str] | None = None) -> pl.DataFrame | None:

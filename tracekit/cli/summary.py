@@ -147,16 +147,12 @@ def _add_metrics(s, trace) -> None:  # type: ignore[no-untyped-def]
     import polars as pl
 
     from tracekit.analysis.metrics import metric_activity
-    from tracekit.diagnosis.context import activity_samples
-    from tracekit.nsys.readers import implausible_end
+    from tracekit.diagnosis.context import activity_ops, activity_samples
 
     samples = activity_samples(trace)
     if samples.height == 0:
         return
-    # only what metric_activity reads of the traced work: each operation's GPU and times
-    cols = ["device_id", "start_ns", "end_ns"]
-    ops = pl.concat([trace.table(t, cols) for t in ("kernels", "memcpys", "memsets")], how="vertical_relaxed").filter(
-        ~implausible_end())  # a damaged export's INT64_MAX ends (gpu_ops drops them too)
+    ops = activity_ops(trace)  # only what metric_activity reads of the traced work
     act = metric_activity(samples, ops)
     if act.height == 0:
         return

@@ -85,6 +85,24 @@ def activity_samples(trace: Any) -> pl.DataFrame:
     return gpu_metric_samples(db, list(DEFAULT_METRICS))
 
 
+def activity_ops(trace: Any) -> pl.DataFrame:
+    """The traced GPU work :func:`~tracekit.analysis.metrics.metric_activity` compares the
+    metric samples with: each kernel's, copy's and memset's and each CUDA graph launch traced
+    whole's GPU (``rank`` of a trace set), start and end (ns); a damaged export's implausible
+    ends (``INT64_MAX``) left out. Only those columns are read of an export."""
+    from tracekit.analysis.graphs import graph_trace_of, whole_graphs
+    from tracekit.nsys.readers import implausible_end
+
+    cols = ["device_id", "start_ns", "end_ns"]
+    parts = [trace.table(t, cols) if hasattr(trace, "db") else getattr(trace, t) for t in ("kernels", "memcpys", "memsets")]
+    graphs = whole_graphs(graph_trace_of(trace))
+    if graphs is not None:
+        parts.append(graphs)
+    keep = [c for c in ("rank", *cols) if all(c in p.columns for p in parts)]
+    ops = pl.concat([p.select(keep) for p in parts], how="vertical_relaxed")
+    return ops.filter(~implausible_end()) if ops.height else ops
+
+
 def _table(trace: Any, name: str, *, whole: bool = False) -> pl.DataFrame:
     try:
         if not whole and name in _COLUMNS and hasattr(trace, "is_loaded") and not trace.is_loaded(name):

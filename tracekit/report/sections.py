@@ -168,9 +168,8 @@ def _activity_note(trace: Any) -> str:
     traced operation explains (:func:`tracekit.analysis.metrics.metric_activity`); nothing on
     exports too big to read them whole (:data:`tracekit.diagnosis.context.MAX_METRIC_ROWS`,
     :data:`ACTIVITY_MAX_KERNELS`)."""
-    from tracekit.analysis._frames import gpu_ops
     from tracekit.analysis.metrics import metric_activity
-    from tracekit.diagnosis.context import activity_samples
+    from tracekit.diagnosis.context import activity_ops, activity_samples
 
     db = getattr(trace, "db", None)
     if db is not None and db.has_table("CUPTI_ACTIVITY_KIND_KERNEL") and db.row_count("CUPTI_ACTIVITY_KIND_KERNEL") > ACTIVITY_MAX_KERNELS:
@@ -178,10 +177,7 @@ def _activity_note(trace: Any) -> str:
     samples = activity_samples(trace)
     if samples.height == 0:
         return ""
-    cols = ["pid", "global_pid", "device_id", "context_id", "stream_id", "correlation_id", "start_ns", "end_ns", "duration_ns"]
-    kernels = trace.table("kernels", [*cols, "name"]) if hasattr(trace, "table") else trace.kernels
-    ops = gpu_ops(kernels, trace.memcpys, trace.memsets, _graph_rows(trace)).select("device_id", "start_ns", "end_ns")
-    act = metric_activity(samples, ops)
+    act = metric_activity(samples, activity_ops(trace))
     lines = []
     for r in act.iter_rows(named=True):
         lost = (f"; {fmt_ns(r['untraced_active_ns'])} of it outside every traced operation (work of a process the capture did "

@@ -16,6 +16,8 @@ from typing import Any
 
 import polars as pl
 
+from tracekit.analysis.graphs import whole_graphs
+
 # Time series and communication live in prep_series (re-exported: ``prep.memory_series`` …).
 from tracekit.viz.prep_series import (
     BUS_FACTORS,
@@ -56,22 +58,6 @@ def _name_column(frame: pl.DataFrame, preferred: str) -> str:
 
 def _i64(value: int) -> pl.Expr:
     return pl.lit(value, dtype=pl.Int64)
-
-
-def whole_graphs(graphs: pl.DataFrame | None) -> pl.DataFrame | None:
-    """The CUDA graph launches traced whole among ``graphs`` (``trace.graph_trace``, or
-    ``trace.graphs`` whose ``mode`` says how each was traced), with ``duration_ns``; ``None``
-    when there are none. Launches traced per node are left out: their kernels, copies and
-    memsets are rows of the other tables already, and would count twice."""
-    if graphs is None or graphs.is_empty():
-        return None
-    g = graphs.filter(pl.col("mode") == "graph") if "mode" in graphs.columns else graphs
-    g = g.filter(pl.col("start_ns").is_not_null() & pl.col("end_ns").is_not_null())
-    if g.is_empty():
-        return None
-    if "duration_ns" not in g.columns:
-        g = g.with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("duration_ns"))
-    return g
 
 
 def graph_names(graphs: pl.DataFrame) -> pl.Expr:
