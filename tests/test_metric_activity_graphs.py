@@ -40,3 +40,11 @@ def test_graph_replays_traced_whole_count_as_traced_work() -> None:
     table = next(v for k, v in s.tables.items() if k.startswith("GPU metrics"))
     assert table["untraced_s"][0] == with_graphs["untraced_active_ns"] / 1e9
     assert table.filter(pl.col("GPU") == 0).height == 1
+    # the diagnosis' own list of the window's operations says the same
+    from tracekit.diagnosis.config import DiagnoseConfig
+    from tracekit.diagnosis.context import Context
+
+    ctx = Context(tracekit.open(path), DiagnoseConfig())
+    ctx.prepare_reads()
+    ops_w = ctx.ops_for_window(["rank", "device_id", "start_ns", "end_ns"])
+    assert ctx.metric_activity(ops_w)["untraced_active_ns"][0] == with_graphs["untraced_active_ns"]
