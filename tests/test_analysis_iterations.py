@@ -12,7 +12,7 @@ import pytest
 import tracekit
 from tracekit.analysis.attribution import launch_info
 from tracekit.analysis.gpu_time import gpu_ops
-from tracekit.analysis.iterations import iteration_stats, iterations
+from tracekit.analysis.run.iterations import iteration_stats, iterations
 
 from .conftest import NSYS_CORPUS, SAMPLES
 

@@ -507,7 +507,7 @@ def test_diff_displays_the_verdict_first() -> None:
 def test_a_step_loop_is_not_called_a_generation() -> None:
     """Steps named step.N with no prefill are not decode steps: no phases line, no time per
     output token (the planted loops and the training capture); a generate() trace keeps them."""
-    from tracekit.analysis.phases import phase_summary, trace_generation_steps
+    from tracekit.analysis.run.phases import phase_summary, trace_generation_steps
 
     for path in (_export("host_bound"), SAMPLES / "llm_train_emit_nvtx_1gpu" / "llm_train_emit_nvtx_1gpu.sqlite"):
         d = diagnose(path)
@@ -521,7 +521,7 @@ def test_phases_do_not_depend_on_group_order_or_held_tables() -> None:
     the same in every run and whichever tables the trace already holds (a group-by's row order
     had made the first step's time 444 µs or 2.43 ms from one call to the next). The run is a
     collective microbenchmark: no generation phases (its heavy first iteration is no prompt)."""
-    from tracekit.analysis.phases import generation_steps
+    from tracekit.analysis.run.phases import generation_steps
     from tracekit.diagnosis.config import DiagnoseConfig
     from tracekit.diagnosis.context import Context
 
@@ -549,7 +549,7 @@ def test_phases_do_not_depend_on_group_order_or_held_tables() -> None:
 def test_phases_from_the_narrow_launch_join_equal_the_whole_join(name: str) -> None:
     """Context.phases joins only the columns generation_steps reads; its steps equal those
     of the whole ops_with_launch (HF generate, CUDA graph replays, compiled decode, TP)."""
-    from tracekit.analysis.phases import generation_steps
+    from tracekit.analysis.run.phases import generation_steps
     from tracekit.diagnosis.config import DiagnoseConfig
     from tracekit.diagnosis.context import Context
 

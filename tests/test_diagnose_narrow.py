@@ -15,7 +15,7 @@ import polars as pl
 import pytest
 
 import tracekit
-from tracekit.analysis.iterations import iteration_ranges
+from tracekit.analysis.run.iterations import iteration_ranges
 from tracekit.diagnosis import DiagnoseConfig
 from tracekit.diagnosis.context import Context
 from tracekit.diagnosis.window import steady_window

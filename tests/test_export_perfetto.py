@@ -643,7 +643,7 @@ def test_cli_help_lists_export(capsys: pytest.CaptureFixture[str]) -> None:
 def test_loop_search_breaks_ties_by_lowest_rank(decode: object) -> None:
     """Two ranks with the same GPU time: the lowest rank is searched first, whatever the row
     order, and its iterations are those of the rank alone."""
-    from tracekit.analysis.structure import kernel_loop_iterations
+    from tracekit.analysis.run.structure import kernel_loop_iterations
 
     k = decode.kernels.select("device_id", "start_ns", "end_ns", "duration_ns", "name")
     shifted = k.with_columns(pl.col("start_ns") + 1_000, pl.col("end_ns") + 1_000)

@@ -17,7 +17,7 @@ import pytest
 
 import tracekit
 from tracekit.analysis.graphs import graph_launch_cost, graph_summary
-from tracekit.analysis.phases import phase_summary, trace_generation_steps
+from tracekit.analysis.run.phases import phase_summary, trace_generation_steps
 from tracekit.stats import REPORTS as STATS_REPORTS
 from tracekit.stats import run_report
 

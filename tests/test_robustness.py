@@ -139,7 +139,7 @@ def test_empty_results_say_why() -> None:
     from tracekit.analysis.attribution import launch_info
     from tracekit.analysis.comm_bandwidth import collective_bandwidth
     from tracekit.analysis.gpu_time import gpu_ops
-    from tracekit.analysis.iterations import iterations
+    from tracekit.analysis.run.iterations import iterations
     from tracekit.errors import EmptyResultWarning
 
     t = tracekit.open(SAMPLES / "planted" / "planted_clean_nonvtx" / "planted_clean_nonvtx.sqlite")

@@ -24,7 +24,7 @@ import polars as pl
 import pytest
 
 import tracekit
-from tracekit.analysis.loops import find_loops, main_loop, token_loop
+from tracekit.analysis.run.loops import find_loops, main_loop, token_loop
 from tracekit.stats import run_report
 
 from .conftest import (
@@ -183,7 +183,7 @@ def test_training_breakdown_by_hand() -> None:
     ``SoftMaxBackward``, by SQL) and the phases add up to the step; DDP overlaps most of its
     gradient all-reduces with the backward, the planted loop after backward exposes them all."""
     from tracekit.analysis.comm import categorize_ops
-    from tracekit.analysis.training import training_phases
+    from tracekit.analysis.run.training import training_phases
 
     t = _trace("train_ddp_2gpu")
     s = _structure("train_ddp_2gpu")
@@ -208,7 +208,7 @@ def test_training_breakdown_by_hand() -> None:
 
 
 def test_training_throughput_and_mfu_by_hand() -> None:
-    from tracekit.analysis.training import training_throughput
+    from tracekit.analysis.run.training import training_throughput
 
     log = _log("train_ddp_2gpu")
     tp = training_throughput(42.5e6, log["tokens_per_step"], params=log["params"], gpus=2, peak_flops=989e12)

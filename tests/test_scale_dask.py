@@ -23,7 +23,7 @@ import tracekit
 from tracekit.analysis._frames import gpu_ops
 from tracekit.analysis.attribution import launch_info
 from tracekit.analysis.comm import activity_segments, categorize_ops, overlap_breakdown
-from tracekit.analysis.iterations import iterations
+from tracekit.analysis.run.iterations import iterations
 
 from .conftest import SAMPLES
 

@@ -50,7 +50,7 @@ def _by_hand(path) -> list[tuple[int, int, int, int, int]]:  # type: ignore[no-u
 def test_step_gpu_figures_equal_sql_by_hand(block: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """llm_decode_1gpu's eight ``step.N`` ranges, as if they made tokens: every step's figures
     equal the hand computation, whether the operations are taken whole or 100 at a time."""
-    from tracekit.analysis.phases import generation_steps
+    from tracekit.analysis.run.phases import generation_steps
     from tracekit.diagnosis.config import DiagnoseConfig
     from tracekit.diagnosis.context import Context
 

@@ -54,7 +54,7 @@ def _steady_steps(trace: Any) -> _Side:
     operation belongs to the step whose GPU span holds its start. Without steps every
     operation is in step 0.
     """
-    from tracekit.analysis.iterations import iteration_ranges, iterations
+    from tracekit.analysis.run.iterations import iteration_ranges, iterations
     from tracekit.diagnosis.config import DiagnoseConfig
     from tracekit.diagnosis.context import Context
     from tracekit.diagnosis.window import steady_window
@@ -167,7 +167,7 @@ class Diff:
     #: What the reader should know about the comparison (graph replays whose kernels are unseen …).
     notes: list[str] = field(default_factory=list)
     #: Each run's structure in one line (``before``/``after``: kind, steady steps, warm-up,
-    #: start-up; :meth:`tracekit.analysis.structure.RunStructure.headline`).
+    #: start-up; :meth:`tracekit.analysis.run.structure.RunStructure.headline`).
     runs: dict[str, str] = field(default_factory=dict)
 
     def headline(self) -> dict[str, Any] | None:

@@ -28,7 +28,7 @@ from tracekit.analysis._frames import gpu_ops, process_key
 from tracekit.analysis.attribution import RANGE_TYPES, attribute_nvtx, launch_pairs
 from tracekit.analysis.compare import per_step_stats
 from tracekit.analysis.families import with_family
-from tracekit.analysis.iterations import iteration_ranges
+from tracekit.analysis.run.iterations import iteration_ranges
 
 __all__ = ["BOUNDED_MIN_OPS", "CHUNK_ROWS", "RunStats", "bounded_min_ops", "bounded_run_stats", "takes_bounded_path"]
 
@@ -255,7 +255,7 @@ def _nvtx_steps(run: _Run, ranges: pl.DataFrame, main: pl.DataFrame, cfg: Any) -
     """NVTX step ranges, every step measured: each step's GPU span from the operations
     launched in it (``iterations``), warm-up steps left out as ``steady_window`` leaves them,
     and each operation in the steady step of its own process whose CPU range holds its launch."""
-    from tracekit.analysis.iterations import warmup_count as _warmup_count
+    from tracekit.analysis.run.iterations import warmup_count as _warmup_count
 
     launch = run.ops.launch
     start, end = run.column("start_ns"), run.column("end_ns")

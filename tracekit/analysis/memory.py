@@ -12,7 +12,7 @@ import polars as pl
 
 from tracekit.analysis._frames import process_key, rank_keys
 from tracekit.analysis.attribution import launch_info, nvtx_ranges
-from tracekit.analysis.iterations import DEFAULT_ITERATION_PATTERN, iteration_ranges
+from tracekit.analysis.run.iterations import DEFAULT_ITERATION_PATTERN, iteration_ranges
 from tracekit.analysis.layers import forward_ranges
 
 __all__ = [
@@ -308,7 +308,7 @@ def layer_memory(
     kinds
         Memory kinds counted (default: all but host memory, :data:`HOST_MEMORY_KINDS`).
     per_step
-        ``True``: ``step`` is the iteration (:func:`~tracekit.analysis.iterations.
+        ``True``: ``step`` is the iteration (:func:`~tracekit.analysis.run.iterations.
         iteration_ranges`, default pattern ``step|iter``) of the range's process that contains
         the range's start or, in a trace without iteration ranges, the forward
         (:func:`~tracekit.analysis.layers.forward_ranges`: one per run of the layers, such as

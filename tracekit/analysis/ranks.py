@@ -476,7 +476,7 @@ def rank_summary(
         :class:`~tracekit.multi.TraceSet`, or a :class:`~tracekit.scale.reduced.ReducedSet`'s
         tables): kernels per name, :func:`~tracekit.analysis.gpu_time.busy_time`,
         :func:`~tracekit.analysis.comm.overlap_breakdown` and
-        :func:`~tracekit.analysis.iterations.iterations`, each with a ``rank`` column.
+        :func:`~tracekit.analysis.run.iterations.iterations`, each with a ``rank`` column.
 
     Returns
     -------

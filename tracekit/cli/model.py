@@ -99,7 +99,7 @@ def _phases(trace: object, cfg: object, gpu: object) -> pl.DataFrame:
     empty when the run is no generation or server."""
     import polars as pl
 
-    from tracekit.analysis.phases import phase_summary
+    from tracekit.analysis.run.phases import phase_summary
     from tracekit.diagnosis import structure
     from tracekit.model.phases import phase_efficiency
 

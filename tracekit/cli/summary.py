@@ -190,7 +190,7 @@ def _add_structure(s, st) -> None:  # type: ignore[no-untyped-def]
 def _add_training(s, d, trace, *, tokens_per_step, params, model) -> None:  # type: ignore[no-untyped-def]
     """The "training step" table (forward, backward, optimizer: median time per step, compute,
     communication and how much of it is exposed) and, with ``--tokens-per-step``, the
-    throughput and training MFU (:func:`tracekit.analysis.training.training_throughput`)."""
+    throughput and training MFU (:func:`tracekit.analysis.run.training.training_throughput`)."""
     import polars as pl
 
     from tracekit.diagnosis.result import fmt_ns
@@ -206,7 +206,7 @@ def _add_training(s, d, trace, *, tokens_per_step, params, model) -> None:  # ty
         ms("exposed_comm_ns"), ms("idle_ns"))
     if not tokens_per_step or d.structure is None or not d.structure.step_ns:
         return
-    from tracekit.analysis.training import training_throughput
+    from tracekit.analysis.run.training import training_throughput
 
     n_params, peak, dtype = params, None, "bf16"
     if model is not None:

@@ -117,7 +117,7 @@ def _cmd(ctx: Any) -> str:
 
 
 def structure(trace: Any, *, config: DiagnoseConfig | None = None) -> Any:
-    """The structure of a run (:class:`tracekit.analysis.structure.RunStructure`): what kind
+    """The structure of a run (:class:`tracekit.analysis.run.structure.RunStructure`): what kind
     of run it is (training, generation, serving, microbenchmark) and why, its iterations,
     warm-up, start-up and tear-down, and the requests of a generation or server. The same
     structure ``diagnose`` takes its window from (``Diagnosis.structure``).

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from tracekit.analysis.iterations import DEFAULT_ITERATION_PATTERN
+from tracekit.analysis.run.iterations import DEFAULT_ITERATION_PATTERN
 from tracekit.errors import TracekitError
 
 __all__ = ["DiagnoseConfig"]
@@ -21,13 +21,13 @@ class DiagnoseConfig:
 
     #: An iteration pattern for NVTX step ranges (case-insensitive regex): by default
     #: step, iter, iteration, batch, epoch, decode or forward as a word
-    #: (:func:`tracekit.analysis.iterations.word_pattern` makes one of other words).
+    #: (:func:`tracekit.analysis.run.iterations.word_pattern` makes one of other words).
     iteration_pattern: str = DEFAULT_ITERATION_PATTERN
     #: A leading iteration is warm-up when it takes more than this times the median of the
     #: iterations after it (CPU range or GPU span, whichever is longer).
     warmup_factor: float = 1.5
     #: Not read any more (the period search it tuned gave way to the kernel loop,
-    #: :mod:`tracekit.analysis.loops`); kept so that code that sets it still runs.
+    #: :mod:`tracekit.analysis.run.loops`); kept so that code that sets it still runs.
     period_match: float = 0.95
     #: Fewest iterations of a loop (kernel loop, CUDA graph replays).
     min_repeats: int = 3

@@ -16,7 +16,7 @@ from tracekit.diagnosis.ops_by_column import KERNEL_COLUMNS, OpsByColumn, by_col
 from tracekit.diagnosis.result import Window
 
 if TYPE_CHECKING:
-    from tracekit.analysis.structure import RunStructure
+    from tracekit.analysis.run.structure import RunStructure
 
 __all__ = ["Context"]
 
@@ -209,13 +209,13 @@ class Context:
 
     @cached_property
     def structure(self) -> RunStructure:
-        """The run's structure (:mod:`tracekit.analysis.structure`): iterations (launch columns
+        """The run's structure (:mod:`tracekit.analysis.run.structure`): iterations (launch columns
         only for the operations of the measured steps, the operations a column at a time on a
         big export), warm-up, segments, the kind of run, and, for a generation or a server, its
-        token steps and requests (:func:`~tracekit.analysis.phases.generation_steps`; left out
+        token steps and requests (:func:`~tracekit.analysis.run.phases.generation_steps`; left out
         of a trace set and where :meth:`_phases_fit` says they do not fit)."""
-        from tracekit.analysis.phases import generation_steps
-        from tracekit.analysis.structure import Iterations, build_structure, find_iterations
+        from tracekit.analysis.run.phases import generation_steps
+        from tracekit.analysis.run.structure import Iterations, build_structure, find_iterations
 
         if self.kernel_count == 0 and self.graphs.height == 0:
             return self._structure_without_kernels(Iterations, build_structure)
@@ -273,7 +273,7 @@ class Context:
     def _classify_ops(self, start_ns: int, end_ns: int) -> pl.DataFrame:
         """The GPU operations (text names) starting in ``[start_ns, end_ns)`` (the structure
         asks for a few steady iterations, or for the whole trace when it has none: then only
-        up to :data:`CLASSIFY_WHOLE_MAX` kernels), for :func:`~tracekit.analysis.structure.classify`."""
+        up to :data:`CLASSIFY_WHOLE_MAX` kernels), for :func:`~tracekit.analysis.run.structure.classify`."""
         if self.kernel_count > self.CLASSIFY_WHOLE_MAX and (start_ns, end_ns - 1) == self._capture_span():
             return pl.DataFrame()
         return self.ops_where((pl.col("start_ns") >= start_ns) & (pl.col("start_ns") < end_ns)).select(
@@ -281,12 +281,12 @@ class Context:
 
     @cached_property
     def training(self) -> pl.DataFrame:
-        """The steady training steps taken apart (:func:`tracekit.analysis.training.
-        training_phases` over the analysed window, per GPU; :func:`~tracekit.analysis.training.
+        """The steady training steps taken apart (:func:`tracekit.analysis.run.training.
+        training_phases` over the analysed window, per GPU; :func:`~tracekit.analysis.run.training.
         training_summary`): forward, backward and optimizer per step with their compute and
         exposed communication; empty when the run is not training."""
         from tracekit.analysis.comm import categorize_ops
-        from tracekit.analysis.training import training_phases, training_summary
+        from tracekit.analysis.run.training import training_phases, training_summary
 
         s = self.structure
         if s.kind != "training" or self.kernels_w.height == 0:
@@ -311,11 +311,11 @@ class Context:
 
     @cached_property
     def phases(self) -> pl.DataFrame:
-        """The generation phases of the steady requests (:func:`tracekit.analysis.phases.
+        """The generation phases of the steady requests (:func:`tracekit.analysis.run.phases.
         phase_summary` of ``structure.steady_steps``), with the model's MFU/MBU/efficiency
         when ``model`` is given; empty when the run is no generation or server, and for a
         trace set."""
-        from tracekit.analysis.phases import phase_summary
+        from tracekit.analysis.run.phases import phase_summary
 
         steps = self.structure.steady_steps
         if steps.height == 0:
@@ -329,7 +329,7 @@ class Context:
         return phase_efficiency(summary, self.model, gpu=gpu_of(self.trace, None))
 
     def _phase_ops(self, columns: list[str] | None = None) -> pl.DataFrame:
-        """The operations :func:`~tracekit.analysis.phases.generation_steps` reads, with their
+        """The operations :func:`~tracekit.analysis.run.phases.generation_steps` reads, with their
         launching thread and call start: :attr:`ops_with_launch` when a rule built it, else a
         join of only those columns (1 M kernels: the whole join's other columns and call names
         were ~0.2 GB that only this step held)."""
@@ -361,7 +361,7 @@ class Context:
         if "ops_with_launch" in self.__dict__:
             return True
         from tracekit.analysis.layers import DEFAULT_LAYER_PATTERN
-        from tracekit.analysis.phases import DECODE_PATTERN, PREFILL_PATTERN
+        from tracekit.analysis.run.phases import DECODE_PATTERN, PREFILL_PATTERN
         from tracekit.nsys.database import free_memory
 
         n_ops = self.ops.height if self._big is None else self.kernel_count

@@ -165,7 +165,7 @@ class OpsByColumn:
     def narrow(self, columns: list[str]) -> pl.DataFrame:
         """``ops.select(columns)`` of every operation, with ``name`` as an integer code (equal
         codes for equal names, null for none) instead of the text: the input of the period
-        search (:func:`~tracekit.analysis.structure.kernel_loop_iterations`) and of the
+        search (:func:`~tracekit.analysis.run.structure.kernel_loop_iterations`) and of the
         generation phases."""
         rows = self._kernel_rows_where(pl.lit(True), plausible=True)
         plain = [c for c in columns if c != "name"]

@@ -65,7 +65,7 @@ class Window:
 
     ``method`` is ``nvtx`` (iterations from NVTX ranges), ``forwards`` (NVTX ranges of one
     forward each), ``graph_replays``, ``kernel_loop`` (the kernels that run once per iteration:
-    :mod:`tracekit.analysis.structure`), ``given`` (passed by the caller) or ``whole_trace``;
+    :mod:`tracekit.analysis.run.structure`), ``given`` (passed by the caller) or ``whole_trace``;
     ``reason`` says why; ``steps`` counts the steady iterations in it (0 when none);
     ``warmup_steps`` the leading ones excluded; ``step_ns`` is the median steady iteration.
 
@@ -142,15 +142,15 @@ class Diagnosis:
                  gpu_time: pl.DataFrame | None = None, structure: Any = None, training: pl.DataFrame | None = None) -> None:
         self.trace_name = trace_name
         self.window = window
-        #: The run's structure (:class:`tracekit.analysis.structure.RunStructure`): its kind,
+        #: The run's structure (:class:`tracekit.analysis.run.structure.RunStructure`): its kind,
         #: iterations, warm-up, start-up and, for a generation or a server, its requests; the
         #: window is its steady iterations. ``None`` for a set reduced on Dask.
         self.structure = structure
-        #: A training run's steady step taken apart (:func:`tracekit.analysis.training.
+        #: A training run's steady step taken apart (:func:`tracekit.analysis.run.training.
         #: training_summary`: forward, backward, optimizer with compute and exposed
         #: communication, medians per step, ns); empty for other runs.
         self.training = training if training is not None else pl.DataFrame()
-        #: :func:`tracekit.analysis.phases.phase_summary` of the trace (with the model's MFU/MBU
+        #: :func:`tracekit.analysis.run.phases.phase_summary` of the trace (with the model's MFU/MBU
         #: when ``diagnose(model=…)``); empty when no generation phases were found.
         self.phases = phases if phases is not None else pl.DataFrame()
         #: Per (``rank``,) ``device_id`` in the analysed window: ``window_ns``, ``busy_ns`` (union of

@@ -1,6 +1,6 @@
 """The steady-state window of the diagnosis: the steady iterations of the run's structure.
 
-Iterations, warm-up and start-up are found once, by :mod:`tracekit.analysis.structure` (NVTX
+Iterations, warm-up and start-up are found once, by :mod:`tracekit.analysis.run.structure` (NVTX
 step ranges, per-forward ranges, CUDA graph replays or the kernel loop of each GPU); this
 module turns that structure into the :class:`~tracekit.diagnosis.result.Window` the rules
 read, and, on big traces, picks the sample of consecutive steady iterations they run on.
@@ -13,7 +13,7 @@ from typing import Any
 
 import polars as pl
 
-from tracekit.analysis.structure import (
+from tracekit.analysis.run.structure import (
     Ops,
     OpsWithLaunch,
     RunStructure,
@@ -57,8 +57,8 @@ def steady_window(
     trace_end_ns: int | None = None,
     graph_launches: pl.DataFrame | None = None,
 ) -> Window:
-    """The analysed window of a trace: :func:`~tracekit.analysis.structure.find_iterations`
-    and :func:`~tracekit.analysis.structure.build_structure` (no kind), as :func:`window_of`
+    """The analysed window of a trace: :func:`~tracekit.analysis.run.structure.find_iterations`
+    and :func:`~tracekit.analysis.run.structure.build_structure` (no kind), as :func:`window_of`
     turns them into a window. ``kernels``: the GPU operations (``gpu_ops``) or a function giving
     some of their columns; ``ops_with_launch``: the operations with their launch columns, or a
     function that gives them for some CPU ranges."""

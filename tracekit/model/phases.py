@@ -1,6 +1,6 @@
 """Generation phases against the model: MFU and MBU of the prefill and of a decode step.
 
-:func:`phase_efficiency` puts :func:`tracekit.analysis.phases.phase_summary` (time to first
+:func:`phase_efficiency` puts :func:`tracekit.analysis.run.phases.phase_summary` (time to first
 token, time per output token) next to what the model says a prefill of ``batch × prompt_len``
 tokens and a decode step of ``batch`` tokens cost (:func:`tracekit.model.costs.model_costs`):
 
@@ -68,7 +68,7 @@ def phase_costs(model: Any, *, decode_steps: int, gpu: Any = None) -> pl.DataFra
 
 
 def phase_efficiency(summary: pl.DataFrame, model: Any, *, gpu: Any = None) -> pl.DataFrame:
-    """``summary`` (:func:`tracekit.analysis.phases.phase_summary`) with the model's costs and
+    """``summary`` (:func:`tracekit.analysis.run.phases.phase_summary`) with the model's costs and
     the measured efficiency of each phase.
 
     Returns ``summary``'s columns plus ``time_ns`` (prefill: ``ttft_ns``; decode:

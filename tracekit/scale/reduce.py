@@ -11,7 +11,7 @@ Each reduction is a small polars frame computed with the existing analyses from 
 ``gpus``
     the report's ``trace.gpus``.
 ``iterations``
-    :func:`tracekit.analysis.iterations.iterations` (per-step CPU and GPU time).
+    :func:`tracekit.analysis.run.iterations.iterations` (per-step CPU and GPU time).
 ``busy``
     :func:`tracekit.analysis.gpu_time.busy_time` per device.
 ``overlap``
@@ -39,7 +39,7 @@ def reductions_of(trace: object, names: tuple[str, ...] = REDUCTIONS) -> dict[st
     from tracekit.analysis.comm import activity_segments, categorize_ops, overlap_breakdown
     from tracekit.analysis.gpu_time import busy_time
     from tracekit.analysis.graphs import graph_trace_of
-    from tracekit.analysis.iterations import iterations
+    from tracekit.analysis.run.iterations import iterations
 
     t: object = trace
     kernels: pl.DataFrame = t.kernels  # type: ignore[attr-defined]

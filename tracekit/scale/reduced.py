@@ -57,7 +57,7 @@ class ReducedSet(TraceSet):
 
     @property
     def iterations(self) -> pl.DataFrame:
-        """Per rank and step: the columns of :func:`tracekit.analysis.iterations.iterations`."""
+        """Per rank and step: the columns of :func:`tracekit.analysis.run.iterations.iterations`."""
         return self.table("iterations")
 
     @property

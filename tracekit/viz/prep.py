@@ -613,7 +613,7 @@ def _breakdown_from_analysis(
 def iteration_times(nvtx: pl.DataFrame, *, pattern: str = ITERATION_PATTERN) -> pl.DataFrame:
     """One row per iteration range (NVTX ranges named like ``step.3``).
 
-    With the default pattern this is :func:`tracekit.analysis.iterations.iteration_ranges`
+    With the default pattern this is :func:`tracekit.analysis.run.iterations.iteration_ranges`
     (the outermost matching ranges, numbered in order); a custom ``pattern`` takes every
     closed range whose name matches and numbers it from its first group.
 
@@ -625,7 +625,7 @@ def iteration_times(nvtx: pl.DataFrame, *, pattern: str = ITERATION_PATTERN) -> 
     rank = "rank" if "rank" in nvtx.columns else "pid"
     if pattern == ITERATION_PATTERN and not nvtx.is_empty():
         try:
-            from tracekit.analysis.iterations import iteration_ranges
+            from tracekit.analysis.run.iterations import iteration_ranges
 
             its = iteration_ranges(nvtx)
         except (ImportError, pl.exceptions.ColumnNotFoundError):

@@ -113,7 +113,7 @@ def iterations(
         )
         warnings.warn(
             f"iterations: none found: {why}; tracekit.diagnose finds iterations from the kernels that run "
-            "once per iteration instead (tracekit.analysis.structure.kernel_loop_iterations)",
+            "once per iteration instead (tracekit.analysis.run.structure.kernel_loop_iterations)",
             EmptyResultWarning, stacklevel=2,
         )
         return pl.DataFrame(schema={**({"rank": nvtx.schema["rank"]} if keys else {}), **_SCHEMA})

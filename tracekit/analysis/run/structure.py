@@ -5,14 +5,14 @@ run it is. Found once per trace and read by everything that needs a window or a 
 Iterations come from the first of these sources that gives at least ``min_repeats``:
 
 1. ``nvtx``: NVTX ranges named step, iter, iteration, batch, epoch, decode or forward (as
-   words; :func:`tracekit.analysis.iterations.iteration_ranges`), of the process with most;
+   words; :func:`tracekit.analysis.run.iterations.iteration_ranges`), of the process with most;
 2. ``forwards``: NVTX ranges that each run the model's layers once
    (:func:`tracekit.analysis.layers.forward_ranges`: ``--annotate-torch``'s root-module range
    per forward of ``generate()``);
 3. ``graph_replays``: replays of the CUDA graph that holds the most GPU time, when it holds at
    least :data:`GRAPH_STEP_SHARE` of its device's (serving engines, ``torch.compile``);
 4. ``kernel_loop``: the loop of each GPU's operations found from the names that run once per
-   iteration (:func:`tracekit.analysis.loops.find_loops`, :func:`~tracekit.analysis.loops.main_loop`):
+   iteration (:func:`tracekit.analysis.run.loops.find_loops`, :func:`~tracekit.analysis.run.loops.main_loop`):
    a training step's loss and embedding backward, a ``generate()`` call's prompt kernels, an
    engine step's copy of the sampled tokens to the host. Every GPU (rank) is searched; the
    busiest one's iterations bound the window.
@@ -25,7 +25,7 @@ stake.
 
 The kind of run (:func:`classify`) is read from the steady iterations' GPU operations:
 ``training`` (backward kernels, optimizer kernels, gradient collectives), ``generation`` (a
-prompt's forward, then one-token forwards: :mod:`tracekit.analysis.phases`), ``serving``
+prompt's forward, then one-token forwards: :mod:`tracekit.analysis.run.phases`), ``serving``
 (prefills of arriving requests in the same engine steps as other requests' decode),
 ``microbenchmark`` (a loop of a few kernels timed over and over) or ``unknown``, each with the
 evidence that decided it.
@@ -42,7 +42,7 @@ import numpy as np
 import polars as pl
 
 from tracekit.analysis._frames import within_any
-from tracekit.analysis.iterations import (
+from tracekit.analysis.run.iterations import (
     DEFAULT_ITERATION_PATTERN,
     ITERATION_WORDS,
     iteration_ranges,
@@ -50,7 +50,7 @@ from tracekit.analysis.iterations import (
     warmup_count,
 )
 from tracekit.analysis.layers import forward_ranges
-from tracekit.analysis.loops import (
+from tracekit.analysis.run.loops import (
     HOST_COPY_NAME,
     Loop,
     find_loops,
@@ -175,7 +175,7 @@ def kernel_loop_iterations(ops: pl.DataFrame, *, min_repeats: int = 3) -> list[D
     Returns
     -------
     One :class:`DeviceLoop` per GPU whose operations hold a main loop
-    (:func:`~tracekit.analysis.loops.main_loop`), the busiest GPU (most GPU time; ties: lowest
+    (:func:`~tracekit.analysis.run.loops.main_loop`), the busiest GPU (most GPU time; ties: lowest
     keys) first. Iteration ``i`` runs from its first operation's start to the next
     iteration's first start (the last one to its last operation's end); ``kernels`` counts its
     operations.
@@ -274,7 +274,7 @@ def graph_replay_iterations(launches: pl.DataFrame, ops: pl.DataFrame, *, min_re
 
 
 def nvtx_iterations(ops_with_launch: OpsWithLaunch, nvtx: pl.DataFrame, settings: Settings) -> pl.DataFrame:
-    """:func:`~tracekit.analysis.iterations.iterations` of the process with the most iteration
+    """:func:`~tracekit.analysis.run.iterations.iterations` of the process with the most iteration
     ranges; with more than ``exact_steps`` of them, measured only for the first 50, a middle
     stretch of ``sample_steps`` + some and the last two (the others keep their CPU range, null
     GPU times). ``ops_with_launch`` may be a function of the measured ranges (``None``: all of
@@ -497,7 +497,7 @@ class RunStructure:
     iterations, the ``startup``, ``warmup``, ``steady`` and ``teardown`` stretches
     (``start_ns``, ``end_ns``, ``duration_ns``, ``iterations``, ``evidence``). ``ranks``: how
     many GPUs or processes run the loop. ``steps_table`` and ``requests`` (generation and
-    serving) are the token steps and requests of :mod:`tracekit.analysis.phases`, set by
+    serving) are the token steps and requests of :mod:`tracekit.analysis.run.phases`, set by
     :meth:`with_generation`.
     """
 
@@ -546,14 +546,14 @@ class RunStructure:
     @property
     def steady_steps(self) -> pl.DataFrame:
         """The token steps of the steady requests (not warm-up), with ``request``: what the
-        steady phase figures are computed from (:func:`tracekit.analysis.phases.phase_summary`)."""
+        steady phase figures are computed from (:func:`tracekit.analysis.run.phases.phase_summary`)."""
         st = self.steps_table
         if st.height == 0 or "warmup" not in st.columns:
             return st
         return st.filter(~pl.col("warmup"))
 
     def with_generation(self, steps: pl.DataFrame, *, warmup_factor: float = 1.5) -> RunStructure:
-        """This structure with the token steps of :func:`tracekit.analysis.phases.
+        """This structure with the token steps of :func:`tracekit.analysis.run.phases.
         generation_steps` (``steps``): their requests, which requests are warm-up, and the kind
         (``generation`` or ``serving``) when no other kind was found first (a training loop's
         steps are never a generation). Unchanged when ``steps`` is empty or the kind is
@@ -855,7 +855,7 @@ def _decode_runs(steps: pl.DataFrame) -> list[int]:
 
 
 def _with_generation(s: RunStructure, steps: pl.DataFrame, warmup_factor: float) -> RunStructure:
-    from tracekit.analysis.phases import number_requests, requests
+    from tracekit.analysis.run.phases import number_requests, requests
 
     steps = number_requests(steps)
     runs = _decode_runs(steps)

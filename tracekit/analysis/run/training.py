@@ -3,9 +3,9 @@ communication (overlapped with compute, or exposed), and the step's throughput a
 model.
 
 **Phases.** In each step on each GPU, ``backward`` starts at the first kernel named like a
-backward pass (:data:`tracekit.analysis.structure.BACKWARD_NAMES`: the loss's
+backward pass (:data:`tracekit.analysis.run.structure.BACKWARD_NAMES`: the loss's
 ``*Backward*`` kernel is the first of autograd's) and runs to the first optimizer kernel
-(:data:`~tracekit.analysis.structure.OPTIMIZER_NAMES`: multi-tensor or fused optimizer
+(:data:`~tracekit.analysis.run.structure.OPTIMIZER_NAMES`: multi-tensor or fused optimizer
 kernels, gradient clipping's multi-tensor norms included) that starts after the last
 backward-named kernel ends (the embedding's weight gradient is autograd's last);
 ``forward`` is the step before, ``optimizer`` the step after. A step without backward kernels is
@@ -59,7 +59,7 @@ def training_phases(ops: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
     ``communication_only_ns``, ``memcpy_ns``, ``idle_ns`` (they add up to ``window_ns``),
     ``communication_ns``, ``exposed_comm_ns`` (= ``communication_only_ns``), all ns.
     """
-    from tracekit.analysis.structure import BACKWARD_NAMES, OPTIMIZER_NAMES
+    from tracekit.analysis.run.structure import BACKWARD_NAMES, OPTIMIZER_NAMES
 
     keys = [*rank_keys(ops, steps), "device_id"]
     steps = steps.with_columns(pl.col(c).cast(ops.schema[c]) for c in keys)

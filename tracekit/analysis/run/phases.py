@@ -5,7 +5,7 @@ first token) followed by decode steps (one token each). :func:`generation_steps`
 steps, from the first of these sources that gives at least :data:`MIN_STEPS`:
 
 1. ``nvtx``: ranges named ``prefill`` (also ``prompt``/``context`` as words) and the
-   iteration ranges (``decode.N``, ``step.N`` …, :data:`~tracekit.analysis.iterations.ITERATION_WORDS`);
+   iteration ranges (``decode.N``, ``step.N`` …, :data:`~tracekit.analysis.run.iterations.ITERATION_WORDS`);
 2. ``module``: one step per forward, the ranges that run the model's layers once
    (:func:`tracekit.analysis.layers.forward_ranges`: the root module's range that
    ``tracekit.torch.annotate`` / ``--annotate-torch`` pushes, ``Qwen3ForCausalLM``), else an
@@ -14,7 +14,7 @@ steps, from the first of these sources that gives at least :data:`MIN_STEPS`:
    step (serving engines, ``torch.compile(mode="reduce-overhead")``); the GPU work before the
    first replay, back to the previous idle gap longer than a step, is the prefill;
 4. ``kernel_loop``: one step per instance of the loop of one-token forwards on the busiest GPU,
-   found from the names that run once per forward (:func:`tracekit.analysis.loops.token_loop`:
+   found from the names that run once per forward (:func:`tracekit.analysis.run.loops.token_loop`:
    the embedding, the final norm, the LM head and the sampling run once per token, the
    layers' kernels once per layer), over every ``generate()`` call of the capture.
 
@@ -45,9 +45,9 @@ import polars as pl
 
 from tracekit.analysis._frames import interval_union, process_key, rank_keys, span_and_busy
 from tracekit.analysis.attribution import _nvtx_tree
-from tracekit.analysis.iterations import DEFAULT_ITERATION_PATTERN, warmup_count, word_pattern
+from tracekit.analysis.run.iterations import DEFAULT_ITERATION_PATTERN, warmup_count, word_pattern
 from tracekit.analysis.layers import PREFILL_FACTOR, forward_ranges
-from tracekit.analysis.loops import (
+from tracekit.analysis.run.loops import (
     REGULAR,
     find_loops,
     host_copy_codes,
@@ -241,7 +241,7 @@ def _from_graphs(launches: pl.DataFrame, ops: pl.DataFrame, rk: list[str]) -> pl
 
 
 def _from_loops(ops: pl.DataFrame, rk: list[str]) -> pl.DataFrame | None:
-    """One step per instance of the token loop (:func:`~tracekit.analysis.loops.token_loop`) of
+    """One step per instance of the token loop (:func:`~tracekit.analysis.run.loops.token_loop`) of
     the busiest GPU's operations: each forward of a token (the prompt's included), also over
     several ``generate()`` calls; the work before the first instance, when the loop holds no
     prompt forward, is a prefill step."""
@@ -360,7 +360,7 @@ def generation_steps(
         Without a prefill range, a forward or kernel-loop step with at least this many times
         the median GPU busy time is a prefill (NVTX step ranges need a prefill range).
     tokens
-        Whether the steps are known to make tokens (:func:`tracekit.analysis.structure.
+        Whether the steps are known to make tokens (:func:`tracekit.analysis.run.structure.
         token_evidence`: the sampled ids copied to the host each step): needed for steps found
         in the kernel loop, and for NVTX steps without a prefill or decode name.
 
