@@ -214,20 +214,57 @@ class Context:
         big export), warm-up, segments, the kind of run, and, for a generation or a server, its
         token steps and requests (:func:`~tracekit.analysis.run.phases.generation_steps`; left out
         of a trace set and where :meth:`_phases_fit` says they do not fit)."""
-        from tracekit.analysis.run.phases import generation_steps
+        from tracekit.analysis.run.phases import forward_steps, generation_steps
         from tracekit.analysis.run.structure import Iterations, build_structure, find_iterations
 
         if self.kernel_count == 0 and self.graphs.height == 0:
             return self._structure_without_kernels(Iterations, build_structure)
-        found = find_iterations(self.ops_for_window, self.launched_ops, self.nvtx, self.config, graph_launches=self.graph_launches)
+        found = find_iterations(self.ops_for_window, self.launched_ops, self.nvtx, self.config, graph_launches=self.graph_launches,
+                                labels=self.name_labels, grid=self.kernel_grid)
         lo, hi = self._capture_span()
         total = int(self.ops_for_window(["duration_ns"])["duration_ns"].sum() or 0)
         s = build_structure(found, self.config, trace_start_ns=lo, trace_end_ns=hi, window_ops=self._classify_ops,
                             total_gpu_ns=total)
-        if s.kind in ("training", "microbenchmark") or self.rk or not self._phases_fit():
+        if s.kind in ("training", "microbenchmark", "inference") or self.rk:
             return s
-        steps = generation_steps(self._phase_ops, self.nvtx, self.graph_launches, tokens=s.token_evidence is not None)
+        reading = found.reading if found.reading is not None and found.reading.tokens is not None else None
+        if not self._phases_fit():
+            if reading is None:
+                return s
+            # the forwards' steps need no launch join: the same steps as generation_steps gives
+            # a trace without NVTX step ranges or graph replays, at any size
+            steps = forward_steps(reading)
+        else:
+            steps = generation_steps(self._phase_ops, self.nvtx, self.graph_launches, tokens=s.token_evidence is not None,
+                                     forwards=reading)
         return s.with_generation(steps, warmup_factor=self.config.warmup_factor)
+
+    def name_labels(self) -> pl.Series | None:
+        """The text of the integer name codes :meth:`ops_for_window` gives on a big export
+        (``None`` when it gives text)."""
+        big = self._big
+        return big.name_labels if big is not None else None
+
+    def kernel_grid(self, rows: pl.DataFrame) -> pl.Series:
+        """``grid_x`` of the kernels in ``rows`` (``device_id``, ``correlation_id``,
+        ``start_ns``), null where not found."""
+        keys = [c for c in ("device_id", "correlation_id", "start_ns") if c in rows.columns]
+        if rows.height == 0 or "correlation_id" not in keys:
+            return pl.Series("grid_x", [None] * rows.height, dtype=pl.Int64)
+        ids = rows["correlation_id"].drop_nulls().unique()
+        big = self._big_kernels
+        want = (*keys, "grid_x")
+        if big is not None:
+            found = big.kernels_where(pl.col("correlation_id").is_in(ids.implode()), want)
+        elif "grid_x" in self.kernels.columns:
+            found = self.kernels.filter(pl.col("correlation_id").is_in(ids.implode())).select(want)
+        else:
+            found = self.trace.table("kernels", list(want)).filter(pl.col("correlation_id").is_in(ids.implode())) if hasattr(
+                self.trace, "table") else pl.DataFrame()
+        if found.height == 0 or "grid_x" not in found.columns:
+            return pl.Series("grid_x", [None] * rows.height, dtype=pl.Int64)
+        found = found.unique(subset=keys, keep="first")
+        return rows.with_row_index("_r").join(found.select(*keys, "grid_x"), on=keys, how="left").sort("_r")["grid_x"]
 
     def _structure_without_kernels(self, iterations: Any, build: Any) -> RunStructure:
         """The structure of a capture without kernels: no iterations, and what the GPU metrics

@@ -76,7 +76,9 @@ class OpsByColumn:
 
     def __init__(self, trace: Any) -> None:
         self._trace = trace
-        self._src = trace.columns_on_demand("kernels", [*KERNEL_COLUMNS, "name_id", "short_name_id"])
+        self._src = trace.columns_on_demand("kernels", [*KERNEL_COLUMNS, "name_id", "short_name_id", "grid_x"])
+        #: The text of each name code of the last :meth:`narrow` that read names.
+        self.name_labels: pl.Series | None = None
         self.memcpys: pl.DataFrame = trace.memcpys
         self.memsets: pl.DataFrame = trace.memsets
         graphs = getattr(trace, "graph_trace", None)
@@ -191,6 +193,7 @@ class OpsByColumn:
         ids = self._src["name_id"] if rows is None else self._src["name_id"].gather(rows)
         texts = ids.drop_nulls().unique().to_frame("id").with_columns(lookup_strings(pl.col("id"), self._trace.strings).alias("text"))
         labels = pl.concat([texts["text"], ops["name"]]).drop_nulls().unique().sort()
+        self.name_labels = labels
         codes = pl.int_range(labels.len(), dtype=pl.Int64, eager=True)
         by_text = texts["text"].replace_strict(labels, codes, default=None, return_dtype=pl.Int64)
         k_codes = ids.replace_strict(texts["id"], by_text, default=None, return_dtype=pl.Int64).alias("name")

@@ -47,6 +47,7 @@ from tracekit.analysis._frames import interval_union, process_key, rank_keys, sp
 from tracekit.analysis.attribution import _nvtx_tree
 from tracekit.analysis.run.iterations import DEFAULT_ITERATION_PATTERN, warmup_count, word_pattern
 from tracekit.analysis.layers import PREFILL_FACTOR, forward_ranges
+from tracekit.analysis.run.forwards import TokenReading
 from tracekit.analysis.run.loops import (
     REGULAR,
     find_loops,
@@ -58,8 +59,8 @@ from tracekit.analysis.run.loops import (
     token_loop,
 )
 
-__all__ = ["DECODE_PATTERN", "MIN_STEPS", "PREFILL_PATTERN", "REQUEST_COLUMNS", "STEP_COLUMNS", "engine_prefills", "generation_steps", "number_requests", "phase_summary",
-           "requests", "trace_generation_steps"]
+__all__ = ["DECODE_PATTERN", "MIN_STEPS", "PREFILL_PATTERN", "REQUEST_COLUMNS", "STEP_COLUMNS", "engine_prefills", "forward_steps",
+           "generation_steps", "number_requests", "phase_summary", "requests", "trace_generation_steps"]
 
 #: At least this many steps make a generation (fewer: no phases).
 MIN_STEPS = 3
@@ -73,7 +74,7 @@ DECODE_PATTERN = word_pattern(("decode", "generate", "generation", "token", "sam
 STEP_COLUMNS: dict[str, pl.DataType | type[pl.DataType]] = {
     "step": pl.Int64, "phase": pl.Utf8, "source": pl.Utf8, "name": pl.Utf8, "start_ns": pl.Int64, "end_ns": pl.Int64,
     "gpu_start_ns": pl.Int64, "gpu_end_ns": pl.Int64, "gpu_busy_ns": pl.Int64, "ops": pl.Int64, "interval_ns": pl.Int64,
-    "prefills": pl.Int64,
+    "prefills": pl.Int64, "rows": pl.Int64, "draft": pl.Int64,
 }
 
 
@@ -324,6 +325,49 @@ def engine_prefills(ops: np.ndarray, busy: np.ndarray, prefill_factor: float = P
     return k
 
 
+def forward_steps(reading: TokenReading, rk: list[str] | None = None) -> pl.DataFrame:
+    """The token steps of forward passes read from the kernels (:func:`tracekit.analysis.run.
+    forwards.read_tokens`; source ``forwards``): of a generation one step per forward of the
+    main model (``phase`` prefill or decode, ``rows`` the rows its embedding gathered where
+    known, ``draft`` the draft model's forwards since the main model's previous one); of a
+    server (continuous batching) one step per engine step (``prefills`` the prompts' forwards
+    in it, ``rows`` its decode forward's rows). Times are the forwards' GPU spans. Empty when
+    the forwards make no tokens."""
+    rk = rk or []
+    if reading.tokens is None:
+        return _empty(rk)
+    f = reading.forwards.sort("start_ns").with_columns(
+        (pl.col("role") == "main").cast(pl.Int64).cum_sum().alias("_main"), (pl.col("role") == "draft").alias("_draft"))
+    # a draft's forwards count towards the main model's next forward
+    drafts = f.group_by("_main").agg(pl.col("_draft").sum().alias("draft"),
+                                     pl.col("start_ns").filter(pl.col("_draft")).min().alias("_draft_start"))
+    main = f.filter(pl.col("role") == "main").with_columns((pl.col("_main") - 1).alias("_prev"))
+    main = main.join(drafts.select(pl.col("_main").alias("_prev"), "draft", "_draft_start"), on="_prev", how="left")
+    # a request's first token needs the draft's forward over the prompt too: its prefill starts there
+    main = main.with_columns(pl.when(pl.col("phase") == "prefill").then(pl.min_horizontal("start_ns", "_draft_start"))
+                             .otherwise(pl.col("start_ns")).alias("start_ns"),
+                             # a prompt's forward ends, for its request, when its token reaches the host
+                             pl.when(pl.col("phase") == "prefill").then(pl.coalesce("token_ns", "end_ns")).otherwise(pl.col("end_ns"))
+                             .alias("end_ns"))
+    has_draft = bool(f["_draft"].any())
+    main = main.with_columns(pl.col("draft").fill_null(0) if has_draft else pl.lit(None, pl.Int64).alias("draft"))
+    if reading.serving:
+        main = main.group_by("engine_step", maintain_order=True).agg(
+            pl.col("start_ns").min(), pl.col("end_ns").max(), pl.col("gpu_busy_ns").sum(), pl.col("ops").sum(),
+            (pl.col("phase") == "prefill").sum().cast(pl.Int64).alias("prefills"),
+            pl.col("tokens_in").filter(pl.col("phase") == "decode").last().alias("tokens_in"), pl.col("draft").sum())
+        main = main.with_columns(pl.when(pl.col("prefills") > 0).then(pl.lit("prefill")).otherwise(pl.lit("decode")).alias("phase"))
+    else:
+        main = main.with_columns((pl.col("phase") == "prefill").cast(pl.Int64).alias("prefills"))
+    steps = main.sort("start_ns").select(
+        *[pl.lit(None, pl.Int64).alias(k) for k in rk], "phase", pl.lit(None, pl.Utf8).alias("name"), "start_ns", "end_ns",
+        pl.col("start_ns").alias("gpu_start_ns"), pl.col("end_ns").alias("gpu_end_ns"), "gpu_busy_ns", "ops", "prefills",
+        pl.col("tokens_in").alias("rows"), "draft")
+    return steps.with_columns(pl.lit("forwards").alias("source"), pl.int_range(pl.len(), dtype=pl.Int64).alias("step"),
+                              (pl.col("start_ns").shift(-1) - pl.col("start_ns")).alias("interval_ns")).select(
+        *rk, *[pl.col(c).cast(t) for c, t in STEP_COLUMNS.items()])
+
+
 def _get_all(ops: pl.DataFrame, get: Callable[[list[str]], pl.DataFrame] | None) -> pl.DataFrame:
     """Every column :func:`generation_steps` reads, from ``get`` (``ops`` when it has them)."""
     return ops if get is None else get(["rank", *_OP_COLUMNS])
@@ -337,6 +381,7 @@ def generation_steps(
     pattern: str = DEFAULT_ITERATION_PATTERN,
     prefill_factor: float = PREFILL_FACTOR,
     tokens: bool = False,
+    forwards: TokenReading | None = None,
 ) -> pl.DataFrame:
     """The prefill and decode steps of a generation (see the module doc for the sources).
 
@@ -359,6 +404,9 @@ def generation_steps(
     prefill_factor
         Without a prefill range, a forward or kernel-loop step with at least this many times
         the median GPU busy time is a prefill (NVTX step ranges need a prefill range).
+    forwards
+        Forward passes read from the kernels (:func:`tracekit.analysis.run.forwards.read_tokens`):
+        the source after the NVTX ranges and graph replays (:func:`forward_steps`).
     tokens
         Whether the steps are known to make tokens (:func:`tracekit.analysis.run.structure.
         token_evidence`: the sampled ids copied to the host each step): needed for steps found
@@ -412,6 +460,11 @@ def generation_steps(
     if steps is None and graph_launches is not None and graph_launches.height:
         steps = _from_graphs(graph_launches, ops_with_launch, rk)
         source = "graph_replays"
+    if steps is None and forwards is not None:
+        # the forward passes read from the kernels: their steps are final (prefill and decode
+        # from the work per forward, engine steps of a server)
+        out = forward_steps(forwards, rk)
+        return out if out.height >= MIN_STEPS else _empty(rk)
     if steps is None:
         steps = _from_loops(ops_with_launch, rk)
         source = "kernel_loop"
@@ -441,6 +494,7 @@ def generation_steps(
         # tokens' copies say so (a heavy first step does not: NCCL's first wait, a cold start)
         return _empty(rk)
     steps = steps.with_columns(
+        *[pl.lit(None, pl.Int64).alias(c) for c in ("rows", "draft") if c not in steps.columns],
         pl.col("phase").fill_null("decode"),
         (pl.Series(prefills, dtype=pl.Int64) if prefills is not None else (pl.col("phase") == "prefill").cast(pl.Int64)).alias("prefills"),
         pl.lit(source).alias("source"),
@@ -454,7 +508,15 @@ def generation_steps(
 REQUEST_COLUMNS: dict[str, pl.DataType | type[pl.DataType]] = {
     "request": pl.Int64, "warmup": pl.Boolean, "start_ns": pl.Int64, "end_ns": pl.Int64, "prefill_steps": pl.Int64,
     "decode_steps": pl.Int64, "ttft_ns": pl.Int64, "tpot_median_ns": pl.Float64, "tpot_p90_ns": pl.Float64,
+    "new_tokens": pl.Int64, "prompt_rows": pl.Int64, "decode_rows": pl.Int64, "draft_forwards": pl.Int64,
 }
+
+#: A leading request is warm-up when it makes at most this share of the median new tokens of
+#: the requests after it (a short first call that only warms the libraries up), …
+WARMUP_TOKENS_SHARE = 0.5
+#: … or takes more than this many times their median time per output token (a cold call; a
+#: request a little slower than the rest is no warm-up).
+WARMUP_TPOT_FACTOR = 2.0
 
 
 def number_requests(steps: pl.DataFrame) -> pl.DataFrame:
@@ -468,7 +530,7 @@ def number_requests(steps: pl.DataFrame) -> pl.DataFrame:
     return steps.sort("start_ns").with_columns((pre.cum_sum() - lead).alias("request"))
 
 
-def requests(steps: pl.DataFrame, *, warmup_factor: float = 1.5) -> pl.DataFrame:
+def requests(steps: pl.DataFrame, *, warmup_factor: float = WARMUP_TPOT_FACTOR) -> pl.DataFrame:
     """One row per request of :func:`number_requests`' steps: what a user of ``generate()``
     measures per call.
 
@@ -476,15 +538,24 @@ def requests(steps: pl.DataFrame, *, warmup_factor: float = 1.5) -> pl.DataFrame
     ``decode_steps``, ``ttft_ns`` (from the prefill's start to the end of its GPU work: the
     first token ready on the GPU; null without a prefill in the capture), ``tpot_median_ns``
     and ``tpot_p90_ns`` (the intervals between the request's consecutive decode steps' starts:
-    time per output token). ``warmup``: a leading request that took more than
-    ``warmup_factor`` times the median of the requests after it (a cold first call: cuBLAS and
-    cuDNN heuristics, the allocator's first blocks), at most half of them.
+    time per output token; of speculative decoding, per verify step), ``new_tokens`` (the
+    prefill's token and one per decode step; null with a draft model, whose verify steps
+    accept a number of tokens the GPU's work does not show), ``prompt_rows`` (rows the
+    prefill's embedding gathered: batch × prompt tokens, where the trace shows them),
+    ``decode_rows`` (rows of its decode forwards: the batch), ``draft_forwards`` (the draft
+    model's forwards). ``warmup``: leading requests (at most half) that made at most
+    :data:`WARMUP_TOKENS_SHARE` of the median new tokens of the requests after them (a short
+    warm-up call), or took more than ``warmup_factor`` (:data:`WARMUP_TPOT_FACTOR`) times their
+    median time per output token (a cold first call: cuBLAS and cuDNN heuristics, the caching allocator's first
+    blocks) — never by total duration, which a request's length decides.
     """
     if steps.height == 0:
         return pl.DataFrame(schema=REQUEST_COLUMNS)
     s = steps if "request" in steps.columns else number_requests(steps)
     end = pl.max_horizontal("end_ns", "gpu_end_ns")
     rows = []
+    has_rows = "rows" in s.columns
+    has_draft = "draft" in s.columns and s["draft"].drop_nulls().len() > 0 and int(s["draft"].sum() or 0) > 0
     for (req,), part in s.sort("start_ns").group_by(["request"], maintain_order=True):
         pre = part.filter(pl.col("phase") == "prefill")
         dec = part.filter(pl.col("phase") == "decode")
@@ -493,15 +564,38 @@ def requests(steps: pl.DataFrame, *, warmup_factor: float = 1.5) -> pl.DataFrame
             first = pre.row(0, named=True)
             ttft = int((first["gpu_end_ns"] or first["end_ns"]) - first["start_ns"])
         tpot = dec["start_ns"].diff().drop_nulls().cast(pl.Float64)
+        prompt_rows = pre["rows"][0] if has_rows and pre.height else None
+        dec_rows = dec["rows"].drop_nulls() if has_rows else pl.Series([], dtype=pl.Int64)
         rows.append({
             "request": req, "warmup": False, "start_ns": int(part["start_ns"].min()),  # type: ignore[arg-type]
             "end_ns": int(part.select(end.max()).item()), "prefill_steps": pre.height, "decode_steps": dec.height,
             "ttft_ns": ttft, "tpot_median_ns": float(tpot.median()) if tpot.len() else None,  # type: ignore[arg-type]
             "tpot_p90_ns": float(tpot.quantile(0.9, interpolation="nearest")) if tpot.len() else None,  # type: ignore[arg-type]
+            "new_tokens": None if has_draft else dec.height + (1 if pre.height else 0), "prompt_rows": prompt_rows,
+            "decode_rows": int(dec_rows.median()) if dec_rows.len() else None,  # type: ignore[arg-type]
+            "draft_forwards": int(part["draft"].sum() or 0) if has_draft else None,
         })
     out = pl.DataFrame(rows, schema=REQUEST_COLUMNS)
-    warm = warmup_count((out["end_ns"] - out["start_ns"]).to_list(), warmup_factor) if out.height > 1 else 0
-    return out.with_columns((pl.int_range(pl.len()) < warm).alias("warmup"))
+    return out.with_columns((pl.int_range(pl.len()) < _warm_requests(out, warmup_factor)).alias("warmup"))
+
+
+def _warm_requests(req: pl.DataFrame, warmup_factor: float) -> int:
+    """How many leading requests are warm-up (see :func:`requests`)."""
+    n = req.height
+    if n < 2:
+        return 0
+    made = req["new_tokens"].fill_null(req["decode_steps"]).cast(pl.Float64).to_list()
+    tpot = req["tpot_median_ns"].to_list()
+    warm = 0
+    for i in range(n - 1):  # at least one steady request remains
+        rest_made = [m for m in made[i + 1 :] if m is not None]
+        rest_tpot = [t for t in tpot[i + 1 :] if t is not None]
+        short = bool(rest_made) and made[i] is not None and made[i] <= WARMUP_TOKENS_SHARE * float(np.median(rest_made))
+        slow = bool(rest_tpot) and tpot[i] is not None and tpot[i] > warmup_factor * float(np.median(rest_tpot))
+        if not (short or slow):
+            break
+        warm = i + 1
+    return warm
 
 
 def phase_summary(steps: pl.DataFrame) -> pl.DataFrame:

@@ -50,6 +50,7 @@ from tracekit.analysis.run.iterations import (
     warmup_count,
 )
 from tracekit.analysis.layers import forward_ranges
+from tracekit.analysis.run.forwards import GridLookup, TokenReading, forward_passes, read_tokens
 from tracekit.analysis.run.loops import (
     HOST_COPY_NAME,
     Loop,
@@ -73,7 +74,7 @@ __all__ = [
 ]
 
 #: The kinds of run :func:`classify` tells apart.
-KINDS = ("training", "generation", "serving", "microbenchmark", "unknown")
+KINDS = ("training", "generation", "serving", "inference", "microbenchmark", "unknown")
 
 #: The operations with their launch columns, or a function of CPU ranges (``start_ns``,
 #: ``end_ns``; ``None`` for all) that gives at least those launched inside them.
@@ -270,6 +271,50 @@ def graph_replay_iterations(launches: pl.DataFrame, ops: pl.DataFrame, *, min_re
     return pl.DataFrame(rows, schema=empty.schema, orient="row")
 
 
+# -- forward passes ----------------------------------------------------------------------------
+
+
+def forward_iterations(ops: pl.DataFrame, labels: pl.Series | None, grid: GridLookup | None, *,
+                       min_repeats: int = 3) -> tuple[pl.DataFrame, TokenReading, int] | None:
+    """Iterations from the forward passes of the busiest GPU's operations
+    (:func:`tracekit.analysis.run.forwards.forward_passes`): one per forward of the main model
+    (:func:`~tracekit.analysis.run.forwards.read_tokens`), running from its first operation's
+    start to the next one's (the last one to its end); ``kernels`` counts its operations.
+    ``None`` without forwards, or when backward kernels hold :data:`BACKWARD_SHARE` of the
+    GPU's kernel time (a training step holds forwards and backwards: the kernel loop reads it).
+    Also the reading and how many GPUs (ranks) run as many operations as half the busiest's."""
+    if ops.height == 0 or "name" not in ops.columns:
+        return None
+    keys = [c for c in ("rank", "device_id") if c in ops.columns]
+    per = ops.group_by(keys).agg(pl.col("duration_ns").sum(), pl.len().alias("n")).sort(
+        ["duration_ns", *keys], descending=[True, *([False] * len(keys))], nulls_last=True)
+    top = per.row(0, named=True)
+    sel = pl.all_horizontal([pl.col(k) == top[k] if top[k] is not None else pl.col(k).is_null() for k in keys])
+    g = ops.filter(sel).sort("start_ns")
+    text = g["name"]
+    if text.dtype.is_integer():
+        if labels is None:
+            return None
+        text = pl.Series(labels).gather(text.fill_null(0).cast(pl.Int64))
+    bwd = g["duration_ns"].filter(text.cast(pl.Utf8).fill_null("").str.contains(BACKWARD_NAMES)).sum()
+    if bwd and bwd >= BACKWARD_SHARE * int(g["duration_ns"].sum() or 0):
+        return None
+    fp = forward_passes(g, labels, grid=grid, min_forwards=min_repeats)
+    if fp is None:
+        return None
+    reading = read_tokens(fp)
+    main = reading.main_forwards.sort("start_ns")
+    if main.height < min_repeats:
+        return None
+    starts = main["start_ns"]
+    ends = pl.concat([starts.slice(1), main["end_ns"].tail(1)])
+    frame = pl.DataFrame({"iteration": np.arange(main.height, dtype=np.int64), "start_ns": starts, "end_ns": ends}).with_columns(
+        (pl.col("end_ns") - pl.col("start_ns")).alias("duration_ns"), (pl.col("end_ns") - pl.col("start_ns")).alias("gpu_span_ns"),
+        main["ops"].alias("kernels"), *[pl.lit(top[k]).alias(k) for k in keys])
+    ranks = int(per.filter(pl.col("n") >= 0.5 * top["n"]).height)
+    return frame.select([*keys, *_ITER_SCHEMA]), reading, ranks
+
+
 # -- NVTX iterations ---------------------------------------------------------------------------
 
 
@@ -335,6 +380,10 @@ class Iterations:
     method: str
     reason: str
     loops: list[DeviceLoop] = field(default_factory=list)
+    #: ``forward_passes``: the forwards read (:func:`tracekit.analysis.run.forwards.read_tokens`).
+    reading: TokenReading | None = None
+    #: ``forward_passes``: the GPUs (or ranks) that run them.
+    ranks: int = 1
 
 
 def _getter(kernels: Ops) -> Callable[[list[str]], pl.DataFrame]:
@@ -355,12 +404,16 @@ def find_iterations(
     settings: Settings,
     *,
     graph_launches: pl.DataFrame | None = None,
+    labels: Callable[[], pl.Series | None] | None = None,
+    grid: GridLookup | None = None,
 ) -> Iterations:
     """The iterations of a trace, from the first source that has them (see the module doc).
 
     ``kernels`` is the sequence searched for loops: the GPU operations (``gpu_ops``), or a
     function giving some of their columns (:data:`Ops`). ``ops_with_launch``: the operations
-    with their launch columns, or a function that gives them for some CPU ranges."""
+    with their launch columns, or a function that gives them for some CPU ranges. Where
+    ``kernels`` gives names as integer codes, ``labels()`` gives the text of each code;
+    ``grid`` looks up kernels' grids (:func:`tracekit.analysis.run.forwards.forward_passes`)."""
     get = _getter(kernels)
     its = nvtx_iterations(ops_with_launch, nvtx, settings) if nvtx.height else pl.DataFrame()
     its, few = _holding_work(its, get)
@@ -396,8 +449,16 @@ def find_iterations(
         frame = graph_replay_iterations(graph_launches, get(["rank", "device_id", "duration_ns"]), min_repeats=settings.min_repeats)
         method, why = "graph_replays", "no NVTX iteration ranges: one step per replay of the CUDA graph that holds the most GPU time"
     if frame.height == 0:
-        loops = kernel_loop_iterations(get(["rank", "device_id", "start_ns", "end_ns", "duration_ns", "name"]),
-                                       min_repeats=settings.min_repeats)
+        ops = get(["rank", "device_id", "start_ns", "end_ns", "duration_ns", "name", "correlation_id"])
+        fwd = forward_iterations(ops, labels() if labels is not None else None, grid, min_repeats=settings.min_repeats)
+        if fwd is not None:
+            frame, reading, ranks = fwd
+            no = few or ("no NVTX ranges" if nvtx.height == 0 else "no NVTX iteration ranges")
+            why = f"{no}: one iteration per forward pass of the model ({reading.passes.evidence()})"
+            frame = frame.with_columns(pl.col("start_ns").alias("w_start"), pl.col("end_ns").alias("w_end"),
+                                       pl.col("duration_ns").alias("length_ns"))
+            return Iterations(_timed(frame), frame.height, "forward_passes", why, reading=reading, ranks=ranks)
+        loops = kernel_loop_iterations(ops.drop("correlation_id", strict=False), min_repeats=settings.min_repeats)
         frame = loops[0].iterations if loops else _empty_iterations()
         method = "kernel_loop"
         no = "no NVTX ranges" if nvtx.height == 0 else "no NVTX iteration ranges"
@@ -525,6 +586,8 @@ class RunStructure:
     #: not the engine's time.
     idle_spans: pl.DataFrame = field(default_factory=pl.DataFrame, repr=False)
     loops: list[DeviceLoop] = field(default_factory=list, repr=False)
+    #: The forward passes read from the kernels (method ``forward_passes``), else ``None``.
+    reading: TokenReading | None = field(default=None, repr=False)
     steps_table: pl.DataFrame = field(default_factory=pl.DataFrame, repr=False)
     requests: pl.DataFrame = field(default_factory=pl.DataFrame, repr=False)
 
@@ -602,7 +665,7 @@ def _headline(s: RunStructure) -> str:
     tail = f", start-up {_fmt_ns(start)} not counted" if start else ""
     if s.kind in ("generation", "serving") and s.requests.height:
         return _generation_headline(s, tail)
-    noun = {"training": "steps", "microbenchmark": "repetitions"}.get(s.kind, "iterations")
+    noun = {"training": "steps", "microbenchmark": "repetitions", "inference": "forward passes"}.get(s.kind, "iterations")
     return f"{kind}: {s.steps} steady {noun} of {_fmt_ns(s.step_ns)}{on}{warm}{tail}"
 
 
@@ -709,11 +772,12 @@ def build_structure(
             loops.append(replace(dl, warmup=d_warm))
             rows.extend(_segments(dl.keys, d_it, d_warm, trace_start_ns, trace_end_ns, found.reason))
     else:
-        keys: dict[str, Any] = {k: it[k][0] for k in ("rank", "pid") if k in it.columns}
+        keys: dict[str, Any] = {k: it[k][0] for k in ("rank", "pid", "device_id") if k in it.columns}
         rows.extend(_segments(keys, it, warm, trace_start_ns, trace_end_ns, found.reason))
+        ranks = found.ranks
     segments = pl.DataFrame(rows) if rows else pl.DataFrame(schema=_SEGMENT_SCHEMA)
     s = RunStructure("unknown", (), found.method, reason, it, found.total, warm, found.total - warm, step_ns, start, end,
-                     trace_start_ns, trace_end_ns, segments, ranks, loops=loops)
+                     trace_start_ns, trace_end_ns, segments, ranks, loops=loops, reading=found.reading)
     if window_ops is not None:
         lo, hi = _classify_span(it, warm, start, end)
         ops = window_ops(lo, hi)
@@ -724,6 +788,14 @@ def build_structure(
             # steady repetition's kernels, not the middle ones only
             s.evidence = (_timed_kernels(window_ops(start, end), s),)
         s.token_evidence = token_evidence(ops, n_span) if s.kind == "unknown" else None
+    reading = found.reading
+    if reading is not None and s.kind in ("unknown", "microbenchmark"):
+        if reading.tokens is not None:
+            s.kind, s.evidence, s.token_evidence = "unknown", (), reading.tokens
+        else:
+            s.kind, s.token_evidence = "inference", None
+            s.evidence = (reading.passes.evidence() + ", with no sign of tokens (no embedding lookup opening them, or no "
+                          "prompt's forward followed by one-token forwards): a model run over and over, not a generation",)
     return s
 
 
@@ -861,7 +933,12 @@ def _with_generation(s: RunStructure, steps: pl.DataFrame, warmup_factor: float)
     runs = _decode_runs(steps)
     prefills = int(steps["prefills"].sum()) if "prefills" in steps.columns else len(runs)
     src = steps["source"][0] if "source" in steps.columns and steps.height else ""
-    serving = prefills >= 3 and bool(runs) and (min(runs) == 0 or max(runs) >= 1.5 * min(runs) + 1 or prefills > len(runs))
+    if src == "forwards" and s.reading is not None:
+        # continuous batching is seen in the forwards themselves: prompts' forwards in the
+        # same engine steps as other requests' decode (forwards.read_tokens)
+        serving = s.reading.serving
+    else:
+        serving = prefills >= 3 and bool(runs) and (min(runs) == 0 or max(runs) >= 1.5 * min(runs) + 1 or prefills > len(runs))
     heavy = ""
     if prefills:
         busy = steps.filter(pl.col("phase") == "decode")["gpu_busy_ns"].drop_nulls()
@@ -903,7 +980,7 @@ def _with_generation(s: RunStructure, steps: pl.DataFrame, warmup_factor: float)
                  if n_warm else ""),)
         kind = "serving"
     else:
-        req = requests(steps, warmup_factor=warmup_factor)
+        req = requests(steps)
         warm_ids = req.filter(pl.col("warmup"))["request"].to_list()
         steps = steps.with_columns(pl.col("request").is_in(warm_ids).alias("warmup"))
         if prefills:
@@ -913,8 +990,17 @@ def _with_generation(s: RunStructure, steps: pl.DataFrame, warmup_factor: float)
                     + (" each" if prefills > 1 and len(set(runs)) == 1 else ""))
         else:
             what = f"{steps.height} decode steps ({src}); the prompt's forward is not in the capture"
-        ev = (what + (f" ({len(warm_ids)} warm-up request set apart: it took over {warmup_factor}× the median of the rest)"
-                      if warm_ids else ""),)
+        why_warm = (f"it made at most half the new tokens of the rest, or took over {warmup_factor}× their time per output token"
+                    if src == "forwards" or "new_tokens" in req.columns else f"it took over {warmup_factor}× the median of the rest")
+        ev = (what + (f" ({len(warm_ids)} warm-up request(s) set apart: {why_warm})" if warm_ids else ""),)
+        if src == "forwards" and s.reading is not None:
+            drafts = int(steps["draft"].sum() or 0) if "draft" in steps.columns else 0
+            ev = (s.reading.tokens,) + ev
+            if drafts:
+                ev += (f"speculative decoding: {drafts} forwards of a {s.reading.passes.depths[-1]}-site draft model between the "
+                       f"{s.reading.passes.depths[s.reading.main]}-site model's verify steps; the time per output token is per "
+                       "verify step (the tokens each accepts are not in the GPU's work)",)
+            ev += s.reading.notes
         kind = "generation"
     out = replace(s, steps_table=steps, requests=req)
     if s.kind == "unknown":
