@@ -273,16 +273,17 @@ def test_an_eager_generate_is_not_862_layer_steps() -> None:
 @pytest.mark.parametrize("name", ["serve_cb_1gpu", "serve_child_follow"])
 def test_continuous_batching_engine(name: str) -> None:
     """An engine's steps end with the copy of the sampled tokens: their number is the
-    program's (its warm-up's 4, the test request's and the load's steps); 13 prompts ran (the
-    test request and 12 arrivals), some in the same step as others' decode; the test request,
-    alone before the client's pause, is set apart as warm-up."""
+    program's (its warm-up's 4, the test request's and the load's steps); 14 prompts ran (the
+    engine's own warm-up prompt of 64 tokens, the test request and 12 arrivals), some in the
+    same step as others' decode; the engine's warm-up and the test request, alone before the
+    client's pause, are set apart as warm-up."""
     log = _log(name)
     s = _structure(name)
     assert s.kind == "serving"
     assert s.steps_table.height == log["test_steps"] + log["load_steps"] + 4
-    assert int(s.steps_table["prefills"].sum()) == len(log["test_request"]) + log["n_requests"] == 13
+    assert int(s.steps_table["prefills"].sum()) == 1 + len(log["test_request"]) + log["n_requests"] == 14
     warm = s.steps_table.filter(pl.col("warmup"))
-    assert int(warm["prefills"].sum()) == 1
+    assert int(warm["prefills"].sum()) == 2
     # the engine's step interval is every running request's time per output token
     (copies,) = _sql(name, "SELECT COUNT(*) FROM CUPTI_ACTIVITY_KIND_MEMCPY WHERE copyKind = 2")[0]
     assert copies == s.steps_table.height
@@ -462,7 +463,10 @@ def test_structure_json_and_the_cli() -> None:
     d = _diagnose("hf_generate_calls")
     payload = json.loads(d.to_json())
     st = payload["structure"]
-    assert st["kind"] == "generation" and st["warmup_iterations"] == 1 and len(st["requests"]) == 3
+    assert st["kind"] == "generation" and len(st["requests"]) == 3
+    # one iteration per forward pass: the warm-up call's forwards (its prefill and decode steps) are warm-up
+    warm = st["requests"][0]
+    assert warm["warmup"] and st["warmup_iterations"] == warm["prefill_steps"] + warm["decode_steps"] == 32
     assert st["headline"].startswith("generation: 3 requests (1 warm-up set apart)")
     r = subprocess.run([sys.executable, "-m", "tracekit.cli.main", "diagnose", str(_file("hf_generate_calls")), "--format", "json"],
                        capture_output=True, text=True, timeout=600, cwd=ROOT)

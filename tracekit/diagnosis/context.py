@@ -237,7 +237,7 @@ class Context:
         else:
             steps = generation_steps(self._phase_ops, self.nvtx, self.graph_launches, tokens=s.token_evidence is not None,
                                      forwards=reading)
-        return s.with_generation(steps, warmup_factor=self.config.warmup_factor)
+        return s.with_generation(steps, warmup_factor=self.config.warmup_factor, nvtx=self.nvtx)
 
     def name_labels(self) -> pl.Series | None:
         """The text of the integer name codes :meth:`ops_for_window` gives on a big export

@@ -46,6 +46,10 @@ __all__ = ["ATTENTION_NAMES", "FORWARD_COLUMNS", "GATHER_NAME", "GEMM_NAMES", "S
 #: Kernel names of attention (flash attention, FMHA, cuDNN's and PyTorch's SDPA kernels,
 #: paged/decode attention of serving engines).
 ATTENTION_NAMES = r"(?i)flash|fmha|sdpa|attention|_attn|attn_|mha_fwd|paged_attn|decode_attn"
+#: Inductor's pointwise and reduction kernels, named after the operations they fuse
+#: (``triton_per_fused__fused_rms_norm__scaled_dot_product_cudnn_attention_…`` is the norm and
+#: reshapes around an attention call, not the attention).
+FUSED_NAMES = r"^triton_(?:poi|per|red)_fused"
 #: Softmax kernels: the attention sites of models that run attention as matrix products.
 SOFTMAX_NAMES = r"(?i)softmax"
 #: Matrix products (cuBLAS, cuBLASLt's nvjet, CUTLASS, Triton/Inductor ``mm`` kernels).
@@ -124,7 +128,7 @@ class ForwardPasses:
 def _masks(names: pl.Series) -> dict[str, np.ndarray]:
     s = names.cast(pl.Utf8).fill_null("")
     return {
-        "attention": s.str.contains(ATTENTION_NAMES).to_numpy(),
+        "attention": (s.str.contains(ATTENTION_NAMES) & ~s.str.contains(FUSED_NAMES)).to_numpy(),
         "softmax": s.str.contains(SOFTMAX_NAMES).to_numpy(),
         "d2h": (s == HOST_COPY_NAME).to_numpy(),
         "gemm": s.str.contains(GEMM_NAMES).to_numpy(),
@@ -157,6 +161,8 @@ def _best_loop(codes: np.ndarray, site_mask: np.ndarray, starts: np.ndarray, end
         depths = values[(counts >= max(min_forwards, DEPTH_SHARE * per.size)) & (values >= 2)]
         if depths.size == 0:
             continue
+        if not _whole_stacks(sites, bounds, per):
+            continue
         clean = np.isin(per, depths)
         key = (int(clean.sum()), float(clean.mean()))
         if best is None or key > best[0]:
@@ -167,6 +173,28 @@ def _best_loop(codes: np.ndarray, site_mask: np.ndarray, starts: np.ndarray, end
 #: Looks up the grid (``grid_x``) of some kernels: given their ``ops`` rows (``device_id``,
 #: ``correlation_id``, ``start_ns``), one value per row (null where unknown).
 GridLookup = Callable[[pl.DataFrame], pl.Series]
+
+
+#: A loop's instances are whole forwards when at least this share of the stretches between
+#: one instance's last attention site and the next one's first hold more operations than the
+#: usual stretch between two sites of one instance (the head and tail of a forward: LM head,
+#: sampling, embedding); instances that cut a stack between two layers do not.
+WHOLE_SHARE = 0.75
+
+
+def _whole_stacks(sites: np.ndarray, bounds: np.ndarray, per: np.ndarray) -> bool:
+    """Whether the loop's instances (``bounds``) hold whole layer stacks (:data:`WHOLE_SHARE`)."""
+    first = np.searchsorted(sites, bounds[:-1])
+    inner = np.diff(sites)
+    idx = np.arange(inner.size)
+    # site k to k + 1 lies within one instance when k + 1 is not an instance's first site
+    starts_at = np.zeros(sites.size, dtype=bool)
+    starts_at[first[(per > 0) & (first < sites.size)]] = True
+    within = inner[~starts_at[idx + 1]]
+    across = inner[starts_at[idx + 1]]
+    if within.size == 0 or across.size == 0:
+        return True
+    return float(np.mean(across > np.median(within))) >= WHOLE_SHARE
 
 
 def forward_passes(ops: pl.DataFrame, labels: pl.Series | None = None, *, grid: GridLookup | None = None,
@@ -231,6 +259,19 @@ def forward_passes(ops: pl.DataFrame, labels: pl.Series | None = None, *, grid: 
     return ForwardPasses(frame.select([pl.col(c).cast(t) for c, t in FORWARD_COLUMNS.items()]), label, ranked, anchors)
 
 
+def _token_copy(last_site: int, stop: int, d2h: np.ndarray, sampling: np.ndarray, gemm: np.ndarray) -> int | None:
+    """The first device-to-host copy after a forward's sampling (after its LM head's product
+    where nothing samples), in ``[last_site, stop)``: its token reaching the host."""
+    sampled = np.nonzero(sampling[last_site:stop])[0]
+    if sampled.size:
+        after = last_site + int(sampled[-1])
+    else:
+        g = np.nonzero(gemm[last_site:stop])[0]
+        after = last_site + (int(g[-1]) if g.size else 0)
+    copies = np.nonzero(d2h[after:stop])[0]
+    return after + int(copies[0]) if copies.size else None
+
+
 def _forward_rows(loop, per: np.ndarray, depths: np.ndarray, mask: np.ndarray, m: dict[str, np.ndarray],  # noqa: ANN001
                   ops: pl.DataFrame, codes: np.ndarray, starts: np.ndarray, ends: np.ndarray,
                   lookup: GridLookup | None) -> pl.DataFrame:
@@ -271,13 +312,42 @@ def _forward_rows(loop, per: np.ndarray, depths: np.ndarray, mask: np.ndarray, m
         cut[j] = min(max(int(cut[j]), a), s0)
     stops = np.append(cut[1:], stop)
     # a forward ends with the host's synchronisation after its stack (the sampled tokens'
-    # copy); what runs between that and the next forward's embedding (the host preparing the
-    # next call: position ids, a new request's inputs) belongs to no forward
+    # copies): the last device-to-host copy after its token's before the next embedding
+    # lookup (an encoder's, or the next forward's). What runs between that and the next
+    # forward (the host preparing the next call: position ids, a new request's inputs, an
+    # encoder) belongs to no forward of this loop
+    sampling, gemm = m["sampling"], m["gemm"]
+    last_sites = np.array([int(site_end[first_site[j] + n_sites[j] - 1]) for j in range(lo.size)], dtype=np.int64)
     for j in range(lo.size):
-        last_site = int(site_end[first_site[j] + n_sites[j] - 1])
-        tail = np.nonzero(d2h[last_site : int(stops[j])])[0]
-        if tail.size:
-            stops[j] = last_site + int(tail[-1]) + 1
+        ls, b = int(last_sites[j]), int(stops[j])
+        tail = np.nonzero(d2h[ls:b])[0]
+        if not tail.size:
+            continue
+        token = _token_copy(ls, b, d2h, sampling, gemm)
+        if token is not None:
+            nxt = np.nonzero(emb[token:b])[0]
+            if nxt.size:
+                inside = np.nonzero(d2h[token : token + int(nxt[0])])[0]
+                stops[j] = token + int(inside[-1]) + 1
+                continue
+        stops[j] = ls + int(tail[-1]) + 1
+    spans = [(int(cut[j]), int(stops[j]), int(n_sites[j]), int(last_sites[j])) for j in range(lo.size)]
+    # another stack between two forwards, opened by its own embedding lookup (an encoder run
+    # once per request before the decoder's first step): a forward of its own
+    both = mask | m["softmax"] | m["attention"]
+    extra = []
+    before = np.nonzero(d2h[: int(cut[0])])[0]
+    regions = [(int(before[-1]) + 1 if before.size else 0, int(cut[0]))]
+    regions += [(int(stops[j]), int(cut[j + 1])) for j in range(lo.size - 1)]
+    for a, b in regions:
+        if b - a < 4:
+            continue
+        runs = _site_starts(both[a:b])
+        e = np.nonzero(emb[a:b])[0]
+        if runs.size >= 2 and e.size and e[0] < runs[0]:
+            last = a + int(np.nonzero(both[a:b])[0][-1])
+            extra.append((a + int(e[0]), b, int(runs.size), last))
+    spans = sorted(spans + extra)
     prev_end = np.maximum.accumulate(ends)
     grid: np.ndarray | None = None
     if "grid_x" in ops.columns:
@@ -288,10 +358,9 @@ def _forward_rows(loop, per: np.ndarray, depths: np.ndarray, mask: np.ndarray, m
         if at.size:
             keys = [c for c in ("device_id", "correlation_id", "start_ns") if c in ops.columns]
             grid[at] = lookup(ops[at.tolist()].select(keys)).cast(pl.Float64).to_numpy()
-    gemm_codes = np.where(m["gemm"], codes, -1)
+    gemm_codes = np.where(gemm, codes, -1)
     rows = []
-    for j in range(lo.size):
-        a, b = int(cut[j]), int(stops[j])
+    for a, b, n_here, last_site in spans:
         if b <= a:
             continue
         st, en = starts[a:b], ends[a:b]
@@ -301,28 +370,23 @@ def _forward_rows(loop, per: np.ndarray, depths: np.ndarray, mask: np.ndarray, m
         block_end = np.append(run_end[idx[1:] - 1], run_end[-1])
         busy = int((block_end - st[idx]).sum())
         # the embedding lookup at its head: the rows it gathered (batch × tokens)
-        head = np.nonzero(m["embedding"][a : int(sites[first_site[j]])])[0]
+        first_site_op = a + int(np.nonzero(both[a:b])[0][0]) if both[a:b].any() else b
+        head = np.nonzero(emb[a:first_site_op])[0]
         tokens, few = None, False
         if head.size:
-            at = a + int(head[-1])
-            few = bool(m["small_gather"][at])  # index_select's kernel for at most 16 rows
-            if grid is not None and m["gather"][at] and not np.isnan(grid[at]):
-                tokens = int(grid[at])
+            at_head = a + int(head[-1])
+            few = bool(m["small_gather"][at_head])  # index_select's kernel for at most 16 rows
+            if grid is not None and m["gather"][at_head] and not np.isnan(grid[at_head]):
+                tokens = int(grid[at_head])
         distinct = np.unique(gemm_codes[a:b])
         distinct = distinct[distinct >= 0]
         sig = zlib.crc32(distinct.astype(np.int64).tobytes()) if distinct.size else 0
-        last_site = int(site_end[first_site[j] + n_sites[j] - 1])
         sync = bool(d2h[last_site:b].any())
-        sampled = np.nonzero(m["sampling"][last_site:b])[0]
-        sampling = bool(sampled.size)
-        # the token is ready when the first copy to the host after the sampling (after the LM
-        # head's product where nothing samples) ends
-        after = last_site + (int(sampled[-1]) if sampled.size else (int(np.nonzero(m["gemm"][last_site:b])[0][-1])
-                                                                  if m["gemm"][last_site:b].any() else 0))
-        copies = np.nonzero(d2h[after:b])[0]
-        token = int(ends[after + int(copies[0])]) if copies.size else None
-        rows.append((len(rows), int(n_sites[j]), int(n_sites[j]), a, b, int(st.min()), int(en.max()), busy, b - a,
-                     int(max(st.min() - prev_end[a - 1], 0)) if a else 0, tokens, few, bool(head.size), sampling, sig, sync, token))
+        sampled = bool(sampling[last_site:b].any())
+        tc = _token_copy(last_site, b, d2h, sampling, gemm)
+        token = int(ends[tc]) if tc is not None else None
+        rows.append((len(rows), n_here, n_here, a, b, int(st.min()), int(en.max()), busy, b - a,
+                     int(max(st.min() - prev_end[a - 1], 0)) if a else 0, tokens, few, bool(head.size), sampled, sig, sync, token))
     frame = pl.DataFrame(rows, schema=["forward", "model", "attention", "first_op", "stop_op", "start_ns", "end_ns", "gpu_busy_ns",
                                        "ops", "idle_before_ns", "tokens_in", "few_tokens", "embedding", "sampling", "gemm_set",
                                        "host_sync", "token_ns"], orient="row")
@@ -351,9 +415,10 @@ EMBEDDING_SHARE = 0.9
 @dataclass(frozen=True)
 class TokenReading:
     """What :func:`read_tokens` read of the forwards: ``forwards`` (:class:`ForwardPasses`'
-    frame plus ``role``: ``main`` for the model that does most of the GPU work, ``draft`` for
-    another model whose forwards run between the main model's (assisted generation's draft),
-    ``other``; ``phase``: ``prefill``/``decode`` of the main model's forwards, null for the
+    frame plus ``role``: ``main`` for the model that does most of the GPU work, ``encoder`` for
+    another stack run just before one of its forwards without sampling (an encoder-decoder's
+    encoder), ``draft`` for another model whose forwards run between the main model's
+    (assisted generation's draft), ``other``; ``phase``: ``prefill``/``decode`` of the main model's forwards, null for the
     others; ``engine_step``: the host steps, each ending with a device-to-host copy),
     ``serving`` (continuous batching seen), ``tokens`` (why these forwards make tokens, or
     ``None``: then they are a model's forwards without tokens, a diffusion sampler's or an
@@ -396,7 +461,9 @@ def read_tokens(fp: ForwardPasses) -> TokenReading:
     main = int(busy["model"][0]) if busy.height else 0
     depth = fp.depths[main] if fp.depths else 0
     is_main = (pl.col("model") == main) | ((pl.col("model") < 0) & (pl.col("attention") >= depth))
-    f = f.with_columns(pl.when(is_main).then(pl.lit("main")).otherwise(pl.lit("other")).alias("role"))
+    # a stack of its own run just before the main model's forward, without sampling: an encoder
+    encoder = (pl.col("model") < 0) & ~pl.col("sampling") & is_main.shift(-1).fill_null(False) & ~is_main
+    f = f.with_columns(pl.when(is_main).then(pl.lit("main")).when(encoder).then(pl.lit("encoder")).otherwise(pl.lit("other")).alias("role"))
     # another model's forwards between the main model's: a draft
     pos = pl.int_range(pl.len())
     main_pos = f.with_columns(pos.alias("_i")).filter(pl.col("role") == "main")["_i"]
@@ -415,7 +482,8 @@ def read_tokens(fp: ForwardPasses) -> TokenReading:
     busy_med = float(dec["gpu_busy_ns"].median() or 0) if dec.height else 0.0  # type: ignore[arg-type]
     known = pl.col("tokens_in").is_not_null()
     heavy = pl.when(known).then(pl.col("tokens_in") > limit).otherwise(pl.col("gpu_busy_ns") > PREFILL_BUSY_FACTOR * busy_med)
-    prefill = (pl.col("role") == "main") & ((pl.col("gemm_set") != usual) & heavy | (pl.col("model") < 0))
+    after_encoder = (pl.col("role").shift(1) == "encoder").fill_null(False)
+    prefill = (pl.col("role") == "main") & ((pl.col("gemm_set") != usual) & heavy | (pl.col("model") < 0) | after_encoder)
     f = f.with_columns(pl.when(prefill).then(pl.lit("prefill")).when(pl.col("role") == "main").then(pl.lit("decode"))
                        .otherwise(None).alias("phase"))
     # host steps: each ends with the forward that copies to the host

@@ -60,7 +60,7 @@ from tracekit.analysis.run.loops import (
 )
 
 __all__ = ["DECODE_PATTERN", "MIN_STEPS", "PREFILL_PATTERN", "REQUEST_COLUMNS", "STEP_COLUMNS", "engine_prefills", "forward_steps",
-           "generation_steps", "number_requests", "phase_summary", "requests", "trace_generation_steps"]
+           "generation_steps", "name_requests", "number_requests", "phase_summary", "requests", "trace_generation_steps"]
 
 #: At least this many steps make a generation (fewer: no phases).
 MIN_STEPS = 3
@@ -338,9 +338,11 @@ def forward_steps(reading: TokenReading, rk: list[str] | None = None) -> pl.Data
         return _empty(rk)
     f = reading.forwards.sort("start_ns").with_columns(
         (pl.col("role") == "main").cast(pl.Int64).cum_sum().alias("_main"), (pl.col("role") == "draft").alias("_draft"))
-    # a draft's forwards count towards the main model's next forward
+    # a draft's forwards count towards the main model's next forward; a prompt's forward starts
+    # with the draft's or the encoder's forward over the prompt before it
+    helper = pl.col("role").is_in(["draft", "encoder"])
     drafts = f.group_by("_main").agg(pl.col("_draft").sum().alias("draft"),
-                                     pl.col("start_ns").filter(pl.col("_draft")).min().alias("_draft_start"))
+                                     pl.col("start_ns").filter(helper).min().alias("_draft_start"))
     main = f.filter(pl.col("role") == "main").with_columns((pl.col("_main") - 1).alias("_prev"))
     main = main.join(drafts.select(pl.col("_main").alias("_prev"), "draft", "_draft_start"), on="_prev", how="left")
     # a request's first token needs the draft's forward over the prompt too: its prefill starts there
@@ -506,9 +508,9 @@ def generation_steps(
 
 #: Columns of :func:`requests`.
 REQUEST_COLUMNS: dict[str, pl.DataType | type[pl.DataType]] = {
-    "request": pl.Int64, "warmup": pl.Boolean, "start_ns": pl.Int64, "end_ns": pl.Int64, "prefill_steps": pl.Int64,
+    "request": pl.Int64, "warmup": pl.Boolean, "cold": pl.Boolean, "start_ns": pl.Int64, "end_ns": pl.Int64, "prefill_steps": pl.Int64,
     "decode_steps": pl.Int64, "ttft_ns": pl.Int64, "tpot_median_ns": pl.Float64, "tpot_p90_ns": pl.Float64,
-    "new_tokens": pl.Int64, "prompt_rows": pl.Int64, "decode_rows": pl.Int64, "draft_forwards": pl.Int64,
+    "new_tokens": pl.Int64, "prompt_rows": pl.Int64, "decode_rows": pl.Int64, "draft_forwards": pl.Int64, "name": pl.Utf8,
 }
 
 #: A leading request is warm-up when it makes at most this share of the median new tokens of
@@ -567,35 +569,74 @@ def requests(steps: pl.DataFrame, *, warmup_factor: float = WARMUP_TPOT_FACTOR) 
         prompt_rows = pre["rows"][0] if has_rows and pre.height else None
         dec_rows = dec["rows"].drop_nulls() if has_rows else pl.Series([], dtype=pl.Int64)
         rows.append({
-            "request": req, "warmup": False, "start_ns": int(part["start_ns"].min()),  # type: ignore[arg-type]
+            "request": req, "warmup": False, "cold": False, "start_ns": int(part["start_ns"].min()),  # type: ignore[arg-type]
             "end_ns": int(part.select(end.max()).item()), "prefill_steps": pre.height, "decode_steps": dec.height,
             "ttft_ns": ttft, "tpot_median_ns": float(tpot.median()) if tpot.len() else None,  # type: ignore[arg-type]
             "tpot_p90_ns": float(tpot.quantile(0.9, interpolation="nearest")) if tpot.len() else None,  # type: ignore[arg-type]
             "new_tokens": None if has_draft else dec.height + (1 if pre.height else 0), "prompt_rows": prompt_rows,
             "decode_rows": int(dec_rows.median()) if dec_rows.len() else None,  # type: ignore[arg-type]
-            "draft_forwards": int(part["draft"].sum() or 0) if has_draft else None,
+            "draft_forwards": int(part["draft"].sum() or 0) if has_draft else None, "name": None,
         })
     out = pl.DataFrame(rows, schema=REQUEST_COLUMNS)
-    return out.with_columns((pl.int_range(pl.len()) < _warm_requests(out, warmup_factor)).alias("warmup"))
+    short, slow = _warm_requests(out, warmup_factor)
+    i = pl.int_range(pl.len())
+    return out.with_columns((i < short).alias("warmup"), ((i >= short) & (i < slow)).alias("cold"))
 
 
-def _warm_requests(req: pl.DataFrame, warmup_factor: float) -> int:
-    """How many leading requests are warm-up (see :func:`requests`)."""
+def name_requests(req: pl.DataFrame, steps: pl.DataFrame, nvtx: pl.DataFrame) -> pl.DataFrame:
+    """``req`` (:func:`requests`) with ``name``: the label of the outermost NVTX range that
+    holds every step of the request (by start, ns) and no other request's step — a range a
+    user pushed around each call (``generate.0``, ``request 3``). Unchanged without one."""
+    if req.height == 0 or nvtx.height == 0 or "request" not in steps.columns or "end_ns" not in nvtx.columns:
+        return req
+    r = nvtx.filter(pl.col("end_ns").is_not_null() & pl.col("start_ns").is_not_null())
+    if "event_type" in r.columns:
+        r = r.filter(pl.col("event_type").is_in(["PushPop", "StartEnd"]))
+    if r.height == 0:
+        return req
+    lab = pl.coalesce("name", pl.lit("")) if "name" in r.columns else pl.lit("")
+    r = r.select("start_ns", "end_ns", lab.alias("label")).sort("start_ns")
+    st = steps.select("request", "start_ns").drop_nulls().sort("start_ns")
+    times = st["start_ns"].to_numpy()
+    owner = st["request"].to_numpy()
+    lo = np.searchsorted(times, r["start_ns"].to_numpy(), side="left")
+    hi = np.searchsorted(times, r["end_ns"].to_numpy(), side="right")
+    count = st.group_by("request").len()
+    sizes = dict(zip(count["request"].to_list(), count["len"].to_list(), strict=True))
+    names: dict[int, tuple[int, str]] = {}
+    for k, (a, b) in enumerate(zip(lo, hi, strict=True)):
+        if b <= a or owner[a] != owner[b - 1] or b - a != sizes.get(int(owner[a]), -1):
+            continue  # holds no step, steps of several requests, or only some of one
+        width = int(r["end_ns"][k] - r["start_ns"][k])
+        if int(owner[a]) not in names or width > names[int(owner[a])][0]:
+            names[int(owner[a])] = (width, str(r["label"][k]))
+    if not names:
+        return req
+    return req.with_columns(pl.col("request").replace_strict({q: n for q, (_, n) in names.items()}, default=None,
+                                                             return_dtype=pl.Utf8).alias("name"))
+
+
+def _warm_requests(req: pl.DataFrame, warmup_factor: float) -> tuple[int, int]:
+    """How many leading requests are warm-up calls, and up to which one the leading requests
+    are warm-up or cold (see :func:`requests`); at least one request is left."""
     n = req.height
     if n < 2:
-        return 0
+        return 0, 0
     made = req["new_tokens"].fill_null(req["decode_steps"]).cast(pl.Float64).to_list()
     tpot = req["tpot_median_ns"].to_list()
-    warm = 0
-    for i in range(n - 1):  # at least one steady request remains
+    short_n = slow_n = 0
+    for i in range(n - 1):
         rest_made = [m for m in made[i + 1 :] if m is not None]
         rest_tpot = [t for t in tpot[i + 1 :] if t is not None]
         short = bool(rest_made) and made[i] is not None and made[i] <= WARMUP_TOKENS_SHARE * float(np.median(rest_made))
         slow = bool(rest_tpot) and tpot[i] is not None and tpot[i] > warmup_factor * float(np.median(rest_tpot))
-        if not (short or slow):
+        if (short or (slow and i == 0)) and slow_n == short_n:  # a run's first call, short or cold, warms it up
+            short_n = slow_n = i + 1
+        elif short or slow:
+            slow_n = i + 1
+        else:
             break
-        warm = i + 1
-    return warm
+    return short_n, slow_n
 
 
 def phase_summary(steps: pl.DataFrame) -> pl.DataFrame:

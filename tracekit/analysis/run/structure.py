@@ -50,7 +50,7 @@ from tracekit.analysis.run.iterations import (
     warmup_count,
 )
 from tracekit.analysis.layers import forward_ranges
-from tracekit.analysis.run.forwards import GridLookup, TokenReading, forward_passes, read_tokens
+from tracekit.analysis.run.forwards import EMBEDDING_NAMES, SAMPLING_NAMES, GridLookup, TokenReading, forward_passes, read_tokens
 from tracekit.analysis.run.loops import (
     HOST_COPY_NAME,
     Loop,
@@ -538,9 +538,8 @@ MICRO_GPU_SHARE = 0.1
 MICRO_BUSY = 0.2
 #: A decode step copies its sampled token ids to the host: at most this many bytes.
 TOKEN_COPY_MAX_BYTES = 1 << 16
-#: Kernels that pick the next token (argmax, top-k, sort, sampling) …
-SAMPLING_NAMES = r"(?i)argmax|ArgMax|topk|top_k|multinomial|sampl|radix_sort|sort_|gumbel"
-#: … and that only a model's forward runs (matrix products, attention).
+#: Kernels that only a model's forward runs (matrix products, attention); those that pick the
+#: next token are :data:`tracekit.analysis.run.forwards.SAMPLING_NAMES`.
 MODEL_NAMES = r"(?i)gemm|gemv|nvjet|cutlass|xmma|cublas|matmul|flash|sdpa|attention|fmha"
 
 
@@ -615,15 +614,21 @@ class RunStructure:
             return st
         return st.filter(~pl.col("warmup"))
 
-    def with_generation(self, steps: pl.DataFrame, *, warmup_factor: float = 1.5) -> RunStructure:
+    def with_generation(self, steps: pl.DataFrame, *, warmup_factor: float = 1.5, nvtx: pl.DataFrame | None = None) -> RunStructure:
         """This structure with the token steps of :func:`tracekit.analysis.run.phases.
         generation_steps` (``steps``): their requests, which requests are warm-up, and the kind
         (``generation`` or ``serving``) when no other kind was found first (a training loop's
-        steps are never a generation). Unchanged when ``steps`` is empty or the kind is
-        already known."""
-        if steps.height == 0 or self.kind in ("training", "microbenchmark"):
+        steps are never a generation), and, given ``nvtx``, each request's name from the NVTX
+        range around it (:func:`tracekit.analysis.run.phases.name_requests`). Unchanged when
+        ``steps`` is empty or the kind is already known."""
+        if steps.height == 0 or self.kind in ("training", "microbenchmark", "inference"):
             return self
-        return _with_generation(self, steps, warmup_factor)
+        out = _with_generation(self, steps, warmup_factor)
+        if nvtx is not None and nvtx.height and out.requests.height and out.kind == "generation":
+            from tracekit.analysis.run.phases import name_requests
+
+            out = replace(out, requests=name_requests(out.requests, out.steps_table, nvtx))
+        return out
 
     def headline(self) -> str:
         """One line: the kind, the steady iterations, warm-up and start-up (what ``tracekit
@@ -671,8 +676,10 @@ def _headline(s: RunStructure) -> str:
 
 def _generation_headline(s: RunStructure, tail: str) -> str:
     req = s.requests
-    steady = req.filter(~pl.col("warmup")) if "warmup" in req.columns else req
-    warm = req.height - steady.height
+    set_apart = pl.col("warmup") | pl.col("cold").fill_null(False) if "cold" in req.columns else pl.col("warmup")
+    steady = req.filter(~set_apart) if "warmup" in req.columns else req
+    warm = int(req["warmup"].sum()) if "warmup" in req.columns else 0
+    cold = req.height - steady.height - warm
     base = steady if steady.height else req
     ttft = base["ttft_ns"].drop_nulls()
     tpot = base["tpot_median_ns"].drop_nulls()
@@ -689,7 +696,10 @@ def _generation_headline(s: RunStructure, tail: str) -> str:
         warm = int(steps.filter(pl.col("warmup"))["prefills"].sum()) if n_steps and "warmup" in steps.columns else 0
     else:
         what = f"{req.height} request{'s' if req.height != 1 else ''}"
-    warm_s = f" ({warm} warm-up set apart)" if warm else ""
+    apart = [f"{warm} warm-up"] if warm else []
+    if s.kind != "serving" and cold > 0:
+        apart.append(f"{cold} cold")
+    warm_s = f" ({', '.join(apart)} set apart)" if apart else ""
     return f"{s.kind}: {what}{warm_s}; steady: " + (", ".join(parts) or "no token times") + tail
 
 
@@ -885,8 +895,10 @@ def _timed_kernels(ops: pl.DataFrame, s: RunStructure, median: float | None = No
 def token_evidence(window_ops: pl.DataFrame, iterations: int) -> str | None:
     """Why the steady iterations look like one-token forwards, or ``None``: at least one small
     device-to-host copy (≤ :data:`TOKEN_COPY_MAX_BYTES`: the sampled ids) per iteration of the
-    ``iterations`` that ``window_ops`` covers, and
-    sampling (:data:`SAMPLING_NAMES`) and model kernels (:data:`MODEL_NAMES`) in them. A loop
+    ``iterations`` that ``window_ops`` covers, an embedding lookup per iteration
+    (:data:`~tracekit.analysis.run.forwards.EMBEDDING_NAMES`), and sampling
+    (:data:`~tracekit.analysis.run.forwards.SAMPLING_NAMES`) and model kernels
+    (:data:`MODEL_NAMES`) in them. A loop
     without (a simulation's time steps, a NaN check's ``.item()`` after each layer) is not a
     generation, however its first step compares with the rest."""
     ops = window_ops
@@ -897,8 +909,9 @@ def token_evidence(window_ops: pl.DataFrame, iterations: int) -> str | None:
         return None
     sampling = _names_like(ops, SAMPLING_NAMES)
     model = _names_like(ops, MODEL_NAMES)
-    if sampling.height == 0 or model.height == 0:
-        return None
+    lookups = _names_like(ops, EMBEDDING_NAMES)
+    if sampling.height == 0 or model.height == 0 or lookups.height < iterations:
+        return None  # tokens enter a language model through its embedding: an image classifier's argmax is no token
     size = int(copies["bytes"].median() or 0)  # type: ignore[arg-type]
     return (f"each step copies {size:,} B to the host ({copies.height:,} copies over {iterations} steady steps) after "
             f"{_short(sampling['name'][0])}: the sampled tokens of a decode loop")
@@ -981,7 +994,7 @@ def _with_generation(s: RunStructure, steps: pl.DataFrame, warmup_factor: float)
         kind = "serving"
     else:
         req = requests(steps)
-        warm_ids = req.filter(pl.col("warmup"))["request"].to_list()
+        warm_ids = req.filter(pl.col("warmup") | pl.col("cold"))["request"].to_list()
         steps = steps.with_columns(pl.col("request").is_in(warm_ids).alias("warmup"))
         if prefills:
             each = (f"{runs[0]}" if len(set(runs)) == 1 else f"{min(runs)} to {max(runs)}") if runs else "0"
@@ -990,9 +1003,14 @@ def _with_generation(s: RunStructure, steps: pl.DataFrame, warmup_factor: float)
                     + (" each" if prefills > 1 and len(set(runs)) == 1 else ""))
         else:
             what = f"{steps.height} decode steps ({src}); the prompt's forward is not in the capture"
-        why_warm = (f"it made at most half the new tokens of the rest, or took over {warmup_factor}× their time per output token"
-                    if src == "forwards" or "new_tokens" in req.columns else f"it took over {warmup_factor}× the median of the rest")
-        ev = (what + (f" ({len(warm_ids)} warm-up request(s) set apart: {why_warm})" if warm_ids else ""),)
+        n_short = int(req["warmup"].sum())
+        n_cold = len(warm_ids) - n_short
+        apart = []
+        if n_short:
+            apart.append(f"{n_short} warm-up request(s) set apart: each made at most half the new tokens of the requests after it")
+        if n_cold:
+            apart.append(f"{n_cold} cold request(s) set apart: each took over twice the time per output token of the requests after it")
+        ev = (what + (f" ({'; '.join(apart)})" if apart else ""),)
         if src == "forwards" and s.reading is not None:
             drafts = int(steps["draft"].sum() or 0) if "draft" in steps.columns else 0
             ev = (s.reading.tokens,) + ev
