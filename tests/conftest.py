@@ -184,6 +184,62 @@ def run_capture_log(name: str) -> list[dict]:  # type: ignore[type-arg]
     return out
 
 
+#: The generation zoo (issue 42): programs written as users write them, each printing its own
+#: clock (``TRUTH {json}``), captured whole on an H200: ``zoo/generation/gNN_*.py`` and
+#: ``zoo/generation/runs/<name>/`` (``<name>.sqlite.xz``, ``<name>.program.log``, ``command.txt``).
+ZOO = SAMPLES / "zoo" / "generation"
+#: Field captures of other programs with their truths (the team's ``../shared/field``; not
+#: bundled: the tests that read them are skipped without it).
+FIELD = ROOT.parent / "shared" / "field"
+
+
+def zoo_capture_names() -> list[str]:
+    """The bundled zoo captures (folders of ``sample_traces/zoo/generation/runs``)."""
+    return sorted(p.parent.name for p in (ZOO / "runs").glob("*/*.sqlite.xz"))
+
+
+@functools.cache
+def zoo_capture(name: str) -> Path:
+    """The ``.sqlite`` of zoo capture ``name``, unpacked once into ``.cache/zoo-<hash>/``."""
+    return _unpacked_xz(ZOO / "runs" / name / f"{name}.sqlite.xz", "zoo")
+
+
+def zoo_truth(name: str) -> dict:  # type: ignore[type-arg]
+    """The ``TRUTH`` line the zoo program printed: its own clock (see ``clock.py`` beside it)."""
+    import json
+
+    for line in (ZOO / "runs" / name / f"{name}.program.log").read_text().splitlines():
+        if line.startswith("TRUTH "):
+            return json.loads(line[len("TRUTH "):])  # type: ignore[no-any-return]
+    raise AssertionError(f"{name}: the program printed no TRUTH line")
+
+
+@functools.cache
+def field_capture(name: str) -> Path:
+    """The ``.sqlite`` of field capture ``name`` (``../shared/field/<name>.sqlite.xz``), unpacked
+    once into ``.cache/field-<hash>/``; skips the test where the field folder is absent."""
+    packed = FIELD / f"{name}.sqlite.xz"
+    if not packed.is_file():
+        pytest.skip(f"field capture {packed} not found (the team's ../shared/field is not beside this clone)")
+    return _unpacked_xz(packed, "field")
+
+
+def _unpacked_xz(packed: Path, kind: str) -> Path:
+    import hashlib
+    import lzma
+
+    digest = hashlib.sha256(packed.read_bytes()).hexdigest()[:12]
+    name = packed.name[: -len(".sqlite.xz")]
+    target = ROOT / ".cache" / f"{kind}-{digest}"
+
+    def fill(tmp: Path) -> None:
+        with lzma.open(packed) as src, open(tmp / f"{name}.sqlite", "wb") as dst:
+            shutil.copyfileobj(src, dst)
+
+    _unpack_once(target, target / f"{name}.sqlite", fill)
+    return target / f"{name}.sqlite"
+
+
 @pytest.fixture(scope="session")
 def corpus_dir() -> Path:
     if not NSYS_CORPUS.is_dir():

@@ -356,7 +356,7 @@ def test_the_three_commands_on_every_export(path: Path) -> None:
     from tracekit.model import compare
 
     d = diagnose(path)
-    assert d.findings.height >= 0 and d.window.method in ("nvtx", "forwards", "graph_replays", "kernel_loop", "whole_trace")
+    assert d.findings.height >= 0 and d.window.method in ("nvtx", "forwards", "graph_replays", "forward_passes", "kernel_loop", "whole_trace")
     assert all(f.title for f in d.items)
     diff = tracekit.diff(path, path)
     assert all(set(frame["verdict"]) <= {"no change"} for frame in diff.levels.values())

@@ -359,6 +359,14 @@ def _forward_rows(loop, per: np.ndarray, depths: np.ndarray, mask: np.ndarray, m
             keys = [c for c in ("device_id", "correlation_id", "start_ns") if c in ops.columns]
             grid[at] = lookup(ops[at.tolist()].select(keys)).cast(pl.Float64).to_numpy()
     gemm_codes = np.where(gemm, codes, -1)
+    # attention run as matrix products: the products on either side of each softmax site
+    # (scores, weighted values) follow the cached length, not the tokens; leave them out
+    soft = np.nonzero(mask & m["softmax"])[0]
+    gpos = np.nonzero(gemm)[0]
+    if soft.size and gpos.size:
+        at = np.searchsorted(gpos, soft)
+        gemm_codes[gpos[np.clip(at - 1, 0, gpos.size - 1)]] = -1
+        gemm_codes[gpos[np.clip(at, 0, gpos.size - 1)]] = -1
     rows = []
     for a, b, n_here, last_site in spans:
         if b <= a:
@@ -517,3 +525,38 @@ def read_tokens(fp: ForwardPasses) -> TokenReading:
         notes.append("the host does not wait for each token (no device-to-host copy after most forwards): a compiled or "
                      "asynchronous loop, so host time per token cannot be read off the GPU's")
     return TokenReading(fp, f, main, serving and tokens is not None, tokens, tuple(notes))
+
+
+def add_graph_replays(reading: TokenReading, launches: pl.DataFrame | None, keys: dict[str, object], *,
+                      min_replays: int = MIN_FORWARDS) -> TokenReading:
+    """``reading`` with the replays of CUDA graphs on the same GPU (``keys``: ``device_id``,
+    ``rank``) as decode forwards of the main model: ``torch.compile(mode="reduce-overhead")``
+    and serving engines capture the decode forward in a graph, whose kernels a graph-level
+    trace does not show, while the prompt's forward runs eagerly. Graphs replayed at least
+    ``min_replays`` times count (one per request in ``generate()`` with a static cache)."""
+    if launches is None or launches.height == 0 or reading.tokens is None:
+        return reading
+    sel = pl.all_horizontal([pl.col(k) == v for k, v in keys.items() if k in launches.columns] or [pl.lit(True)])
+    g = launches.filter(sel)
+    if g.height == 0:
+        return reading
+    counts = g.group_by("graph_exec_id").len().filter(pl.col("len") >= min_replays)
+    g = g.join(counts.select("graph_exec_id"), on="graph_exec_id")
+    if g.height == 0:
+        return reading
+    f = reading.forwards
+    rows = g.select(
+        pl.lit(-1, pl.Int64).alias("forward"), pl.lit(reading.main, pl.Int64).alias("model"), pl.lit(None, pl.Int64).alias("attention"),
+        pl.lit(None, pl.Int64).alias("first_op"), pl.lit(None, pl.Int64).alias("stop_op"), "start_ns", "end_ns",
+        pl.col("gpu_time_ns").alias("gpu_busy_ns"), pl.col("kernels").fill_null(1).cast(pl.Int64).alias("ops"),
+        pl.lit(0, pl.Int64).alias("idle_before_ns"), pl.lit(None, pl.Int64).alias("tokens_in"), pl.lit(False).alias("few_tokens"),
+        pl.lit(False).alias("embedding"), pl.lit(False).alias("sampling"), pl.lit(-1, pl.Int64).alias("gemm_set"),
+        pl.lit(True).alias("host_sync"), pl.lit(None, pl.Int64).alias("token_ns"), pl.lit("main").alias("role"),
+        pl.lit("decode").alias("phase"), pl.lit(None, pl.Int64).alias("engine_step"))
+    out = pl.concat([f, rows.select(f.columns)], how="vertical_relaxed").sort("start_ns").with_columns(
+        pl.int_range(pl.len(), dtype=pl.Int64).alias("forward"),
+        pl.col("host_sync").cast(pl.Int64).cum_sum().shift(1, fill_value=0).alias("engine_step"))
+    n = int(counts["len"].sum())
+    note = (f"{n:,} replays of {counts.height} CUDA graph(s) run the decode forwards (their kernels are inside the graphs: "
+            "a graph-level trace does not show their attention)")
+    return TokenReading(reading.passes, out, reading.main, reading.serving, reading.tokens, (*reading.notes, note))

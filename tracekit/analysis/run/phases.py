@@ -459,6 +459,12 @@ def generation_steps(
             steps = None  # ranges around a small part of the work are not the forwards
     if steps is None and get is not None:  # the NVTX steps were not it: every column
         ops_with_launch = _get_all(ops_with_launch, get)
+    if steps is None and forwards is not None:
+        # the forward passes read from the kernels (with the CUDA graph replays of their GPU as
+        # decode forwards): their steps are final (prefill and decode from the work per forward,
+        # engine steps of a server)
+        out = forward_steps(forwards, rk)
+        return out if out.height >= MIN_STEPS else _empty(rk)
     if steps is None and graph_launches is not None and graph_launches.height:
         steps = _from_graphs(graph_launches, ops_with_launch, rk)
         source = "graph_replays"

@@ -50,7 +50,15 @@ from tracekit.analysis.run.iterations import (
     warmup_count,
 )
 from tracekit.analysis.layers import forward_ranges
-from tracekit.analysis.run.forwards import EMBEDDING_NAMES, SAMPLING_NAMES, GridLookup, TokenReading, forward_passes, read_tokens
+from tracekit.analysis.run.forwards import (
+    EMBEDDING_NAMES,
+    SAMPLING_NAMES,
+    GridLookup,
+    TokenReading,
+    add_graph_replays,
+    forward_passes,
+    read_tokens,
+)
 from tracekit.analysis.run.loops import (
     HOST_COPY_NAME,
     Loop,
@@ -275,14 +283,16 @@ def graph_replay_iterations(launches: pl.DataFrame, ops: pl.DataFrame, *, min_re
 
 
 def forward_iterations(ops: pl.DataFrame, labels: pl.Series | None, grid: GridLookup | None, *,
-                       min_repeats: int = 3) -> tuple[pl.DataFrame, TokenReading, int] | None:
+                       min_repeats: int = 3, graph_launches: pl.DataFrame | None = None) -> tuple[pl.DataFrame, TokenReading, int] | None:
     """Iterations from the forward passes of the busiest GPU's operations
     (:func:`tracekit.analysis.run.forwards.forward_passes`): one per forward of the main model
     (:func:`~tracekit.analysis.run.forwards.read_tokens`), running from its first operation's
     start to the next one's (the last one to its end); ``kernels`` counts its operations.
     ``None`` without forwards, or when backward kernels hold :data:`BACKWARD_SHARE` of the
     GPU's kernel time (a training step holds forwards and backwards: the kernel loop reads it).
-    Also the reading and how many GPUs (ranks) run as many operations as half the busiest's."""
+    The replays of CUDA graphs on that GPU count as decode forwards when the forwards make
+    tokens (:func:`~tracekit.analysis.run.forwards.add_graph_replays`). Also the reading and
+    how many GPUs (ranks) run as many operations as half the busiest's."""
     if ops.height == 0 or "name" not in ops.columns:
         return None
     keys = [c for c in ("rank", "device_id") if c in ops.columns]
@@ -302,7 +312,7 @@ def forward_iterations(ops: pl.DataFrame, labels: pl.Series | None, grid: GridLo
     fp = forward_passes(g, labels, grid=grid, min_forwards=min_repeats)
     if fp is None:
         return None
-    reading = read_tokens(fp)
+    reading = add_graph_replays(read_tokens(fp), graph_launches, {k: top[k] for k in keys}, min_replays=min_repeats)
     main = reading.main_forwards.sort("start_ns")
     if main.height < min_repeats:
         return None
@@ -450,7 +460,8 @@ def find_iterations(
         method, why = "graph_replays", "no NVTX iteration ranges: one step per replay of the CUDA graph that holds the most GPU time"
     if frame.height == 0:
         ops = get(["rank", "device_id", "start_ns", "end_ns", "duration_ns", "name", "correlation_id"])
-        fwd = forward_iterations(ops, labels() if labels is not None else None, grid, min_repeats=settings.min_repeats)
+        fwd = forward_iterations(ops, labels() if labels is not None else None, grid, min_repeats=settings.min_repeats,
+                                 graph_launches=graph_launches)
         if fwd is not None:
             frame, reading, ranks = fwd
             no = few or ("no NVTX ranges" if nvtx.height == 0 else "no NVTX iteration ranges")
