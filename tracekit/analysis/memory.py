@@ -12,8 +12,8 @@ import polars as pl
 
 from tracekit.analysis._frames import process_key, rank_keys
 from tracekit.analysis.attribution import launch_info, nvtx_ranges
-from tracekit.analysis.run.iterations import DEFAULT_ITERATION_PATTERN, iteration_ranges
 from tracekit.analysis.layers import forward_ranges
+from tracekit.analysis.run.iterations import DEFAULT_ITERATION_PATTERN, iteration_ranges
 
 __all__ = [
     "DEFAULT_PHASES",

@@ -182,8 +182,11 @@ def _add_structure(s, st) -> None:  # type: ignore[no-untyped-def]
     req = st.requests
     if req.height:
         t0 = st.trace_start_ns
+        set_apart = pl.when(pl.col("warmup")).then(pl.lit("warm-up")).when(pl.col("cold").fill_null(False)).then(pl.lit("cold")) \
+            .otherwise(pl.lit("")) if "cold" in req.columns else pl.when(pl.col("warmup")).then(pl.lit("warm-up")).otherwise(pl.lit(""))
+        extra = [c for c in ("name", "new_tokens", "prompt_rows", "draft_forwards") if c in req.columns and req[c].null_count() < req.height]
         s.tables["requests"] = req.select(
-            "request", "warmup", ((pl.col("start_ns") - t0) / 1e9).alias("from_s"), "decode_steps",
+            "request", set_apart.alias("set_apart"), *extra, ((pl.col("start_ns") - t0) / 1e9).alias("from_s"), "decode_steps",
             (pl.col("ttft_ns") / 1e6).alias("ttft_ms"), (pl.col("tpot_median_ns") / 1e6).alias("tpot_median_ms"))
 
 

@@ -236,7 +236,7 @@ class Context:
             steps = forward_steps(reading)
         else:
             steps = generation_steps(self._phase_ops, self.nvtx, self.graph_launches, tokens=s.token_evidence is not None,
-                                     forwards=reading)
+                                     forwards=reading, labels=self.name_labels())
         return s.with_generation(steps, warmup_factor=self.config.warmup_factor, nvtx=self.nvtx)
 
     def name_labels(self) -> pl.Series | None:
@@ -672,16 +672,19 @@ class Context:
         """``(count, noun)`` of the steps the findings' per-step figures are of: the analysed
         window's token steps for a generation (``token step``) or a server (``engine step``),
         whose iterations may be whole ``generate()`` calls; a microbenchmark's iterations
-        (``repetition``); else its iterations (``step``)."""
+        (``repetition``); a model run over and over without tokens (``forward pass``); else its
+        iterations (``step``)."""
         s = self.__dict__.get("structure")
         st = s.steady_steps if s is not None and s.kind in ("generation", "serving") else None
         if st is not None and st.height:
             w = self.window
             n = st.filter((pl.col("start_ns") >= w.start_ns) & (pl.col("start_ns") < w.end_ns)).height
-            if n:
+            if n and s is not None:
                 return n, "token step" if s.kind == "generation" else "engine step"
         if s is not None and s.kind == "microbenchmark":
             return self.window.steps, "repetition"
+        if s is not None and s.kind == "inference":
+            return self.window.steps, "forward pass"
         return self.window.steps, "step"
 
     def per_step(self, ns: float) -> str:

@@ -152,8 +152,10 @@ def _run(page: _Page, structure: Any) -> str:
     if req.height:
         t0 = s.trace_start_ns
         out += html_table(
-            req.select("request", "warmup", ((pl.col("start_ns") - t0) / 1e9).round(3).alias("from_s"), "prefill_steps",
-                       "decode_steps", "ttft_ns", "tpot_median_ns"),
+            req.select("request", "warmup", *[c for c in ("cold", "name", "new_tokens", "prompt_rows", "draft_forwards")
+                                              if c in req.columns and req[c].null_count() < req.height],
+                       ((pl.col("start_ns") - t0) / 1e9).round(3).alias("from_s"), "prefill_steps", "decode_steps", "ttft_ns",
+                       "tpot_median_ns"),
             formats={"ttft_ns": fmt_ns, "tpot_median_ns": fmt_ns}, left=("warmup",))
     return out
 

@@ -277,7 +277,6 @@ def _forward_rows(loop, per: np.ndarray, depths: np.ndarray, mask: np.ndarray, m
                   lookup: GridLookup | None) -> pl.DataFrame:
     """One row per forward of ``loop`` (instances without an attention site are folded into
     the forward before them), with boundaries placed at the host's synchronisation."""
-    n = starts.size
     sites = _site_starts(mask)
     site_end = np.nonzero(mask & ~np.concatenate([mask[1:], [False]]))[0]  # last op of each run
     bounds = np.append(loop.bounds, loop.stop)
@@ -367,7 +366,7 @@ def _forward_rows(loop, per: np.ndarray, depths: np.ndarray, mask: np.ndarray, m
         at = np.searchsorted(gpos, soft)
         gemm_codes[gpos[np.clip(at - 1, 0, gpos.size - 1)]] = -1
         gemm_codes[gpos[np.clip(at, 0, gpos.size - 1)]] = -1
-    rows = []
+    rows: list[tuple[object, ...]] = []
     for a, b, n_here, last_site in spans:
         if b <= a:
             continue

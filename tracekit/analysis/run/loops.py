@@ -317,8 +317,13 @@ def name_codes(names: pl.Series) -> np.ndarray:
     return names.fill_null(-1).to_numpy().astype(np.int64)
 
 
-def host_copy_codes(names: pl.Series, codes: np.ndarray) -> frozenset[int]:
-    """The codes of ``names`` that are device-to-host copies (none when names are codes)."""
+def host_copy_codes(names: pl.Series, codes: np.ndarray, labels: pl.Series | None = None) -> frozenset[int]:
+    """The codes of ``names`` that are device-to-host copies; where ``names`` are integer codes
+    (a big export's narrow read), ``labels`` gives each code's text (none without it)."""
+    if names.dtype.is_integer():
+        if labels is None:
+            return frozenset()
+        return frozenset(int(c) for c in np.nonzero((pl.Series(labels) == HOST_COPY_NAME).fill_null(False).to_numpy())[0])
     if names.dtype != pl.Utf8:
         return frozenset()
     hit = (names == HOST_COPY_NAME).fill_null(False).to_numpy()

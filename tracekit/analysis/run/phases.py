@@ -45,9 +45,9 @@ import polars as pl
 
 from tracekit.analysis._frames import interval_union, process_key, rank_keys, span_and_busy
 from tracekit.analysis.attribution import _nvtx_tree
-from tracekit.analysis.run.iterations import DEFAULT_ITERATION_PATTERN, warmup_count, word_pattern
 from tracekit.analysis.layers import PREFILL_FACTOR, forward_ranges
 from tracekit.analysis.run.forwards import TokenReading
+from tracekit.analysis.run.iterations import DEFAULT_ITERATION_PATTERN, word_pattern
 from tracekit.analysis.run.loops import (
     REGULAR,
     find_loops,
@@ -241,7 +241,7 @@ def _from_graphs(launches: pl.DataFrame, ops: pl.DataFrame, rk: list[str]) -> pl
     return pl.concat(parts, how="vertical_relaxed")
 
 
-def _from_loops(ops: pl.DataFrame, rk: list[str]) -> pl.DataFrame | None:
+def _from_loops(ops: pl.DataFrame, rk: list[str], labels: pl.Series | None = None) -> pl.DataFrame | None:
     """One step per instance of the token loop (:func:`~tracekit.analysis.run.loops.token_loop`) of
     the busiest GPU's operations: each forward of a token (the prompt's included), also over
     several ``generate()`` calls; the work before the first instance, when the loop holds no
@@ -256,7 +256,7 @@ def _from_loops(ops: pl.DataFrame, rk: list[str]) -> pl.DataFrame | None:
     names = k["name"]  # integer codes from a big export's narrow read (equal names, equal codes)
     codes = name_codes(names)
     loops = find_loops(codes, k["start_ns"].to_numpy(), k["end_ns"].to_numpy(), min_repeats=MIN_STEPS)
-    copies = host_copy_codes(names, codes)
+    copies = host_copy_codes(names, codes, labels)
     main = main_loop(loops, host_copies=copies)
     if main is None:
         return None
@@ -290,12 +290,12 @@ def _from_loops(ops: pl.DataFrame, rk: list[str]) -> pl.DataFrame | None:
         ids[int(a) : int(b)] = i + shift
     j = k.with_columns(pl.Series("_sid", ids)).filter(pl.col("_sid") >= 0)
     steps = _gpu_of(j, "_sid", rk).sort("_sid")
-    labels: pl.Expr | pl.Series = pl.lit(None, pl.Utf8)
+    phases: pl.Expr | pl.Series = pl.lit(None, pl.Utf8)
     if phase is not None:
         full = np.concatenate([["prefill"] if shift else [], phase]).astype(object)
-        labels = pl.Series("phase", [p or "?" for p in full], dtype=pl.Utf8).gather(steps["_sid"])
+        phases = pl.Series("phase", [p or "?" for p in full], dtype=pl.Utf8).gather(steps["_sid"])
     steps = steps.with_columns(pl.col("gpu_start_ns").alias("start_ns"), pl.col("gpu_end_ns").alias("end_ns"),
-                               pl.lit(None, pl.Utf8).alias("name"), labels.alias("phase"))
+                               pl.lit(None, pl.Utf8).alias("name"), phases.alias("phase"))
     return steps.drop("_sid")
 
 
@@ -384,6 +384,7 @@ def generation_steps(
     prefill_factor: float = PREFILL_FACTOR,
     tokens: bool = False,
     forwards: TokenReading | None = None,
+    labels: pl.Series | None = None,
 ) -> pl.DataFrame:
     """The prefill and decode steps of a generation (see the module doc for the sources).
 
@@ -408,7 +409,9 @@ def generation_steps(
         the median GPU busy time is a prefill (NVTX step ranges need a prefill range).
     forwards
         Forward passes read from the kernels (:func:`tracekit.analysis.run.forwards.read_tokens`):
-        the source after the NVTX ranges and graph replays (:func:`forward_steps`).
+        the source after the NVTX ranges (:func:`forward_steps`).
+    labels
+        Where the operations' ``name`` holds integer codes: the text of each code.
     tokens
         Whether the steps are known to make tokens (:func:`tracekit.analysis.run.structure.
         token_evidence`: the sampled ids copied to the host each step): needed for steps found
@@ -439,7 +442,7 @@ def generation_steps(
             get = None
         if rk != (rank_keys(ops_with_launch, nvtx) if nvtx.height else rank_keys(ops_with_launch)):  # ranks in one only
             return generation_steps(_get_all(ops_with_launch, get), nvtx, graph_launches, pattern=pattern, prefill_factor=prefill_factor,
-                                    tokens=tokens)
+                                    tokens=tokens, forwards=forwards, labels=labels)
     else:
         rk = rank_keys(ops_with_launch, nvtx) if nvtx.height else rank_keys(ops_with_launch)
         found = _from_nvtx(nvtx, rk, pattern) if "api_start_ns" in ops_with_launch.columns else None
@@ -474,7 +477,7 @@ def generation_steps(
         out = forward_steps(forwards, rk)
         return out if out.height >= MIN_STEPS else _empty(rk)
     if steps is None:
-        steps = _from_loops(ops_with_launch, rk)
+        steps = _from_loops(ops_with_launch, rk, labels)
         source = "kernel_loop"
     if steps is None or steps.height < MIN_STEPS:
         return _empty(rk)

@@ -11,7 +11,11 @@ Iterations come from the first of these sources that gives at least ``min_repeat
    per forward of ``generate()``);
 3. ``graph_replays``: replays of the CUDA graph that holds the most GPU time, when it holds at
    least :data:`GRAPH_STEP_SHARE` of its device's (serving engines, ``torch.compile``);
-4. ``kernel_loop``: the loop of each GPU's operations found from the names that run once per
+4. ``forward_passes``: the forward passes of a model read from the busiest GPU's kernels
+   (:mod:`tracekit.analysis.run.forwards`: the layer stack's attention sites repeat ``L``
+   times per forward; CUDA graph replays on that GPU are decode forwards of a generation),
+   unless backward kernels make it a training step;
+5. ``kernel_loop``: the loop of each GPU's operations found from the names that run once per
    iteration (:func:`tracekit.analysis.run.loops.find_loops`, :func:`~tracekit.analysis.run.loops.main_loop`):
    a training step's loss and embedding backward, a ``generate()`` call's prompt kernels, an
    engine step's copy of the sampled tokens to the host. Every GPU (rank) is searched; the
@@ -27,6 +31,7 @@ The kind of run (:func:`classify`) is read from the steady iterations' GPU opera
 ``training`` (backward kernels, optimizer kernels, gradient collectives), ``generation`` (a
 prompt's forward, then one-token forwards: :mod:`tracekit.analysis.run.phases`), ``serving``
 (prefills of arriving requests in the same engine steps as other requests' decode),
+``inference`` (forward passes that make no tokens: a diffusion sampler, a classifier),
 ``microbenchmark`` (a loop of a few kernels timed over and over) or ``unknown``, each with the
 evidence that decided it.
 """
@@ -42,13 +47,6 @@ import numpy as np
 import polars as pl
 
 from tracekit.analysis._frames import within_any
-from tracekit.analysis.run.iterations import (
-    DEFAULT_ITERATION_PATTERN,
-    ITERATION_WORDS,
-    iteration_ranges,
-    iterations,
-    warmup_count,
-)
 from tracekit.analysis.layers import forward_ranges
 from tracekit.analysis.run.forwards import (
     EMBEDDING_NAMES,
@@ -58,6 +56,13 @@ from tracekit.analysis.run.forwards import (
     add_graph_replays,
     forward_passes,
     read_tokens,
+)
+from tracekit.analysis.run.iterations import (
+    DEFAULT_ITERATION_PATTERN,
+    ITERATION_WORDS,
+    iteration_ranges,
+    iterations,
+    warmup_count,
 )
 from tracekit.analysis.run.loops import (
     HOST_COPY_NAME,
@@ -170,7 +175,7 @@ def _short(name: str | None, width: int = 48) -> str:
     return s if len(s) <= width else s[: width - 1] + "…"
 
 
-def kernel_loop_iterations(ops: pl.DataFrame, *, min_repeats: int = 3) -> list[DeviceLoop]:
+def kernel_loop_iterations(ops: pl.DataFrame, *, min_repeats: int = 3, labels: pl.Series | None = None) -> list[DeviceLoop]:
     """The main loop of every GPU's operations, busiest GPU first.
 
     Parameters
@@ -180,6 +185,9 @@ def kernel_loop_iterations(ops: pl.DataFrame, *, min_repeats: int = 3) -> list[D
         (text, or integer codes equal for equal names); ``rank`` for a trace set.
     min_repeats
         Fewest iterations of a loop.
+    labels
+        Where ``name`` holds integer codes: the text of each code (to tell device-to-host
+        copies, which end an engine's steps, as with text names).
 
     Returns
     -------
@@ -202,7 +210,7 @@ def kernel_loop_iterations(ops: pl.DataFrame, *, min_repeats: int = 3) -> list[D
             continue
         codes = name_codes(g["name"])
         loops = find_loops(codes, g["start_ns"].to_numpy(), g["end_ns"].to_numpy(), min_repeats=min_repeats)
-        loop = main_loop(loops, host_copies=host_copy_codes(g["name"], codes))
+        loop = main_loop(loops, host_copies=host_copy_codes(g["name"], codes, labels))
         if loop is None or loop.count < min_repeats:
             continue
         starts = g["start_ns"].to_numpy()
@@ -460,16 +468,16 @@ def find_iterations(
         method, why = "graph_replays", "no NVTX iteration ranges: one step per replay of the CUDA graph that holds the most GPU time"
     if frame.height == 0:
         ops = get(["rank", "device_id", "start_ns", "end_ns", "duration_ns", "name", "correlation_id"])
-        fwd = forward_iterations(ops, labels() if labels is not None else None, grid, min_repeats=settings.min_repeats,
-                                 graph_launches=graph_launches)
+        text = labels() if labels is not None else None
+        fwd = forward_iterations(ops, text, grid, min_repeats=settings.min_repeats, graph_launches=graph_launches)
         if fwd is not None:
-            frame, reading, ranks = fwd
+            passes, reading, n_ranks = fwd
             no = few or ("no NVTX ranges" if nvtx.height == 0 else "no NVTX iteration ranges")
             why = f"{no}: one iteration per forward pass of the model ({reading.passes.evidence()})"
-            frame = frame.with_columns(pl.col("start_ns").alias("w_start"), pl.col("end_ns").alias("w_end"),
-                                       pl.col("duration_ns").alias("length_ns"))
-            return Iterations(_timed(frame), frame.height, "forward_passes", why, reading=reading, ranks=ranks)
-        loops = kernel_loop_iterations(ops.drop("correlation_id", strict=False), min_repeats=settings.min_repeats)
+            passes = passes.with_columns(pl.col("start_ns").alias("w_start"), pl.col("end_ns").alias("w_end"),
+                                         pl.col("duration_ns").alias("length_ns"))
+            return Iterations(_timed(passes), passes.height, "forward_passes", why, reading=reading, ranks=n_ranks)
+        loops = kernel_loop_iterations(ops.drop("correlation_id", strict=False), min_repeats=settings.min_repeats, labels=text)
         frame = loops[0].iterations if loops else _empty_iterations()
         method = "kernel_loop"
         no = "no NVTX ranges" if nvtx.height == 0 else "no NVTX iteration ranges"
@@ -1021,15 +1029,17 @@ def _with_generation(s: RunStructure, steps: pl.DataFrame, warmup_factor: float)
             apart.append(f"{n_short} warm-up request(s) set apart: each made at most half the new tokens of the requests after it")
         if n_cold:
             apart.append(f"{n_cold} cold request(s) set apart: each took over twice the time per output token of the requests after it")
-        ev = (what + (f" ({'; '.join(apart)})" if apart else ""),)
+        ev: tuple[str, ...] = (what + (f" ({'; '.join(apart)})" if apart else ""),)
         if src == "forwards" and s.reading is not None:
-            drafts = int(steps["draft"].sum() or 0) if "draft" in steps.columns else 0
-            ev = (s.reading.tokens,) + ev
-            if drafts:
-                ev += (f"speculative decoding: {drafts} forwards of a {s.reading.passes.depths[-1]}-site draft model between the "
-                       f"{s.reading.passes.depths[s.reading.main]}-site model's verify steps; the time per output token is per "
-                       "verify step (the tokens each accepts are not in the GPU's work)",)
-            ev += s.reading.notes
+            r = s.reading
+            drafts = r.forwards.filter(pl.col("role") == "draft")
+            ev = ((r.tokens,) if r.tokens else ()) + ev
+            if drafts.height:
+                depth = int(drafts["attention"].mode().sort()[0])
+                ev += (f"speculative decoding: {drafts.height} forwards of a draft model ({depth} attention sites each) between "
+                       f"the {r.passes.depths[r.main]}-site model's verify steps; the time per output token is per verify step "
+                       "(the tokens each accepts are not in the GPU's work)",)
+            ev += r.notes
         kind = "generation"
     out = replace(s, steps_table=steps, requests=req)
     if s.kind == "unknown":
