@@ -1040,6 +1040,12 @@ def _with_generation(s: RunStructure, steps: pl.DataFrame, warmup_factor: float)
                        f"the {r.passes.depths[r.main]}-site model's verify steps; the time per output token is per verify step "
                        "(the tokens each accepts are not in the GPU's work)",)
             ev += r.notes
+            made = req["new_tokens"].fill_null(req["decode_steps"])
+            steady = [int(m) for m, w in zip(made.to_list()[:-1], req["warmup"].to_list()[:-1], strict=True) if not w and m is not None]
+            last = made[-1]
+            if steady and last is not None and req.height > 1 and last < 0.5 * float(np.median(steady)):
+                ev += (f"the last request made {last} tokens where the others made {int(np.median(steady))} (median): the capture "
+                       "may have ended inside it, so its figures cover only what was captured",)
         kind = "generation"
     out = replace(s, steps_table=steps, requests=req)
     if s.kind == "unknown":
