@@ -193,22 +193,30 @@ ZOO = SAMPLES / "zoo" / "generation"
 FIELD = ROOT.parent / "shared" / "field"
 
 
-def zoo_capture_names() -> list[str]:
-    """The bundled zoo captures (folders of ``sample_traces/zoo/generation/runs``)."""
-    return sorted(p.parent.name for p in (ZOO / "runs").glob("*/*.sqlite.xz"))
+#: The training zoo (issue 43): ``zoo/training/tNN_*.py`` and ``zoo/training/runs/<name>/``.
+TRAINING_ZOO = SAMPLES / "zoo" / "training"
+
+
+def _zoo_folder(name: str) -> Path:
+    return (TRAINING_ZOO if name.startswith("t") else ZOO) / "runs"
+
+
+def zoo_capture_names(folder: Path = ZOO) -> list[str]:
+    """The bundled zoo captures (folders of ``sample_traces/zoo/<generation|training>/runs``)."""
+    return sorted(p.parent.name for p in (folder / "runs").glob("*/*.sqlite.xz"))
 
 
 @functools.cache
 def zoo_capture(name: str) -> Path:
     """The ``.sqlite`` of zoo capture ``name``, unpacked once into ``.cache/zoo-<hash>/``."""
-    return _unpacked_xz(ZOO / "runs" / name / f"{name}.sqlite.xz", "zoo")
+    return _unpacked_xz(_zoo_folder(name) / name / f"{name}.sqlite.xz", "zoo")
 
 
 def zoo_truth(name: str) -> dict:  # type: ignore[type-arg]
-    """The ``TRUTH`` line the zoo program printed: its own clock (see ``clock.py`` beside it)."""
+    """The ``TRUTH`` line the zoo program printed: its own clock (``clock.py`` / ``tclock.py``)."""
     import json
 
-    for line in (ZOO / "runs" / name / f"{name}.program.log").read_text().splitlines():
+    for line in (_zoo_folder(name) / name / f"{name}.program.log").read_text().splitlines():
         if line.startswith("TRUTH "):
             return json.loads(line[len("TRUTH "):])  # type: ignore[no-any-return]
     raise AssertionError(f"{name}: the program printed no TRUTH line")

@@ -31,7 +31,11 @@ for prog in "$@"; do
     g12_*) opts+=(--trace-fork-before-exec=true) ;;
     g19_*) args=(--requests 2) ;;
   esac
-  cmd=("$NSYS" profile "${opts[@]}" -o "$dir/$name" "$PY" "$(basename "$prog").py" "${args[@]}")
+  run=("$PY" "$(basename "$prog").py" "${args[@]}")
+  case "$name" in
+    t07_*) run=("$PY" -m torch.distributed.run --standalone --nproc_per_node=1 "$(basename "$prog").py") ;;  # torchrun
+  esac
+  cmd=("$NSYS" profile "${opts[@]}" -o "$dir/$name" "${run[@]}")
   echo "cd sample_traces/zoo/$(dirname "$prog") && ${cmd[*]}" > "$dir/command.txt"
   echo "$NSYS export --type=sqlite --force-overwrite=true -o $name.sqlite $name.nsys-rep" >> "$dir/command.txt"
   echo "== $name $(date -u +%T)"
