@@ -125,9 +125,11 @@ class ForwardPasses:
                 + ", ".join(parts) + f" {what} per forward{tail}")
 
 
-def _masks(names: pl.Series) -> dict[str, np.ndarray]:
+def _masks(names: pl.Series, codes: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Per operation, which kinds of kernel it is. With ``codes``, ``names`` are the distinct
+    names (``names[code]``): each pattern is matched once per name, not once per operation."""
     s = names.cast(pl.Utf8).fill_null("")
-    return {
+    out = {
         "attention": (s.str.contains(ATTENTION_NAMES) & ~s.str.contains(FUSED_NAMES)).to_numpy(),
         "softmax": s.str.contains(SOFTMAX_NAMES).to_numpy(),
         "d2h": (s == HOST_COPY_NAME).to_numpy(),
@@ -137,6 +139,11 @@ def _masks(names: pl.Series) -> dict[str, np.ndarray]:
         "small_gather": s.str.contains(SMALL_GATHER_NAME).to_numpy(),
         "sampling": s.str.contains(SAMPLING_NAMES).to_numpy(),
     }
+    if codes is None:
+        return out
+    at = np.clip(codes, 0, max(len(s) - 1, 0))
+    known = codes >= 0
+    return {k: (v[at] & known) if len(s) else np.zeros(codes.size, dtype=bool) for k, v in out.items()}
 
 
 def _site_starts(mask: np.ndarray) -> np.ndarray:
@@ -224,12 +231,13 @@ def forward_passes(ops: pl.DataFrame, labels: pl.Series | None = None, *, grid: 
     if names.dtype.is_integer():
         if labels is None:
             return None
-        text = pl.Series(labels).gather(names.fill_null(0).cast(pl.Int64)).cast(pl.Utf8)
-        text = pl.select(pl.when(names.is_null()).then(None).otherwise(text)).to_series()
-    else:
-        text = names.cast(pl.Utf8)
-    m = _masks(text)
-    codes = name_codes(names)
+        codes = name_codes(names)
+        distinct = pl.Series(labels)
+    else:  # codes of the distinct names in order of first appearance (deterministic)
+        distinct = names.drop_nulls().unique(maintain_order=True)
+        codes = names.replace_strict(distinct, pl.int_range(distinct.len(), dtype=pl.Int64, eager=True), default=-1,
+                                     return_dtype=pl.Int64).fill_null(-1).to_numpy()
+    m = _masks(distinct, codes)
     starts = ops["start_ns"].to_numpy()
     ends = ops["end_ns"].to_numpy()
     choices = [("attention", m["attention"]), ("attention", m["attention"] | m["softmax"]), ("softmax", m["softmax"])]
@@ -252,10 +260,7 @@ def forward_passes(ops: pl.DataFrame, labels: pl.Series | None = None, *, grid: 
     ranked = tuple(int(a) for a in order["attention"])
     remap = {a: i for i, a in enumerate(ranked)}
     frame = frame.with_columns(pl.col("attention").replace_strict(remap, default=-1, return_dtype=pl.Int64).alias("model"))
-    anchors: tuple[str, ...] = ()
-    if not names.dtype.is_integer():
-        seen = dict.fromkeys(str(text[int(np.nonzero(codes == a)[0][0])]) for a in getattr(loop, "anchors", ()) if (codes == a).any())
-        anchors = tuple(seen)
+    anchors = tuple(dict.fromkeys(str(distinct[int(a)]) for a in getattr(loop, "anchors", ()) if 0 <= int(a) < len(distinct)))
     return ForwardPasses(frame.select([pl.col(c).cast(t) for c, t in FORWARD_COLUMNS.items()]), label, ranked, anchors)
 
 

@@ -309,12 +309,15 @@ def forward_iterations(ops: pl.DataFrame, labels: pl.Series | None, grid: GridLo
     top = per.row(0, named=True)
     sel = pl.all_horizontal([pl.col(k) == top[k] if top[k] is not None else pl.col(k).is_null() for k in keys])
     g = ops.filter(sel).sort("start_ns")
-    text = g["name"]
-    if text.dtype.is_integer():
+    names = g["name"]
+    if names.dtype.is_integer():
         if labels is None:
             return None
-        text = pl.Series(labels).gather(text.fill_null(0).cast(pl.Int64))
-    bwd = g["duration_ns"].filter(text.cast(pl.Utf8).fill_null("").str.contains(BACKWARD_NAMES)).sum()
+        backward = pl.Series(labels).cast(pl.Utf8).fill_null("").str.contains(BACKWARD_NAMES)
+        hit = backward.gather(names.fill_null(0).cast(pl.Int64)) & names.is_not_null()
+    else:
+        hit = names.cast(pl.Utf8).fill_null("").str.contains(BACKWARD_NAMES)
+    bwd = g["duration_ns"].filter(hit).sum()
     if bwd and bwd >= BACKWARD_SHARE * int(g["duration_ns"].sum() or 0):
         return None
     fp = forward_passes(g, labels, grid=grid, min_forwards=min_repeats)
