@@ -248,6 +248,32 @@ def _unpacked_xz(packed: Path, kind: str) -> Path:
     return target / f"{name}.sqlite"
 
 
+def force_by_column(monkeypatch: pytest.MonkeyPatch, cache: Path) -> list:  # type: ignore[type-arg]
+    """Make every export take the big-export path: read a column at a time from a real column
+    cache (in ``cache``; small tables allowed in), names as integer codes; returns the list of
+    the :class:`~tracekit.diagnosis.ops_by_column.OpsByColumn` made (a test can tell the path
+    ran)."""
+    from tracekit.diagnosis import context as context_mod
+    from tracekit.diagnosis import ops_by_column as obc
+    from tracekit.nsys import database
+
+    made: list = []  # type: ignore[type-arg]
+    monkeypatch.setattr(obc, "MIN_KERNELS", 0)
+    monkeypatch.setattr(database, "CACHE_MIN_ROWS", 1)
+    monkeypatch.setenv("TRACEKIT_CACHE", str(cache))
+    monkeypatch.setenv("TRACEKIT_COLUMN_CACHE", "1")
+    real = obc.by_column
+
+    def recording(trace):  # type: ignore[no-untyped-def]
+        got = real(trace)
+        if got is not None:
+            made.append(got)
+        return got
+
+    monkeypatch.setattr(context_mod, "by_column", recording)
+    return made
+
+
 @pytest.fixture(scope="session")
 def corpus_dir() -> Path:
     if not NSYS_CORPUS.is_dir():

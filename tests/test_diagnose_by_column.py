@@ -21,7 +21,6 @@ import pytest
 import tracekit
 from tracekit.analysis._frames import gpu_ops
 from tracekit.diagnosis import DiagnoseConfig, diagnose
-from tracekit.diagnosis import context as context_mod
 from tracekit.diagnosis import ops_by_column as obc
 from tracekit.nsys import database
 
@@ -29,6 +28,7 @@ from .conftest import (
     NSYS_CORPUS,
     SAMPLES,
     build_big_trace,
+    force_by_column,
     llm_capture,
     llm_capture_names,
     mutated_copy,
@@ -49,21 +49,7 @@ def by_column(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPath
     """Every export takes the by-column path, its columns from a real column cache (in a
     temporary folder; small tables allowed in); the instances made are collected (so a test
     can tell that the path ran)."""
-    made: list[obc.OpsByColumn] = []
-    monkeypatch.setattr(obc, "MIN_KERNELS", 0)
-    monkeypatch.setattr(database, "CACHE_MIN_ROWS", 1)
-    monkeypatch.setenv("TRACEKIT_CACHE", str(tmp_path_factory.mktemp("bycol_cache")))
-    monkeypatch.setenv("TRACEKIT_COLUMN_CACHE", "1")
-    real = obc.by_column
-
-    def recording(trace):  # type: ignore[no-untyped-def]
-        got = real(trace)
-        if got is not None:
-            made.append(got)
-        return got
-
-    monkeypatch.setattr(context_mod, "by_column", recording)
-    return made
+    return force_by_column(monkeypatch, tmp_path_factory.mktemp("bycol_cache"))
 
 
 def _whole(path: Path, config: DiagnoseConfig):  # type: ignore[no-untyped-def]
@@ -279,7 +265,6 @@ def test_damaged_copies_through_the_column_cache_give_the_whole_tables_findings(
     """Mutated copies of real exports, small tables put in the column cache as a big one's are
     (so the one-column reads and the gathers of derived columns run): same window and findings
     as the whole tables, and ``ops.filter(expr)`` row for row."""
-    from tracekit.nsys import database
 
     path = mutated_copy(SAMPLES / "planted" / name / f"{name}.sqlite", tmp_path / f"{name}_{damage}.sqlite", *_DAMAGE[damage])
     monkeypatch.setenv("TRACEKIT_CACHE", str(tmp_path / "cache"))

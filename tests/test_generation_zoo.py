@@ -29,9 +29,8 @@ import pytest
 import tracekit
 from tracekit.diagnosis import context as context_mod
 from tracekit.diagnosis import ops_by_column as obc
-from tracekit.nsys import database
 
-from .conftest import ZOO, field_capture, zoo_capture, zoo_capture_names, zoo_truth
+from .conftest import ZOO, field_capture, force_by_column, zoo_capture, zoo_capture_names, zoo_truth
 
 #: Programs that generate tokens (the others: g14 serves, g15 denoises, g16 classifies images).
 GENERATION = [n for n in zoo_capture_names() if not n.startswith(("g14_", "g15_", "g16_"))]
@@ -177,22 +176,8 @@ def test_an_image_classifier_gets_no_tokens() -> None:
 def by_column(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> list[obc.OpsByColumn]:
     """Every export read as a big one is: a column at a time from a real column cache, names
     as integer codes, and the generation phases without the launch join."""
-    made: list[obc.OpsByColumn] = []
-    monkeypatch.setattr(obc, "MIN_KERNELS", 0)
-    monkeypatch.setattr(database, "CACHE_MIN_ROWS", 1)
     monkeypatch.setattr(context_mod, "PHASES_ANY_OPS", 0)
-    monkeypatch.setenv("TRACEKIT_CACHE", str(tmp_path_factory.mktemp("zoo_cache")))
-    monkeypatch.setenv("TRACEKIT_COLUMN_CACHE", "1")
-    real = obc.by_column
-
-    def recording(trace):  # type: ignore[no-untyped-def]
-        got = real(trace)
-        if got is not None:
-            made.append(got)
-        return got
-
-    monkeypatch.setattr(context_mod, "by_column", recording)
-    return made
+    return force_by_column(monkeypatch, tmp_path_factory.mktemp("zoo_cache"))
 
 
 _SAME = ["request", "warmup", "cold", "prefill_steps", "decode_steps", "ttft_ns", "tpot_median_ns", "new_tokens", "prompt_rows"]
