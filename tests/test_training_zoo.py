@@ -61,3 +61,17 @@ def test_steady_step_matches_the_programs_clock(name: str) -> None:
 @pytest.mark.xfail(strict=True, reason="issue 43, item 5: a JAX/XLA training loop is read as a run of unknown kind")
 def test_jax_training_is_training() -> None:
     assert _structure("t10_jax_flax").kind == "training"
+
+
+@pytest.mark.parametrize("name", ["t01_trainer_accum", "t06_plain_accum_ckpt"])
+def test_training_advice_keeps_no_kv_cache(name: str) -> None:
+    """Advice fits the kind (issue 43, item 6): a training run's data-movement finding speaks of
+    in-place writes and fused kernels, never of a KV cache or generate()."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        d = tracekit.diagnose(tracekit.open(zoo_capture(name)))
+    rows = d.findings.filter(d.findings["category"] == "data_movement")
+    assert rows.height == 1
+    text = rows["title"][0] + " " + rows["advice"][0]
+    assert "in-place writes and fused kernels" in text
+    assert "KV" not in text and "generate(" not in text and "cache_implementation" not in text

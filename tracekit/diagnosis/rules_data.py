@@ -42,6 +42,20 @@ _ADVICE = {
 }
 
 
+#: The same kinds' advice for a run that keeps no KV cache (training, a model run over and
+#: over): the copies are the step's own tensors, not a cache.
+_ADVICE_NO_CACHE = {
+    "inplace_copy": "a compiled step that writes a tensor it was given through copy_ rewrites the whole tensor every "
+    "call: write only what changes (index_copy_, a slice assignment), which Inductor keeps in place, or keep the tensor a "
+    "module buffer",
+    "concat": "torch.cat copies all of its inputs every step: build the tensor once in a preallocated buffer (write the "
+    "parts into slices of it), or let torch.compile fuse the concatenation into the kernel that reads it",
+    "large_pointwise": "a pointwise kernel that outlasts the step's matrix products moves more memory than the math "
+    "needs: find which tensor it writes (ncu's DRAM bytes, or the fused op names) and fuse it into its neighbours "
+    "(torch.compile) or write only what changes",
+}
+
+
 def data_movement_rule(ctx: Context) -> list[Finding]:
     """``data_movement``: on the GPU where it is largest, operations that only move data
     (:func:`~tracekit.analysis.data_movement.data_movement`: copy-family kernels, Inductor
@@ -83,12 +97,15 @@ def data_movement_rule(ctx: Context) -> list[Finding]:
     parts = ", ".join(f"{r['kind']} {r['share']:.0%}" for r in lead.iter_rows(named=True))
     top_kernel = rows.filter(pl.col("kind").is_in(list(REMOVABLE_KINDS))).head(1)
     named = f"; largest: {_short(top_kernel['name'][0])} ({top_kernel['share'][0]:.0%})" if top_kernel.height else ""
-    advice = " ".join(f"{_ADVICE[k]}." for k in lead["kind"].to_list() if k in _ADVICE)
+    cache = ctx.structure.kind in ("generation", "serving")  # a KV cache is the generation's; training keeps none
+    table = _ADVICE if cache else {**_ADVICE, **_ADVICE_NO_CACHE}
+    advice = " ".join(f"{table[k]}." for k in lead["kind"].to_list() if k in table)
+    fix = "a static cache and fused kernels" if cache else "in-place writes and fused kernels"
     ev = rows.head(20).select(*dev, "kind", "name", "ops", "gpu_time_ns", "mean_ns", "share")
     return [Finding(
         "data_movement", sev,
-        f"Data movement takes {gpu_share:.0%} of GPU time ({parts}){named}: {ctx.per_step(total)} in copies a static "
-        "cache and fused kernels would remove",
+        f"Data movement takes {gpu_share:.0%} of GPU time ({parts}){named}: {ctx.per_step(total)} in copies {fix} would "
+        "remove",
         time_ns=total, share=ctx.share(total), evidence=ev,
         advice=advice or "Write into preallocated buffers in place and fuse layout changes into the kernels that consume them.",
         next=[f"tracekit stats -r cuda_gpu_kern_sum {ctx.trace_path}",
