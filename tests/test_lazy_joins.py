@@ -34,10 +34,11 @@ ROOT = Path(__file__).resolve().parents[1]
 DECODE = ROOT / "sample_traces" / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite"
 TP2 = ROOT / "sample_traces" / "llm_tp2_nccl" / "llm_tp2_nccl.sqlite"
 
-EXAMPLES = int(os.environ.get("TRACEKIT_PROPERTY_EXAMPLES", "60"))
+EXAMPLES = int(os.environ.get("TRACEKIT_PROPERTY_EXAMPLES", "100"))
 PROPERTY = settings(max_examples=EXAMPLES, deadline=None, database=None,
                     derandomize=os.environ.get("TRACEKIT_PROPERTY_RANDOM") != "1",
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                           HealthCheck.function_scoped_fixture])
 
 #: Tables a random query joins (``gpu_metrics`` too: it is read in windows of its own).
 SIDES = ["kernels", "memcpys", "memsets", "syncs", "cuda_api", "nvtx", "gpus", "processes", "threads",
@@ -189,19 +190,15 @@ def _join(a: pl.LazyFrame, b: pl.LazyFrame, how: str, key: str | None, pa: pl.Ex
 
 
 @pytest.mark.parametrize("which", [0, 1, 2, 3], ids=["decode.sqlite", "tp2.sqlite", "parquetdir", "arrowdir"])
-def test_random_lazy_queries_equal_eager(traces: list[Traces], which: int) -> None:
+@PROPERTY
+@given(data=st.data())
+def test_random_lazy_queries_equal_eager(traces: list[Traces], which: int, data: st.DataObject) -> None:
     t = traces[which]
-
-    @PROPERTY
-    @given(st.data())
-    def check(data: st.DataObject) -> None:
-        text, build = data.draw(queries(t))
-        note(text)
-        expected = build(lambda n: t.table(n).lazy()).collect()
-        got = build(t.scanned.scan).collect()
-        assert_frame_equal(got, expected, check_exact=True)
-
-    check()
+    text, build = data.draw(queries(t))
+    note(text)
+    expected = build(lambda n: t.table(n).lazy()).collect()
+    got = build(t.scanned.scan).collect()
+    assert_frame_equal(got, expected, check_exact=True)
     assert not any(t.scanned.is_loaded(n) for n in ("kernels", "cuda_api", "nvtx"))  # it scanned, never loaded
 
 
@@ -224,3 +221,120 @@ def test_a_side_whose_columns_are_unused_keeps_its_rows(path: Any, nsys_columnar
     # a semi join reads no column of the right side but its key
     semi = trace.scan("kernels").join(trace.scan("cuda_api"), on="correlation_id", how="semi").select(pl.len())
     assert semi.collect().item() == eager.kernels.join(eager.cuda_api, on="correlation_id", how="semi").height > 0
+
+
+
+@pytest.mark.parametrize("path", [DECODE, TP2, "parquetdir", "arrowdir"])
+def test_head_then_filter_cuts_before_it_filters(path: Any, nsys_columnar: Path) -> None:
+    """``head(n).filter(p)`` is the first n rows, then filtered (polars hands the source both
+    ``n_rows`` and the predicate); the sources filtered first and kept n rows that pass."""
+    if isinstance(path, str):
+        path = nsys_columnar / f"memfusion_report1.{path}"
+    trace, eager = tracekit.open(path), tracekit.open(path)
+    for name, keep in (("cuda_api", pl.col("name").str.starts_with("cudaLaunch")), ("nvtx", pl.col("end_ns").is_not_null()),
+                       ("gpu_metrics", pl.col("metric") == "sms_active")):
+        whole = eager.table(name)
+        for n in (1, 50, 1700):
+            expected = whole.head(n).filter(keep)
+            assert_frame_equal(trace.scan(name).head(n).filter(keep).collect(), expected, check_exact=True)
+            assert_frame_equal(trace.scan(name).filter(keep).head(n).collect(), whole.filter(keep).head(n), check_exact=True)
+
+
+# -- the same through the MCP ``query`` tool's SQL ------------------------------------------------
+
+#: Join clauses of polars' SQL (``{key}`` is the join column).
+SQL_JOINS = ["CROSS JOIN {b}", ", {b}", "JOIN {b} ON a.{key} = b.{key}", "LEFT JOIN {b} ON a.{key} = b.{key}",
+             "FULL JOIN {b} ON a.{key} = b.{key}", "RIGHT JOIN {b} ON a.{key} = b.{key}",
+             "LEFT SEMI JOIN {b} ON a.{key} = b.{key}", "LEFT ANTI JOIN {b} ON a.{key} = b.{key}"]
+
+
+@st.composite
+def sql_queries(draw: st.DrawFn, traces: Traces) -> str:
+    """A random read-only SQL join over two of ``traces``' tables (aliases ``a`` and ``b``)."""
+    left = draw(st.sampled_from(SIDES))
+    fits = [r for r in SIDES if traces.table(left).height * traces.table(r).height <= MAX_PAIRS]
+    right = draw(st.sampled_from(fits or [left]))
+    if traces.table(left).height * traces.table(right).height > MAX_PAIRS:
+        left = right = "gpus"
+    lt, rt = traces.table(left), traces.table(right)
+    keys = [c for c in KEYS if c in TABLES[left] and c in TABLES[right]]
+    joins = SQL_JOINS if keys else SQL_JOINS[:2]
+    join = draw(st.sampled_from(joins))
+    key = draw(st.sampled_from(keys)) if keys else ""
+    one_sided = "SEMI" in join or "ANTI" in join
+    a_cols = [c for c in lt.columns if _plain(lt.schema[c])]
+    b_cols = [] if one_sided else [c for c in rt.columns if _plain(rt.schema[c])]
+    shape = draw(st.sampled_from(["count", "a", "b", "both", "group"]))
+    if shape in ("b", "both") and not b_cols:
+        shape = "a"
+    where = ""
+    if draw(st.booleans()):
+        side, frame, cols = ("a", lt, a_cols) if not b_cols or draw(st.booleans()) else ("b", rt, b_cols)
+        col = draw(st.sampled_from([c for c in cols if frame.schema[c] == pl.Int64] or cols))
+        values = frame[col].drop_nulls()
+        if values.is_empty() or frame.schema[col] != pl.Int64:
+            where = f" WHERE {side}.{col} IS NOT NULL"
+        else:
+            where = f" WHERE {side}.{col} > {values[draw(st.integers(0, values.len() - 1))]}"
+    if shape == "count":
+        select, tail = "count(*) AS n", ""
+    elif shape == "group":
+        col = draw(st.sampled_from(a_cols))
+        select, tail = f"a.{col} AS g, count(*) AS n", f" GROUP BY a.{col} ORDER BY g NULLS LAST"
+    else:
+        pool = ([f"a.{c}" for c in a_cols] if shape in ("a", "both") else []) + (
+            [f"b.{c}" for c in b_cols] if shape in ("b", "both") else [])
+        picked = draw(st.lists(st.sampled_from(pool), min_size=1, max_size=3, unique=True))
+        named = [f"{p} AS c{i}" for i, p in enumerate(picked)]
+        select, tail = ", ".join(named), " ORDER BY " + ", ".join(f"c{i} NULLS LAST" for i in range(len(picked)))
+    return f"SELECT {select} FROM {left} a {join.format(b=f'{right} b', key=key)}{where}{tail}"
+
+
+@pytest.fixture(scope="module")
+def session() -> Any:
+    from tracekit.agent.tools import Session
+
+    return Session([ROOT / "sample_traces"], keep_open=1)
+
+
+@PROPERTY
+@given(data=st.data())
+def test_random_sql_joins_through_the_query_tool(traces: list[Traces], session: Any, data: st.DataObject) -> None:
+    """The MCP ``query`` tool (``trace.scan`` under polars' SQL) against the same SQL over the
+    eager tables: every page's rows and ``total_rows``."""
+    t = traces[0]  # the decode sample, under the sample_traces root
+    sql = data.draw(sql_queries(t))
+    note(sql)
+    names = sorted({w for w in sql.replace(",", " ").split() if w in TABLES})
+    expected = pl.SQLContext({n: t.table(n).lazy() for n in names}, register_globals=False).execute(sql).collect()
+    limit = data.draw(st.sampled_from([1, 7, 5000]))
+    offset = data.draw(st.sampled_from([0, 0, 3]))
+    got = session.query(sql, str(DECODE.relative_to(ROOT / "sample_traces")), offset=offset, limit=limit)
+    assert got["total_rows"] == expected.height
+    page = expected.slice(offset, limit)
+    assert got["columns"] == page.columns
+    if shape_is_ordered(sql):
+        assert got["rows"] == page.to_dicts()
+    else:
+        assert len(got["rows"]) == page.height
+
+
+def shape_is_ordered(sql: str) -> bool:
+    """Whether ``sql``'s rows come in one order (ORDER BY every column, or one aggregate row)."""
+    return " ORDER BY " in sql or sql.startswith("SELECT count(*)")
+
+
+def test_the_issues_sql_answers() -> None:
+    """The answers issue 44 saw as 0 through ``query``."""
+    from tracekit.agent.tools import Session
+
+    session = Session([ROOT / "sample_traces"], keep_open=1)
+    rel = str(DECODE.relative_to(ROOT / "sample_traces"))
+    eager = tracekit.open(DECODE)
+    k, m = eager.kernels.height, eager.memcpys.height
+    assert session.query("SELECT count(*) FROM kernels a CROSS JOIN kernels b", rel)["rows"] == [{"len": k * k}]
+    one_side = session.query("SELECT a.name FROM kernels a CROSS JOIN memcpys b", rel, limit=10)
+    assert one_side["total_rows"] == k * m and one_side["returned_rows"] == 10
+    both = session.query("SELECT a.name, b.bytes FROM kernels a CROSS JOIN memcpys b", rel, limit=10)
+    assert both["total_rows"] == k * m
+    assert session.query("SELECT count(*) AS n FROM kernels, memcpys", rel)["rows"] == [{"n": k * m}]
