@@ -178,10 +178,15 @@ class Session:
         return d
 
     # -- tools ---------------------------------------------------------------------------------
-    def describe(self, path: str) -> dict[str, Any]:
-        """Capture info, GPUs, tables with their row counts, and the run's structure."""
+    def describe(self, path: str, *, side_by_side: bool = False) -> dict[str, Any]:
+        """Capture info, GPUs, tables with their row counts, and the run's structure. With
+        ``side_by_side``, a folder's reports are described one by one (``reports``), never
+        read as the ranks of one run; ``unrelated`` says why they are not one run (null when
+        they are)."""
         import polars as pl
 
+        if side_by_side:
+            return self._side_by_side(path)
         obj, resolved = self.open(path)
         out: dict[str, Any] = {"path": str(resolved), "file_bytes": _size(resolved)}
         kind = type(obj).__name__
@@ -221,6 +226,23 @@ class Session:
         out["summary"] = (f"{len(gpus)} GPU(s) ({', '.join(names) or 'none listed'}), {out['tables']['kernels']:,} kernels, "
                           f"{out['tables']['cuda_api']:,} CUDA API calls; {st.headline()}")
         return out
+
+    def _side_by_side(self, path: str) -> dict[str, Any]:
+        from tracekit.multi import rank_identity
+        from tracekit.runs import unrelated_reason
+
+        resolved, target = self._target(path, "path")
+        files = target if isinstance(target, list) else [target]
+        reports, identities = [], []
+        for f in files:
+            reports.append(self.describe(str(f)))
+            obj, _ = self.open(str(f))
+            if type(obj).__name__ == "NsysTrace":
+                identities.append(rank_identity(obj, f)[1])
+        reason = unrelated_reason(identities)
+        head = "not one run: " + reason.split("not one run: ", 1)[-1] if reason else "one run's reports"
+        return {"path": str(resolved), "format": "side-by-side", "reports": reports, "unrelated": reason,
+                "summary": f"{len(reports)} report(s) side by side ({head})"}
 
     def summary(self, path: str, *, top: int = 10, findings: int = 3, nvtx_each: bool = False) -> dict[str, Any]:
         """What ``tracekit summary PATH`` shows: capture info, the run's structure, top kernels,
@@ -555,9 +577,15 @@ def _identity(target: Path | list[Path]) -> Any:
 
 def _open_target(target: Path | list[Path]) -> Any:
     import tracekit
+    from tracekit.errors import UnrelatedReportsError
 
     if isinstance(target, list):
-        return tracekit.open_many([str(t) for t in target], max_workers=1)
+        try:
+            return tracekit.open_many([str(t) for t in target], max_workers=1)
+        except UnrelatedReportsError as exc:  # the hint in this server's terms
+            msg = (f"{exc.reason}; give one report's path, or describe them side by side "
+                   "(describe with side_by_side=true)")
+            raise UnrelatedReportsError(msg, exc.reason) from None
     return tracekit.open(target)
 
 
