@@ -61,8 +61,8 @@ from typing import Any
 import polars as pl
 
 from tracekit.errors import TracekitError, TraceNotFoundError, UnrelatedReportsError
-from tracekit.runs import require_one_run
 from tracekit.nsys.columnar import folder_format
+from tracekit.runs import require_one_run
 
 log = logging.getLogger(__name__)
 

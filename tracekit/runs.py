@@ -139,7 +139,7 @@ def run_identity(trace: Any, candidates: Any = None, *, path: Path | None = None
         if hi is not None:
             start, end = meta.session_epoch_ns + lo, meta.session_epoch_ns + hi
     ranks: set[int] = set()
-    if candidates is not None and getattr(candidates, "height", 0):
+    if candidates is not None and candidates.height:
         # global ranks only: NCCL's, else the environment's (LOCAL_RANK repeats on every node)
         nccl = candidates["rank_nccl"].drop_nulls() if "rank_nccl" in candidates.columns else None
         if nccl is not None and nccl.len():
@@ -161,7 +161,7 @@ def run_identity(trace: Any, candidates: Any = None, *, path: Path | None = None
 
 
 def _when(ns: int) -> str:
-    return _dt.datetime.fromtimestamp(ns / 1e9, tz=_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return _dt.datetime.fromtimestamp(ns / 1e9, tz=_dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _gap(ns: int) -> str:

@@ -62,7 +62,7 @@ def diagnose(
         from tracekit.cli.side_by_side import side_by_side_diagnoses
 
         desc = model_with(model, batch, prompt_len)
-        side_by_side_diagnoses(files, fmt=fmt, top=top or None,
+        side_by_side_diagnoses(files, fmt=fmt, top=top or None, render=render,
                                run=lambda t: run(t, ncu=ncu, model=desc, window=_window(window), config=cfg))
         return
     trace = open_traces(files, engine=engine, scheduler=scheduler, workers=workers, command="tracekit diagnose")

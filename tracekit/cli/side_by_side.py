@@ -32,13 +32,13 @@ def _open(path: Path, command: str) -> Any:
     return trace
 
 
-def side_by_side_summary(files: Sequence[str | Path], *, top: int = 10, findings: int = 3) -> None:
+def side_by_side_summary(files: Sequence[str | Path], *, build_summary: Any, top: int = 10, findings: int = 3) -> None:
     """Print one table whose columns are the reports and whose rows are ``tracekit summary``'s
     fields (run, command, capture window, GPUs, kernels …), then each report's top kernels and
-    top ``findings`` findings."""
+    top ``findings`` findings; ``build_summary`` is :func:`tracekit.cli.summary.build_summary`
+    (handed in: that module calls this one)."""
     from rich.console import Console
 
-    from tracekit.cli.summary import build_summary
     from tracekit.cli.tables import print_table
 
     paths = report_paths(files)
@@ -73,19 +73,17 @@ def side_by_side_summary(files: Sequence[str | Path], *, top: int = 10, findings
                 console.print("  no findings", highlight=False)
 
 
-def side_by_side_diagnoses(files: Sequence[str | Path], *, fmt: str, top: int | None, run: Any) -> None:
+def side_by_side_diagnoses(files: Sequence[str | Path], *, fmt: str, top: int | None, run: Any, render: Any) -> None:
     """Diagnose each report on its own (``run(trace)`` gives its diagnosis) and print them one
-    after the other (``fmt="json"``: one JSON object, ``{"side_by_side": true, "reports":
-    [{"path", "diagnosis"}]}``)."""
-    from tracekit.cli.diagnose import render
-
+    after the other with ``render`` (:func:`tracekit.cli.diagnose.render`; ``fmt="json"``: one
+    JSON object, ``{"side_by_side": true, "reports": [{"path", "diagnosis"}]}``)."""
     paths = report_paths(files)
     done = [(path, run(_open(path, "tracekit diagnose"))) for path in paths]
     if fmt == "json":
         print(json.dumps({"side_by_side": True, "reports": [{"path": str(p), "diagnosis": d.to_dict()} for p, d in done]},
                          indent=2, default=str))
         return
-    for (path, d), name in zip(done, _labels(paths), strict=True):
+    for (_, d), name in zip(done, _labels(paths), strict=True):
         if fmt == "markdown":
             print(d.to_markdown())
             continue

@@ -43,7 +43,7 @@ def summary(
     if side_by_side:
         from tracekit.cli.side_by_side import side_by_side_summary
 
-        side_by_side_summary(files, top=top, findings=findings)
+        side_by_side_summary(files, build_summary=build_summary, top=top, findings=findings)
         return
 
     trace = open_traces(files, engine=engine, scheduler=scheduler, workers=workers, command="tracekit summary")

@@ -331,8 +331,9 @@ def _scan_arrow_stream(path: Path, schema: Mapping[str, pl.DataType]) -> pl.Lazy
                         batch = pa.record_batch(
                             [pa.concat_arrays([batch.column(c)]) for c in with_columns], names=with_columns
                         )
-                    frame = pl.from_arrow(batch)
-                    assert isinstance(frame, pl.DataFrame)  # noqa: S101 - a record batch gives a frame
+                    converted = pl.from_arrow(batch)
+                    assert isinstance(converted, pl.DataFrame)  # noqa: S101 - a record batch gives a frame
+                    frame = converted
                 if predicate is not None:
                     frame = frame.filter(predicate)
                 group.append(frame)
