@@ -250,6 +250,11 @@ def test_the_same_edges_through_the_sdk_client(bad_root: Path, tmp_path: Path) -
             "diagnose", path=REL, window_start_ns=0, window_end_ns=10**40)
         assert len(c.error("describe", path="y" * 100_001)) < 1000
         assert 'by "size": choose one of name or short_name' in c.error("top_kernels", path=REL, by="size")
+        # issue 44 §1 through the tool: a join side whose columns the query does not use keeps its rows
+        count = c.ok("query", path=REL, sql="SELECT count(*) AS n FROM kernels a CROSS JOIN kernels b")
+        assert count["rows"] == [{"n": 480 * 480}]
+        both = c.ok("query", path=REL, sql="SELECT a.name, b.bytes FROM kernels a CROSS JOIN memcpys b", limit=3)
+        assert both["total_rows"] == 480 * 16 and both["returned_rows"] == 3
         listed = c.ok("list_traces", under="planted", limit=50)
         assert any(e["path"] == "planted/planted_clean/planted_clean.sqlite" for e in listed["traces"])
         # the diff tool's hint in its own terms, its sides named as given (a link, not its target)
