@@ -77,8 +77,10 @@ def scale(path: Path, source: Path, label: str) -> list[dict]:
 
 def first_open(path: Path) -> dict:
     variants = "arrow,tracekit-fill" + (",connectorx" if _has("connectorx") else "")
-    subprocess.run([python(), str(REPO / "benchmarks" / "bench_load.py"), "--file", str(path), "--variants", variants,
-                    "--rounds", "1", "--idle-wait", "0"], check=True)
+    run = subprocess.run([python(), str(REPO / "benchmarks" / "bench_load.py"), "--file", str(path), "--variants", variants,
+                          "--rounds", "1", "--idle-wait", "0"], check=False)
+    if run.returncode != 0:
+        return {"failed": f"bench_load.py exit {run.returncode}"}
     return dict(json.loads((OUT / f"bench_load_{path.stem}.json").read_text())["summary"])
 
 
@@ -132,6 +134,10 @@ def main(argv: list[str] | None = None) -> int:
         if "load" not in skip:
             s = first_open(path)
             rec["first_open"] = s
+            if "failed" in s or "tracekit-fill" not in s or "arrow" not in s:
+                open_rows.append([name, "—", "—", "—", s.get("failed", "a variant failed")])
+                results[name] = rec
+                continue
             base = "connectorx" if "connectorx" in s else "arrow"
             ratio = s["tracekit-fill"]["load_s"] / s[base]["load_s"]
             open_rows.append([name, f"{s[base]['load_s']:.2f} ({base})", f"{s['tracekit-fill']['load_s']:.2f}", f"{ratio:.2f}×",

@@ -15,7 +15,8 @@ activity tables. Its kernel, CUDA API and NVTX rows are replaced by
   evenly): the launch call (``cudaLaunchKernel``, the kernel's correlation id) and the rest
   other runtime calls taken from the seed (``cudaStreamIsCapturing``, ``cudaEventRecord`` …);
 * ``--nvtx`` NVTX push/pop ranges per kernel (0–1; a fraction spread evenly), each around its
-  kernel's launch, named from a small set of layer names, plus one ``step.N`` range per step.
+  kernel's launch, named from a small set of layer names (as ``text``, the way PyTorch's
+  ``nvtxRangePushA`` records them), plus one ``step.N`` range per step.
 
 Times grow monotonically (4–9 µs of host time per kernel, then its calls of 1.5–4 µs; each
 kernel queued behind its launch and the kernel before it), ids are unique, and every kernel joins exactly one API call, as in nsys's own exports.
@@ -93,7 +94,6 @@ def build(seed: Path, out: Path, *, kernels: int, api: float, nvtx: float, names
     short = [f"kernel_{i:06d}" for i in range(names)]
     mangled = [f"_ZN5synth11kernel_{i:06d}IfLi{i % 7 + 1}ELb1EEEvNS_6ParamsILi{i % 13}EEEPKfPfi" for i in range(names)]
     dem_ids, short_ids, mang_ids = _string_ids(con, demangled), _string_ids(con, short), _string_ids(con, mangled)
-    layer_ids = _string_ids(con, list(LAYERS))
     slot = np.arange(kernels, dtype=np.int64) % step
     rare = np.cumsum(slot >= core) - 1
     name_idx = np.where(slot < core, slot % core, core + rare % max(names - core, 1))
@@ -159,8 +159,8 @@ def build(seed: Path, out: Path, *, kernels: int, api: float, nvtx: float, names
     with_range = np.flatnonzero(ranges)
     for lo in range(0, len(with_range), CHUNK):
         part = with_range[lo:lo + CHUNK]
-        rows = [(int(call_start[launch_pos[k]] - 100), int(call_end[launch_pos[k]] + 100), None, tid, tid,
-                 layer_ids[int(k) % len(layer_ids)]) for k in part]
+        rows = [(int(call_start[launch_pos[k]] - 100), int(call_end[launch_pos[k]] + 100), LAYERS[int(k) % len(LAYERS)],
+                 tid, tid, None) for k in part]
         con.executemany(ninsert, rows)
     steps = (kernels + step - 1) // step
     step_rows = []
