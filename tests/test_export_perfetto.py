@@ -732,13 +732,19 @@ def test_every_corpus_export(tmp_path: Path, path: Path) -> None:
 
 
 def test_repeated_pids_across_reports_stay_apart(tmp_path: Path) -> None:
-    """Two ranks whose processes have the same pid (copies of one report, as on two nodes)."""
+    """Two ranks whose processes have the same pid (a report and a copy of it made into the
+    next node's rank 1: another host name and RANK; plain copies are not one run)."""
+    from tests.conftest import mutated_copy
+
     src = PER_RANK / "llm_tp2_nccl_per_rank_rank0.sqlite"
     folder = tmp_path / "job"
     folder.mkdir()
-    for r in (0, 1):
-        shutil.copy(src, folder / f"copy_rank{r}.sqlite")
+    shutil.copy(src, folder / "copy_rank0.sqlite")
+    mutated_copy(src, folder / "copy_rank1.sqlite",
+                 "UPDATE TARGET_INFO_SYSTEM_ENV SET value = 'node1' WHERE name = 'Hostname'",
+                 "UPDATE META_DATA_CAPTURE SET value = 'RANK=\"1\"' WHERE value = 'RANK=\"0\"'")
     ranks = tracekit.open_many(folder)
+    assert ranks.unrelated is None and ranks.ranks["rank"].to_list() == [0, 1]
     path = tmp_path / "two.pftrace"
     perfetto(ranks, path)
     rb = read_back(path)

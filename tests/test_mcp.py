@@ -32,7 +32,7 @@ DECODE = SAMPLES / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite"
 HOST_BOUND = SAMPLES / "planted" / "planted_host_bound" / "planted_host_bound.sqlite"
 CLEAN = SAMPLES / "planted" / "planted_clean" / "planted_clean.sqlite"
 NCU = SAMPLES / "ncu" / "ncu_decode_drilldown" / "ncu_decode_drilldown.ncu-rep"
-TOOLS = {"describe", "summary", "diagnose", "stats", "top_kernels", "kernel", "query", "diff"}
+TOOLS = {"list_traces", "describe", "summary", "diagnose", "stats", "top_kernels", "kernel", "query", "diff"}
 
 
 class Client:
@@ -167,6 +167,51 @@ def test_tools_are_listed_read_only(client: Client) -> None:
     assert client.init.server_info.name == "tracekit" and str(SAMPLES) in client.init.instructions
 
 
+def test_schemas_say_what_the_tools_take(client: Client) -> None:
+    """Issue 44: enums for report/convention/by, maxima for limit/n/offset, output schemas,
+    table columns in the query tool's schema, descriptions without docstring indentation or
+    pointers to docs the agent cannot read; the server's static lists equal the library's."""
+    import dataclasses
+
+    from tracekit.agent.server import (
+        DIAGNOSE_SETTINGS,
+        STATS_CONVENTIONS,
+        STATS_VARIANTS,
+        TABLE_COLUMNS,
+    )
+    from tracekit.agent.tools import MAX_LIMIT, MAX_OFFSET
+    from tracekit.diagnosis import DiagnoseConfig
+    from tracekit.nsys.schema import TABLES
+    from tracekit.stats import REPORTS, VARIANTS
+    from tracekit.stats.common import CONVENTIONS
+
+    assert STATS_VARIANTS == VARIANTS and STATS_CONVENTIONS == CONVENTIONS
+    assert tuple(f.name for f in dataclasses.fields(DiagnoseConfig)) == DIAGNOSE_SETTINGS
+    assert {n: list(c) for n, c in TABLE_COLUMNS.items() if n in TABLES} == {n: list(s) for n, s in TABLES.items()}
+    import tracekit
+
+    tp2 = tracekit.open(TP2)
+    assert list(TABLE_COLUMNS["nccl"]) == tp2.table("nccl").columns and list(TABLE_COLUMNS["graphs"]) == tp2.table("graphs").columns
+    tools = {t.name: t for t in client.run(client.session.list_tools()).tools}
+    for t in tools.values():
+        assert t.output_schema is not None and "summary" in t.output_schema["properties"], t.name
+        assert "\n    " not in t.description and "docs/" not in t.description, t.name
+        props = t.input_schema["properties"]
+        for name in ("limit", "offset"):
+            if name in props:
+                spec = props[name]["anyOf"][0] if "anyOf" in props[name] else props[name]
+                assert spec["maximum"] == {"limit": MAX_LIMIT, "offset": MAX_OFFSET}[name], (t.name, name)
+    stats = tools["stats"].input_schema["properties"]
+    assert set(stats["report"]["enum"]) == set(REPORTS) | {f"{b}:{v}" for b, vs in VARIANTS.items() for v in vs}
+    assert stats["convention"]["enum"] == list(CONVENTIONS)
+    assert tools["top_kernels"].input_schema["properties"]["by"]["enum"] == ["name", "short_name"]
+    assert tools["top_kernels"].input_schema["properties"]["n"]["maximum"] == MAX_LIMIT
+    sql = tools["query"].input_schema["properties"]["sql"]["description"]
+    for name, columns in TABLE_COLUMNS.items():
+        assert f"{name}({', '.join(columns)})" in sql
+    assert "list_traces" in tools["describe"].input_schema["properties"]["path"]["description"]
+
+
 def test_describe_counts_and_structure(client: Client) -> None:
     import tracekit
     from tracekit.agent.tools import jsonable
@@ -201,7 +246,7 @@ def test_summary_equals_the_cli(client: Client) -> None:
 
 
 def test_diagnose_equals_cli_json(client: Client) -> None:
-    data = client.ok("diagnose", path=str(HOST_BOUND), limit=5000, evidence_rows=100000)
+    data = client.ok("diagnose", path=str(HOST_BOUND), limit=5000, evidence_rows=5000)
     proc = _cli("diagnose", "-f", "json", str(HOST_BOUND))
     assert proc.returncode == 0, proc.stderr
     cli = json.loads(proc.stdout)
@@ -249,8 +294,10 @@ def test_stats_pages_a_long_report(client: Client) -> None:
     assert [[r[c] for c in page["columns"]] for r in page["rows"]] == [[_number(x) for x in row] for row in lib[100:107]]
     default = client.ok("stats", path=str(TP2), report="cuda_gpu_trace")
     assert default["returned_rows"] == 200 and default["total_rows"] == len(lib)
-    # a bad report name: the CLI's line
-    assert client.error("stats", path=str(TP2), report="nope") == _cli("stats", "-r", "nope", str(TP2)).stderr.strip()
+    # a bad report name: one line with the choices (the schema's enum, checked before the call)
+    line = client.error("stats", path=str(TP2), report="nope")
+    assert line.startswith('tracekit: error: stats: report "nope": choose one of cuda_gpu_kern_sum, cuda_gpu_mem_time_sum')
+    assert "cuda_kern_exec_trace" in line
 
 
 def test_top_kernels_equal_kern_sum(client: Client) -> None:

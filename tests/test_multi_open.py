@@ -134,14 +134,28 @@ def test_failure_policy(tmp_path: Path) -> None:
     assert len(ts) == 1 and ts.failures[0].error == "TraceFormatError"
 
 
-def test_copies_fall_back_to_file_name_ranks(tmp_path: Path) -> None:
+def test_copies_are_not_ranks_and_ranks_fall_back_to_file_names(tmp_path: Path) -> None:
+    """Copies of two captures under six rank names were read as six ranks (issue 44: a folder
+    is now checked for being one run); the file-name fallback of the rank choice itself, for
+    reports whose environments collide, still holds on those reports' candidates."""
+    from tracekit.analysis.ranks import choose_ranks, rank_candidates
+    from tracekit.errors import UnrelatedReportsError
+    from tracekit.multi import _rank_processes
+
     if not all(p.exists() for p in RANK_FILES):
         pytest.skip("sample not present")
     for i in range(6):
         shutil.copy(RANK_FILES[i % 2], tmp_path / f"job_rank{i}.sqlite")
-    ts = open_many(tmp_path, max_workers=2, tables=("nccl",))
+    with pytest.raises(UnrelatedReportsError, match=r"job_rank2.sqlite and job_rank0.sqlite are the same capture"):
+        open_many(tmp_path, max_workers=2, tables=("nccl",))
+    parts = []
+    for i in range(6):
+        trace = NsysTrace(RANK_FILES[i % 2])
+        cand = rank_candidates(_rank_processes(trace), None, environments=[p.environment for p in trace.meta.processes],
+                               file_name=f"job_rank{i}.sqlite")
+        parts.append(cand.with_columns(pl.lit(i, pl.Int64).alias("report")))
+    chosen, notes = choose_ranks(pl.concat(parts), keys=["report"])
     # every copy claims RANK=0 or 1: the file names give unique ranks
-    assert ts.ranks["rank"].to_list() == list(range(6))
-    assert set(ts.ranks["rank_source"]) == {"file_name"}
-    assert any("file_name" in n for n in ts.notes)
-    assert set(ts.nccl["comm_nranks"]) == {6}
+    assert chosen["rank"].to_list() == list(range(6))
+    assert set(chosen["rank_source"]) == {"file_name"}
+    assert any("file_name" in n for n in notes)

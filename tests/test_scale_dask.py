@@ -105,10 +105,19 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
 
 
 def _copies(tmp_path: Path, n: int) -> Path:
+    """``n`` ranks of one job: copies of the two per-rank exports made into rank ``i`` of an
+    ``n``-rank job on node ``i // 2`` (host name, RANK and WORLD_SIZE changed; plain copies
+    are not one run and are refused)."""
+    from tests.conftest import mutated_copy
+
     folder = tmp_path / "ranks"
     folder.mkdir()
     for i in range(n):
-        shutil.copyfile(PER_RANK / f"llm_tp2_nccl_per_rank_rank{i % 2}.sqlite", folder / f"job_rank{i}.sqlite")
+        src = PER_RANK / f"llm_tp2_nccl_per_rank_rank{i % 2}.sqlite"
+        mutated_copy(src, folder / f"job_rank{i}.sqlite",
+                     f"UPDATE TARGET_INFO_SYSTEM_ENV SET value = 'node{i // 2}' WHERE name = 'Hostname'",
+                     f"UPDATE META_DATA_CAPTURE SET value = 'RANK=\"{i}\"' WHERE value LIKE 'RANK=%'",
+                     f"UPDATE META_DATA_CAPTURE SET value = 'WORLD_SIZE=\"{n}\"' WHERE value LIKE 'WORLD_SIZE=%'")
     return folder
 
 
@@ -131,7 +140,7 @@ def test_scheduler_and_two_workers(tmp_path: Path) -> None:
 
 def test_worker_killed_mid_run_loses_nothing(tmp_path: Path) -> None:
     """Kill one of two workers while it holds tasks: Dask reschedules them on the other and
-    every report comes back (24 reports, ranks from the file names)."""
+    every report comes back (24 reports, ranks from their environments)."""
     from distributed import Client
 
     folder = _copies(tmp_path, 24)

@@ -51,6 +51,15 @@ class TraceMemoryError(TracekitError, MemoryError):
     """Reading a table of a trace needs more memory than the process can have."""
 
 
+class UnrelatedReportsError(TracekitError):
+    """Reports given as the ranks of one run are not one run (:mod:`tracekit.runs`);
+    ``reason`` is the line that says which report does not belong and why."""
+
+    def __init__(self, message: str, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason or message
+
+
 class CaptureError(TracekitError):
     """Running a profiler on a program failed."""
 

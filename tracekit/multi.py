@@ -19,6 +19,15 @@ alone) is shifted by ``session_epoch_ns − min(session_epoch_ns)`` of its repor
 reports share the timeline of the earliest one (``TraceSet.epoch_ns`` is its UTC zero). The
 alignment is as good as the hosts' wall clocks (same host: exact; several nodes: NTP/PTP).
 
+**One run.** The reports must be the ranks of one run (:mod:`tracekit.runs`: the same job or
+command line, overlapping capture times, distinct ranks, processes and GPUs). Reports of
+unrelated captures raise :class:`UnrelatedReportsError`, one line naming the report that does
+not belong; with ``allow_unrelated=True`` they are opened side by side instead: each report
+keeps its own clock, ``rank`` is null, :attr:`TraceSet.unrelated` says why, and analyses that
+read a set as one job (``diagnose``, ``structure``, the summary of ranks, the HTML report, the
+timeline export) refuse it with one line — open each report (``TraceSet.open(i)``) to look at
+it.
+
 **Failures.** A report that cannot be read is recorded in :attr:`TraceSet.failures`;
 ``policy="raise"`` raises :class:`ReportLoadError` instead, ``"warn"`` (default) also emits a
 :class:`ReportSkippedWarning`, ``"skip"`` is silent.
@@ -51,8 +60,9 @@ from typing import Any
 
 import polars as pl
 
-from tracekit.errors import TracekitError, TraceNotFoundError
+from tracekit.errors import TracekitError, TraceNotFoundError, UnrelatedReportsError
 from tracekit.nsys.columnar import folder_format
+from tracekit.runs import require_one_run
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +75,10 @@ __all__ = [
     "ReportLoadError",
     "ReportSkippedWarning",
     "TraceSet",
+    "UnrelatedReportsError",
     "is_time_column",
     "open_many",
+    "require_one_run",
 ]
 
 #: Tables a :class:`TraceSet` can serve.
@@ -119,6 +131,7 @@ class _Loaded:
     version: str | None = None
     notes: list[str] = field(default_factory=list)
     failure: ReportFailure | None = None
+    identity: Any = None  # tracekit.runs.RunIdentity
 
 
 def _rank_processes(trace: Any) -> pl.DataFrame:
@@ -135,9 +148,20 @@ def _rank_processes(trace: Any) -> pl.DataFrame:
     return out
 
 
+def rank_identity(trace: Any, path: Path) -> tuple[pl.DataFrame, Any]:
+    """The rank candidates (:func:`tracekit.analysis.ranks.rank_candidates`) and the
+    :class:`tracekit.runs.RunIdentity` of one opened report."""
+    from tracekit.analysis.nccl import comm_init_payloads
+    from tracekit.analysis.ranks import rank_candidates
+    from tracekit.runs import run_identity
+
+    candidates = rank_candidates(_rank_processes(trace), comm_init_payloads(trace),
+                                 environments=[p.environment for p in trace.meta.processes], file_name=path.name)
+    return candidates, run_identity(trace, candidates, path=path)
+
+
 def _load_report(path: Path, tables: Sequence[str], engine: str, with_ranks: bool) -> _Loaded:
     """Read ``tables`` (and, with ``with_ranks``, the rank candidates) of one report."""
-    from tracekit.analysis.ranks import rank_candidates
     from tracekit.nsys.trace import NsysTrace
     from tracekit.opening import open as open_trace
 
@@ -156,13 +180,7 @@ def _load_report(path: Path, tables: Sequence[str], engine: str, with_ranks: boo
                 out.epoch_ns = trace.meta.session_epoch_ns
                 out.version = trace.meta.version
                 if with_ranks:
-                    from tracekit.analysis.nccl import comm_init_payloads
-
-                    inits = comm_init_payloads(trace)
-                    out.candidates = rank_candidates(
-                        _rank_processes(trace), inits,
-                        environments=[p.environment for p in trace.meta.processes], file_name=path.name,
-                    )
+                    out.candidates, out.identity = rank_identity(trace, path)
             finally:
                 trace.close()
         out.notes.extend(str(w.message) for w in caught)
@@ -293,8 +311,12 @@ class TraceSet:
         engine: str,
         max_workers: int,
         mp_context: str,
+        unrelated: str | None = None,
     ) -> None:
         self.failures: list[ReportFailure] = list(failures)
+        #: Why the reports are not one run, when they were opened side by side
+        #: (``allow_unrelated=True``); None for the ranks of one run.
+        self.unrelated: str | None = unrelated
         self._paths = [item.path for item in loaded]
         self._engine, self._max_workers, self._mp_context = engine, max_workers, mp_context
         self.notes: list[str] = []
@@ -304,8 +326,16 @@ class TraceSet:
         offsets = [0 if (e is None or self.epoch_ns is None) else e - self.epoch_ns for e in epochs]
         if len(known) < len(epochs):
             self.notes.append("some reports have no session start time; their times are not shifted")
+        if unrelated is not None:  # side by side: each report on its own clock, no ranks
+            offsets = [0] * len(epochs)
+            self.notes.append(f"opened side by side, not as ranks: {unrelated}")
         self._offsets = offsets
+        kept = len(self.notes)
         self.ranks = self._assign_ranks(loaded)
+        if unrelated is not None:
+            del self.notes[kept:]  # how ranks were chosen: there are none
+            self.ranks = self.ranks.with_columns(pl.lit(None, pl.Int64).alias("rank"),
+                                                 pl.lit("side by side", pl.Utf8).alias("rank_source"))
         self.reports = pl.DataFrame(
             {
                 "report": pl.Series(range(len(loaded)), dtype=pl.Int64),
@@ -500,6 +530,8 @@ class TraceSet:
         return iter(self._paths)
 
     def __repr__(self) -> str:
+        if self.unrelated is not None:
+            return f"TraceSet({len(self)} reports side by side, not one run, {len(self.failures)} failed)"
         ranks = self.ranks["rank"].drop_nulls()
         span = f"ranks {ranks.min()!s}–{ranks.max()!s}" if ranks.len() else "no ranks"
         return f"TraceSet({len(self)} reports, {span}, {len(self.failures)} failed)"
@@ -509,6 +541,20 @@ class TraceSet:
         from tracekit.opening import open as open_trace
 
         return open_trace(self._paths[report], engine=self._engine)
+
+
+def check_one_run(loaded: Sequence[_Loaded], paths: Any, *, allow_unrelated: bool) -> str | None:
+    """Why the ``loaded`` reports are not one run (None when they are). Raises
+    :class:`UnrelatedReportsError` unless ``allow_unrelated``."""
+    from tracekit.runs import unrelated_reason
+
+    where = str(paths) if isinstance(paths, (str, os.PathLike)) else ""
+    reason = unrelated_reason([item.identity for item in loaded if item.identity is not None], where=where)
+    if reason is not None and not allow_unrelated:
+        msg = (f"{reason}; give the reports of one run, or compare them side by side (tracekit summary/diagnose "
+               "--side-by-side; open_many(..., allow_unrelated=True))")
+        raise UnrelatedReportsError(msg, reason)
+    return reason
 
 
 def _infer_set_nranks(nccl: pl.DataFrame) -> pl.DataFrame:
@@ -531,6 +577,7 @@ def open_many(
     max_workers: int | None = None,
     engine: str = "auto",
     mp_context: str | None = None,
+    allow_unrelated: bool = False,
 ) -> TraceSet:
     """Open one Nsight Systems report per rank (or node) as a :class:`TraceSet`.
 
@@ -559,6 +606,10 @@ def open_many(
         ``multiprocessing`` start method of the workers: ``"forkserver"`` where available (the
         server imports tracekit once and forks each worker from it), else ``"spawn"``.
         ``"fork"`` can hang polars (its thread pool does not survive a fork).
+    allow_unrelated
+        Reports that are not one run (:mod:`tracekit.runs`) raise :class:`UnrelatedReportsError`
+        naming the one that does not belong; with ``True`` they are opened side by side instead
+        (own clocks, null ``rank``, :attr:`TraceSet.unrelated` saying why; see the module doc).
 
     Examples
     --------
@@ -588,7 +639,8 @@ def open_many(
     if not good:
         msg = f"none of the {len(files)} reports could be read; first: {failures[0]}"
         raise ReportLoadError(msg)
+    unrelated = check_one_run(good, paths, allow_unrelated=allow_unrelated)
     if policy == "warn":
         for failure in failures:
             warnings.warn(f"left out {failure}", ReportSkippedWarning, stacklevel=2)
-    return TraceSet(good, failures, engine=engine, max_workers=workers, mp_context=mp_context)
+    return TraceSet(good, failures, engine=engine, max_workers=workers, mp_context=mp_context, unrelated=unrelated)

@@ -23,7 +23,17 @@ from pathlib import Path
 
 from tracekit.errors import TracekitError
 
-__all__ = ["Roots", "check_select", "readable", "table_names_in"]
+__all__ = ["MAX_PATH_CHARS", "Roots", "check_select", "quoted", "readable", "table_names_in"]
+
+#: Characters of a path this server takes (Linux's PATH_MAX).
+MAX_PATH_CHARS = 4096
+#: Characters of a path an error message quotes.
+QUOTED_CHARS = 200
+
+
+def quoted(text: str) -> str:
+    """``text`` for an error message: cut to :data:`QUOTED_CHARS` characters with ``…``."""
+    return text if len(text) <= QUOTED_CHARS else text[: QUOTED_CHARS - 1] + "…"
 
 
 class Roots:
@@ -59,12 +69,23 @@ class Roots:
         if not text.strip():
             msg = f"{what}: give the path of a trace under {self.names()}"
             raise TracekitError(msg)
-        p = Path(text).expanduser()
-        if not p.is_absolute():
-            p = next((r / p for r in self.paths if (r / p).exists()), self.paths[0] / p)
-        resolved = p.resolve()
+        if len(text) > MAX_PATH_CHARS:
+            msg = f"{what} {quoted(text)}: a path of {len(text):,} characters; give one of at most {MAX_PATH_CHARS}"
+            raise TracekitError(msg)
+        try:
+            p = Path(text).expanduser()
+            if not p.is_absolute():
+                p = next((r / p for r in self.paths if os.path.lexists(r / p)), self.paths[0] / p)
+            resolved = p.resolve()
+            resolved.exists()  # a name too long for the file system fails here, in one line
+        except RuntimeError as exc:  # Path.resolve: "Symlink loop from …"
+            msg = f"{what} {quoted(text)}: {exc}; give the path of a trace, not a link that leads back to itself"
+            raise TracekitError(msg) from None
+        except OSError as exc:
+            msg = f"{what} {quoted(text)}: {exc.strerror or exc}; give the path of a trace under {self.names()}"
+            raise TracekitError(msg) from None
         if not self.contains(resolved):
-            msg = (f"{text} is outside the folders this server may read ({self.names()}); give a path under them, "
+            msg = (f"{quoted(text)} is outside the folders this server may read ({self.names()}); give a path under them, "
                    "or restart the server with another --root")
             raise TracekitError(msg)
         return resolved
@@ -135,6 +156,11 @@ def _export_of(report: Path, roots: Roots) -> Path:
     from tracekit.tools import find_tool
 
     beside = report.with_suffix(".sqlite")
+    stamp = beside.with_name(beside.name + ".tracekit.json")  # read by _is_fresh: checked before it is
+    for near in (beside, stamp):
+        if near.is_symlink() and not roots.contains(near.resolve()):
+            msg = f"{near} links outside the folders this server may read ({roots.names()}); give a report without such a link"
+            raise TracekitError(msg)
     if beside.is_file() and _is_fresh(beside, report):
         real = beside.resolve()  # the export beside it may be a link out of the roots
         if not roots.contains(real):

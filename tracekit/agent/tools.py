@@ -28,10 +28,18 @@ from typing import Any
 from tracekit.agent.sandbox import Roots, check_select, readable, table_names_in
 from tracekit.errors import TracekitError
 
-__all__ = ["MAX_LIMIT", "TOOLS", "Session", "jsonable"]
+__all__ = ["MAX_LIMIT", "MAX_OFFSET", "TOOLS", "Session", "jsonable"]
 
 #: The most rows one call returns (``limit`` above it is refused).
 MAX_LIMIT = 5000
+#: The largest ``offset`` (JSON's exact integers; no table has more rows).
+MAX_OFFSET = (1 << 53) - 1
+#: Times on a trace's timeline are signed 64-bit nanoseconds.
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+#: What ``list_traces`` lists: file suffix → kind.
+TRACE_SUFFIXES = {".sqlite": "nsys-sqlite", ".nsys-rep": "nsys-report", ".qdrep": "nsys-report", ".ncu-rep": "ncu-report"}
+#: Files and folders ``list_traces`` looks at before it stops (a root holding a whole disk).
+MAX_SCANNED = 200_000
 #: Evidence rows kept per finding by ``diagnose`` unless ``evidence_rows`` says otherwise.
 EVIDENCE_ROWS = 20
 #: Columns of the ``kernels`` table the ``kernel`` tool reads (those present).
@@ -108,7 +116,15 @@ class Session:
 
     def _target(self, path: str, what: str) -> tuple[Path, Path | list[Path]]:
         resolved = self.roots.resolve(path, what=what)
-        return resolved, readable(resolved, self.roots)
+        try:
+            return resolved, readable(resolved, self.roots)
+        except OSError as exc:  # a name too long for the file system, a link loop inside a folder …
+            if isinstance(exc, TracekitError):
+                raise
+            from tracekit.agent.sandbox import quoted
+
+            raise TracekitError(f"{what} {quoted(str(resolved))}: {exc.strerror or exc}; give the path of a trace under "
+                                f"{self.roots.names()}") from None
 
     def open(self, path: str, *, what: str = "path", keep: bool = True) -> tuple[Any, Path]:
         """The trace at ``path`` (an ``NsysTrace``, a per-rank ``TraceSet`` or an
@@ -154,8 +170,9 @@ class Session:
         return obj
 
     def _limit(self, offset: int, limit: int | None) -> tuple[int, int]:
-        if offset < 0:
-            raise TracekitError(f"offset {offset}: give 0 or more")
+        if not 0 <= offset <= MAX_OFFSET:
+            raise TracekitError(f"offset {offset:.3g}: give 0 to {MAX_OFFSET} (the first row to return)"
+                                if abs(offset) > 1e15 else f"offset {offset}: give 0 or more")
         limit = self.max_rows if limit is None else limit
         if not 1 <= limit <= MAX_LIMIT:
             raise TracekitError(f"limit {limit}: give 1 to {MAX_LIMIT} rows (page with offset)")
@@ -178,10 +195,15 @@ class Session:
         return d
 
     # -- tools ---------------------------------------------------------------------------------
-    def describe(self, path: str) -> dict[str, Any]:
-        """Capture info, GPUs, tables with their row counts, and the run's structure."""
+    def describe(self, path: str, *, side_by_side: bool = False) -> dict[str, Any]:
+        """Capture info, GPUs, tables with their row counts, and the run's structure. With
+        ``side_by_side``, a folder's reports are described one by one (``reports``), never
+        read as the ranks of one run; ``unrelated`` says why they are not one run (null when
+        they are)."""
         import polars as pl
 
+        if side_by_side:
+            return self._side_by_side(path)
         obj, resolved = self.open(path)
         out: dict[str, Any] = {"path": str(resolved), "file_bytes": _size(resolved)}
         kind = type(obj).__name__
@@ -221,6 +243,87 @@ class Session:
         out["summary"] = (f"{len(gpus)} GPU(s) ({', '.join(names) or 'none listed'}), {out['tables']['kernels']:,} kernels, "
                           f"{out['tables']['cuda_api']:,} CUDA API calls; {st.headline()}")
         return out
+
+    def list_traces(self, under: str | None = None, *, offset: int = 0, limit: int | None = None) -> dict[str, Any]:
+        """The traces under the roots (or under the folder ``under``): Nsight Systems exports
+        (``.sqlite``), reports (``.nsys-rep``/``.qdrep``), ``parquetdir``/``arrowdir`` folders,
+        Nsight Compute reports (``.ncu-rep``) and folders of several reports (per-rank runs),
+        each with its ``path`` (relative to its root: what the other tools take), ``root``,
+        ``kind`` and ``bytes``; paged. Links that lead out of the roots are left out."""
+        from tracekit.nsys.columnar import folder_format
+
+        offset, limit = self._limit(offset, limit)
+        tops = [self.roots.resolve(under, what="under")] if under else list(self.roots.paths)
+        found: list[dict[str, Any]] = []
+        scanned, skipped, stopped = 0, 0, False
+        for top in tops:
+            if not top.is_dir():
+                raise TracekitError(f"under {under}: not a folder under {self.roots.names()}")
+            root = next(r for r in self.roots.paths if top == r or top.is_relative_to(r))
+            for folder, dirs, files in os.walk(top):  # links to folders are not followed
+                here = Path(folder)
+                scanned += len(dirs) + len(files)
+                if scanned > MAX_SCANNED:
+                    stopped = True
+                    break
+                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+                keep = []
+                for d in dirs:
+                    fmt = folder_format(here / d)
+                    if fmt is not None:
+                        found.append(self._entry(here / d, root, f"nsys-{fmt}dir"))
+                    else:
+                        keep.append(d)
+                dirs[:] = keep
+                reports = 0
+                for name in sorted(files):
+                    kind = TRACE_SUFFIXES.get(Path(name).suffix.lower())
+                    if kind is None:
+                        continue
+                    f = here / name
+                    if f.is_symlink() and not self.roots.contains(f.resolve()):
+                        skipped += 1
+                        continue
+                    found.append(self._entry(f, root, kind))
+                    reports += kind != "ncu-report"
+                if reports > 1:
+                    found.append(self._entry(here, root, f"folder of {reports} nsys reports"))
+            if stopped:
+                break
+        found.sort(key=lambda e: (e["root"], e["path"]))
+        page = found[offset:offset + limit]
+        notes = [f"{skipped} link(s) leading out of the roots left out"] if skipped else []
+        if stopped:
+            notes.append(f"stopped after {MAX_SCANNED:,} files and folders: give a narrower folder with under")
+        line = f"{len(found):,} trace(s) under {', '.join(str(t) for t in tops)}" + (
+            f"; {offset}–{offset + len(page) - 1} here" if page else "")
+        return {"traces": page, **_page(len(found), offset, len(page), limit), "notes": notes, "summary": line}
+
+    @staticmethod
+    def _entry(path: Path, root: Path, kind: str) -> dict[str, Any]:
+        try:
+            size = path.stat().st_size if path.is_file() else sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+        except OSError:
+            size = None
+        rel = "." if path == root else str(path.relative_to(root))
+        return {"path": rel, "root": str(root), "kind": kind, "bytes": size}
+
+    def _side_by_side(self, path: str) -> dict[str, Any]:
+        from tracekit.multi import rank_identity
+        from tracekit.runs import unrelated_reason
+
+        resolved, target = self._target(path, "path")
+        files = target if isinstance(target, list) else [target]
+        reports, identities = [], []
+        for f in files:
+            reports.append(self.describe(str(f)))
+            obj, _ = self.open(str(f))
+            if type(obj).__name__ == "NsysTrace":
+                identities.append(rank_identity(obj, f)[1])
+        reason = unrelated_reason(identities)
+        head = "not one run: " + reason.split("not one run: ", 1)[-1] if reason else "one run's reports"
+        return {"path": str(resolved), "format": "side-by-side", "reports": reports, "unrelated": reason,
+                "summary": f"{len(reports)} report(s) side by side ({head})"}
 
     def summary(self, path: str, *, top: int = 10, findings: int = 3, nvtx_each: bool = False) -> dict[str, Any]:
         """What ``tracekit summary PATH`` shows: capture info, the run's structure, top kernels,
@@ -262,6 +365,9 @@ class Session:
         if (window_start_ns is None) != (window_end_ns is None):
             raise TracekitError("give both window_start_ns and window_end_ns (on the trace's timeline), or neither")
         window = None if window_start_ns is None else (int(window_start_ns), int(window_end_ns))  # type: ignore[arg-type]
+        if window is not None and not all(INT64_MIN <= t <= INT64_MAX for t in window):
+            raise TracekitError(f"window_start_ns/window_end_ns ({window[0]:.3g}, {window[1]:.3g}): give times on the "
+                                "trace's timeline, signed 64-bit ns (describe gives capture.start_ns and end_ns)")
         if window is not None and window[1] <= window[0]:
             raise TracekitError(f"window_end_ns ({window[1]}) must be after window_start_ns ({window[0]})")
         cfg = DiagnoseConfig().with_overrides(list(settings))
@@ -343,7 +449,7 @@ class Session:
         total_ns = int(frame.select(pl.col("Total Time (ns)").sum()).item() or 0) if frame.height else 0
         line = f"{frame.height:,} distinct kernel(s), {launches:,} launches, {_ms(total_ns)} GPU time"
         if rows:
-            line += f"; top: {rows[0]['name'][:80]} {rows[0]['time_pct']}% ({_ms(rows[0]['total_ns'])}, {rows[0]['instances']:,}×)"
+            line += f"; top: {(rows[0]['name'] or '(no name)')[:80]} {rows[0]['time_pct']}% ({_ms(rows[0]['total_ns'])}, {rows[0]['instances']:,}×)"
         return {"path": str(resolved), "by": by, "kernels": rows, "distinct_kernels": frame.height, "launches": launches,
                 "kernel_time_ns": total_ns, "summary": line}
 
@@ -528,12 +634,16 @@ class Session:
             sides.append((resolved, str(target)))  # opened by diff, its tables let go after its half
         lv = tuple(x.strip() for x in levels.split(",") if x.strip())
         d = run(sides[0][1], sides[1][1], levels=lv, threshold=threshold_pct / 100, findings=findings)
-        d.before, d.after = sides[0][0].name, sides[1][0].name  # as the CLI names them: the paths given
+        # as the CLI names them: the paths given (a link's own name, not its target's)
+        d.before, d.after = Path(before).name or before, Path(after).name or after
         full = json.loads(d.to_json())
         counts = {k: len(v) for k, v in full["levels"].items()}
         full["levels"] = {k: v[offset:offset + limit] for k, v in full["levels"].items()}
+        line = d.verdict_line().replace("add step to --by", "add step to levels")  # this tool's term for the CLI's --by
         full.update(level_rows=counts, offset=offset, limit=limit, regression_count=len(full["regressions"]),
-                    summary=d.verdict_line())
+                    summary=line)
+        if "verdict_line" in full:
+            full["verdict_line"] = line
         return jsonable(full)  # type: ignore[no-any-return]
 
 
@@ -555,9 +665,15 @@ def _identity(target: Path | list[Path]) -> Any:
 
 def _open_target(target: Path | list[Path]) -> Any:
     import tracekit
+    from tracekit.errors import UnrelatedReportsError
 
     if isinstance(target, list):
-        return tracekit.open_many([str(t) for t in target], max_workers=1)
+        try:
+            return tracekit.open_many([str(t) for t in target], max_workers=1)
+        except UnrelatedReportsError as exc:  # the hint in this server's terms
+            msg = (f"{exc.reason}; give one report's path, or describe them side by side "
+                   "(describe with side_by_side=true)")
+            raise UnrelatedReportsError(msg, exc.reason) from None
     return tracekit.open(target)
 
 
@@ -607,4 +723,5 @@ def _report_page(result: Any, offset: int, limit: int) -> tuple[Any, int]:
 
 
 #: Tool name → the :class:`Session` method the server calls.
-TOOLS: dict[str, str] = {name: name for name in ("describe", "summary", "diagnose", "stats", "top_kernels", "kernel", "query", "diff")}
+TOOLS: dict[str, str] = {name: name for name in ("list_traces", "describe", "summary", "diagnose", "stats", "top_kernels", "kernel",
+                                                 "query", "diff")}

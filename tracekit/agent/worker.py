@@ -37,9 +37,20 @@ OUT_OF_MEMORY = ("tracekit: error: out of memory; read fewer columns (trace.tabl
                  "window where the tool has one, or restart the server with a larger --max-memory-gb")
 
 
+#: Characters of an error line (a message quoting a long path or SQL is cut).
+MAX_ERROR_CHARS = 1000
+
+
 def error_line(exc: BaseException) -> str:
     """The one line the CLI prints for ``exc`` (``tracekit: error: …`` for what tracekit
-    raises on purpose and for running out of memory, ``tracekit: internal error: …`` else)."""
+    raises on purpose and for running out of memory, ``tracekit: internal error: …`` else),
+    at most :data:`MAX_ERROR_CHARS` characters."""
+    from tracekit.errors import one_line
+
+    return one_line(_error_line(exc), MAX_ERROR_CHARS)
+
+
+def _error_line(exc: BaseException) -> str:
     from tracekit.errors import TracekitError, one_line
 
     if isinstance(exc, TracekitError) and not isinstance(exc, MemoryError):

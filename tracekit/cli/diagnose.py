@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from tracekit.cli.inputs import ENGINE_HELP, SCHEDULER_HELP, WORKERS_HELP
+from tracekit.cli.inputs import ENGINE_HELP, SCHEDULER_HELP, SIDE_BY_SIDE_HELP, WORKERS_HELP
 
 
 def register(parent: typer.Typer) -> None:
@@ -46,6 +46,7 @@ def diagnose(
     engine: str = typer.Option("local", "--engine", help=ENGINE_HELP),
     scheduler: str | None = typer.Option(None, "--scheduler", help=SCHEDULER_HELP),
     workers: int | None = typer.Option(None, "--workers", min=1, help=WORKERS_HELP),
+    side_by_side: bool = typer.Option(False, "--side-by-side", help=SIDE_BY_SIDE_HELP),
 ) -> None:
     """Where the time goes and what to try: steady-state window, findings sorted by severity and time."""
     from tracekit.cli.inputs import open_traces
@@ -57,6 +58,13 @@ def diagnose(
         msg = f"--format {fmt!r}: choose {', '.join(FORMATS)}"
         raise TracekitError(msg)
     cfg = DiagnoseConfig().with_overrides(list(settings))
+    if side_by_side:
+        from tracekit.cli.side_by_side import side_by_side_diagnoses
+
+        desc = model_with(model, batch, prompt_len)
+        side_by_side_diagnoses(files, fmt=fmt, top=top or None, render=render,
+                               run=lambda t: run(t, ncu=ncu, model=desc, window=_window(window), config=cfg))
+        return
     trace = open_traces(files, engine=engine, scheduler=scheduler, workers=workers, command="tracekit diagnose")
     d = run(trace, ncu=ncu, model=model_with(model, batch, prompt_len), window=_window(window), config=cfg)
     if fmt == "json":

@@ -6,6 +6,9 @@ rank), or a folder of per-rank reports — read in this process, or reduced per 
 * several paths, or a folder of reports (``.sqlite``, ``.nsys-rep``, per-rank
   ``parquetdir``/``arrowdir`` folders; ``rank%q{RANK}`` outputs): a
   :class:`~tracekit.multi.TraceSet` (:func:`tracekit.open_many`), one rank per report;
+* reports that are not one run (:mod:`tracekit.runs`: another program or job, captured at
+  another time, the same rank twice) are refused in one line naming the odd one out;
+  ``--side-by-side`` (``summary``, ``diagnose``) shows them side by side instead;
 * ``--engine dask`` (with ``--scheduler ADDRESS`` for a running cluster, else ``--workers``
   local worker processes) or ``--scheduler`` alone: each report reduced on a Dask worker, a
   :class:`~tracekit.scale.reduced.ReducedSet` back (docs/scale.md) — for hundreds of ranks.
@@ -17,11 +20,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ENGINE_HELP", "SCHEDULER_HELP", "WORKERS_HELP", "is_many", "open_traces"]
+__all__ = ["ENGINE_HELP", "SCHEDULER_HELP", "SIDE_BY_SIDE_HELP", "WORKERS_HELP", "is_many", "open_traces"]
 
 ENGINE_HELP = "How several reports are read: local (worker processes here) or dask (reduced per rank on a Dask cluster)."
 SCHEDULER_HELP = "Address of a running Dask scheduler (tcp://host:8786): implies --engine dask."
 WORKERS_HELP = "Worker processes: of the local pool, or of the local Dask cluster started when no --scheduler is given."
+SIDE_BY_SIDE_HELP = ("Several reports (or a folder) each read on its own and shown side by side, never merged as the ranks of "
+                     "one run: for exports of unrelated runs, which are otherwise refused.")
 
 ENGINES = ("local", "dask")
 

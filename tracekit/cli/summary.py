@@ -7,7 +7,7 @@ from typing import Any
 
 import typer
 
-from tracekit.cli.inputs import ENGINE_HELP, SCHEDULER_HELP, WORKERS_HELP
+from tracekit.cli.inputs import ENGINE_HELP, SCHEDULER_HELP, SIDE_BY_SIDE_HELP, WORKERS_HELP
 
 
 def register(parent: typer.Typer) -> None:
@@ -32,12 +32,19 @@ def summary(
     engine: str = typer.Option("local", "--engine", help=ENGINE_HELP),
     scheduler: str | None = typer.Option(None, "--scheduler", help=SCHEDULER_HELP),
     workers: int | None = typer.Option(None, "--workers", min=1, help=WORKERS_HELP),
+    side_by_side: bool = typer.Option(False, "--side-by-side", help=SIDE_BY_SIDE_HELP),
 ) -> None:
     """Capture info, GPUs, time window, top kernels, CUDA graphs, memcpy totals, top NVTX
     ranges, generation phases (time to first token, time per output token) and top findings."""
     from tracekit.cli.diagnose import model_with
     from tracekit.cli.inputs import open_traces
     from tracekit.nsys.trace import NsysTrace
+
+    if side_by_side:
+        from tracekit.cli.side_by_side import side_by_side_summary
+
+        side_by_side_summary(files, build_summary=build_summary, top=top, findings=findings)
+        return
 
     trace = open_traces(files, engine=engine, scheduler=scheduler, workers=workers, command="tracekit summary")
     file = files[0] if len(files) == 1 else f"{len(files)} files"
@@ -286,6 +293,9 @@ def set_summary(ts, *, top: int = 10, label: str = ""):  # type: ignore[no-untyp
     import polars as pl
 
     from tracekit.analysis.ranks import kernels_across_ranks, rank_summary
+    from tracekit.runs import require_one_run
+
+    require_one_run(ts, "the summary of ranks")
     from tracekit.nsys.summary import TraceSummary
 
     names = ("kernel_summary", "busy", "overlap", "iterations")

@@ -134,6 +134,9 @@ class Context:
     """
 
     def __init__(self, trace: Any, config: DiagnoseConfig, *, ncu: Any = None, model: Any = None) -> None:
+        from tracekit.runs import require_one_run
+
+        require_one_run(trace, "the diagnosis")  # reports opened side by side are not one job
         self.trace = trace
         self.config = config
         self.ncu = ncu

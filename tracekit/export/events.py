@@ -330,6 +330,9 @@ def _as_trace(trace: Any) -> Any:
     if type(trace).__name__ == "NcuReport" or not hasattr(type(trace), "kernels"):
         msg = f"{type(trace).__name__} has no timeline to export; pass an Nsight Systems trace (tracekit.open) or a trace set (tracekit.open_many)"
         raise TracekitError(msg)
+    from tracekit.runs import require_one_run
+
+    require_one_run(trace, "the timeline export")
     return trace
 
 

@@ -309,35 +309,39 @@ def _scan_arrow_stream(path: Path, schema: Mapping[str, pl.DataType]) -> pl.Lazy
     ) -> Iterator[pl.DataFrame]:
         import pyarrow as pa
 
-        left = n_rows
+        left = n_rows  # raw rows still to read: ``head(n).filter(...)`` cuts before it filters
         group: list[pl.DataFrame] = []
         rows = 0
         with pa.OSFile(str(path)) as fh:
             for batch in pa.ipc.open_stream(fh):
-                if left is not None and left <= rows:
-                    break
-                if with_columns is not None and len(with_columns) < len(schema):
-                    # copies of the selected columns: a column sliced from the batch would keep the
-                    # batch's whole message body (every column) alive (1 M kernels, 2 of 28
-                    # columns: 372 -> 155 MB peak)
-                    batch = pa.record_batch(
-                        [pa.concat_arrays([batch.column(c)]) for c in with_columns], names=with_columns
-                    )
-                frame = pl.from_arrow(batch)
-                assert isinstance(frame, pl.DataFrame)  # noqa: S101 - a record batch gives a frame
+                if left is not None:
+                    if left <= 0:
+                        break
+                    batch = batch.slice(0, left)
+                    left -= batch.num_rows
+                if with_columns is not None and not with_columns:
+                    # no column asked for (``count(*)``, the unused side of a cross join): the
+                    # rows still count, and a batch of no columns would have none
+                    frame = pl.DataFrame(height=batch.num_rows)
+                else:
+                    if with_columns is not None and len(with_columns) < len(schema):
+                        # copies of the selected columns: a column sliced from the batch would keep
+                        # the batch's whole message body (every column) alive (1 M kernels, 2 of 28
+                        # columns: 372 -> 155 MB peak)
+                        batch = pa.record_batch(
+                            [pa.concat_arrays([batch.column(c)]) for c in with_columns], names=with_columns
+                        )
+                    converted = pl.from_arrow(batch)
+                    assert isinstance(converted, pl.DataFrame)  # noqa: S101 - a record batch gives a frame
+                    frame = converted
                 if predicate is not None:
                     frame = frame.filter(predicate)
                 group.append(frame)
                 rows += frame.height
                 if rows >= ARROW_GROUP_ROWS:
-                    out = pl.concat(group, rechunk=False)
+                    yield pl.concat(group, rechunk=False)
                     group, rows = [], 0
-                    if left is not None:
-                        out = out.head(left)
-                        left -= out.height
-                    yield out
         if group:
-            out = pl.concat(group, rechunk=False)
-            yield out if left is None else out.head(left)
+            yield pl.concat(group, rechunk=False)
 
     return register_io_source(io_source=source, schema=dict(schema))

@@ -89,15 +89,18 @@ def scan(trace: NsysTrace, name: str) -> pl.LazyFrame:
         out = list(with_columns) if with_columns is not None else list(schema)
         needed = set(out) | (set(predicate.meta.root_names()) if predicate is not None else set())
         columns = [c for c in schema if c in needed] or out[:1] or list(schema)[:1]
+        # polars hands over ``n_rows`` with a predicate only for ``head(n).filter(...)``: the
+        # first n rows of the table, then filtered; the read may not filter before the cut
         left = n_rows
-        for frame in _frames(trace, name, columns, predicate):
-            if predicate is not None:
-                frame = frame.filter(predicate)
-            frame = frame.select(out)
+        for frame in _frames(trace, name, columns, predicate if n_rows is None else None):
             if left is not None:
                 frame = frame.head(left)
                 left -= frame.height
-            yield frame
+            if predicate is not None:
+                frame = frame.filter(predicate)
+            # no column asked for (``count(*)``, the unused side of a cross join): the rows still
+            # count; a frame selected down to no columns would have none
+            yield frame.select(out) if out else pl.DataFrame(height=frame.height)
             if left is not None and left <= 0:
                 return
 

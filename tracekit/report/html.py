@@ -301,6 +301,9 @@ def write_report(
         if hasattr(trace, "kernels_across_ranks"):  # reduced on Dask: no rows to draw
             msg = "the HTML report draws each rank's rows, which engine='dask' keeps on the workers; open the reports with open_many"
             raise TracekitError(msg)
+        from tracekit.runs import require_one_run
+
+        require_one_run(trace, "the HTML report")
     ncu = tracekit.open(ncu_path) if ncu_path is not None else None
     if isinstance(trace, NcuReport):
         if ncu is not None:  # the first report was dropped without a word

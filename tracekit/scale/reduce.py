@@ -86,13 +86,11 @@ def reduce_report(path: str | Path, names: tuple[str, ...] = REDUCTIONS, engine:
     (``tracekit.multi``'s per-report record, with the reductions as its tables, the rank
     candidates, session start and nsys version). A report that cannot be read comes back
     with its failure instead of raising, as with the process-pool engine."""
-    from tracekit.multi import ReportFailure, _Loaded, _rank_processes
+    from tracekit.multi import ReportFailure, _Loaded, rank_identity
 
     p = Path(path)
     out = _Loaded(path=p)
     try:
-        from tracekit.analysis.nccl import comm_init_payloads
-        from tracekit.analysis.ranks import rank_candidates
         from tracekit.nsys.trace import NsysTrace
         from tracekit.opening import open as open_trace
 
@@ -106,10 +104,7 @@ def reduce_report(path: str | Path, names: tuple[str, ...] = REDUCTIONS, engine:
                 out.tables = reductions_of(trace, names)
                 out.epoch_ns = trace.meta.session_epoch_ns
                 out.version = trace.meta.version
-                out.candidates = rank_candidates(
-                    _rank_processes(trace), comm_init_payloads(trace),
-                    environments=[pr.environment for pr in trace.meta.processes], file_name=p.name,
-                )
+                out.candidates, out.identity = rank_identity(trace, p)
             finally:
                 trace.close()
         out.notes.extend(str(w.message) for w in caught)

@@ -155,6 +155,7 @@ def open_reduced(
     reductions: Sequence[str] = REDUCTIONS,
     engine: str = "auto",
     retries: int = 1,
+    allow_unrelated: bool = False,
 ) -> ReducedSet:
     """Reduce one report per rank on a Dask cluster (``open_many(…, engine="dask")``).
 
@@ -171,6 +172,9 @@ def open_reduced(
     retries
         Extra attempts of a task whose worker raised; a task whose worker died is rescheduled
         by Dask itself (up to its ``allowed-failures``).
+    allow_unrelated
+        As for :func:`tracekit.open_many`: reports that are not one run raise
+        :class:`~tracekit.multi.UnrelatedReportsError` unless this is ``True``.
     """
     if policy not in POLICIES:
         msg = f"unknown policy {policy!r}; use one of {', '.join(POLICIES)}"
@@ -208,10 +212,13 @@ def open_reduced(
     if not good:
         msg = f"none of the {len(files)} reports could be read; first: {failures[0]}"
         raise ReportLoadError(msg)
+    from tracekit.multi import check_one_run
+
+    unrelated = check_one_run(good, paths, allow_unrelated=allow_unrelated)
     if policy == "warn":
         for failure in failures:
             warnings.warn(f"left out {failure}", ReportSkippedWarning, stacklevel=2)
-    return ReducedSet(good, failures, engine=engine, max_workers=1, mp_context="spawn")
+    return ReducedSet(good, failures, engine=engine, max_workers=1, mp_context="spawn", unrelated=unrelated)
 
 
 def open_many(paths: Any, *, engine: str = "auto", client: Any = None, **options: Any) -> Any:
@@ -223,10 +230,12 @@ def open_many(paths: Any, *, engine: str = "auto", client: Any = None, **options
         workers = options.pop("max_workers", None) or 2
         policy = options.pop("policy", "warn")
         reductions = options.pop("reductions", REDUCTIONS)
+        allow = bool(options.pop("allow_unrelated", False))
         if options:
             msg = f"engine='dask' does not take {', '.join(sorted(options))}"
             raise TypeError(msg)
-        return open_reduced(paths, client=client, n_workers=workers, policy=policy, reductions=reductions)
+        return open_reduced(paths, client=client, n_workers=workers, policy=policy, reductions=reductions,
+                            allow_unrelated=allow)
     if client is not None:
         msg = "client= is for engine='dask'"
         raise TypeError(msg)
