@@ -227,7 +227,7 @@ class Context:
         lo, hi = self._capture_span()
         total = int(self.ops_for_window(["duration_ns"])["duration_ns"].sum() or 0)
         s = build_structure(found, self.config, trace_start_ns=lo, trace_end_ns=hi, window_ops=self._classify_ops,
-                            total_gpu_ns=total)
+                            total_gpu_ns=total, nvtx=self.nvtx)
         if s.kind in ("training", "microbenchmark", "inference") or self.rk:
             return s
         reading = found.reading if found.reading is not None and found.reading.tokens is not None else None

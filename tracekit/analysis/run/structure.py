@@ -758,6 +758,7 @@ def build_structure(
     trace_end_ns: int,
     window_ops: Callable[[int, int], pl.DataFrame] | None = None,
     total_gpu_ns: int | None = None,
+    nvtx: pl.DataFrame | None = None,
 ) -> RunStructure:
     """The :class:`RunStructure` of the iterations ``found`` (:func:`find_iterations`):
     warm-up, the steady window, the segments of every GPU with a loop, and the kind of run
@@ -820,6 +821,11 @@ def build_structure(
             # steady repetition's kernels, not the middle ones only
             s.evidence = (_timed_kernels(window_ops(start, end), s),)
         s.token_evidence = token_evidence(ops, n_span) if s.kind == "unknown" else None
+    if s.kind == "unknown" and nvtx is not None:
+        why = xla_backward_evidence(nvtx)
+        if why is not None:
+            s.kind, s.evidence, s.token_evidence = "training", (why,), None
+            return s
     reading = found.reading
     if reading is not None and s.kind in ("unknown", "microbenchmark"):
         if reading.tokens is not None:
@@ -829,6 +835,29 @@ def build_structure(
             s.evidence = (reading.passes.evidence() + ", with no sign of tokens (no embedding lookup opening them, or no "
                           "prompt's forward followed by one-token forwards): a model run over and over, not a generation",)
     return s
+
+
+#: XLA's op names of a JAX program's reverse-mode autodiff: ``jax.grad`` transposes the
+#: forward's linearisation, and JAX names those ops ``transpose(jvp(…))``.
+XLA_BACKWARD = "transpose(jvp("
+#: XLA's NVTX ranges (``Thunk:#name=jit(train_step)/…``, ``XlaModule:#hlo_module=…``).
+_XLA_MODULE = r"XlaModule:#(?:[^#]*,)?hlo_module=([^,#]+)"
+
+
+def xla_backward_evidence(nvtx: pl.DataFrame) -> str | None:
+    """Why a JAX/XLA run is training, or ``None``: XLA's NVTX ranges name the ops JAX's autodiff
+    made for the backward (:data:`XLA_BACKWARD`), with the jitted function that ran them. XLA's
+    fused kernels carry no backward in their names; its ranges do."""
+    if nvtx.height == 0 or "name" not in nvtx.columns:
+        return None
+    names = nvtx["name"].drop_nulls()
+    bwd = names.filter(names.str.contains(XLA_BACKWARD, literal=True))
+    if bwd.len() == 0:
+        return None
+    fn = bwd.str.extract(r"#name=(jit\([^)/]*\))", 1).drop_nulls()
+    where = f" in {fn.mode().sort()[0]}" if fn.len() else ""
+    return (f"JAX autodiff: {bwd.len():,} XLA op ranges{where} named {XLA_BACKWARD}…)), the backward jax.grad builds "
+            "(XLA's fused kernels carry no backward names, its NVTX ranges do)")
 
 
 #: The kind of run is read from at most this many steady iterations in the middle.
