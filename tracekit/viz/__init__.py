@@ -17,6 +17,7 @@ __all__ = [
     "enable_notebook",
     "gpu_metrics_chart",
     "iterations_chart",
+    "kernel_charts",
     "layer_growth_chart",
     "layer_heatmap",
     "layer_memory_chart",
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
         timeline_chart,
         top_kernels_chart,
     )
-    from tracekit.viz.charts_ncu import roofline_chart, sol_chart, tensor_dram_chart
+    from tracekit.viz.charts_ncu import kernel_charts, roofline_chart, sol_chart, tensor_dram_chart
     from tracekit.viz.export import save, to_bytes, to_html
     from tracekit.viz.notebook import enable_notebook
     from tracekit.viz.theme import PAPER_THEME, SCREEN_THEME
@@ -74,6 +75,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
         )
     },  # fmt: skip
     "roofline_chart": ("tracekit.viz.charts_ncu", "roofline_chart"),
+    "kernel_charts": ("tracekit.viz.charts_ncu", "kernel_charts"),
     "sol_chart": ("tracekit.viz.charts_ncu", "sol_chart"),
     "tensor_dram_chart": ("tracekit.viz.charts_ncu", "tensor_dram_chart"),
     "save": ("tracekit.viz.export", "save"),

@@ -23,12 +23,15 @@ from tracekit.viz.prep_series import (
     BUS_FACTORS,
     DEFAULT_GPU_METRICS,
     LAYER_MEMORY_PATTERN,
+    METRIC_PANELS,
     Window,
+    gpu_metric_panels,
     gpu_metrics_series,
     layer_bands,
     layer_growth,
     layer_memory_series,
     memory_series,
+    metric_means,
     nccl_bandwidth,
 )
 
@@ -90,21 +93,44 @@ def data_window(*frames: pl.DataFrame | None) -> Window | None:
 
 
 # -- kernels -----------------------------------------------------------------------------------
-def top_kernels(kernels: pl.DataFrame, *, n: int = 20, by: str = "short_name") -> pl.DataFrame:
-    """The ``n`` kernels with the most GPU time.
+#: Sort keys of :func:`top_kernels` → (column, what the chart's title says).
+TOP_SORTS: dict[str, tuple[str, str]] = {
+    "total": ("total_ns", "GPU time"),
+    "mean": ("mean_ns", "mean duration"),
+    "median": ("median_ns", "median duration"),
+    "max": ("max_ns", "longest instance"),
+    "instances": ("instances", "instances"),
+}
+
+
+def _sort_column(sort: str) -> str:
+    if sort in TOP_SORTS:
+        return TOP_SORTS[sort][0]
+    if sort in {c for c, _ in TOP_SORTS.values()}:
+        return sort
+    msg = f"sort must be one of {', '.join(TOP_SORTS)}, not {sort!r}"
+    raise ValueError(msg)
+
+
+def top_kernels(kernels: pl.DataFrame, *, n: int = 20, by: str = "short_name", sort: str = "total") -> pl.DataFrame:
+    """The ``n`` kernels with the most GPU time (or the largest ``sort`` value).
 
     Parameters
     ----------
     kernels
         ``trace.kernels`` (``duration_ns`` and a name column; ``family`` is added when absent).
     by
-        Name column to group by (``short_name``, ``name``); falls back to what exists.
+        Name column to group by (``name``: one row per kernel, the full demangled name;
+        ``short_name`` merges the template variants of a kernel); falls back to what exists.
+    sort
+        ``total`` (GPU time, default), ``mean``, ``median``, ``max`` or ``instances``.
 
     Returns
     -------
     ``name``, ``family``, ``instances``, ``total_ns``, ``mean_ns``, ``median_ns``, ``max_ns``
-    (Int64 ns) and ``share`` (fraction of all kernel time, 0–1), most time first.
+    (Int64 ns) and ``share`` (fraction of all kernel time, 0–1), largest first.
     """
+    key = _sort_column(sort)
     col = _name_column(kernels, by)
     k = _with_family(kernels, col)
     total = k["duration_ns"].sum() or 1
@@ -119,9 +145,106 @@ def top_kernels(kernels: pl.DataFrame, *, n: int = 20, by: str = "short_name") -
             pl.col("duration_ns").max().alias("max_ns"),
         )
         .with_columns((pl.col("total_ns") / total).alias("share"))
-        .sort(["total_ns", "name"], descending=[True, False])
+        .sort([key, "name"], descending=[True, False])
         .head(n)
     )
+
+
+#: Words of demangled names that tell two variants of a kernel nothing apart.
+_GENERIC_TOKENS = frozenset(
+    "void at native std cuda unnamed anonymous namespace int unsigned long char short float double half bool const "
+    "T T1 T2 T3 T4 T5 T6 array instance lambda operator Functor func_wrapper_t TensorIteratorBase TensorIterator "
+    "c10 detail impl kernel cutlass cute cudnn cub".split()
+)
+
+
+def _ellipsize(text: str, limit: int) -> str:
+    """``text`` cut in the middle to at most ``limit`` characters (``head…tail``)."""
+    if len(text) <= limit:
+        return text
+    if limit <= 3:
+        return text[:limit]
+    head = (limit - 1) * 3 // 5
+    return text[:head] + "…" + text[len(text) - (limit - 1 - head):]
+
+
+def _short_of(name: str) -> str:
+    """A readable short form of a demangled name: the function's own name without its
+    namespaces, return type, template and parameter lists."""
+    text = name.strip()
+    if text.startswith("void "):
+        text = text[5:]
+    depth, cut = 0, len(text)
+    for i, ch in enumerate(text):  # the first '<' or '(' at depth 0 ends the qualified name
+        if ch in "<(" and depth == 0:
+            cut = i
+            break
+    qualified = text[:cut] or text
+    return qualified.split("::")[-1] or qualified
+
+
+def kernel_labels(names: list[str], shorts: list[str | None] | None = None, *, limit: int = 56) -> list[str]:
+    """One distinct, readable label per kernel name, at most ``limit`` characters.
+
+    A kernel is shown by its short name (``shorts``, nsys's ``short_name``; else read from
+    the demangled name). When several kernels share a short name (three cuDNN wgrad
+    variants, the template instances of ``elementwise_kernel``), each gets the words of its
+    full name the others lack (``vectorized_elementwise_kernel · MulFunctor``); any left
+    alike are numbered (``#2``). The full name stays the key: charts group and select by it.
+    """
+    import re
+
+    base = [(s or _short_of(n)) if shorts is not None else _short_of(n) for n, s in
+            zip(names, shorts if shorts is not None else [None] * len(names), strict=True)]
+    labels = list(base)
+    groups: dict[str, list[int]] = {}
+    for i, b in enumerate(base):
+        groups.setdefault(b, []).append(i)
+    for b, rows in groups.items():
+        if len(rows) < 2:
+            labels[rows[0]] = _ellipsize(b, limit)
+            continue
+        tokens = [list(dict.fromkeys(re.findall(r"[A-Za-z_][A-Za-z0-9_]*|\d+", names[i]))) for i in rows]
+        counts: dict[str, int] = {}
+        for toks in tokens:
+            for t in toks:
+                counts[t] = counts.get(t, 0) + 1
+        for i, toks in zip(rows, tokens, strict=True):
+            own = [t for t in toks if counts[t] < len(rows) and t not in _GENERIC_TOKENS and t != b]
+            words = [t for t in own if not t.isdigit()]
+            # the rarest words first (they tell this variant apart), in name order among equals
+            words = sorted(words, key=lambda t: (counts[t], toks.index(t)))
+            picked = words[:1] if words and counts[words[0]] == 1 else words[:2]
+            tag = " ".join(picked) or " ".join([f"<{t}>" for t in own if t.isdigit()][:2])
+            if tag:
+                head = _ellipsize(b, max(min(len(b), 30), limit - len(tag) - 3))
+                labels[i] = _ellipsize(f"{head} · {tag}", limit)
+            else:
+                labels[i] = _ellipsize(b, limit)
+    seen: dict[str, int] = {}
+    for i, label in enumerate(labels):  # whatever is still alike gets a number
+        if label in seen:
+            seen[label] += 1
+            suffix = f" #{seen[label]}"
+            labels[i] = _ellipsize(label, limit - len(suffix)) + suffix
+        else:
+            seen[label] = 1
+    return labels
+
+
+def with_kernel_labels(top: pl.DataFrame, kernels: pl.DataFrame | None = None, *, limit: int = 56) -> pl.DataFrame:
+    """``top`` (:func:`top_kernels`) with ``label``: :func:`kernel_labels` of its ``name``
+    column (short names looked up in ``kernels`` when it has ``short_name``)."""
+    if "label" in top.columns:
+        return top
+    names = top["name"].cast(pl.Utf8).fill_null("?").to_list()
+    shorts: list[str | None] | None = None
+    if kernels is not None and {"name", "short_name"} <= set(kernels.columns) and top.height:
+        lookup = (kernels.select("name", "short_name").filter(pl.col("name").is_in(names))
+                  .unique("name", keep="first"))
+        found = dict(zip(lookup["name"].to_list(), lookup["short_name"].to_list(), strict=True))
+        shorts = [found.get(n) for n in names]
+    return top.with_columns(pl.Series("label", kernel_labels(names, shorts, limit=limit), dtype=pl.Utf8))
 
 
 def duration_histogram(
@@ -270,14 +393,21 @@ def timeline_ops(
         .with_row_index("lane_order")
         .select("lane", pl.col("lane_order").cast(pl.Int64))
     )
-    o = o.join(lanes, on="lane", how="left")
+    return _lane_marks(o.join(lanes, on="lane", how="left"), (w0, w1), max_marks, lanes.height)
+
+
+def _lane_marks(o: pl.DataFrame, window: Window, max_marks: int, n_lanes: int) -> pl.DataFrame:
+    """Marks of lanes (``lane``, ``lane_order``, ``start_ns``, ``end_ns`` clipped to the window,
+    ``name``, ``family``): one per operation while they are at most ``max_marks``, else one per
+    busy time bin of each lane (its busiest family and name, ``busy_fraction``)."""
+    w0, w1 = window
     if o.height <= max_marks:
         return o.select(
             "lane", "lane_order", "start_ns", "end_ns", "name", "family",
             pl.lit(1, dtype=pl.Int64).alias("count"), pl.lit(1.0).alias("busy_fraction"),
             pl.lit(False).alias("binned"),
         ).sort("lane_order", "start_ns")  # fmt: skip
-    bins = max(max_marks // max(lanes.height, 1), 1)
+    bins = max(max_marks // max(n_lanes, 1), 1)
     width = max(-(-(w1 - w0) // bins), 1)  # ceil: never more than ``bins`` bins
     b0 = (pl.col("start_ns") - w0) // width
     b1 = pl.max_horizontal((pl.col("end_ns") - 1 - w0) // width, b0)
@@ -334,6 +464,87 @@ def timeline_ops(
         )
         .sort("lane_order", "start_ns")
     )
+
+
+#: Kinds of CUDA API calls on the timeline's CPU lanes, first matching pattern wins.
+API_KINDS: tuple[tuple[str, str], ...] = (
+    ("sync", r"(?i)synchroni[sz]e|Query|StreamWaitEvent"),
+    ("launch", r"(?i)Launch"),
+    ("memory", r"(?i)Memcpy|Memset|Prefetch"),
+    ("alloc", r"(?i)Malloc|Free|MemCreate|MemMap|MemUnmap|MemAddress|MemRelease|MemSetAccess"),
+)
+#: Colours of the CUDA API kinds (apart from the kernel families': the CPU side is greys,
+#: synchronisation in red because that is where a host waits).
+API_COLORS: dict[str, str] = {"launch": "#6E6E6E", "sync": "#C0392B", "memory": "#A6761D", "alloc": "#9E9AC8",
+                              "other": "#C8C8C8"}  # fmt: skip
+
+
+def timeline_api(
+    cuda_api: pl.DataFrame,
+    *,
+    window: Window | None = None,
+    max_marks: int = 1000,
+    max_threads: int = 4,
+    lane_offset: int = 5_000,
+) -> pl.DataFrame:
+    """CUDA API calls as timeline lanes: one lane per CPU thread, the ``max_threads`` threads
+    with the most API time in the window (those that launch the GPU work).
+
+    Returns the columns of :func:`timeline_ops` (``lane`` is ``CPU <pid>:<tid> · CUDA API``,
+    ``family`` the call's kind: ``launch``, ``sync``, ``memory``, ``alloc``, ``other``;
+    binned beyond ``max_marks`` calls), after the GPU lanes in ``lane_order``.
+    """
+    empty = pl.DataFrame(
+        schema={"lane": pl.Utf8, "lane_order": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64,
+                "name": pl.Utf8, "family": pl.Utf8, "count": pl.Int64, "busy_fraction": pl.Float64,
+                "binned": pl.Boolean}
+    )  # fmt: skip
+    if cuda_api is None or cuda_api.is_empty() or not {"start_ns", "end_ns", "name", "tid"} <= set(cuda_api.columns):
+        return empty
+    window = window or data_window(cuda_api)
+    if window is None:
+        return empty
+    w0, w1 = window
+    rank = ["rank"] if "rank" in cuda_api.columns else []
+    pid = ["pid"] if "pid" in cuda_api.columns else []
+    a = cuda_api.filter(pl.col("end_ns").is_not_null() & (pl.col("end_ns") > w0) & (pl.col("start_ns") < w1)).with_columns(
+        pl.col("start_ns").clip(w0, w1), pl.col("end_ns").clip(w0, w1))
+    if a.is_empty():
+        return empty
+    keys = [*rank, *pid, "tid"]
+    busiest = (a.group_by(keys).agg((pl.col("end_ns") - pl.col("start_ns")).sum().alias("_t"))
+               .sort("_t", *keys, descending=[True] + [False] * len(keys)).head(max_threads).sort(keys))
+    prefix: list[pl.Expr] = [pl.lit("rank "), pl.col("rank").cast(pl.Utf8), pl.lit(" · ")] if rank else []
+    who: list[pl.Expr] = [pl.col("pid").cast(pl.Utf8), pl.lit(":")] if pid else []
+    lanes = busiest.with_row_index("_o").select(
+        *keys, pl.concat_str([*prefix, pl.lit("CPU "), *who, pl.col("tid").cast(pl.Utf8), pl.lit(" · CUDA API")]).alias("lane"),
+        (pl.col("_o").cast(pl.Int64) + lane_offset).alias("lane_order"))
+    kind: pl.Expr = pl.lit("other")
+    for label, pattern in reversed(API_KINDS):
+        kind = pl.when(pl.col("name").str.contains(pattern)).then(pl.lit(label)).otherwise(kind)
+    o = a.join(lanes, on=keys, how="inner").with_columns(
+        pl.col("name").str.replace(r"_v\d+$", "").alias("name"), kind.alias("family"))
+    return _lane_marks(o, (w0, w1), max_marks, lanes.height)
+
+
+def timeline_steps(structure: Any, *, window: Window | None = None, max_marks: int = 400) -> pl.DataFrame:
+    """Iteration boundaries of a run's structure (:func:`tracekit.structure`) for the
+    timeline: ``start_ns`` of each iteration in the window and ``phase`` (``warm-up`` or
+    ``steady``); empty without iterations, or with more than ``max_marks`` in the window (a
+    rule per iteration would then be a solid band)."""
+    schema = {"start_ns": pl.Int64, "iteration": pl.Int64, "phase": pl.Utf8}
+    its = getattr(structure, "iterations", None)
+    if not isinstance(its, pl.DataFrame) or its.is_empty() or "w_start" not in its.columns:
+        return pl.DataFrame(schema=schema)
+    out = its.select(
+        pl.col("w_start").cast(pl.Int64).alias("start_ns"),
+        pl.col("iteration").cast(pl.Int64) if "iteration" in its.columns else pl.int_range(pl.len()).cast(pl.Int64).alias("iteration"),
+        pl.when(pl.col("warmup")).then(pl.lit("warm-up")).otherwise(pl.lit("steady")).alias("phase")
+        if "warmup" in its.columns else pl.lit("steady").alias("phase"),
+    ).unique("start_ns", keep="first").sort("start_ns")
+    if window is not None:
+        out = out.filter(pl.col("start_ns").is_between(window[0], window[1]))
+    return out if out.height <= max_marks else pl.DataFrame(schema=schema)
 
 
 def nvtx_ranges(nvtx: pl.DataFrame) -> pl.DataFrame:
@@ -891,7 +1102,7 @@ def nvtx_tree(
 
 __all__ = [
     "BREAKDOWN_CATEGORIES", "BUS_FACTORS", "DEFAULT_GPU_METRICS", "ITERATION_PATTERN", "LAYER_MEMORY_PATTERN", "LAYER_PATTERN",
-    "MAX_ITERATION_POINTS", "attributed_kernels", "binned_iterations", "data_window", "duration_histogram",
+    "API_COLORS", "API_KINDS", "METRIC_PANELS", "gpu_metric_panels", "metric_means", "MAX_ITERATION_POINTS", "TOP_SORTS", "timeline_api", "timeline_steps", "attributed_kernels", "kernel_labels", "with_kernel_labels", "binned_iterations", "data_window", "duration_histogram",
     "gpu_metrics_series", "gpu_ops", "graph_names", "iteration_times", "layer_bands", "layer_block_matrix", "structure_iterations",
     "layer_growth", "layer_memory_series", "memory_series", "nccl_bandwidth", "nvtx_ranges",
     "nvtx_tree", "temporal_breakdown", "timeline_nvtx", "timeline_ops", "top_kernels", "whole_graphs",
