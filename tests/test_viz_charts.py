@@ -162,7 +162,7 @@ def test_selections_for_drill_down(tp2: Any, ncu: Any) -> None:
         return found
 
     assert params(tv.top_kernels_chart(tp2.kernels)) == {"kernel"}
-    assert params(tv.timeline_chart(tp2.kernels, nvtx=tp2.nvtx)) == {"kernel", "window"}
+    assert params(tv.timeline_chart(tp2.kernels, nvtx=tp2.nvtx)) == {"kernel", "window", "zoom"}  # zoom: the wheel
     assert "window" in params(tv.gpu_metrics_chart(tp2.gpu_metrics))
     assert params(tv.roofline_chart(ncu)) == {"kernel"}
     spec = tv.top_kernels_chart(tp2.kernels, highlight="ncclDevKernel_SendRecv").to_dict()
