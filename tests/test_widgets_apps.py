@@ -190,7 +190,7 @@ def test_drilldown_follows_the_picker_and_the_roofline(decode: Any) -> None:
 
 # -- Compare ---------------------------------------------------------------------------------------
 def test_compare_two_traces(decode: Any, tp2: Any) -> None:
-    c = Compare(decode, tp2, labels=("1 GPU", "TP2"))
+    c = Compare(decode, tp2, labels=("1 GPU", "TP2"), window="whole")
     k = c.kernels
     nccl = k.filter(pl.col("name") == "ncclDevKernel_SendRecv").row(0, named=True)
     assert nccl["instances_a"] == 0 and nccl["instances_b"] == 16 and nccl["ratio"] is None
