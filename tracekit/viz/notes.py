@@ -125,3 +125,22 @@ def message_of(chart: Any) -> str | None:
     if isinstance(meta, dict) and MESSAGE_KEY in meta:
         return str(meta[MESSAGE_KEY])
     return None
+
+
+def quietly(fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, str | None]:
+    """``fn(*args, **kwargs)`` with the :class:`~tracekit.errors.EmptyResultWarning` it raises
+    caught: ``(result, the warning's line)``, or ``(result, None)`` when it warned of nothing.
+    A notebook then shows the line with the empty result (:func:`shown`) instead of a warning
+    on stderr."""
+    import warnings
+
+    from tracekit.errors import EmptyResultWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", EmptyResultWarning)
+        result = fn(*args, **kwargs)
+    lines = [str(w.message) for w in caught if issubclass(w.category, EmptyResultWarning)]
+    for w in caught:  # any other warning goes on as it came
+        if not issubclass(w.category, EmptyResultWarning):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return result, (lines[0] if lines else None)

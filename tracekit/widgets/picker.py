@@ -120,7 +120,7 @@ class TracePicker(widgets.VBox):  # type: ignore[misc,name-defined]
         self.children = (w.HBox([self.folder_box, self.up_button, self.refresh_button]), self.listing, self.status)
         self._go(where)
         if start is not None and start.is_file():
-            self.pick(start)
+            self.pick(start, remember_it=False)  # a notebook's parameter is not a pick
         else:
             self._show_status()
 
@@ -129,15 +129,17 @@ class TracePicker(widgets.VBox):  # type: ignore[misc,name-defined]
         """Call ``callback(path)`` each time a trace is picked."""
         self._callbacks.append(callback)
 
-    def pick(self, path: str | Path) -> None:
-        """Pick ``path`` (as a click on it does): set ``value``, remember it, run callbacks."""
+    def pick(self, path: str | Path, *, remember_it: bool = True) -> None:
+        """Pick ``path`` (as a click on it does): set ``value``, remember it (unless
+        ``remember_it`` is false), run the callbacks."""
         p = Path(path).expanduser()
         if not p.is_file():
             self.status.value = f"<i>{html.escape(str(p))} is not a file</i>"
             return
         if p.parent.resolve() != Path(self.folder).resolve():
             self._go(p.parent)
-        remember(p)
+        if remember_it:
+            remember(p)
         self.value = str(p)
         self._listing = True
         try:
@@ -146,8 +148,9 @@ class TracePicker(widgets.VBox):  # type: ignore[misc,name-defined]
         finally:
             self._listing = False
         self._show_status()
-        for callback in self._callbacks:
-            callback(self.value)
+        if remember_it:  # the start value is not news for the callbacks
+            for callback in self._callbacks:
+                callback(self.value)
 
     def traces(self) -> list[Path]:
         """The trace files of the folder listed."""
