@@ -355,6 +355,7 @@ def timeline_chart(
             layers.append(alt.Chart(ms(band)).mark_rect(color="#2E7D32", opacity=0.07).encode(
                 x=x, x2="end_ms:Q", tooltip=[alt.Tooltip("name:N", title=" "),
                                              alt.Tooltip("duration_us:Q", format=",.0f", title="µs")]))
+    has_gpu = not gpu.is_empty()
     gpu_layer = (
         alt.Chart(gpu)
         .mark_rect()
@@ -380,24 +381,25 @@ def timeline_chart(
                 alt.Tooltip("busy_fraction:Q", format=".0%", title="busy"),
             ],
         )  # fmt: skip
-        .add_params(brush, zoom, pick)
     )
-    layers.append(gpu_layer)
+    if has_gpu:  # an empty layer would give Vega an infinite extent
+        layers.append(gpu_layer.add_params(brush, zoom, pick))
     if api is not None and not api.is_empty():
         kinds = [k for k in prep.API_COLORS if k in set(api["family"].to_list())]
-        layers.append(
+        api_layer = (
             alt.Chart(ms(api)).mark_rect().encode(
                 x=x, x2="end_ms:Q", y=y,
                 fill=alt.Fill("family:N", title="CUDA API", scale=alt.Scale(domain=kinds, range=[prep.API_COLORS[k] for k in kinds])),
-                opacity=alt.Opacity("busy_fraction:Q", scale=alt.Scale(domain=[0, 1], range=[0.3, 1]), legend=None),
+                opacity=alt.Opacity("busy_fraction:Q", scale=alt.Scale(domain=[0, 1], range=[0.25, 1]), legend=None),
                 tooltip=[alt.Tooltip("label:N", title="CUDA API"), alt.Tooltip("family:N", title="kind"), "lane:N",
                          alt.Tooltip("start_ms:Q", format=".4f", title="start (ms)"),
                          alt.Tooltip("duration_us:Q", format=".2f", title="span (µs)"), alt.Tooltip("count:Q", title="calls")],
             )
         )  # fmt: skip
+        layers.append(api_layer if has_gpu else api_layer.add_params(brush, zoom))
     if nv_lanes is not None and not nv_lanes.is_empty():
         nv = ms(nv_lanes)
-        layers.append(
+        nv_layer = (
             alt.Chart(nv)
             .mark_rect(color="#8E8E8E", stroke="white", strokeWidth=0.5)
             .encode(
@@ -407,6 +409,8 @@ def timeline_chart(
                          alt.Tooltip("duration_us:Q", format=".2f", title="duration (µs)")],
             )
         )  # fmt: skip
+        data_layers = has_gpu or (api is not None and not api.is_empty())
+        layers.append(nv_layer if data_layers else nv_layer.add_params(brush, zoom))
     if structure is not None and win is not None:
         steps = prep.timeline_steps(structure, window=win)
         if steps.height:

@@ -35,8 +35,9 @@ CAPTURE_HINTS: dict[str, str] = {
     "ncu --section SpeedOfLight_RooflineChart: tracekit capture ncu --preset kernel-drilldown)",
 }
 
-#: The ``usermeta`` key that marks a message chart.
-MESSAGE_KEY = "tracekit_missing"
+#: The prefix of a message chart's ``description`` (a property every view may have, so the
+#: mark survives concatenation, where a top-level ``usermeta`` would not be valid).
+MESSAGE_KEY = "tracekit_missing: "
 
 
 def hint(what: str) -> str:
@@ -101,30 +102,37 @@ def message_chart(text: str, *, width: int = 480, title: str | None = None) -> A
         alt.Chart(pl.DataFrame({"text": [text]}))
         .mark_text(align="left", baseline="middle", fontStyle="italic", color="#555555", limit=0, lineBreak="\n")
         .encode(x=alt.value(0), y=alt.value(12), text="text:N")
-        .properties(width=width, height=24, usermeta={MESSAGE_KEY: text})
+        .properties(width=width, height=24, description=MESSAGE_KEY + text)
     )
     return chart.properties(title=title) if title else chart
 
 
 def message_of(chart: Any) -> str | None:
-    """The line of a :func:`message_chart` (also inside a layer or concatenation of them
-    only), else ``None``."""
+    """The line of a :func:`message_chart` (also of a layer or concatenation made of message
+    charts only), else ``None``."""
     if chart is None:
         return None
     if isinstance(chart, dict):
         spec = chart
     else:
-        meta = getattr(chart, "usermeta", None)
-        if isinstance(meta, dict) and MESSAGE_KEY in meta:
-            return str(meta[MESSAGE_KEY])
         try:
             spec = chart.to_dict(validate=False)
         except Exception:
             return None
-    meta = spec.get("usermeta")
-    if isinstance(meta, dict) and MESSAGE_KEY in meta:
-        return str(meta[MESSAGE_KEY])
-    return None
+
+    def lines(node: Any) -> list[str | None]:
+        if not isinstance(node, dict):
+            return [None]
+        parts = [p for key in ("layer", "hconcat", "vconcat", "concat") for p in node.get(key, [])]
+        if "spec" in node:
+            parts.append(node["spec"])
+        if parts:
+            return [line for p in parts for line in lines(p)]
+        text = node.get("description")
+        return [text[len(MESSAGE_KEY):] if isinstance(text, str) and text.startswith(MESSAGE_KEY) else None]
+
+    found = lines(spec)
+    return "; ".join(dict.fromkeys(str(f) for f in found)) if found and all(found) else None
 
 
 def quietly(fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, str | None]:

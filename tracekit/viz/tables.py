@@ -74,7 +74,7 @@ def html_table(
         for c in shown:
             v = row[c]
             text = (
-                formats[c](v)
+                ("–" if v is None else formats[c](v))
                 if c in formats
                 else ("–" if v is None else f"{v:.3g}" if isinstance(v, float) else str(v))
             )
