@@ -61,11 +61,24 @@ def _family_color(alt: Any, frame: pl.DataFrame, field: str = "family", legend: 
     )
 
 
+def _lines(text: str, width: int = 48) -> list[str]:
+    """``text`` cut into lines of about ``width`` characters at spaces (a subtitle fits a
+    one-column figure)."""
+    words, lines, line = text.split(" "), [], ""
+    for word in words:
+        if line and len(line) + 1 + len(word) > width:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    return [*lines, line] if line else lines
+
+
 def _titled(chart: Any, title: str | None, subtitle: str | None = None) -> Any:
     """``chart`` with ``title`` and, below it, ``subtitle`` (the window the chart shows)."""
     if subtitle:
         alt = _alt()
-        return chart.properties(title=alt.TitleParams(title or "", subtitle=subtitle))
+        return chart.properties(title=alt.TitleParams(title or "", subtitle=_lines(subtitle)))
     return chart.properties(title=title) if title else chart
 
 
@@ -134,6 +147,7 @@ def top_kernels_chart(
     window: Any = None,
     highlight: str | None = None,
     title: str | None = None,
+    label_chars: int = 56,
 ) -> Any:
     """Horizontal bars of the kernels with the most GPU time (or the largest ``sort``
     value), one bar per kernel, coloured by family.
@@ -156,6 +170,9 @@ def top_kernels_chart(
         overlapping it; the subtitle names it.
     highlight
         A kernel name to show selected.
+    label_chars
+        Longest bar label, in characters (labels stay distinct at any length: 28 fits a
+        one-column paper figure).
 
     Selections: ``kernel`` (click a bar; the value is the full name).
     """
@@ -174,7 +191,9 @@ def top_kernels_chart(
         top = prep.top_kernels(kernels, n=n, by=by, sort=sort)
     if top.is_empty():
         return _nothing("no kernels", window, title)
-    top = prep.with_kernel_labels(top, kernels)
+    if "label" in top.columns and top["label"].str.len_chars().max() > label_chars:  # type: ignore[operator]
+        top = top.drop("label")
+    top = prep.with_kernel_labels(top, kernels, limit=label_chars)
     col, axis_title, scale = _TOP_AXES[key]
     frame = top.with_columns(
         *[(pl.col(c) / f).alias(a) for c, (a, _t, f) in _TOP_AXES.items() if f is not None and c in top.columns],
@@ -191,7 +210,7 @@ def top_kernels_chart(
         alt.Chart(frame)
         .mark_bar()
         .encode(
-            y=alt.Y("label:N", sort=order, title=None, axis=alt.Axis(labelLimit=380)),
+            y=alt.Y("label:N", sort=order, title=None, axis=alt.Axis(labelLimit=round(label_chars * 6.8))),
             x=alt.X(f"{col}:Q", title=axis_title),
             color=_family_color(alt, frame),
             opacity=alt.condition(pick, alt.value(1.0), alt.value(0.35)),

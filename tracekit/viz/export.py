@@ -63,6 +63,11 @@ def chart_spec(
     spec["config"] = config
     if width is not None:
         total = width_pt(width)
+        legend = config.setdefault("legend", {})
+        if legend.get("orient") == "bottom":
+            # as many legend columns as fit the figure: a label past its right edge is lost
+            limit = float(legend.get("labelLimit", 120))
+            legend["columns"] = max(1, min(int(legend.get("columns", 3)), int(total // (limit + 30))))
         if _is_single_view(spec):
             spec["width"] = total
             spec["autosize"] = {"type": "fit-x" if height is None else "fit", "contains": "padding"}

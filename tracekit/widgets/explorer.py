@@ -198,8 +198,8 @@ class TraceExplorer(widgets.VBox):  # type: ignore[misc,name-defined]
     def current_window(self) -> ViewWindow:
         """The window every tab shows, with its label: the steady window, the whole trace or
         a selected window."""
-        if self.window is None:
-            return self.whole
+        if self.window is None:  # the whole trace; when the run has no steady window, saying why
+            return self.steady if self.steady.kind == "whole" else self.whole
         if self.steady.kind == "steady" and tuple(self.window) == self.steady.bounds:
             return self.steady
         return ViewWindow(int(self.window[0]), int(self.window[1]), "selected")
@@ -261,6 +261,7 @@ class TraceExplorer(widgets.VBox):  # type: ignore[misc,name-defined]
         self.findings_select.observe(self._on_finding, names="value")
         self.findings_html = w.HTML()
         self.timeline_button = w.Button(description="Show on the timeline", icon="arrow-right", disabled=True,
+                                        layout=w.Layout(**BUTTON),
                                         tooltip="the selected finding's evidence as the timeline's window")
         self.timeline_button.on_click(lambda _b: self._show_timeline())
 

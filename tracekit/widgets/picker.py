@@ -178,12 +178,12 @@ class TracePicker(widgets.VBox):  # type: ignore[misc,name-defined]
             except OSError as exc:
                 entries = []
                 self.status.value = f"<i>cannot list {html.escape(str(folder))}: {html.escape(exc.strerror or str(exc))}</i>"
-            options: list[tuple[str, str]] = [("📁 ..", _UP)]
+            options: list[tuple[str, str]] = [("▲ .. (the folder above)", _UP)]
             for p in entries:
                 if p.name.startswith("."):
                     continue
                 if p.is_dir():
-                    options.append((f"📁 {p.name}/", p.name + "/"))
+                    options.append((f"▸ {p.name}/", p.name + "/"))
                 elif is_trace(p):
                     options.append((f"{p.name}   ({_size(p)})", p.name))
             self.listing.options = options
