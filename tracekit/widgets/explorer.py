@@ -628,17 +628,26 @@ class TraceExplorer(widgets.VBox):  # type: ignore[misc,name-defined]
             options.append((current if len(current) < 90 else current[:89] + "…", current))
         self._set_picker(options, current)
         win = self.current_window()
+        steps = int(getattr(self._structure_or_none(), "steps", 0) or 0) if win.kind == "steady" else 0
         shown = top.select(
             pl.col("label").alias("kernel"), "family", "instances",
-            (pl.col("total_ns") / 1e6).alias("total_ms"), (pl.col("mean_ns") / 1e3).alias("mean_us"),
+            (pl.col("total_ns") / 1e6).alias("total_ms"),
+            *([(pl.col("total_ns") / steps / 1e6).alias("per_step_ms")] if steps else []),
+            (pl.col("mean_ns") / 1e3).alias("mean_us"),
             (pl.col("max_ns") / 1e3).alias("max_us"), (pl.col("share") * 100).alias("share_pct"), "name")
+        activity = self._kernel_activity(k, top)
+        if activity is not None:
+            shown = shown.join(activity, on="name", how="left", maintain_order="left")
+        self.top_activity = activity
         key = self.prep.TOP_SORTS[sort][1]
         caption = (f"<b>Top {top.height} kernels by {html.escape(key)}</b> — {html.escape(win.label())}"
                    if top.height else f"<i>no kernels in the {html.escape(win.label())}</i>")
         self.top_table.value = f"<p>{caption}</p>" + (html_table(
             shown,
-            formats={"total_ms": "{:,.3f}".format, "mean_us": "{:,.2f}".format, "max_us": "{:,.2f}".format,
-                     "share_pct": "{:.1f}".format, "instances": "{:,}".format},
+            formats={"total_ms": "{:,.3f}".format, "per_step_ms": "{:,.3f}".format, "mean_us": "{:,.2f}".format,
+                     "max_us": "{:,.2f}".format, "share_pct": "{:.1f}".format, "instances": "{:,}".format,
+                     "tensor_active_pct": "{:.1f}".format, "dram_read_gbps": "{:,.0f}".format,
+                     "dram_write_gbps": "{:,.0f}".format},
             left=("kernel", "family"),
             clip={"kernel": "name"},
             hidden=("name",),
@@ -654,6 +663,43 @@ class TraceExplorer(widgets.VBox):  # type: ignore[misc,name-defined]
             self.views["top"].show(top_kernels_chart(top, sort=sort, window=win, highlight=self.selected_kernel))
 
         self._guard("top", self.views["top"], chart)
+
+    def _structure_or_none(self) -> Any:
+        try:
+            return self.structure
+        except Exception:  # the views stay up without one
+            return None
+
+    def _kernel_activity(self, kernels: pl.DataFrame, top: pl.DataFrame) -> pl.DataFrame | None:
+        """Per kernel shown: the GPU metrics while its instances ran in the window
+        (duration-weighted; :func:`tracekit.analysis.metrics.kernel_metrics`): ``tensor_active_pct``,
+        ``dram_read_gbps``/``dram_write_gbps`` (from the GPU's peak); ``None`` without metrics."""
+        g = self.trace.gpu_metrics
+        if g.is_empty() or top.is_empty():
+            return None
+        try:
+            from tracekit.analysis.metrics import kernel_metrics, metric_names, metrics_by
+
+            present = [m for m in ("tensor_active", "dram_read_bandwidth", "dram_write_bandwidth") if m in metric_names(g)]
+            if not present:
+                return None
+            mine = kernels.filter(pl.col("name").is_in(top["name"].to_list()))
+            per = metrics_by(kernel_metrics(mine.select("name", *[c for c in ("rank",) if c in mine.columns], "device_id",
+                                                        "start_ns", "end_ns", "duration_ns"), g, metrics=present),
+                             ["name"], metrics=present)
+            out = per.select("name", *[pl.col(m).alias(f"{m}_pct") for m in present])
+            from tracekit.viz.prep_series import _peak_bandwidth
+
+            peak = _peak_bandwidth(getattr(self.trace, "gpus", None))
+            if peak is not None:
+                bw = float(peak["peak_bytes_per_s"].mean())  # type: ignore[arg-type]
+                out = out.with_columns(*[(pl.col(f"{m}_pct") / 100 * bw / 1e9).alias(m.replace("_bandwidth", "_gbps"))
+                                         for m in present if m.startswith("dram_")])
+                out = out.drop([f"{m}_pct" for m in present if m.startswith("dram_")])
+            return out
+        except Exception as exc:  # the table stays up without these columns
+            self.errors["kernel_metrics"] = f"{type(exc).__name__}: {exc}"
+            return None
 
     def _kernel_rows(self, frame: pl.DataFrame) -> pl.DataFrame:
         """The rows of ``frame`` of the selected kernel: by full name, or by short name when
