@@ -29,7 +29,14 @@ from typing import Any
 
 import pytest
 
-from tests.test_browser_helpers import ARTIFACTS, CHROMIUM_FLAGS, ROOT, chromium_path, jupyterlab, sync_playwright
+from tests.test_browser_helpers import (
+    ARTIFACTS,
+    CHROMIUM_FLAGS,
+    ROOT,
+    chromium_path,
+    jupyterlab,
+    sync_playwright,
+)
 
 pytestmark = [
     pytest.mark.browser,

@@ -65,9 +65,9 @@ if TYPE_CHECKING:
     from tracekit.viz.export import save, save_figures, to_bytes, to_html
     from tracekit.viz.notebook import enable_notebook
     from tracekit.viz.notes import Note, message_chart, missing, quietly, shown
-    from tracekit.viz.window import ViewWindow, steady_window, view_window, whole_window
     from tracekit.viz.theme import PAPER_THEME, SCREEN_THEME
     from tracekit.viz.theme import use as use_theme
+    from tracekit.viz.window import ViewWindow, steady_window, view_window, whole_window
 
 _LAZY: dict[str, tuple[str, str | None]] = {
     **{

@@ -152,9 +152,7 @@ def top_kernels(kernels: pl.DataFrame, *, n: int = 20, by: str = "short_name", s
 
 #: Words of demangled names that tell two variants of a kernel nothing apart.
 _GENERIC_TOKENS = frozenset(
-    "void at native std cuda unnamed anonymous namespace int unsigned long char short float double half bool const "
-    "T T1 T2 T3 T4 T5 T6 array instance lambda operator Functor func_wrapper_t TensorIteratorBase TensorIterator "
-    "c10 detail impl kernel cutlass cute cudnn cub".split()
+    ["void", "at", "native", "std", "cuda", "unnamed", "anonymous", "namespace", "int", "unsigned", "long", "char", "short", "float", "double", "half", "bool", "const", "T", "T1", "T2", "T3", "T4", "T5", "T6", "array", "instance", "lambda", "operator", "Functor", "func_wrapper_t", "TensorIteratorBase", "TensorIterator", "c10", "detail", "impl", "kernel", "cutlass", "cute", "cudnn", "cub"]
 )
 
 
@@ -896,9 +894,9 @@ def structure_iterations(structure: Any) -> pl.DataFrame:
     elif structure is not None and structure.iterations.height:
         it = structure.iterations
         keys = [k for k in ("rank", "pid") if k in it.columns]
-        label = pl.concat_str([pl.lit(f"{k} ") + pl.col(k).cast(pl.Utf8) for k in keys], separator=" ") if keys else pl.lit("all")
+        group = pl.concat_str([pl.lit(f"{k} ") + pl.col(k).cast(pl.Utf8) for k in keys], separator=" ") if keys else pl.lit("all")
         parts.append(it.select(
-            label.alias("group"), pl.col("iteration").cast(pl.Int64),
+            group.alias("group"), pl.col("iteration").cast(pl.Int64),
             pl.when(pl.col("warmup")).then(pl.lit("warm-up")).otherwise(pl.lit("steady")).alias("name"),
             pl.col("w_start").alias("start_ns"), pl.col("w_end").alias("end_ns"), pl.col("length_ns").cast(pl.Int64).alias("duration_ns")))
     if not parts:

@@ -138,6 +138,13 @@ def metric_means(
     return out.sort(keys)
 
 
+def _mean(frame: pl.DataFrame, column: str) -> float | None:
+    if column not in frame.columns:
+        return None
+    value = frame[column].mean()
+    return None if value is None else float(value)  # type: ignore[arg-type]
+
+
 def gpu_metric_panels(
     gpu_metrics: pl.DataFrame,
     *,
@@ -169,14 +176,15 @@ def gpu_metric_panels(
     order = {m: i for i, m in enumerate(METRIC_PANELS)}
     for m in series["metric"].unique().to_list():
         name = METRIC_PANELS.get(m, (m.replace("_", " "), ""))[0]
-        pct = means[f"{m}_pct"].mean() if f"{m}_pct" in means.columns else None
+        pct = _mean(means, f"{m}_pct")
         short = m.removesuffix("_bandwidth")
-        gbps = means[f"{short}_gbps"].mean() if f"{short}_gbps" in means.columns else None
+        gbps = _mean(means, f"{short}_gbps")
         gpus_n = means.height
         per = f" (mean of {gpus_n} GPUs)" if gpus_n > 1 else ""
         if gbps is not None and m.startswith("dram_"):
-            top = means["dram_peak_gbps"].max()
-            titles[m] = f"{name} (GB/s) — mean {gbps:,.0f} GB/s = {pct:.1f} % of {top:,.0f}{per}"
+            top = float(means["dram_peak_gbps"].max() or 0)  # type: ignore[arg-type]
+            share = f" = {pct:.1f} % of {top:,.0f}" if pct is not None else ""
+            titles[m] = f"{name} (GB/s) — mean {gbps:,.0f} GB/s{share}{per}"
         elif pct is not None:
             titles[m] = f"{name} (% of peak) — mean {pct:.1f} %{per}"
         else:

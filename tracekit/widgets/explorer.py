@@ -177,10 +177,10 @@ class TraceExplorer(widgets.VBox):  # type: ignore[misc,name-defined]
             )
         }
         self._build(self._top_n)
-        self.window = None
+        self.window = None  # type: ignore[assignment]
         initial = self._initial_window
         if initial == "steady":
-            self.window = self.steady.bounds if self.steady.kind == "steady" else None
+            self.window = self.steady.bounds if self.steady.kind == "steady" else None  # type: ignore[assignment]
         elif initial not in (None, "whole"):
             self.window = (int(initial[0]), int(initial[1]))
         self._loading = False
