@@ -47,7 +47,7 @@ def _ms(column: str, origin: int) -> pl.Expr:
     return ((pl.col(column) - origin).cast(pl.Float64) / 1e6).round(6)
 
 
-def _family_color(alt: Any, frame: pl.DataFrame, field: str = "family", legend: bool = True) -> Any:
+def _family_color(alt: Any, frame: pl.DataFrame, field: str = "family", legend: bool = True, **options: Any) -> Any:
     """Colour by kernel family on the fixed scale of :func:`~tracekit.viz.theme.family_scale`
     (the same colour for a family in every chart); the legend lists the families present."""
     present = sorted(set(frame[field].drop_nulls().to_list())) if field in frame.columns else []
@@ -57,7 +57,7 @@ def _family_color(alt: Any, frame: pl.DataFrame, field: str = "family", legend: 
         f"{field}:N",
         scale=alt.Scale(domain=scale["domain"], range=scale["range"]),
         title="family",
-        legend=alt.Legend(values=shown) if legend and shown else None,
+        legend=alt.Legend(values=shown, **options) if legend and shown else None,
     )
 
 
@@ -278,7 +278,7 @@ def timeline_chart(
     nvtx_max_level: int = 2,
     highlight: str | None = None,
     lane_height: int = 20,
-    width: int = 800,
+    width: int = 640,
     title: str | None = None,
 ) -> Any:
     """The timeline: a lane per GPU stream, a CUDA API lane per busiest CPU thread, NVTX lanes,
@@ -357,7 +357,8 @@ def timeline_chart(
     if nv_lanes is not None and not nv_lanes.is_empty():
         parts.append(nv_lanes.select("lane", "lane_order"))
     lane_sort = pl.concat(parts).unique().sort("lane_order")["lane"].to_list()
-    y = alt.Y("lane:N", sort=lane_sort, title=None, axis=alt.Axis(labelLimit=240))
+    y = alt.Y("lane:N", sort=lane_sort, title=None, axis=alt.Axis(labelLimit=200))
+    bottom = {"orient": "bottom", "direction": "horizontal"}  # legends below: the lanes keep the width
     # a drag selects a window; the wheel zooms and shift-drag pans (the x scale only)
     brush = alt.selection_interval(name=WINDOW_PARAM, encodings=["x"],
                                    on="[pointerdown[!event.shiftKey], window:pointerup] > window:pointermove!")
@@ -382,7 +383,7 @@ def timeline_chart(
             x=x,
             x2="end_ms:Q",
             y=y,
-            color=_family_color(alt, gpu),
+            color=_family_color(alt, gpu, **bottom, columns=7),
             opacity=alt.condition(
                 pick,
                 alt.Opacity(
@@ -408,7 +409,8 @@ def timeline_chart(
         api_layer = (
             alt.Chart(ms(api)).mark_rect().encode(
                 x=x, x2="end_ms:Q", y=y,
-                fill=alt.Fill("family:N", title="CUDA API", scale=alt.Scale(domain=kinds, range=[prep.API_COLORS[k] for k in kinds])),
+                fill=alt.Fill("family:N", title="CUDA API", scale=alt.Scale(domain=kinds, range=[prep.API_COLORS[k] for k in kinds]),
+                              legend=alt.Legend(**bottom)),
                 opacity=alt.Opacity("busy_fraction:Q", scale=alt.Scale(domain=[0, 1], range=[0.25, 1]), legend=None),
                 tooltip=[alt.Tooltip("label:N", title="CUDA API"), alt.Tooltip("family:N", title="kind"), "lane:N",
                          alt.Tooltip("start_ms:Q", format=".4f", title="start (ms)"),
@@ -436,7 +438,7 @@ def timeline_chart(
             rules = steps.with_columns(_ms("start_ns", origin_ns).alias("start_ms"))
             layers.append(alt.Chart(rules).mark_rule(color="#2E7D32", strokeWidth=1, opacity=0.7).encode(
                 x="start_ms:Q",
-                strokeDash=alt.StrokeDash("phase:N", title="iteration start",
+                strokeDash=alt.StrokeDash("phase:N", title="iteration start", legend=alt.Legend(**bottom),
                                           scale=alt.Scale(domain=["warm-up", "steady"], range=[[3, 3], [1, 0]])),
                 tooltip=[alt.Tooltip("iteration:Q", title="iteration"), "phase:N",
                          alt.Tooltip("start_ms:Q", format=".3f", title="start (ms)")]))
