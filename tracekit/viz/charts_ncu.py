@@ -13,7 +13,14 @@ from typing import Any
 import polars as pl
 
 from tracekit.viz import prep_ncu
-from tracekit.viz.charts import KERNEL_PARAM, _alt, _family_color, _kernel_pick, _nothing, _titled
+from tracekit.viz._chart_base import (
+    KERNEL_PARAM,
+    _alt,
+    _family_color,
+    _kernel_pick,
+    _nothing,
+    _titled,
+)
 
 CEILING_LABELS = {
     "dram": "DRAM",

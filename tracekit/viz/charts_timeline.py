@@ -11,7 +11,7 @@ from typing import Any
 import polars as pl
 
 from tracekit.viz import prep
-from tracekit.viz.charts import (
+from tracekit.viz._chart_base import (
     WINDOW_PARAM,
     _alt,
     _bounds,

@@ -17,6 +17,7 @@ from typing import Any
 import polars as pl
 
 from tracekit.analysis.graphs import whole_graphs
+from tracekit.viz._prep_base import _i64, _name_column, _with_family, data_window, graph_names
 
 # Time series and communication live in prep_series (re-exported: ``prep.memory_series`` …).
 from tracekit.viz.prep_series import (
@@ -35,61 +36,22 @@ from tracekit.viz.prep_series import (
     nccl_bandwidth,
 )
 
+# the timeline's lanes live in their own module (re-exported: ``prep.timeline_ops`` …)
+from tracekit.viz.prep_timeline import (
+    API_COLORS,
+    API_KINDS,
+    gpu_ops,
+    nvtx_ranges,
+    timeline_api,
+    timeline_nvtx,
+    timeline_ops,
+    timeline_steps,
+)
+
 #: Default NVTX names of one iteration: ``step.3``, ``iter 12``, ``iteration_4``, ``batch-2``.
 ITERATION_PATTERN = r"(?i)^(?:train_?)?(?:step|iter|iteration|batch)[ ._#:-]?(\d+)$"
 #: A layer's range: ``layer.3``, ``layers.3``, ``decoder_layer_3``, ``block 3``, ``h.3``.
 LAYER_PATTERN = r"(?i)^(?:[a-z_]*layers?|blocks?|h)[ ._:-]?(\d+)$"
-
-
-def _with_family(frame: pl.DataFrame, name_column: str = "name") -> pl.DataFrame:
-    if "family" in frame.columns:
-        return frame
-    from tracekit.taxonomy import classify
-
-    return classify(frame, name_column=name_column)
-
-
-def _name_column(frame: pl.DataFrame, preferred: str) -> str:
-    if preferred in frame.columns:
-        return preferred
-    for candidate in ("short_name", "name", "kernel"):
-        if candidate in frame.columns:
-            return candidate
-    msg = f"the frame has no kernel name column ({preferred!r}, 'short_name' or 'name')"
-    raise ValueError(msg)
-
-
-def _i64(value: int) -> pl.Expr:
-    return pl.lit(value, dtype=pl.Int64)
-
-
-def graph_names(graphs: pl.DataFrame) -> pl.Expr:
-    """``[CUDA graph <graph_id>]``: the name a graph launch traced whole has in every view
-    (:data:`tracekit.analysis._frames.GRAPH_OP_NAME`)."""
-    from tracekit.analysis._frames import GRAPH_OP_NAME
-
-    if "graph_id" not in graphs.columns:
-        return pl.lit("[CUDA graph]")
-    return pl.when(pl.col("graph_id").is_not_null()).then(pl.format(GRAPH_OP_NAME, pl.col("graph_id"))).otherwise(
-        pl.lit("[CUDA graph]"))
-
-
-def data_window(*frames: pl.DataFrame | None) -> Window | None:
-    """``(first start_ns, last end_ns)`` over the frames that have rows (``None`` if none has)."""
-    lo: int | None = None
-    hi: int | None = None
-    for frame in frames:
-        if frame is None or frame.is_empty() or "start_ns" not in frame.columns:
-            continue
-        s = frame["start_ns"].min()
-        e = frame["end_ns"].max() if "end_ns" in frame.columns else frame["start_ns"].max()
-        if s is not None:
-            lo = int(s) if lo is None else min(lo, int(s))  # type: ignore[arg-type]
-        if e is not None:
-            hi = int(e) if hi is None else max(hi, int(e))  # type: ignore[arg-type]
-    if lo is None or hi is None:
-        return None
-    return (lo, max(hi, lo + 1))
 
 
 # -- kernels -----------------------------------------------------------------------------------
@@ -733,18 +695,6 @@ def nvtx_tree(
         .select("path", "name", "depth", "gpu_time_ns", "ops", "share")
     )
 
-
-# the timeline's lanes live in their own module (re-exported: ``prep.timeline_ops`` …)
-from tracekit.viz.prep_timeline import (  # noqa: E402
-    API_COLORS,
-    API_KINDS,
-    gpu_ops,
-    nvtx_ranges,
-    timeline_api,
-    timeline_nvtx,
-    timeline_ops,
-    timeline_steps,
-)
 
 __all__ = [
     "BREAKDOWN_CATEGORIES", "BUS_FACTORS", "DEFAULT_GPU_METRICS", "ITERATION_PATTERN", "LAYER_MEMORY_PATTERN", "LAYER_PATTERN",

@@ -8,7 +8,7 @@ from typing import Any
 import polars as pl
 
 from tracekit.analysis.graphs import whole_graphs
-from tracekit.viz.prep import _name_column, _with_family, data_window, graph_names
+from tracekit.viz._prep_base import _name_column, _with_family, data_window, graph_names
 from tracekit.viz.prep_series import Window
 
 

@@ -18,7 +18,7 @@ import traitlets  # noqa: E402
 
 def _delta_chart(frame: pl.DataFrame, key: str, labels: tuple[str, str], title: str, unit: str = "ms") -> Any:
     """Paired bars of ``a_ms``/``b_ms`` per ``key`` (the first 20 rows), labels distinct."""
-    from tracekit.viz.charts import _alt
+    from tracekit.viz._chart_base import _alt
     from tracekit.viz.prep import kernel_labels
 
     alt = _alt()
