@@ -367,7 +367,7 @@ def test_explorer_timeline_and_overview_include_replays(graph_trace: Any) -> Non
     pytest.importorskip("altair")
     from tracekit.widgets import TraceExplorer
 
-    ex = TraceExplorer(graph_trace, max_marks=10_000)
+    ex = TraceExplorer(graph_trace, max_marks=10_000, window="whole")
     assert ex.errors == {}
     rows = _graph_rows(GRAPH)
     lanes = ex.timeline_lanes.filter(pl.col("family") == "graph")

@@ -67,7 +67,7 @@ def test_chart_of_more_iterations_than_altair_embeds() -> None:
     rows = next(iter(spec["datasets"].values()))
     assert len(rows) <= prep.MAX_ITERATION_POINTS
     _, size = prep.binned_iterations(long)
-    assert spec["title"]["subtitle"] == f"each point: the median of {size:,} consecutive iterations"
+    assert " ".join(spec["title"]["subtitle"]) == f"each point: the median of {size:,} consecutive iterations"
     small = iterations_chart(its, title="Iteration times").to_dict()
     assert small["title"] == "Iteration times" and len(next(iter(small["datasets"].values()))) == its.height
 

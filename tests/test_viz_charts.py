@@ -162,7 +162,7 @@ def test_selections_for_drill_down(tp2: Any, ncu: Any) -> None:
         return found
 
     assert params(tv.top_kernels_chart(tp2.kernels)) == {"kernel"}
-    assert params(tv.timeline_chart(tp2.kernels, nvtx=tp2.nvtx)) == {"kernel", "window"}
+    assert params(tv.timeline_chart(tp2.kernels, nvtx=tp2.nvtx)) == {"kernel", "window", "zoom"}  # zoom: the wheel
     assert "window" in params(tv.gpu_metrics_chart(tp2.gpu_metrics))
     assert params(tv.roofline_chart(ncu)) == {"kernel"}
     spec = tv.top_kernels_chart(tp2.kernels, highlight="ncclDevKernel_SendRecv").to_dict()
@@ -316,7 +316,8 @@ def test_nccl_chart_samples_points_but_not_medians(tp2: Any, monkeypatch: pytest
     points = data[spec["layer"][0]["data"]["name"]]
     medians = data[spec["layer"][1]["data"]["name"]]
     assert len(points) == 10
-    assert spec["title"]["subtitle"] == f"10 of {calls.height:,} calls drawn (a random sample); medians over all"
+    # the subtitle is wrapped into lines that fit a one-column figure
+    assert " ".join(spec["title"]["subtitle"]) == f"10 of {calls.height:,} calls drawn (a random sample); medians over all"
     by_hand = calls.group_by("op" if "op" in calls.columns else "collective", "bytes").agg(pl.col("bus_bandwidth_gbps").median())
     assert len(medians) == by_hand.height
     assert sorted(round(r["bus_bandwidth_gbps"], 9) for r in medians) == sorted(

@@ -96,7 +96,7 @@ def test_a_click_in_a_chart_selects_the_kernel(tp2: Any) -> None:
 
 
 def test_window_selection_filters_every_tab(tp2: Any) -> None:
-    ex = TraceExplorer(tp2)
+    ex = TraceExplorer(tp2, window="whole")
     total = ex.top["instances"].sum()
     ex.window = (ex.origin_ns, ex.origin_ns + 50_000_000)
     assert ex.window_slider.value == (0.0, 50.0)
@@ -120,7 +120,7 @@ def test_filter_and_sort_top_kernels(decode: Any) -> None:
     assert ex.top.height > 0 and all("nvjet" in n for n in ex.top["name"])
     ex.sort_by.value = "instances"
     assert ex.top["instances"].to_list() == sorted(ex.top["instances"].to_list(), reverse=True)
-    ex.filter_text.value = "["  # an invalid regex falls back to a literal match
+    ex.filter_text.value = "[no such kernel"  # an invalid regex falls back to a literal match
     assert ex.top.is_empty()
     ex.top_n.value = 5
     ex.filter_text.value = ""
@@ -190,7 +190,7 @@ def test_drilldown_follows_the_picker_and_the_roofline(decode: Any) -> None:
 
 # -- Compare ---------------------------------------------------------------------------------------
 def test_compare_two_traces(decode: Any, tp2: Any) -> None:
-    c = Compare(decode, tp2, labels=("1 GPU", "TP2"))
+    c = Compare(decode, tp2, labels=("1 GPU", "TP2"), window="whole")
     k = c.kernels
     nccl = k.filter(pl.col("name") == "ncclDevKernel_SendRecv").row(0, named=True)
     assert nccl["instances_a"] == 0 and nccl["instances_b"] == 16 and nccl["ratio"] is None
@@ -284,7 +284,7 @@ def test_explorer_findings_tab_selects_the_evidence() -> None:
     assert ex.findings_select.options == ()  # built when the tab is first shown
     ex.tabs.selected_index = ex.FINDINGS_TAB
     labels = [label for label, _ in ex.findings_select.options]
-    assert labels[0].startswith("[high] host_bound")
+    assert labels[0].startswith("0. [high] host_bound")  # numbered as the cards (and d.evidence(0)) are
     ex.findings_select.value = 0
     ev = ex.diagnosis.evidence(0)
     assert ex.window == (int(ev["start_ns"].min()), int(ev["end_ns"].max()))

@@ -6,5 +6,7 @@ from __future__ import annotations
 from tracekit.export.chrome_json import chrome_json
 from tracekit.export.events import DEFAULT_METRICS, ExportSummary, build_model, parse_window
 from tracekit.export.perfetto import perfetto
+from tracekit.export.readback import kernel_tracks, perfetto_slices, slice_arguments
 
-__all__ = ["DEFAULT_METRICS", "ExportSummary", "build_model", "chrome_json", "parse_window", "perfetto"]
+__all__ = ["DEFAULT_METRICS", "ExportSummary", "build_model", "chrome_json", "kernel_tracks", "parse_window", "perfetto",
+           "perfetto_slices", "slice_arguments"]

@@ -12,27 +12,38 @@ from typing import TYPE_CHECKING, Any
 __all__ = [
     "PAPER_THEME",
     "SCREEN_THEME",
+    "Note",
+    "ViewWindow",
     "breakdown_chart",
     "duration_chart",
     "enable_notebook",
     "gpu_metrics_chart",
     "iterations_chart",
+    "kernel_charts",
     "layer_growth_chart",
     "layer_heatmap",
     "layer_memory_chart",
     "memory_chart",
+    "message_chart",
+    "missing",
     "nccl_bandwidth_chart",
     "prep",
     "prep_ncu",
+    "quietly",
     "roofline_chart",
     "save",
+    "save_figures",
+    "shown",
     "sol_chart",
+    "steady_window",
     "tensor_dram_chart",
     "timeline_chart",
     "to_bytes",
     "to_html",
     "top_kernels_chart",
     "use_theme",
+    "view_window",
+    "whole_window",
 ]
 
 if TYPE_CHECKING:
@@ -50,11 +61,13 @@ if TYPE_CHECKING:
         timeline_chart,
         top_kernels_chart,
     )
-    from tracekit.viz.charts_ncu import roofline_chart, sol_chart, tensor_dram_chart
-    from tracekit.viz.export import save, to_bytes, to_html
+    from tracekit.viz.charts_ncu import kernel_charts, roofline_chart, sol_chart, tensor_dram_chart
+    from tracekit.viz.export import save, save_figures, to_bytes, to_html
     from tracekit.viz.notebook import enable_notebook
+    from tracekit.viz.notes import Note, message_chart, missing, quietly, shown
     from tracekit.viz.theme import PAPER_THEME, SCREEN_THEME
     from tracekit.viz.theme import use as use_theme
+    from tracekit.viz.window import ViewWindow, steady_window, view_window, whole_window
 
 _LAZY: dict[str, tuple[str, str | None]] = {
     **{
@@ -74,12 +87,23 @@ _LAZY: dict[str, tuple[str, str | None]] = {
         )
     },  # fmt: skip
     "roofline_chart": ("tracekit.viz.charts_ncu", "roofline_chart"),
+    "kernel_charts": ("tracekit.viz.charts_ncu", "kernel_charts"),
     "sol_chart": ("tracekit.viz.charts_ncu", "sol_chart"),
     "tensor_dram_chart": ("tracekit.viz.charts_ncu", "tensor_dram_chart"),
     "save": ("tracekit.viz.export", "save"),
+    "save_figures": ("tracekit.viz.export", "save_figures"),
     "to_bytes": ("tracekit.viz.export", "to_bytes"),
     "to_html": ("tracekit.viz.export", "to_html"),
     "enable_notebook": ("tracekit.viz.notebook", "enable_notebook"),
+    "steady_window": ("tracekit.viz.window", "steady_window"),
+    "whole_window": ("tracekit.viz.window", "whole_window"),
+    "view_window": ("tracekit.viz.window", "view_window"),
+    "ViewWindow": ("tracekit.viz.window", "ViewWindow"),
+    "message_chart": ("tracekit.viz.notes", "message_chart"),
+    "missing": ("tracekit.viz.notes", "missing"),
+    "shown": ("tracekit.viz.notes", "shown"),
+    "quietly": ("tracekit.viz.notes", "quietly"),
+    "Note": ("tracekit.viz.notes", "Note"),
     "use_theme": ("tracekit.viz.theme", "use"),
     "PAPER_THEME": ("tracekit.viz.theme", "PAPER_THEME"),
     "SCREEN_THEME": ("tracekit.viz.theme", "SCREEN_THEME"),

@@ -17,135 +17,127 @@ Read them back in a notebook with ``alt.JupyterChart(chart).selections`` (what
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import polars as pl
 
 from tracekit.viz import prep
-from tracekit.viz._deps import import_altair
-from tracekit.viz.theme import BREAKDOWN_COLORS, family_scale, register_themes
+from tracekit.viz._chart_base import (  # noqa: F401  (re-exported: charts.within_row_budget …)
+    KERNEL_PARAM,
+    ROW_BUDGET,
+    WINDOW_PARAM,
+    _alt,
+    _bounds,
+    _family_color,
+    _in_window,
+    _kernel_pick,
+    _lines,
+    _ms,
+    _nothing,
+    _short,
+    _titled,
+    within_row_budget,
+)
+from tracekit.viz.charts_timeline import timeline_chart  # noqa: F401  (re-exported)
+from tracekit.viz.theme import BREAKDOWN_COLORS
+from tracekit.viz.window import window_label
 
-KERNEL_PARAM = "kernel"
-WINDOW_PARAM = "window"
-
-
-def _alt() -> Any:
-    alt = import_altair()
-    register_themes()
-    return alt
-
-
-def _short(column: str, limit: int = 48) -> pl.Expr:
-    c = pl.col(column).cast(pl.Utf8).fill_null("?")
-    return pl.when(c.str.len_chars() > limit).then(c.str.slice(0, limit - 1) + "…").otherwise(c)
-
-
-def _ms(column: str, origin: int) -> pl.Expr:
-    return ((pl.col(column) - origin).cast(pl.Float64) / 1e6).round(6)
-
-
-def _family_color(alt: Any, frame: pl.DataFrame, field: str = "family", legend: bool = True) -> Any:
-    present = sorted(set(frame[field].drop_nulls().to_list())) if field in frame.columns else []
-    scale = family_scale(present or None)
-    return alt.Color(
-        f"{field}:N",
-        scale=alt.Scale(domain=scale["domain"], range=scale["range"]),
-        title="family",
-        legend=alt.Legend() if legend else None,
-    )
-
-
-def _titled(chart: Any, title: str | None) -> Any:
-    return chart.properties(title=title) if title else chart
-
-
-#: Most rows a binned series chart embeds: altair refuses a dataset of more than 5,000 rows
-#: (MaxRowsError) when the chart is drawn or saved.
-ROW_BUDGET = 4500
-
-
-def within_row_budget(make: Callable[[int], pl.DataFrame], max_points: int) -> pl.DataFrame:
-    """``make(max_points)`` (a binned series, ``max_points`` per series), with fewer points per
-    series when all series together pass
-    :data:`ROW_BUDGET` (``max_points`` is per series: 3 metrics on each of 4 GPUs at 600 points
-    each were 7,200 rows, and the chart raised MaxRowsError)."""
-    series = make(max_points)
-    while series.height > ROW_BUDGET and max_points > 10:
-        max_points = max(int(max_points * ROW_BUDGET / series.height * 0.95), 10)
-        series = make(max_points)
-    return series
-
-
-# -- kernels -------------------------------------------------------------------------------------
-def _kernel_pick(alt: Any, highlight: str | None, field: str = "name") -> Any:
-    value = [{field: highlight}] if highlight else alt.Undefined
-    return alt.selection_point(
-        name=KERNEL_PARAM, fields=[field], on="click", clear="dblclick", value=value
-    )
+#: Axis of each sort of the top-kernels chart: (column, axis title, scale to ms/µs).
+_TOP_AXES = {
+    "total_ns": ("total_ms", "GPU time (ms)", 1e6),
+    "mean_ns": ("mean_us", "mean duration (µs)", 1e3),
+    "median_ns": ("median_us", "median duration (µs)", 1e3),
+    "max_ns": ("max_us", "longest instance (µs)", 1e3),
+    "instances": ("instances", "instances", None),
+}
 
 
 def top_kernels_chart(
     data: pl.DataFrame,
     *,
     n: int = 20,
-    by: str = "short_name",
+    by: str = "name",
+    sort: str = "total",
+    window: Any = None,
     highlight: str | None = None,
     title: str | None = None,
+    label_chars: int = 56,
 ) -> Any:
-    """Horizontal bars of the kernels with the most GPU time, coloured by family.
+    """Horizontal bars of the kernels with the most GPU time (or the largest ``sort``
+    value), one bar per kernel, coloured by family.
 
     Parameters
     ----------
     data
         ``trace.kernels``, or :func:`tracekit.viz.prep.top_kernels` output (``name``,
-        ``family``, ``total_ns``, ``instances``, ``mean_ns``, ``share``).
+        ``family``, ``total_ns``, ``instances``, ``mean_ns``, ``share``; ``label`` optional).
     n
         How many kernels (ignored for an already aggregated frame).
+    by
+        ``name`` (default: one bar per kernel, keyed by its full demangled name, labelled
+        with a distinct short label) or ``short_name`` (template variants merged).
+    sort
+        ``total`` (GPU time), ``mean``, ``median``, ``max`` or ``instances``: the bars' length,
+        their order and the title follow it.
+    window
+        ``(start_ns, end_ns)`` or a :class:`~tracekit.viz.window.ViewWindow`: only kernels
+        overlapping it; the subtitle names it.
     highlight
         A kernel name to show selected.
+    label_chars
+        Longest bar label, in characters (labels stay distinct at any length: 28 fits a
+        one-column paper figure).
 
-    Selections: ``kernel`` (click a bar).
+    Selections: ``kernel`` (click a bar; the value is the full name).
     """
     alt = _alt()
-    top = data if "total_ns" in data.columns else prep.top_kernels(data, n=n, by=by)
+    key = prep._sort_column(sort)
+    words = next(w for c, w in prep.TOP_SORTS.values() if c == key)
+    title = title if title is not None else f"Top kernels by {words}"
+    subtitle = window_label(window)
+    if "total_ns" in data.columns:
+        top = data
+        kernels = None
+    else:
+        kernels = _in_window(data, window)
+        if kernels is None or kernels.is_empty():
+            return _nothing("kernels" if data.is_empty() else "no kernels", window, title)
+        top = prep.top_kernels(kernels, n=n, by=by, sort=sort)
+    if top.is_empty():
+        return _nothing("no kernels", window, title)
+    if "label" in top.columns and top["label"].str.len_chars().max() > label_chars:  # type: ignore[operator]
+        top = top.drop("label")
+    top = prep.with_kernel_labels(top, kernels, limit=label_chars)
+    col, axis_title, scale = _TOP_AXES[key]
     frame = top.with_columns(
-        _short("name").alias("label"),
-        (pl.col("total_ns") / 1e6).alias("total_ms"),
-        (pl.col("mean_ns") / 1e3).alias("mean_us")
-        if "mean_ns" in top.columns
-        else pl.lit(None).alias("mean_us"),
-        (pl.col("share") * 100).round(2).alias("share_pct")
-        if "share" in top.columns
-        else pl.lit(None).alias("share_pct"),
+        *[(pl.col(c) / f).alias(a) for c, (a, _t, f) in _TOP_AXES.items() if f is not None and c in top.columns],
+        (pl.col("share") * 100).round(2).alias("share_pct") if "share" in top.columns else pl.lit(None, pl.Float64).alias("share_pct"),
+        pl.col("name").cast(pl.Utf8).str.slice(0, 300).alias("full_name"),
     )
+    order = frame.sort(key, "name", descending=[True, False])["label"].to_list()
     pick = _kernel_pick(alt, highlight)
+    tooltip = [alt.Tooltip("full_name:N", title="kernel"), "family:N", alt.Tooltip("instances:Q", format=",")]
+    tooltip += [alt.Tooltip(f"{a}:Q", format=".3f" if a.endswith("ms") else ".1f", title=t)
+                for c, (a, t, f) in _TOP_AXES.items() if f is not None and a in frame.columns]
+    tooltip.append(alt.Tooltip("share_pct:Q", format=".2f", title="share of GPU time (%)"))
     chart = (
         alt.Chart(frame)
         .mark_bar()
         .encode(
-            y=alt.Y(
-                "label:N", sort=alt.EncodingSortField("total_ms", order="descending"), title=None
-            ),
-            x=alt.X("total_ms:Q", title="GPU time (ms)"),
+            y=alt.Y("label:N", sort=order, title=None, axis=alt.Axis(labelLimit=round(label_chars * 6.8))),
+            x=alt.X(f"{col}:Q", title=axis_title),
             color=_family_color(alt, frame),
             opacity=alt.condition(pick, alt.value(1.0), alt.value(0.35)),
-            tooltip=[
-                alt.Tooltip("name:N", title="kernel"),
-                "family:N",
-                alt.Tooltip("instances:Q"),
-                alt.Tooltip("total_ms:Q", format=".3f", title="total (ms)"),
-                alt.Tooltip("mean_us:Q", format=".1f", title="mean (µs)"),
-                alt.Tooltip("share_pct:Q", format=".2f", title="share (%)"),
-            ],
+            tooltip=tooltip,
         )
         .add_params(pick)
     )
-    return _titled(chart, title)
+    return _titled(chart, title, subtitle)
 
 
 def duration_chart(
-    data: pl.DataFrame, *, bins_per_decade: int = 5, title: str | None = None
+    data: pl.DataFrame, *, bins_per_decade: int = 5, window: Any = None, title: str | None = None
 ) -> Any:
     """Distribution of kernel durations (log bins), stacked by family.
 
@@ -156,11 +148,15 @@ def duration_chart(
         (``group``, ``bin_start_ns``, ``bin_end_ns``, ``count``).
     """
     alt = _alt()
+    if "bin_start_ns" not in data.columns:
+        data = _in_window(data, window)  # type: ignore[assignment]
     hist = (
         data
         if "bin_start_ns" in data.columns
         else prep.duration_histogram(data, bins_per_decade=bins_per_decade)
     )
+    if hist.is_empty():
+        return _nothing("kernels" if window is None else "no kernels", window, title)
     frame = hist.with_columns(
         (pl.col("bin_start_ns") / 1e3).alias("start_us"),
         (pl.col("bin_end_ns") / 1e3).alias("end_us"),
@@ -178,135 +174,11 @@ def duration_chart(
                      alt.Tooltip("end_us:Q", format=".2f", title="to (µs)"), alt.Tooltip("sum(count):Q", title="kernels")],
         )
     )  # fmt: skip
-    return _titled(chart, title)
-
-
-# -- timeline ------------------------------------------------------------------------------------
-def timeline_chart(
-    data: pl.DataFrame,
-    *,
-    memcpys: pl.DataFrame | None = None,
-    memsets: pl.DataFrame | None = None,
-    nvtx: pl.DataFrame | None = None,
-    window: tuple[int, int] | None = None,
-    origin_ns: int | None = None,
-    max_marks: int = 2000,
-    graphs: pl.DataFrame | None = None,
-    nvtx_max_level: int = 2,
-    highlight: str | None = None,
-    lane_height: int = 16,
-    width: int = 800,
-    title: str | None = None,
-) -> Any:
-    """GPU timeline: one lane per device/stream, NVTX lanes below, aggregated beyond ``max_marks``.
-
-    Parameters
-    ----------
-    data
-        ``trace.kernels`` (with ``memcpys``/``memsets`` to add copies, ``graphs`` to add CUDA
-        graph replays), or lanes built by :func:`tracekit.viz.prep.timeline_ops` (``lane``,
-        ``lane_order``, ``start_ns``, ``end_ns``, ``name``, ``family``, ``count``,
-        ``busy_fraction``).
-    graphs
-        ``trace.graph_trace``: CUDA graph launches traced whole (nsys's default), whose
-        kernels are in no table; each replay is a mark ``[CUDA graph <graph_id>]`` of family
-        ``graph`` on its stream's lane (:func:`tracekit.viz.prep.gpu_ops`).
-    nvtx
-        ``trace.nvtx``, :func:`tracekit.viz.prep.nvtx_ranges` output or
-        :func:`tracekit.viz.prep.timeline_nvtx` lanes; optional.
-    window
-        ``(start_ns, end_ns)`` to show (the whole trace by default). Pass the visible window
-        when zooming: marks are re-aggregated for it.
-    max_marks
-        Above this many GPU operations in the window, each lane shows time bins whose opacity is
-        the busy fraction and whose colour is the busiest family.
-    highlight
-        A kernel name to show selected (the others are faded).
-
-    Selections: ``window`` (drag horizontally, ms from the origin) and ``kernel`` (click).
-    """
-    alt = _alt()
-    if "lane" in data.columns:
-        lanes = data
-    else:
-        ops = prep.gpu_ops(data, memcpys, memsets, graphs)
-        lanes = prep.timeline_ops(ops, window=window, max_marks=max_marks)
-    nv_lanes = None
-    if nvtx is not None and not nvtx.is_empty():
-        if "lane" in nvtx.columns:
-            nv_lanes = nvtx
-        else:
-            ranges = nvtx if "level" in nvtx.columns else prep.nvtx_ranges(nvtx)
-            win = window or prep.data_window(lanes)
-            nv_lanes = prep.timeline_nvtx(ranges, window=win, max_level=nvtx_max_level)
-    if origin_ns is None:
-        w = window or prep.data_window(lanes, nv_lanes)
-        origin_ns = w[0] if w else 0
-    gpu = lanes.with_columns(
-        _ms("start_ns", origin_ns).alias("start_ms"),
-        _ms("end_ns", origin_ns).alias("end_ms"),
-        ((pl.col("end_ns") - pl.col("start_ns")) / 1e3).alias("duration_us"),
-        _short("name", 60).alias("label"),
-    )
-    order = gpu.select("lane", "lane_order").unique()
-    if nv_lanes is not None and not nv_lanes.is_empty():
-        order = pl.concat([order, nv_lanes.select("lane", "lane_order").unique()])
-    lane_sort = order.sort("lane_order")["lane"].to_list()
-    y = alt.Y("lane:N", sort=lane_sort, title=None, axis=alt.Axis(labelLimit=220))
-    brush = alt.selection_interval(name=WINDOW_PARAM, encodings=["x"])
-    pick = _kernel_pick(alt, highlight)
-    x = alt.X("start_ms:Q", title="time (ms)", scale=alt.Scale(zero=False, nice=False))
-    gpu_layer = (
-        alt.Chart(gpu)
-        .mark_rect()
-        .encode(
-            x=x,
-            x2="end_ms:Q",
-            y=y,
-            color=_family_color(alt, gpu),
-            opacity=alt.condition(
-                pick,
-                alt.Opacity(
-                    "busy_fraction:Q", scale=alt.Scale(domain=[0, 1], range=[0.25, 1]), legend=None
-                ),
-                alt.value(0.12),
-            ),
-            tooltip=[
-                alt.Tooltip("label:N", title="name"),
-                "family:N",
-                "lane:N",
-                alt.Tooltip("start_ms:Q", format=".4f", title="start (ms)"),
-                alt.Tooltip("duration_us:Q", format=".2f", title="span (µs)"),
-                alt.Tooltip("count:Q", title="ops"),
-                alt.Tooltip("busy_fraction:Q", format=".0%", title="busy"),
-            ],
-        )  # fmt: skip
-        .add_params(brush, pick)
-    )
-    layers = [gpu_layer]
-    if nv_lanes is not None and not nv_lanes.is_empty():
-        nv = nv_lanes.with_columns(
-            _ms("start_ns", origin_ns).alias("start_ms"),
-            _ms("end_ns", origin_ns).alias("end_ms"),
-            ((pl.col("end_ns") - pl.col("start_ns")) / 1e3).alias("duration_us"),
-            _short("name", 60).alias("label"),
-        )
-        layers.append(
-            alt.Chart(nv)
-            .mark_rect(color="#8E8E8E", stroke="white", strokeWidth=0.5)
-            .encode(
-                x=x, x2="end_ms:Q", y=y,
-                tooltip=[alt.Tooltip("label:N", title="NVTX range"), "lane:N",
-                         alt.Tooltip("start_ms:Q", format=".4f", title="start (ms)"),
-                         alt.Tooltip("duration_us:Q", format=".2f", title="duration (µs)")],
-            )
-        )  # fmt: skip
-    chart = alt.layer(*layers).properties(width=width, height=max(lane_height * len(lane_sort), 40))
-    return _titled(chart, title)
+    return _titled(chart, title, window_label(window))
 
 
 # -- breakdowns ----------------------------------------------------------------------------------
-def breakdown_chart(data: pl.DataFrame, *, title: str | None = None) -> Any:
+def breakdown_chart(data: pl.DataFrame, *, window: Any = None, title: str | None = None) -> Any:
     """Stacked bars: share of time in compute, communication, overlap, memcpy and idle per GPU/rank.
 
     Parameters
@@ -315,9 +187,15 @@ def breakdown_chart(data: pl.DataFrame, *, title: str | None = None) -> Any:
         :func:`tracekit.viz.prep.temporal_breakdown` output (``group``, ``category``,
         ``time_ns``, ``fraction``), the same columns from ``tracekit.analysis``, or
         ``trace.kernels`` (then computed per device).
+    window
+        The window the breakdown covers (``(start_ns, end_ns)`` or a
+        :class:`~tracekit.viz.window.ViewWindow`): computed over it from ``trace.kernels``,
+        named in the subtitle either way.
     """
     alt = _alt()
-    frame = data if "category" in data.columns else prep.temporal_breakdown(data)
+    frame = data if "category" in data.columns else prep.temporal_breakdown(data, window=_bounds(window))
+    if frame.is_empty() or frame["time_ns"].sum() == 0:
+        return _nothing("kernels" if window is None else "no GPU work", window, title)
     if "group" not in frame.columns:
         key = "rank" if "rank" in frame.columns else "device_id"
         frame = frame.with_columns(
@@ -349,7 +227,7 @@ def breakdown_chart(data: pl.DataFrame, *, title: str | None = None) -> Any:
                      alt.Tooltip("percent:Q", format=".1f", title="%")],
         )
     )  # fmt: skip
-    return _titled(chart, title)
+    return _titled(chart, title, window_label(window))
 
 
 def layer_heatmap(data: pl.DataFrame, *, value: str = "time_ns", title: str | None = None) -> Any:
@@ -365,6 +243,9 @@ def layer_heatmap(data: pl.DataFrame, *, value: str = "time_ns", title: str | No
     alt = _alt()
     if value not in data.columns and "gpu_time_ns" in data.columns:
         value = "gpu_time_ns"
+    if data.is_empty() or value not in data.columns or data.filter(pl.col(value) > 0).is_empty():
+        return _nothing("layers", None, title)
+    data = data.filter(pl.col("layer").is_not_null())
     frame = data.with_columns(
         (pl.col(value) / 1e6).alias("time_ms"), pl.col("layer").cast(pl.Int64)
     )
@@ -394,42 +275,67 @@ def layer_heatmap(data: pl.DataFrame, *, value: str = "time_ns", title: str | No
     return _titled(chart, title)
 
 
-def iterations_chart(data: pl.DataFrame, *, title: str | None = None) -> Any:
-    """Duration of each iteration (``step.N`` NVTX ranges) per rank/process.
+def iterations_chart(
+    data: pl.DataFrame, *, log: bool | None = None, title: str | None = None, subtitle: str | None = None
+) -> Any:
+    """Duration of each iteration per GPU, rank or process, warm-up marked.
 
     Parameters
     ----------
     data
-        ``trace.nvtx`` or :func:`tracekit.viz.prep.iteration_times` output (``group``,
-        ``iteration``, ``duration_ns``). More than :data:`tracekit.viz.prep.MAX_ITERATION_POINTS`
-        iterations are drawn binned (:func:`tracekit.viz.prep.binned_iterations`: each point the
-        median of that many consecutive ones, said in the subtitle).
+        ``trace.nvtx`` (``step.N`` ranges), :func:`tracekit.viz.prep.iteration_times` or
+        :func:`tracekit.viz.prep.structure_iterations` output (``group``, ``iteration``,
+        ``duration_ns``; ``name`` ``warm-up``/``steady`` marks the phase). More than
+        :data:`tracekit.viz.prep.MAX_ITERATION_POINTS` iterations are drawn binned
+        (:func:`tracekit.viz.prep.binned_iterations`: each point the median of that many
+        consecutive ones, said in the subtitle).
+    log
+        A logarithmic duration axis, so that a warm-up of seconds does not flatten steps of
+        milliseconds; by default when the longest iteration is over 5× the median.
     """
     alt = _alt()
     frame = data if "iteration" in data.columns else prep.iteration_times(data)
+    if frame.is_empty():
+        return _nothing("iterations", None, title)
     if "group" not in frame.columns:
         frame = frame.with_columns(pl.lit("all").alias("group"))
+    phase = "name" in frame.columns and set(frame["name"].drop_nulls().unique().to_list()) <= {"warm-up", "steady"}
     frame, size = prep.binned_iterations(frame)
-    frame = frame.with_columns((pl.col("duration_ns") / 1e6).alias("duration_ms"))
-    chart = (
-        alt.Chart(frame)
-        .mark_line(point=True)
-        .encode(
-            x=alt.X("iteration:O", title="iteration", axis=alt.Axis(labelAngle=0)),
-            y=alt.Y("duration_ms:Q", title="duration (ms)", scale=alt.Scale(zero=True)),
-            color=alt.Color("group:N", title=None),
-            tooltip=[
-                "group:N",
-                "iteration:O",
-                alt.Tooltip("duration_ms:Q", format=".3f", title="ms"),
-            ]
-            + (["name:N"] if "name" in frame.columns else []),
-        )
+    frame = frame.with_columns(
+        (pl.col("duration_ns").clip(lower_bound=1) / 1e6).alias("duration_ms"),
+        (pl.col("name") if phase else pl.lit("iteration")).alias("phase"),
     )
-    if size > 1:
-        return chart.properties(title=alt.TitleParams(
-            title or "", subtitle=f"each point: the median of {size:,} consecutive iterations"))
-    return _titled(chart, title)
+    if log is None:
+        median = frame["duration_ms"].median() or 0
+        log = bool(median) and float(frame["duration_ms"].max()) > 5 * float(median)  # type: ignore[arg-type]
+    groups = frame["group"].n_unique()
+    color = (alt.Color("group:N", title=None) if groups > 1 or not phase
+             else alt.Color("phase:N", title=None, scale=alt.Scale(domain=["warm-up", "steady"], range=["#E69F00", "#0072B2"])))
+    y = alt.Y("duration_ms:Q", title="duration (ms, log scale)" if log else "duration (ms)",
+              scale=alt.Scale(type="log") if log else alt.Scale(zero=True))
+    line = alt.Chart(frame).mark_line(opacity=0.5).encode(
+        x=alt.X("iteration:Q", title="iteration", axis=alt.Axis(format="d", tickMinStep=1)),
+        y=y, detail="group:N",
+        color=alt.Color("group:N", legend=None) if groups > 1 else alt.value("#999999"))
+    points = alt.Chart(frame).mark_point(filled=True).encode(
+        x="iteration:Q", y=y, color=color,
+        shape=alt.Shape("phase:N", title=None, scale=alt.Scale(domain=["warm-up", "steady"], range=["triangle-up", "circle"]))
+        if phase and groups > 1 else alt.Undefined,
+        tooltip=["group:N", "iteration:Q", alt.Tooltip("duration_ms:Q", format=",.3f", title="ms"), "phase:N"]
+        + ([alt.Tooltip("name:N", title="iterations")] if size > 1 else []),
+    )
+    layers = [line, points]
+    steady = frame.filter(pl.col("phase") == "steady") if phase else frame
+    if steady.height:
+        med = float(steady["duration_ms"].median())  # type: ignore[arg-type]
+        ref = pl.DataFrame({"duration_ms": [med], "text": [f"steady median {med:,.3g} ms"]})
+        layers += [alt.Chart(ref).mark_rule(strokeDash=[4, 3], color="#0072B2", opacity=0.6).encode(y="duration_ms:Q"),
+                   alt.Chart(ref).mark_text(align="right", baseline="bottom", dy=-2, x="width", fontSize=10,
+                                            color="#0072B2").encode(y="duration_ms:Q", text="text:N")]
+    chart = alt.layer(*layers)
+    note = f"each point: the median of {size:,} consecutive iterations" if size > 1 else None
+    sub = " · ".join(t for t in (subtitle, note) if t)
+    return _titled(chart, title, sub or None)
 
 
 # -- time series ---------------------------------------------------------------------------------
@@ -437,63 +343,102 @@ def gpu_metrics_chart(
     data: pl.DataFrame,
     *,
     metrics: Sequence[str] = prep.DEFAULT_GPU_METRICS,
-    window: tuple[int, int] | None = None,
+    window: Any = None,
+    gpus: pl.DataFrame | None = None,
     origin_ns: int | None = None,
     max_points: int = 600,
     width: int = 800,
-    height: int = 120,
+    height: int = 80,
     title: str | None = None,
 ) -> Any:
-    """GPU metrics over time (Tensor Active, DRAM read/write, SMs Active …), one row per GPU.
+    """GPU metrics over time in stacked panels, one per metric (SMs active, Tensor active,
+    DRAM read and write), each titled with its mean over the window; one line per GPU.
 
     Parameters
     ----------
     data
-        ``trace.gpu_metrics`` or :func:`tracekit.viz.prep.gpu_metrics_series` output
-        (``device_id``, ``label``, ``time_ns``, ``value_pct``).
+        ``trace.gpu_metrics``, or :func:`tracekit.viz.prep.gpu_metric_panels` output
+        (``device_id``, ``panel``, ``panel_order``, ``time_ns``, ``value``), or
+        :func:`tracekit.viz.prep.gpu_metrics_series` output (``label``, ``value_pct``).
+    window
+        ``(start_ns, end_ns)`` or a :class:`~tracekit.viz.window.ViewWindow`: the samples in
+        it and the means over it (named in the subtitle); the whole capture by default.
+    gpus
+        ``trace.gpus``: with each GPU's peak DRAM bandwidth, the DRAM panels are in GB/s
+        (their titles also say the share of the peak).
 
     Selections: ``window`` (drag horizontally).
     """
     alt = _alt()
-    series = (
-        data
-        if "value_pct" in data.columns
-        else within_row_budget(lambda n: prep.gpu_metrics_series(data, metrics=metrics, window=window, max_points=n),
-                            max_points)
-    )
+    win = _bounds(window)
+    if "panel" in data.columns:
+        series = data
+    elif "value_pct" in data.columns:
+        series = data.with_columns(
+            (pl.col("label") + " (% of peak)").alias("panel"), pl.lit(0, pl.Int64).alias("panel_order"),
+            pl.col("value_pct").alias("value"))
+    elif data.is_empty():
+        return _nothing("gpu_metrics", None, title)
+    else:
+        series = within_row_budget(
+            lambda n: prep.gpu_metric_panels(data, metrics=metrics, window=win, gpus=gpus, max_points=n), max_points)
+    if series.is_empty():
+        return _nothing("no GPU metric samples", window, title)
     if origin_ns is None:
-        origin_ns = window[0] if window else int(series["time_ns"].min() or 0)  # type: ignore[arg-type]
+        origin_ns = win[0] if win else int(series["time_ns"].min() or 0)  # type: ignore[arg-type]
     frame = series.with_columns(
         _ms("time_ns", origin_ns).alias("time_ms"),
         pl.concat_str(pl.lit("GPU "), pl.col("device_id").cast(pl.Utf8)).alias("gpu"),
     )
+    if "max_pct" not in frame.columns:
+        frame = frame.with_columns(pl.lit(None, pl.Float64).alias("max_pct"))
+    panels = frame.select("panel", "panel_order").unique().sort("panel_order", "panel")["panel"].to_list()
+    several = frame["gpu"].n_unique() > 1
+    color = (alt.Color("gpu:N", title=None) if several
+             else alt.Color("panel:N", legend=None, scale=alt.Scale(
+                 domain=panels, range=[_panel_color(p) for p in panels])))
     brush = alt.selection_interval(name=WINDOW_PARAM, encodings=["x"])
+    x_scale = alt.Scale(zero=False, nice=False, domain=[0, (win[1] - win[0]) / 1e6]) if win and origin_ns == win[0] \
+        else alt.Scale(zero=False, nice=False)
     base = (
         alt.Chart(frame)
         .mark_line(interpolate="step-after")
         .encode(
-            x=alt.X("time_ms:Q", title="time (ms)", scale=alt.Scale(zero=False, nice=False)),
-            y=alt.Y("value_pct:Q", title="% of peak"),
-            color=alt.Color("label:N", title=None),
+            x=alt.X("time_ms:Q", title="time (ms)", scale=x_scale),
+            y=alt.Y("value:Q", title=None, scale=alt.Scale(zero=True)),
+            color=color,
             tooltip=[
                 "gpu:N",
-                "label:N",
+                alt.Tooltip("panel:N", title="metric"),
                 alt.Tooltip("time_ms:Q", format=".3f", title="ms"),
-                alt.Tooltip("value_pct:Q", format=".1f", title="mean %"),
+                alt.Tooltip("value:Q", format=",.1f", title="mean in bin"),
+                alt.Tooltip("value_pct:Q", format=".1f", title="% of peak"),
                 alt.Tooltip("max_pct:Q", format=".0f", title="max %"),
             ],
         )  # fmt: skip
         .add_params(brush)
         .properties(width=width, height=height)
     )
-    gpus = frame["gpu"].unique().to_list()
-    chart = base.facet(row=alt.Row("gpu:N", title=None)) if len(gpus) > 1 else base
-    return _titled(chart, title)
+    chart = base.facet(
+        row=alt.Row("panel:N", sort=panels, title=None,
+                    header=alt.Header(labelAngle=0, labelOrient="top", labelAnchor="start", labelAlign="left",
+                                      labelFontWeight="bold", labelPadding=2)),
+        spacing=8,
+    ).resolve_scale(y="independent")
+    return _titled(chart, title, window_label(window))
+
+
+def _panel_color(panel: str) -> str:
+    for name, color in prep.METRIC_PANELS.values():
+        if panel.startswith(name):
+            return color
+    return "#555555"
 
 
 def memory_chart(
     data: pl.DataFrame,
     *,
+    window: Any = None,
     origin_ns: int | None = None,
     max_points: int = 800,
     width: int = 800,
@@ -509,12 +454,17 @@ def memory_chart(
         (``device_id``, ``time_ns``, ``in_use_bytes``).
     """
     alt = _alt()
+    if data.is_empty():
+        return _nothing("memory_usage", None, title)
+    win = _bounds(window)
     series = (
         data if "in_use_bytes" in data.columns
-        else within_row_budget(lambda n: prep.memory_series(data, max_points=n), max_points)
+        else within_row_budget(lambda n: prep.memory_series(data, window=win, max_points=n), max_points)
     )
+    if series.is_empty():
+        return _nothing("no memory events", window, title)
     if origin_ns is None:
-        origin_ns = int(series["time_ns"].min() or 0)  # type: ignore[arg-type]
+        origin_ns = win[0] if win else int(series["time_ns"].min() or 0)  # type: ignore[arg-type]
     frame = series.with_columns(
         _ms("time_ns", origin_ns).alias("time_ms"),
         (pl.col("in_use_bytes") / 2**20).alias("in_use_mib"),
@@ -537,7 +487,7 @@ def memory_chart(
         )  # fmt: skip
         .properties(width=width, height=height)
     )
-    return _titled(chart, title)
+    return _titled(chart, title, window_label(window))
 
 
 def layer_memory_chart(
@@ -568,6 +518,8 @@ def layer_memory_chart(
     the line is the memory of the range's process on that GPU (step-after).
     """
     alt = _alt()
+    if per_range.is_empty():
+        return _nothing("layers" if not memory.is_empty() else "memory_usage", None, title)
     bands = per_range if "lane" in per_range.columns else prep.layer_bands(per_range, max_bands=max_bands)
     series = memory if "lane" in memory.columns else prep.layer_memory_series(memory, per_range, max_points=max_points)
     if origin_ns is None:
@@ -624,6 +576,8 @@ def layer_growth_chart(data: pl.DataFrame, *, by: str = "name", title: str | Non
     """
     alt = _alt()
     frame = prep.layer_growth(data, by=by)
+    if frame.is_empty():
+        return _nothing("layers", None, title)
     mib = 2**20
     frame = frame.with_columns(
         _short(by).alias("_label"),
@@ -660,7 +614,7 @@ def _pick(frame: pl.DataFrame, key: str) -> str | None:
 NCCL_MAX_POINTS = 4000
 
 
-def nccl_bandwidth_chart(data: pl.DataFrame, *, title: str | None = None) -> Any:
+def nccl_bandwidth_chart(data: pl.DataFrame, *, window: Any = None, title: str | None = None) -> Any:
     """NCCL bus bandwidth against message size, one colour per collective, median line on top.
 
     Parameters
@@ -671,8 +625,17 @@ def nccl_bandwidth_chart(data: pl.DataFrame, *, title: str | None = None) -> Any
         ``trace.nccl`` or :func:`tracekit.analysis.nccl` output. Rows without size or
         bandwidth are dropped. Beyond :data:`NCCL_MAX_POINTS` calls the points are a random
         sample (the subtitle says so); the median line is over every call.
+    window
+        ``(start_ns, end_ns)`` or a :class:`~tracekit.viz.window.ViewWindow`: the calls whose
+        GPU work overlaps it (``start_ns``/``end_ns``), named in the subtitle.
     """
     alt = _alt()
+    if data.is_empty():
+        return _nothing("nccl", None, title)
+    if window is not None and "start_ns" in data.columns:
+        data = _in_window(data.filter(pl.col("start_ns").is_not_null()), window)  # type: ignore[assignment]
+        if data.is_empty():
+            return _nothing("no NCCL calls", window, title)
     cols = {k: _pick(data, k) for k in _NCCL_ALIASES}
     missing = [k for k, v in cols.items() if v is None]
     if missing:
@@ -688,6 +651,8 @@ def nccl_bandwidth_chart(data: pl.DataFrame, *, title: str | None = None) -> Any
         & pl.col("bus_bandwidth_gbps").is_not_null()
         & (pl.col("bus_bandwidth_gbps") > 0)
     )
+    if frame.is_empty():  # no sizes: a log axis over nothing would be infinitely wide
+        return _nothing("nccl_sizes", None, title)
     medians = (  # over every call, before the points are thinned
         frame.group_by("collective", "bytes")
         .agg(pl.col("bus_bandwidth_gbps").median())
@@ -715,7 +680,8 @@ def nccl_bandwidth_chart(data: pl.DataFrame, *, title: str | None = None) -> Any
     )  # fmt: skip
     lines = alt.Chart(medians).mark_line().encode(x=x, y=y, color=color)
     chart = alt.layer(points, lines)
+    notes = [window_label(window)]
     if frame.height < calls:
-        return chart.properties(title=alt.TitleParams(
-            title or "", subtitle=f"{frame.height:,} of {calls:,} calls drawn (a random sample); medians over all"))
-    return _titled(chart, title)
+        notes.append(f"{frame.height:,} of {calls:,} calls drawn (a random sample); medians over all")
+    return _titled(chart, title, " · ".join(n for n in notes if n) or None)
+

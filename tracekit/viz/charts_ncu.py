@@ -13,14 +13,48 @@ from typing import Any
 import polars as pl
 
 from tracekit.viz import prep_ncu
-from tracekit.viz.charts import _alt, _family_color, _kernel_pick, _titled
+from tracekit.viz._chart_base import (
+    KERNEL_PARAM,
+    _alt,
+    _family_color,
+    _kernel_pick,
+    _nothing,
+    _titled,
+)
 
 CEILING_LABELS = {
     "dram": "DRAM",
     "simt_fp32": "FP32",
     "simt_fp64": "FP64",
-    "simt_fp16": "FP16",
+    "simt_fp16": "FP16 (SIMT)",
 }
+
+
+def _roof_labels(roofs: list[tuple[str, float]], y_lo: float, y_hi: float, height: float) -> list[dict[str, Any]]:
+    """One label per distinct roof height (``Tensor BF16 · FP16 989 TFLOP/s``), placed at
+    the plot's right edge at the roof's height, pushed down where it would overlap the label
+    above it (at least 12 px apart on the log axis)."""
+    groups: list[tuple[float, list[str]]] = []
+    for name, value in sorted(roofs, key=lambda r: -r[1]):
+        if groups and abs(math.log10(groups[-1][0]) - math.log10(value)) < 1e-3:
+            groups[-1][1].append(name)
+        else:
+            groups.append((value, [name]))
+    decades = max(math.log10(y_hi) - math.log10(y_lo), 1e-6)
+    gap = decades * 12.0 / max(height, 1.0)
+    out: list[dict[str, Any]] = []
+    last: float | None = None
+    for value, names in groups:
+        y = math.log10(value)
+        if last is not None and y > last - gap:
+            y = last - gap
+        last = y
+        tensor = [n.removeprefix("Tensor ") for n in names if n.startswith("Tensor ")]
+        other = [n for n in names if not n.startswith("Tensor ")]
+        text = " · ".join(([f"Tensor {' · '.join(tensor)}"] if tensor else []) + other)
+        out.append({"text": f"{text}: {value / 1e12:,.0f} TFLOP/s" if value >= 1e12 else f"{text}: {value / 1e9:,.0f} GFLOP/s",
+                    "tflops": 10**y})
+    return out
 
 
 def _ceiling_label(name: str) -> str:
@@ -65,6 +99,8 @@ def roofline_chart(
     else:
         points = prep_ncu.roofline_points(data)
         roofs = prep_ncu.roofline_roofs(data, points)
+    if points.is_empty():
+        return _nothing("roofline", None, title)
     ai = points["arithmetic_intensity"].drop_nulls()
     lo = 10 ** math.floor(math.log10(max(float(ai.min() or 0.01), 1e-3))) if len(ai) else 0.01  # type: ignore[arg-type]
     hi = 10 ** math.ceil(math.log10(max(float(ai.max() or 100), 1.0) * 10)) if len(ai) else 1e4  # type: ignore[arg-type]
@@ -85,23 +121,37 @@ def roofline_chart(
         (pl.col("time_share") * 100).alias("time_pct"),
         pl.col("arithmetic_intensity").alias("ai"),
     )
+    peaks = [float(v) for v in compute["value"].to_list()] or [float(frame["flops_per_s"].max())]  # type: ignore[arg-type]
+    lows = [float(frame["flops_per_s"].min())] + ([bandwidth * lo] if bandwidth else [])  # type: ignore[arg-type]
+    y_lo = 10 ** math.floor(math.log10(max(min(lows), 1.0)))
+    y_hi = 10 ** math.ceil(math.log10(max(peaks) * 1.2))
     x = alt.X(
         "ai:Q",
         scale=alt.Scale(type="log", domain=[lo, hi]),
         title="arithmetic intensity (FLOP/byte)",
     )
-    y = alt.Y("tflops:Q", scale=alt.Scale(type="log"), title="performance (TFLOP/s)")
+    y = alt.Y("tflops:Q", scale=alt.Scale(type="log", domain=[y_lo / 1e12, y_hi / 1e12]), title="performance (TFLOP/s)")
     pick = _kernel_pick(alt, highlight, "kernel")
     roof_lines = (
         alt.Chart(roof_frame)
         .mark_line(color="#555555", strokeWidth=1)
         .encode(x=x, y=y, detail="ceiling:N", tooltip=["ceiling:N"])
     )
-    labels = (
-        alt.Chart(roof_frame.group_by("ceiling").agg(pl.col("ai").max(), pl.col("tflops").last()))
-        .mark_text(align="right", dy=-6, fontSize=9, color="#333333")
-        .encode(x="ai:Q", y="tflops:Q", text="ceiling:N")
-    )
+    labels = pl.DataFrame(
+        _roof_labels([(_ceiling_label(c), float(v)) for c, v in compute.select("ceiling", "value").iter_rows()],
+                     y_lo, y_hi, float(height)),
+        schema={"text": pl.Utf8, "tflops": pl.Float64},
+    ).with_columns((pl.col("tflops") / 1e12).alias("tflops"), pl.lit(hi).alias("ai"))
+    layers: list[Any] = [roof_lines]
+    if labels.height:
+        layers.append(alt.Chart(labels).mark_text(align="right", baseline="bottom", dy=-1, fontSize=9, color="#333333")
+                      .encode(x=x, y=y, text="text:N"))
+    if bandwidth:
+        # the DRAM slope's label under its foot (horizontal: a slanted label's angle would
+        # depend on the size the figure is drawn at)
+        slope = pl.DataFrame({"ai": [lo * 1.08], "tflops": [bandwidth * lo / 1e12], "text": [f"DRAM {bandwidth / 1e12:.2f} TB/s"]})
+        layers.append(alt.Chart(slope).mark_text(align="left", baseline="top", dy=3, fontSize=9, color="#333333")
+                      .encode(x=x, y=y, text="text:N"))
     dots = (
         alt.Chart(frame)
         .mark_circle(stroke="black", strokeWidth=0.4)
@@ -122,7 +172,8 @@ def roofline_chart(
         )  # fmt: skip
         .add_params(pick)
     )
-    chart = alt.layer(roof_lines, labels, dots).properties(width=width, height=height)
+    layers.append(dots)
+    chart = alt.layer(*layers).properties(width=width, height=height)
     return _titled(chart, title)
 
 
@@ -130,6 +181,7 @@ def tensor_dram_chart(
     data: Any,
     *,
     highlight: str | None = None,
+    selection: str = KERNEL_PARAM,
     title: str | None = None,
     width: int = 360,
     height: int = 300,
@@ -142,16 +194,25 @@ def tensor_dram_chart(
         An ``NcuReport``, or :func:`tracekit.viz.prep_ncu.tensor_dram` output (``kernel``,
         ``family``, ``tensor_pct``, ``dram_pct``, ``time_share``). Any frame with those
         columns works, e.g. per-kernel averages of nsys GPU metrics.
+    selection
+        The name of the point selection (``kernel``); give another name to place this chart
+        beside :func:`roofline_chart` (altair merges two selections of one name, with a
+        warning): :func:`kernel_charts` does.
 
     Selections: ``kernel`` (click a point).
     """
     alt = _alt()
     frame = data if isinstance(data, pl.DataFrame) else prep_ncu.tensor_dram(data)
+    if frame.is_empty():
+        return _nothing("no kernel with Tensor Core or DRAM counters in the Nsight Compute report", None, title)
     if "time_share" not in frame.columns:
         total = frame["duration_ns"].sum() or 1
         frame = frame.with_columns((pl.col("duration_ns") / total).alias("time_share"))
     frame = frame.with_columns((pl.col("time_share") * 100).alias("time_pct"))
     pick = _kernel_pick(alt, highlight, "kernel")
+    if selection != KERNEL_PARAM:
+        pick = alt.selection_point(name=selection, fields=["kernel"], on="click", clear="dblclick",
+                                   value=[{"kernel": highlight}] if highlight else alt.Undefined)
     pct = alt.Scale(domain=[0, 100])
     chart = (
         alt.Chart(frame)
@@ -188,6 +249,8 @@ def sol_chart(data: pl.DataFrame, *, title: str | None = None, width: int = 360)
     alt = _alt()
     frame = data if "metric" in data.columns else prep_ncu.sol_long(data)
     frame = frame.filter(pl.col("pct").is_not_null())
+    if frame.is_empty():
+        return _nothing("no speed-of-light counters for this kernel (profile with ncu --section SpeedOfLight)", None, title)
     order = list(prep_ncu.SOL_LABELS.values())
     several = frame["kernel"].n_unique() > 1
     base = alt.Chart(frame).encode(
@@ -207,3 +270,14 @@ def sol_chart(data: pl.DataFrame, *, title: str | None = None, width: int = 360)
     )
     layers = [bars] if several else [bars, text]
     return _titled(alt.layer(*layers).properties(width=width), title)
+
+
+def kernel_charts(report: Any, *, highlight: str | None = None, width: int = 420, height: int = 300) -> Any:
+    """:func:`roofline_chart` and :func:`tensor_dram_chart` of ``report`` side by side (each
+    with its own selection: ``kernel`` on the roofline, ``kernel_tensor_dram`` beside it); a
+    message chart for a report without the counters either needs."""
+    alt = _alt()
+    roof = roofline_chart(report, highlight=highlight, title="Roofline", width=width, height=height)
+    td = tensor_dram_chart(report, highlight=highlight, selection="kernel_tensor_dram", title="Tensor pipe vs DRAM",
+                           width=int(width * 0.75), height=height)
+    return alt.hconcat(roof, td).resolve_scale(color="shared", size="independent")

@@ -63,6 +63,11 @@ def chart_spec(
     spec["config"] = config
     if width is not None:
         total = width_pt(width)
+        legend = config.setdefault("legend", {})
+        if legend.get("orient") == "bottom":
+            # as many legend columns as fit the figure: a label past its right edge is lost
+            limit = float(legend.get("labelLimit", 120))
+            legend["columns"] = max(1, min(int(legend.get("columns", 3)), int(total // (limit + 30))))
         if _is_single_view(spec):
             spec["width"] = total
             spec["autosize"] = {"type": "fit-x" if height is None else "fit", "contains": "padding"}
@@ -166,6 +171,14 @@ def save(
     >>> import tracekit.viz as tv
     >>> tv.save(tv.top_kernels_chart(trace.kernels, n=10), "fig_top.pdf", width="column")  # doctest: +SKIP
     """
+    from tracekit.viz.notes import message_of
+
+    missing = message_of(chart)
+    if missing is not None:  # never an empty figure on disk
+        from tracekit.errors import UnsupportedReportError
+
+        msg = f"{Path(path).name} not written: {missing}"
+        raise UnsupportedReportError(msg)
     path = Path(path)
     data = to_bytes(chart, path.suffix, width=width, height=height, theme=theme, scale=scale)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -178,6 +191,38 @@ def save(
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+def save_figures(
+    figures: Any,
+    folder: str | Path,
+    *,
+    formats: tuple[str, ...] = ("pdf", "svg"),
+    width: str | float | None = "column",
+    theme: str = PAPER_THEME,
+) -> Any:
+    """Write several figures: ``figures`` maps a name to a chart or to ``(chart, width)``.
+
+    A chart with no data (a message chart: what the trace lacks) is not written; its row says
+    why. Returns a polars frame, one row per figure and format: ``figure``, ``file`` (null
+    when not written), ``bytes`` and ``note``.
+    """
+    import polars as pl
+
+    from tracekit.viz.notes import message_of
+
+    folder = Path(folder)
+    rows: list[dict[str, Any]] = []
+    for name, item in figures.items():
+        chart, w = item if isinstance(item, tuple) else (item, width)
+        missing = message_of(chart)
+        for fmt in formats:
+            if missing is not None:
+                rows.append({"figure": name, "file": None, "bytes": None, "note": f"not written: {missing}"})
+                continue
+            path = save(chart, folder / f"{name}.{fmt}", width=w, theme=theme)
+            rows.append({"figure": name, "file": path.name, "bytes": path.stat().st_size, "note": ""})
+    return pl.DataFrame(rows, schema={"figure": pl.Utf8, "file": pl.Utf8, "bytes": pl.Int64, "note": pl.Utf8})
 
 
 # -- deterministic PDF -------------------------------------------------------------------------------

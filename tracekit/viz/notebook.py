@@ -94,6 +94,38 @@ def _html_renderer(spec: dict[str, Any], **metadata: Any) -> dict[str, str]:
     return {"text/html": body}
 
 
+_warnings_hooked = False
+
+
+def warnings_as_notes() -> None:
+    """Show tracekit's own warnings (an incomplete export, damaged rows, an empty result) as
+    one line in the cell's output, not as a two-line ``file:line`` message on stderr; other
+    warnings are shown as before. Idempotent; :func:`enable_notebook` calls it."""
+    global _warnings_hooked
+    if _warnings_hooked:
+        return
+    import warnings
+
+    previous = warnings.showwarning
+
+    def show(message: Any, category: type[Warning], filename: str, lineno: int, file: Any = None,
+             line: str | None = None) -> None:
+        if not getattr(category, "__module__", "").startswith("tracekit") or file is not None:
+            previous(message, category, filename, lineno, file, line)
+            return
+        try:
+            from IPython.display import display
+
+            from tracekit.viz.notes import Note
+
+            display(Note(f"{category.__name__}: {message}"))  # type: ignore[no-untyped-call]
+        except ImportError:  # not in IPython
+            previous(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+    _warnings_hooked = True
+
+
 def enable_notebook(*, theme: str = SCREEN_THEME, widget: bool | None = None) -> str:
     """Render altair charts offline in this notebook and use tracekit's screen theme.
 
@@ -111,6 +143,7 @@ def enable_notebook(*, theme: str = SCREEN_THEME, widget: bool | None = None) ->
     """
     alt = import_altair()
     use(theme)
+    warnings_as_notes()
     if widget is None:
         widget = has_anywidget()
     if widget:

@@ -17,19 +17,35 @@ from typing import Any
 import polars as pl
 
 from tracekit.analysis.graphs import whole_graphs
+from tracekit.viz._prep_base import _i64, _name_column, _with_family, data_window, graph_names
 
 # Time series and communication live in prep_series (re-exported: ``prep.memory_series`` …).
 from tracekit.viz.prep_series import (
     BUS_FACTORS,
     DEFAULT_GPU_METRICS,
     LAYER_MEMORY_PATTERN,
+    METRIC_PANELS,
     Window,
+    gpu_metric_panels,
     gpu_metrics_series,
     layer_bands,
     layer_growth,
     layer_memory_series,
     memory_series,
+    metric_means,
     nccl_bandwidth,
+)
+
+# the timeline's lanes live in their own module (re-exported: ``prep.timeline_ops`` …)
+from tracekit.viz.prep_timeline import (
+    API_COLORS,
+    API_KINDS,
+    gpu_ops,
+    nvtx_ranges,
+    timeline_api,
+    timeline_nvtx,
+    timeline_ops,
+    timeline_steps,
 )
 
 #: Default NVTX names of one iteration: ``step.3``, ``iter 12``, ``iteration_4``, ``batch-2``.
@@ -38,73 +54,45 @@ ITERATION_PATTERN = r"(?i)^(?:train_?)?(?:step|iter|iteration|batch)[ ._#:-]?(\d
 LAYER_PATTERN = r"(?i)^(?:[a-z_]*layers?|blocks?|h)[ ._:-]?(\d+)$"
 
 
-def _with_family(frame: pl.DataFrame, name_column: str = "name") -> pl.DataFrame:
-    if "family" in frame.columns:
-        return frame
-    from tracekit.taxonomy import classify
+# -- kernels -----------------------------------------------------------------------------------
+#: Sort keys of :func:`top_kernels` → (column, what the chart's title says).
+TOP_SORTS: dict[str, tuple[str, str]] = {
+    "total": ("total_ns", "GPU time"),
+    "mean": ("mean_ns", "mean duration"),
+    "median": ("median_ns", "median duration"),
+    "max": ("max_ns", "longest instance"),
+    "instances": ("instances", "instances"),
+}
 
-    return classify(frame, name_column=name_column)
 
-
-def _name_column(frame: pl.DataFrame, preferred: str) -> str:
-    if preferred in frame.columns:
-        return preferred
-    for candidate in ("short_name", "name", "kernel"):
-        if candidate in frame.columns:
-            return candidate
-    msg = f"the frame has no kernel name column ({preferred!r}, 'short_name' or 'name')"
+def _sort_column(sort: str) -> str:
+    if sort in TOP_SORTS:
+        return TOP_SORTS[sort][0]
+    if sort in {c for c, _ in TOP_SORTS.values()}:
+        return sort
+    msg = f"sort must be one of {', '.join(TOP_SORTS)}, not {sort!r}"
     raise ValueError(msg)
 
 
-def _i64(value: int) -> pl.Expr:
-    return pl.lit(value, dtype=pl.Int64)
-
-
-def graph_names(graphs: pl.DataFrame) -> pl.Expr:
-    """``[CUDA graph <graph_id>]``: the name a graph launch traced whole has in every view
-    (:data:`tracekit.analysis._frames.GRAPH_OP_NAME`)."""
-    from tracekit.analysis._frames import GRAPH_OP_NAME
-
-    if "graph_id" not in graphs.columns:
-        return pl.lit("[CUDA graph]")
-    return pl.when(pl.col("graph_id").is_not_null()).then(pl.format(GRAPH_OP_NAME, pl.col("graph_id"))).otherwise(
-        pl.lit("[CUDA graph]"))
-
-
-def data_window(*frames: pl.DataFrame | None) -> Window | None:
-    """``(first start_ns, last end_ns)`` over the frames that have rows (``None`` if none has)."""
-    lo: int | None = None
-    hi: int | None = None
-    for frame in frames:
-        if frame is None or frame.is_empty() or "start_ns" not in frame.columns:
-            continue
-        s = frame["start_ns"].min()
-        e = frame["end_ns"].max() if "end_ns" in frame.columns else frame["start_ns"].max()
-        if s is not None:
-            lo = int(s) if lo is None else min(lo, int(s))  # type: ignore[arg-type]
-        if e is not None:
-            hi = int(e) if hi is None else max(hi, int(e))  # type: ignore[arg-type]
-    if lo is None or hi is None:
-        return None
-    return (lo, max(hi, lo + 1))
-
-
-# -- kernels -----------------------------------------------------------------------------------
-def top_kernels(kernels: pl.DataFrame, *, n: int = 20, by: str = "short_name") -> pl.DataFrame:
-    """The ``n`` kernels with the most GPU time.
+def top_kernels(kernels: pl.DataFrame, *, n: int = 20, by: str = "short_name", sort: str = "total") -> pl.DataFrame:
+    """The ``n`` kernels with the most GPU time (or the largest ``sort`` value).
 
     Parameters
     ----------
     kernels
         ``trace.kernels`` (``duration_ns`` and a name column; ``family`` is added when absent).
     by
-        Name column to group by (``short_name``, ``name``); falls back to what exists.
+        Name column to group by (``name``: one row per kernel, the full demangled name;
+        ``short_name`` merges the template variants of a kernel); falls back to what exists.
+    sort
+        ``total`` (GPU time, default), ``mean``, ``median``, ``max`` or ``instances``.
 
     Returns
     -------
     ``name``, ``family``, ``instances``, ``total_ns``, ``mean_ns``, ``median_ns``, ``max_ns``
-    (Int64 ns) and ``share`` (fraction of all kernel time, 0–1), most time first.
+    (Int64 ns) and ``share`` (fraction of all kernel time, 0–1), largest first.
     """
+    key = _sort_column(sort)
     col = _name_column(kernels, by)
     k = _with_family(kernels, col)
     total = k["duration_ns"].sum() or 1
@@ -119,9 +107,104 @@ def top_kernels(kernels: pl.DataFrame, *, n: int = 20, by: str = "short_name") -
             pl.col("duration_ns").max().alias("max_ns"),
         )
         .with_columns((pl.col("total_ns") / total).alias("share"))
-        .sort(["total_ns", "name"], descending=[True, False])
+        .sort([key, "name"], descending=[True, False])
         .head(n)
     )
+
+
+#: Words of demangled names that tell two variants of a kernel nothing apart.
+_GENERIC_TOKENS = frozenset(
+    ["void", "at", "native", "std", "cuda", "unnamed", "anonymous", "namespace", "int", "unsigned", "long", "char", "short", "float", "double", "half", "bool", "const", "T", "T1", "T2", "T3", "T4", "T5", "T6", "array", "instance", "lambda", "operator", "Functor", "func_wrapper_t", "TensorIteratorBase", "TensorIterator", "c10", "detail", "impl", "kernel", "cutlass", "cute", "cudnn", "cub"]
+)
+
+
+def _ellipsize(text: str, limit: int) -> str:
+    """``text`` cut in the middle to at most ``limit`` characters (``head…tail``)."""
+    if len(text) <= limit:
+        return text
+    if limit <= 3:
+        return text[:limit]
+    head = (limit - 1) * 3 // 5
+    return text[:head] + "…" + text[len(text) - (limit - 1 - head):]
+
+
+def _short_of(name: str) -> str:
+    """A readable short form of a demangled name: the function's own name without its
+    namespaces, return type, template and parameter lists."""
+    text = name.strip()
+    if text.startswith("void "):
+        text = text[5:]
+    depth, cut = 0, len(text)
+    for i, ch in enumerate(text):  # the first '<' or '(' at depth 0 ends the qualified name
+        if ch in "<(" and depth == 0:
+            cut = i
+            break
+    qualified = text[:cut] or text
+    return qualified.split("::")[-1] or qualified
+
+
+def kernel_labels(names: list[str], shorts: list[str | None] | None = None, *, limit: int = 56) -> list[str]:
+    """One distinct, readable label per kernel name, at most ``limit`` characters.
+
+    A kernel is shown by its short name (``shorts``, nsys's ``short_name``; else read from
+    the demangled name). When several kernels share a short name (three cuDNN wgrad
+    variants, the template instances of ``elementwise_kernel``), each gets the words of its
+    full name the others lack (``vectorized_elementwise_kernel · MulFunctor``); any left
+    alike are numbered (``#2``). The full name stays the key: charts group and select by it.
+    """
+    import re
+
+    base = [(s or _short_of(n)) if shorts is not None else _short_of(n) for n, s in
+            zip(names, shorts if shorts is not None else [None] * len(names), strict=True)]
+    labels = list(base)
+    groups: dict[str, list[int]] = {}
+    for i, b in enumerate(base):
+        groups.setdefault(b, []).append(i)
+    for b, rows in groups.items():
+        if len(rows) < 2:
+            labels[rows[0]] = _ellipsize(b, limit)
+            continue
+        tokens = [list(dict.fromkeys(re.findall(r"[A-Za-z_][A-Za-z0-9_]*|\d+", names[i]))) for i in rows]
+        counts: dict[str, int] = {}
+        for toks in tokens:
+            for t in toks:
+                counts[t] = counts.get(t, 0) + 1
+        for i, toks in zip(rows, tokens, strict=True):
+            own = [t for t in toks if counts[t] < len(rows) and t not in _GENERIC_TOKENS and t != b]
+            words = [t for t in own if not t.isdigit()]
+            # the rarest words first (they tell this variant apart), in name order among equals
+            words = sorted(words, key=lambda t: (counts[t], toks.index(t)))
+            picked = words[:1] if words and counts[words[0]] == 1 else words[:2]
+            tag = " ".join(picked) or " ".join([f"<{t}>" for t in own if t.isdigit()][:2])
+            if tag:
+                head = _ellipsize(b, max(min(len(b), 30), limit - len(tag) - 3))
+                labels[i] = _ellipsize(f"{head} · {tag}", limit)
+            else:
+                labels[i] = _ellipsize(b, limit)
+    seen: dict[str, int] = {}
+    for i, label in enumerate(labels):  # whatever is still alike gets a number
+        if label in seen:
+            seen[label] += 1
+            suffix = f" #{seen[label]}"
+            labels[i] = _ellipsize(label, limit - len(suffix)) + suffix
+        else:
+            seen[label] = 1
+    return labels
+
+
+def with_kernel_labels(top: pl.DataFrame, kernels: pl.DataFrame | None = None, *, limit: int = 56) -> pl.DataFrame:
+    """``top`` (:func:`top_kernels`) with ``label``: :func:`kernel_labels` of its ``name``
+    column (short names looked up in ``kernels`` when it has ``short_name``)."""
+    if "label" in top.columns:
+        return top
+    names = top["name"].cast(pl.Utf8).fill_null("?").to_list()
+    shorts: list[str | None] | None = None
+    if kernels is not None and {"name", "short_name"} <= set(kernels.columns) and top.height:
+        lookup = (kernels.select("name", "short_name").filter(pl.col("name").is_in(names))
+                  .unique("name", keep="first"))
+        found = dict(zip(lookup["name"].to_list(), lookup["short_name"].to_list(), strict=True))
+        shorts = [found.get(n) for n in names]
+    return top.with_columns(pl.Series("label", kernel_labels(names, shorts, limit=limit), dtype=pl.Utf8))
 
 
 def duration_histogram(
@@ -150,282 +233,6 @@ def duration_histogram(
         )
         .sort("group", "_bin")
         .select("group", "bin_start_ns", "bin_end_ns", "count", "total_ns")
-    )
-
-
-# -- timeline ----------------------------------------------------------------------------------
-def gpu_ops(
-    kernels: pl.DataFrame,
-    memcpys: pl.DataFrame | None = None,
-    memsets: pl.DataFrame | None = None,
-    graphs: pl.DataFrame | None = None,
-    *,
-    name_column: str = "short_name",
-) -> pl.DataFrame:
-    """Kernels, copies, memsets and CUDA graph replays in one frame for the timeline.
-
-    Parameters
-    ----------
-    kernels, memcpys, memsets
-        ``trace.kernels``, ``trace.memcpys``, ``trace.memsets``.
-    graphs
-        ``trace.graph_trace`` (or ``trace.graphs``): each graph launch traced whole
-        (``--cuda-graph-trace=graph``, nsys's default) is one operation spanning its replay,
-        since its kernels are in no other table (:func:`whole_graphs`; launches traced per
-        node are left out, their kernels are in ``kernels``).
-
-    Returns
-    -------
-    ``device_id``, ``stream_id``, ``start_ns``, ``end_ns``, ``duration_ns`` (ns), ``name``,
-    ``family`` (copies are ``memcpy``, memsets ``memset``, graph replays ``graph`` named
-    ``[CUDA graph <graph_id>]``), plus ``rank`` when the inputs have it.
-    """
-    rank = ["rank"] if "rank" in kernels.columns else []
-    col = _name_column(kernels, name_column)
-    parts = [
-        _with_family(kernels, col).select(
-            *rank, "device_id", "stream_id", "start_ns", "end_ns", "duration_ns",
-            pl.col(col).alias("name"), "family",
-        )
-    ]  # fmt: skip
-    for frame, family, label in ((memcpys, "memcpy", "copy_kind_label"), (memsets, "memset", None)):
-        if frame is None or frame.is_empty():
-            continue
-        name = (
-            pl.concat_str(pl.lit(f"{family} "), pl.col(label).fill_null(""))
-            if label and label in frame.columns
-            else pl.lit(family)
-        )
-        parts.append(
-            frame.select(
-                *[c for c in rank if c in frame.columns], "device_id", "stream_id", "start_ns",
-                "end_ns", "duration_ns", name.alias("name"), pl.lit(family).alias("family"),
-            )
-        )  # fmt: skip
-    g = whole_graphs(graphs)
-    if g is not None:
-        parts.append(
-            g.select(
-                *[c for c in rank if c in g.columns], "device_id", "stream_id", "start_ns", "end_ns",
-                "duration_ns", graph_names(g).alias("name"), pl.lit("graph").alias("family"),
-            )
-        )  # fmt: skip
-    return pl.concat(parts, how="diagonal_relaxed").sort("start_ns")
-
-
-def _lane_label(frame: pl.DataFrame) -> pl.Expr:
-    parts: list[pl.Expr | str] = []
-    if "rank" in frame.columns:
-        parts += [pl.lit("rank "), pl.col("rank").cast(pl.Utf8), pl.lit(" · ")]
-    parts += [
-        pl.lit("GPU "),
-        pl.col("device_id").cast(pl.Utf8).fill_null("?"),
-        pl.lit(" · stream "),
-        pl.col("stream_id").cast(pl.Utf8).fill_null("?"),
-    ]
-    return pl.concat_str(parts)
-
-
-def timeline_ops(
-    ops: pl.DataFrame, *, window: Window | None = None, max_marks: int = 2000
-) -> pl.DataFrame:
-    """GPU work per device/stream lane, exact when few, binned when many.
-
-    Parameters
-    ----------
-    ops
-        :func:`gpu_ops` output (``device_id``, ``stream_id``, ``start_ns``, ``end_ns``,
-        ``name``, ``family``; ``rank`` optional).
-    window
-        ``(start_ns, end_ns)`` to show; the whole data by default.
-    max_marks
-        Above this many operations in the window, each lane is cut into
-        ``max_marks // lanes`` equal time bins and one mark per busy bin is returned.
-
-    Returns
-    -------
-    ``lane`` (``GPU 0 · stream 7``), ``lane_order``, ``start_ns``, ``end_ns`` (clipped to the
-    window), ``name`` (the op, or the bin's busiest name), ``family`` (the op's, or the bin's
-    busiest family), ``count`` (ops in the mark), ``busy_fraction`` (share of the mark's time
-    the lane was busy, 1 for single ops) and ``binned`` (bool).
-    """
-    window = window or data_window(ops)
-    if window is None or ops.is_empty():
-        return pl.DataFrame(
-            schema={"lane": pl.Utf8, "lane_order": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64,
-                    "name": pl.Utf8, "family": pl.Utf8, "count": pl.Int64, "busy_fraction": pl.Float64,
-                    "binned": pl.Boolean}
-        )  # fmt: skip
-    w0, w1 = window
-    rank = ["rank"] if "rank" in ops.columns else []
-    o = ops.filter((pl.col("end_ns") > w0) & (pl.col("start_ns") < w1)).with_columns(
-        _lane_label(ops).alias("lane"),
-        pl.col("start_ns").clip(w0, w1).alias("start_ns"),
-        pl.col("end_ns").clip(w0, w1).alias("end_ns"),
-    )
-    lanes = (
-        o.select(*rank, "device_id", "stream_id", "lane")
-        .unique()
-        .sort([*rank, "device_id", "stream_id"], nulls_last=True)
-        .with_row_index("lane_order")
-        .select("lane", pl.col("lane_order").cast(pl.Int64))
-    )
-    o = o.join(lanes, on="lane", how="left")
-    if o.height <= max_marks:
-        return o.select(
-            "lane", "lane_order", "start_ns", "end_ns", "name", "family",
-            pl.lit(1, dtype=pl.Int64).alias("count"), pl.lit(1.0).alias("busy_fraction"),
-            pl.lit(False).alias("binned"),
-        ).sort("lane_order", "start_ns")  # fmt: skip
-    bins = max(max_marks // max(lanes.height, 1), 1)
-    width = max(-(-(w1 - w0) // bins), 1)  # ceil: never more than ``bins`` bins
-    b0 = (pl.col("start_ns") - w0) // width
-    b1 = pl.max_horizontal((pl.col("end_ns") - 1 - w0) // width, b0)
-    exploded = (
-        o.with_columns(pl.int_ranges(b0, b1 + 1).alias("_bin"))
-        .explode("_bin")
-        .with_columns((pl.col("_bin") * width + w0).alias("_bs"))
-        .with_columns(
-            (
-                pl.min_horizontal(pl.col("end_ns"), pl.col("_bs") + width)
-                - pl.max_horizontal(pl.col("start_ns"), pl.col("_bs"))
-            ).alias("_ov")
-        )
-    )
-    per_family = exploded.group_by("lane", "lane_order", "_bin", "family").agg(
-        pl.col("_ov").sum().alias("_busy"), pl.len().alias("_n")
-    )
-    per_name = (
-        exploded.group_by("lane", "_bin", "name")
-        .agg(pl.col("_ov").sum().alias("_nb"))
-        .sort("_nb", "name", descending=[True, False])
-        .group_by("lane", "_bin")
-        .agg(pl.col("name").first())
-    )
-    return (
-        per_family.sort("_busy", "family", descending=[True, False])
-        .group_by("lane", "lane_order", "_bin")
-        .agg(
-            pl.col("family").first(),
-            pl.col("_busy").sum().alias("_busy"),
-            pl.col("_n").sum().cast(pl.Int64).alias("count"),
-        )
-        .join(per_name, on=["lane", "_bin"], how="left")
-        .with_columns(
-            (pl.col("_bin") * width + w0).alias("start_ns"),
-            pl.min_horizontal(pl.col("_bin") * width + w0 + width, pl.lit(w1)).alias("end_ns"),
-        )
-        .with_columns(
-            (pl.col("_busy") / (pl.col("end_ns") - pl.col("start_ns")).clip(lower_bound=1))
-            .clip(0.0, 1.0)
-            .alias("busy_fraction"),
-            pl.lit(True).alias("binned"),
-        )
-        .select(
-            "lane",
-            "lane_order",
-            "start_ns",
-            "end_ns",
-            "name",
-            "family",
-            "count",
-            "busy_fraction",
-            "binned",
-        )
-        .sort("lane_order", "start_ns")
-    )
-
-
-def nvtx_ranges(nvtx: pl.DataFrame) -> pl.DataFrame:
-    """NVTX ranges with their nesting level (see :func:`tracekit.analysis.attribution.nvtx_ranges`).
-
-    Returns ``pid``, ``tid``, ``start_ns``, ``end_ns``, ``name``, ``label``, ``level``, ``path``
-    (plus ``rank`` when present). Marks and domain rows are left out.
-    """
-    from tracekit.analysis.attribution import nvtx_ranges as _ranges
-
-    if nvtx.is_empty():
-        return pl.DataFrame(
-            schema={"pid": pl.Int64, "tid": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64,
-                    "name": pl.Utf8, "label": pl.Utf8, "level": pl.Int64, "path": pl.Utf8}
-        )  # fmt: skip
-    r = _ranges(nvtx)
-    keep = [
-        c
-        for c in ("rank", "pid", "tid", "start_ns", "end_ns", "name", "label", "level", "path")
-        if c in r.columns
-    ]
-    return r.select(keep).with_columns(pl.col("level").cast(pl.Int64))
-
-
-def timeline_nvtx(
-    ranges: pl.DataFrame,
-    *,
-    window: Window | None = None,
-    max_level: int = 2,
-    max_marks: int = 1500,
-    lane_offset: int = 10_000,
-) -> pl.DataFrame:
-    """NVTX ranges as timeline lanes (one lane per thread and nesting level).
-
-    Parameters
-    ----------
-    ranges
-        :func:`nvtx_ranges` output (``pid``, ``tid``, ``start_ns``, ``end_ns``, ``label`` or
-        ``name``, ``level``).
-    max_level
-        Deepest nesting level shown (0 = outermost ranges).
-    max_marks
-        When more ranges fall in the window, the shortest are dropped (a range narrower than
-        a pixel cannot be seen anyway).
-
-    Returns
-    -------
-    ``lane`` (``NVTX 884:884 · L1``), ``lane_order`` (after the GPU lanes), ``start_ns``,
-    ``end_ns`` (clipped), ``name``, ``level``.
-    """
-    empty = pl.DataFrame(
-        schema={"lane": pl.Utf8, "lane_order": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64,
-                "name": pl.Utf8, "level": pl.Int64}
-    )  # fmt: skip
-    if ranges.is_empty():
-        return empty
-    window = window or data_window(ranges)
-    if window is None:
-        return empty
-    w0, w1 = window
-    name = "label" if "label" in ranges.columns else "name"
-    rank = ["rank"] if "rank" in ranges.columns else []
-    r = ranges.filter(
-        pl.col("end_ns").is_not_null()
-        & (pl.col("end_ns") > w0)
-        & (pl.col("start_ns") < w1)
-        & (pl.col("level") <= max_level)
-    ).with_columns(
-        pl.col("start_ns").clip(w0, w1), pl.col("end_ns").clip(w0, w1), pl.col(name).alias("name")
-    )
-    if r.height > max_marks:
-        r = r.sort(pl.col("end_ns") - pl.col("start_ns"), descending=True).head(max_marks)
-    prefix: list[pl.Expr] = (
-        [pl.lit("rank "), pl.col("rank").cast(pl.Utf8), pl.lit(" · ")] if rank else []
-    )
-    r = r.with_columns(
-        pl.concat_str(
-            [*prefix, pl.lit("NVTX "), pl.col("pid").cast(pl.Utf8), pl.lit(":"),
-             pl.col("tid").cast(pl.Utf8), pl.lit(" · L"), pl.col("level").cast(pl.Utf8)]
-        ).alias("lane")
-    )  # fmt: skip
-    lanes = (
-        r.select(*rank, "pid", "tid", "level", "lane")
-        .unique()
-        .sort([*rank, "pid", "tid", "level"])
-        .with_row_index("lane_order")
-        .select("lane", (pl.col("lane_order").cast(pl.Int64) + lane_offset).alias("lane_order"))
-    )
-    return (
-        r.join(lanes, on="lane", how="left")
-        .select("lane", "lane_order", "start_ns", "end_ns", "name", "level")
-        .sort("lane_order", "start_ns")
     )
 
 
@@ -685,9 +492,9 @@ def structure_iterations(structure: Any) -> pl.DataFrame:
     elif structure is not None and structure.iterations.height:
         it = structure.iterations
         keys = [k for k in ("rank", "pid") if k in it.columns]
-        label = pl.concat_str([pl.lit(f"{k} ") + pl.col(k).cast(pl.Utf8) for k in keys], separator=" ") if keys else pl.lit("all")
+        group = pl.concat_str([pl.lit(f"{k} ") + pl.col(k).cast(pl.Utf8) for k in keys], separator=" ") if keys else pl.lit("all")
         parts.append(it.select(
-            label.alias("group"), pl.col("iteration").cast(pl.Int64),
+            group.alias("group"), pl.col("iteration").cast(pl.Int64),
             pl.when(pl.col("warmup")).then(pl.lit("warm-up")).otherwise(pl.lit("steady")).alias("name"),
             pl.col("w_start").alias("start_ns"), pl.col("w_end").alias("end_ns"), pl.col("length_ns").cast(pl.Int64).alias("duration_ns")))
     if not parts:
@@ -891,7 +698,7 @@ def nvtx_tree(
 
 __all__ = [
     "BREAKDOWN_CATEGORIES", "BUS_FACTORS", "DEFAULT_GPU_METRICS", "ITERATION_PATTERN", "LAYER_MEMORY_PATTERN", "LAYER_PATTERN",
-    "MAX_ITERATION_POINTS", "attributed_kernels", "binned_iterations", "data_window", "duration_histogram",
+    "API_COLORS", "API_KINDS", "METRIC_PANELS", "gpu_metric_panels", "metric_means", "MAX_ITERATION_POINTS", "TOP_SORTS", "timeline_api", "timeline_steps", "attributed_kernels", "kernel_labels", "with_kernel_labels", "binned_iterations", "data_window", "duration_histogram",
     "gpu_metrics_series", "gpu_ops", "graph_names", "iteration_times", "layer_bands", "layer_block_matrix", "structure_iterations",
     "layer_growth", "layer_memory_series", "memory_series", "nccl_bandwidth", "nvtx_ranges",
     "nvtx_tree", "temporal_breakdown", "timeline_nvtx", "timeline_ops", "top_kernels", "whole_graphs",

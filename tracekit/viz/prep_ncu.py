@@ -67,14 +67,16 @@ def roofline_roofs(report: Any, points: pl.DataFrame | None = None) -> pl.DataFr
     Returns
     -------
     ``ceiling`` (``simt_fp32``, ``tensor_bf16``…, ``dram``), ``value`` (FLOP/s, or byte/s for
-    ``dram``), ``unit``. Only the compute ceilings some kernel is dominated by, plus FP32 SIMT.
+    ``dram``), ``unit``: a roof for every floating-point precision the GPU has (the report's
+    peak counters, else its published peaks: tensor BF16/FP16/FP8/TF32/FP64, FP32, FP64), plus
+    integer tensor ceilings that some kernel is dominated by.
     """
     c: pl.DataFrame = _views().roofline_ceilings(report)
     roofs = c.group_by("ceiling", "unit").agg(pl.col("value").median()).sort("ceiling")
-    wanted = {"dram", "simt_fp32"}
+    dominant: set[str] = set()
     if points is not None and "dominant" in points.columns:
-        wanted |= {d for d in points["dominant"].drop_nulls().to_list()}
-    return roofs.filter(pl.col("ceiling").is_in(sorted(wanted)))
+        dominant = {d for d in points["dominant"].drop_nulls().to_list()}
+    return roofs.filter((pl.col("unit") != "op/s") | pl.col("ceiling").is_in(sorted(dominant)))
 
 
 def tensor_dram(report: Any) -> pl.DataFrame:

@@ -78,6 +78,123 @@ def gpu_metrics_series(
     )
 
 
+#: Panels of the GPU metrics chart: stable metric name → (panel title, colour). DRAM
+#: bandwidth is also shown in GB/s when the GPU's peak is known (``trace.gpus``).
+METRIC_PANELS: dict[str, tuple[str, str]] = {
+    "sms_active": ("SMs active", "#0072B2"),
+    "sm_issue": ("SM issue", "#56B4E9"),
+    "tensor_active": ("Tensor active", "#D55E00"),
+    "dram_read_bandwidth": ("DRAM read", "#009E73"),
+    "dram_write_bandwidth": ("DRAM write", "#CC79A7"),
+}
+
+
+def _peak_bandwidth(gpus: pl.DataFrame | None) -> pl.DataFrame | None:
+    """``device_id`` (``rank``) → ``peak_bytes_per_s`` from ``trace.gpus``, or ``None``."""
+    if gpus is None or gpus.is_empty() or "memory_bandwidth_bytes_per_s" not in gpus.columns:
+        return None
+    keys = [c for c in ("rank", "device_id") if c in gpus.columns]
+    peak = gpus.select(*keys, pl.col("memory_bandwidth_bytes_per_s").cast(pl.Float64).alias("peak_bytes_per_s"))
+    peak = peak.filter(pl.col("peak_bytes_per_s") > 0).unique(keys)
+    return peak if peak.height else None
+
+
+def metric_means(
+    gpu_metrics: pl.DataFrame,
+    *,
+    window: Window | None = None,
+    gpus: pl.DataFrame | None = None,
+    metrics: Sequence[str] = ("sms_active", "tensor_active", "dram_read_bandwidth", "dram_write_bandwidth"),
+) -> pl.DataFrame:
+    """Time-weighted mean of each metric per GPU over ``window`` (default: each GPU's sampled
+    span), by exact integration (:func:`tracekit.analysis.metrics.window_metrics`).
+
+    Returns (``rank``,) ``device_id``, ``window_start_ns``, ``window_end_ns`` and, per metric
+    present, ``<metric>_pct`` (% of peak); with ``gpus`` (``trace.gpus``) also
+    ``dram_read_gbps`` / ``dram_write_gbps`` (10⁹ bytes/s). Empty without samples.
+    """
+    from tracekit.analysis.metrics import metric_names, window_metrics
+
+    present = [m for m in metrics if gpu_metrics.height and m in set(metric_names(gpu_metrics))]
+    keys = [c for c in ("rank", "device_id") if c in gpu_metrics.columns]
+    if not present:
+        return pl.DataFrame(schema={**{k: pl.Int64 for k in keys}, "window_start_ns": pl.Int64, "window_end_ns": pl.Int64})
+    spans = gpu_metrics.group_by(keys).agg(pl.col("timestamp_ns").min().alias("start_ns"),
+                                           (pl.col("timestamp_ns").max() + 1).alias("end_ns")).sort(keys)
+    if window is not None:
+        spans = spans.with_columns(pl.lit(int(window[0]), pl.Int64).alias("start_ns"),
+                                   pl.lit(int(window[1]), pl.Int64).alias("end_ns"))
+    out = window_metrics(spans, gpu_metrics, metrics=present).rename(
+        {"start_ns": "window_start_ns", "end_ns": "window_end_ns", **{m: f"{m}_pct" for m in present}})
+    out = out.drop([c for c in out.columns if c == "metric_period_ns"])
+    peak = _peak_bandwidth(gpus)
+    if peak is not None:
+        on = [k for k in keys if k in peak.columns]
+        out = out.join(peak, on=on, how="left")
+        for m, col in (("dram_read_bandwidth", "dram_read_gbps"), ("dram_write_bandwidth", "dram_write_gbps")):
+            if f"{m}_pct" in out.columns:
+                out = out.with_columns((pl.col(f"{m}_pct") / 100 * pl.col("peak_bytes_per_s") / 1e9).alias(col))
+        out = out.with_columns((pl.col("peak_bytes_per_s") / 1e9).alias("dram_peak_gbps")).drop("peak_bytes_per_s")
+    return out.sort(keys)
+
+
+def _mean(frame: pl.DataFrame, column: str) -> float | None:
+    if column not in frame.columns:
+        return None
+    value = frame[column].mean()
+    return None if value is None else float(value)  # type: ignore[arg-type]
+
+
+def gpu_metric_panels(
+    gpu_metrics: pl.DataFrame,
+    *,
+    metrics: Sequence[str] = DEFAULT_GPU_METRICS,
+    window: Window | None = None,
+    gpus: pl.DataFrame | None = None,
+    max_points: int = 600,
+) -> pl.DataFrame:
+    """:func:`gpu_metrics_series` as stacked panels, one per metric, each titled with its
+    mean over the window: ``device_id``, ``metric``, ``panel`` (``Tensor active (%) — mean
+    3.5``, ``DRAM read (GB/s) — mean 321 (6.7 % of 4,814)``), ``panel_order``, ``time_ns``,
+    ``value`` (the panel's unit: % of peak, or GB/s for DRAM when ``gpus`` gives the peak),
+    ``value_pct`` and ``max_pct``."""
+    series = gpu_metrics_series(gpu_metrics, metrics=metrics, window=window, max_points=max_points)
+    schema = {"device_id": pl.Int64, "metric": pl.Utf8, "panel": pl.Utf8, "panel_order": pl.Int64, "time_ns": pl.Int64,
+              "value": pl.Float64, "value_pct": pl.Float64, "max_pct": pl.Float64}
+    if series.is_empty():
+        return pl.DataFrame(schema=schema)
+    means = metric_means(gpu_metrics, window=window, gpus=gpus, metrics=list(dict.fromkeys(series["metric"].to_list())))
+    peak = _peak_bandwidth(gpus)
+    if peak is not None:
+        series = series.join(peak, on=[k for k in ("rank", "device_id") if k in peak.columns and k in series.columns], how="left")
+    else:
+        series = series.with_columns(pl.lit(None, pl.Float64).alias("peak_bytes_per_s"))
+    dram = pl.col("metric").str.starts_with("dram_") & pl.col("peak_bytes_per_s").is_not_null()
+    series = series.with_columns(
+        pl.when(dram).then(pl.col("value_pct") / 100 * pl.col("peak_bytes_per_s") / 1e9).otherwise(pl.col("value_pct")).alias("value"))
+    titles: dict[str, str] = {}
+    order = {m: i for i, m in enumerate(METRIC_PANELS)}
+    for m in series["metric"].unique().to_list():
+        name = METRIC_PANELS.get(m, (m.replace("_", " "), ""))[0]
+        pct = _mean(means, f"{m}_pct")
+        short = m.removesuffix("_bandwidth")
+        gbps = _mean(means, f"{short}_gbps")
+        gpus_n = means.height
+        per = f" (mean of {gpus_n} GPUs)" if gpus_n > 1 else ""
+        if gbps is not None and m.startswith("dram_"):
+            top = float(means["dram_peak_gbps"].max() or 0)  # type: ignore[arg-type]
+            share = f" = {pct:.1f} % of {top:,.0f}" if pct is not None else ""
+            titles[m] = f"{name} (GB/s) — mean {gbps:,.0f} GB/s{share}{per}"
+        elif pct is not None:
+            titles[m] = f"{name} (% of peak) — mean {pct:.1f} %{per}"
+        else:
+            titles[m] = f"{name} (% of peak)"
+    return series.with_columns(
+        pl.col("metric").replace_strict(titles, return_dtype=pl.Utf8).alias("panel"),
+        pl.col("metric").replace_strict(order, default=len(order), return_dtype=pl.Int64).alias("panel_order"),
+    ).select(*[c for c in ("rank",) if c in series.columns], *schema)
+
+
 def memory_series(
     memory_usage: pl.DataFrame,
     *,
@@ -127,8 +244,21 @@ def memory_series(
 def _bin_memory(
     m: pl.DataFrame, keys: list[str], window: Window | None, max_points: int
 ) -> pl.DataFrame:
-    if window is not None:
-        m = m.filter(pl.col("start_ns").is_between(window[0], window[1]))
+    if window is not None and not m.is_empty():
+        # the level at the window's start and end count as points: memory allocated before a
+        # steady window is in use all through it, with or without events inside
+        before = m.filter(pl.col("start_ns") < window[0]).sort("start_ns")
+        carried = (before.group_by(keys).agg(pl.col("in_use_bytes").last()) if keys
+                   else before.select(pl.col("in_use_bytes").last()))
+        carried = carried.filter(pl.col("in_use_bytes").is_not_null())
+        inside = m.filter(pl.col("start_ns").is_between(window[0], window[1])).select(*keys, "start_ns", "in_use_bytes")
+        edge = carried.with_columns(pl.lit(int(window[0]), pl.Int64).alias("start_ns")).select(*keys, "start_ns", "in_use_bytes")
+        pts = pl.concat([edge, inside], how="vertical_relaxed").sort([*keys, "start_ns"])
+        if pts.height:
+            last = (pts.group_by(keys).agg(pl.col("in_use_bytes").last()) if keys else pts.select(pl.col("in_use_bytes").last()))
+            last = last.with_columns(pl.lit(int(window[1]) - 1, pl.Int64).alias("start_ns")).select(*keys, "start_ns", "in_use_bytes")
+            pts = pl.concat([pts, last], how="vertical_relaxed")
+        m = pts
     if m.is_empty():
         return pl.DataFrame(
             schema={**{k: pl.Int64 for k in keys}, "time_ns": pl.Int64, "in_use_bytes": pl.Int64,

@@ -16,21 +16,23 @@ PALETTE: tuple[str, ...] = (
     "#0072B2", "#D55E00", "#009E73", "#CC79A7", "#56B4E9", "#E69F00", "#F0E442", "#000000",
 )  # fmt: skip
 
-#: Colour of each kernel family of :mod:`tracekit.taxonomy` (stable across charts).
+#: Colour of each kernel family of :mod:`tracekit.taxonomy` and of each GPU operation kind:
+#: one distinct colour each, the same in every view (Okabe–Ito first, then Paul Tol's muted
+#: scheme for the families beyond its eight colours).
 FAMILY_COLORS: dict[str, str] = {
-    "gemm": "#0072B2",
-    "attention": "#D55E00",
-    "normalization": "#009E73",
-    "softmax": "#CC79A7",
-    "elementwise": "#56B4E9",
-    "reduction": "#E69F00",
-    "embedding": "#F0E442",
-    "communication": "#000000",
-    "copy": "#999999",
-    "memcpy": "#999999",
-    "memset": "#BBBBBB",
-    "graph": "#44546A",  # a CUDA graph replay traced whole: its kernels are unknown
-    "other": "#D0D0D0",
+    "gemm": "#0072B2",  # blue
+    "attention": "#D55E00",  # vermillion
+    "normalization": "#009E73",  # bluish green
+    "softmax": "#CC79A7",  # reddish purple
+    "elementwise": "#56B4E9",  # sky blue
+    "reduction": "#E69F00",  # orange
+    "embedding": "#882255",  # wine
+    "communication": "#000000",  # black
+    "copy": "#999933",  # olive: copy and fill kernels
+    "memcpy": "#A6761D",  # brown: CUDA memcpy operations
+    "memset": "#44AA99",  # teal: CUDA memset operations
+    "graph": "#332288",  # indigo: a CUDA graph replay traced whole, its kernels unknown
+    "other": "#BBBBBB",  # grey
 }
 
 #: Colour of each category of the temporal breakdown.
@@ -73,11 +75,18 @@ def width_pt(width: str | float) -> float:
 
 
 def family_scale(families: list[str] | None = None) -> dict[str, list[str]]:
-    """``domain``/``range`` for an altair colour scale over kernel families (stable colours)."""
-    names = list(FAMILY_COLORS) if families is None else list(dict.fromkeys(families))
-    extra = iter(PALETTE)
-    colors = [FAMILY_COLORS.get(n) or next(extra, "#777777") for n in names]
-    return {"domain": names, "range": colors}
+    """``domain``/``range`` for an altair colour scale over kernel families.
+
+    Every known family is always in the domain, in a fixed order, so that a family has the
+    same colour in every chart and in charts concatenated together (Vega-Lite unions the
+    domains of a shared scale; per-chart domains in different orders gave one family two
+    colours). Unknown names in ``families`` are appended with colours no family uses.
+    """
+    names = list(FAMILY_COLORS)
+    extra_names = [n for n in dict.fromkeys(families or []) if n not in FAMILY_COLORS]
+    spare = [c for c in (*PALETTE, "#117733", "#DDCC77", "#AA4499", "#88CCEE") if c not in FAMILY_COLORS.values()]
+    colors = [FAMILY_COLORS[n] for n in names] + [spare[i % len(spare)] if spare else "#777777" for i in range(len(extra_names))]
+    return {"domain": names + extra_names, "range": colors}
 
 
 def _base_config(font: str, label: float, title: float, *, paper: bool) -> dict[str, Any]:
@@ -132,7 +141,8 @@ def _base_config(font: str, label: float, title: float, *, paper: bool) -> dict[
             "titleFontSize": title,
             "titleFontWeight": "normal",
         },
-        "title": {"font": font, "fontSize": title, "fontWeight": weight, "anchor": "start"},
+        "title": {"font": font, "fontSize": title, "fontWeight": weight, "anchor": "start", "subtitleFont": font,
+                  "subtitleFontSize": label, "subtitleColor": "#444444", "subtitlePadding": 2},
         "text": {"font": font, "fontSize": label},
         "mark": {"font": font},
         "line": {"strokeWidth": 1.0 if paper else 1.5},

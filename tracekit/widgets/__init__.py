@@ -9,19 +9,21 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["CaptureForm", "Compare", "KernelDrilldown", "TraceExplorer"]
+__all__ = ["CaptureForm", "Compare", "KernelDrilldown", "TraceExplorer", "TracePicker"]
 
 if TYPE_CHECKING:
     from tracekit.widgets.capture_form import CaptureForm
     from tracekit.widgets.compare import Compare
     from tracekit.widgets.drilldown import KernelDrilldown
     from tracekit.widgets.explorer import TraceExplorer
+    from tracekit.widgets.picker import TracePicker
 
 _LAZY = {
     "CaptureForm": "tracekit.widgets.capture_form",
     "Compare": "tracekit.widgets.compare",
     "KernelDrilldown": "tracekit.widgets.drilldown",
     "TraceExplorer": "tracekit.widgets.explorer",
+    "TracePicker": "tracekit.widgets.picker",
 }
 
 

@@ -23,6 +23,49 @@ import traitlets  # noqa: E402
 
 MAX_LOG_LINES = 400
 
+#: The profiler settings the form shows as fields: (section, option, kind, label, choices).
+#: ``kind``: ``text``, ``list`` (comma-separated), ``choice``, ``bool``, ``int`` (0 = unset).
+FIELDS: tuple[tuple[str, str, str, str, tuple[str, ...]], ...] = (
+    ("nsys", "trace", "list", "trace APIs (--trace)", ()),
+    ("nsys", "sample", "choice", "CPU sampling (--sample)", ("", "none", "process-tree", "system-wide", "cpu")),
+    ("nsys", "cpuctxsw", "choice", "context switches (--cpuctxsw)", ("", "none", "process-tree", "system-wide")),
+    ("nsys", "cuda_graph_trace", "choice", "CUDA graphs (--cuda-graph-trace)", ("", "graph", "node")),
+    ("nsys", "capture_range", "choice", "capture range (--capture-range)", ("none", "cudaProfilerApi", "nvtx")),
+    ("nsys", "nvtx_capture", "text", "NVTX range that opens it (--nvtx-capture)", ()),
+    ("nsys", "capture_range_end", "text", "capture range end (--capture-range-end)", ()),
+    ("nsys", "gpu_metrics_devices", "text", "GPU metrics devices (--gpu-metrics-devices)", ()),
+    ("nsys", "cuda_memory_usage", "bool", "CUDA memory usage (--cuda-memory-usage)", ()),
+    ("nsys", "trace_fork_before_exec", "bool", "trace forked children (--trace-fork-before-exec)", ()),
+    ("nsys", "output_name", "text", "report name (--output)", ()),
+    ("ncu", "set", "text", "section set (--set)", ()),
+    ("ncu", "sections", "list", "sections (--section)", ()),
+    ("ncu", "kernel_name", "text", "kernel filter (--kernel-name)", ()),
+    ("ncu", "launch_count", "int", "launches to profile (-c; 0 = all)", ()),
+    ("ncu", "target_processes", "choice", "processes (--target-processes)", ("", "all", "application-only")),
+    ("ncu", "graph_profiling", "choice", "CUDA graphs (--graph-profiling)", ("", "node", "graph")),
+    ("ncu", "output_name", "text", "report name (--export)", ()),
+)
+#: Labels as wide as they need: ipywidgets cuts descriptions at 80 px by default.
+LABEL_STYLE = {"description_width": "initial"}
+_SAFE_IN_DOUBLE_QUOTES = frozenset('"$`\\!')
+
+
+def quote(arg: str) -> str:
+    """One argument quoted for a POSIX shell, readably: bare when safe, in double quotes when
+    it holds single quotes but nothing a shell expands inside double quotes (``print('hi')``
+    becomes ``"print('hi')"``, not ``'print('"'"'hi'"'"')'``), else :func:`shlex.quote`."""
+    plain = shlex.quote(arg)
+    if plain == arg or "'" not in arg:
+        return plain
+    if not any(c in _SAFE_IN_DOUBLE_QUOTES for c in arg):
+        return f'"{arg}"'
+    return plain
+
+
+def join(argv: list[str] | tuple[str, ...]) -> str:
+    """A command line from ``argv`` that :func:`shlex.split` gives back exactly (:func:`quote`)."""
+    return " ".join(quote(a) for a in argv)
+
 
 class CaptureForm(widgets.VBox):  # type: ignore[misc,name-defined]
     """A form that runs ``tracekit.capture`` and loads the result.
@@ -90,14 +133,41 @@ class CaptureForm(widgets.VBox):  # type: ignore[misc,name-defined]
         w = widgets
         wide = w.Layout(width="95%")
         self.command_box = w.Text(
-            description="command", layout=wide, placeholder="python3 train.py --steps 10"
+            description="command", layout=wide, placeholder="python3 train.py --steps 10", style=LABEL_STYLE
         )
-        self.mode_box = w.Dropdown(options=list(MODES), description="mode")
-        self.preset_box = w.Dropdown(options=[("(none)", ""), *[(f"{k} — {v.get('description', '')[:60]}", k) for k, v in PRESETS.items()]],
-                                     description="preset", layout=wide)  # fmt: skip
-        self.options_box = w.Textarea(description="options", placeholder="nsys: {gpu_metrics_devices: all}\ntimeout_s: 600",
-                                      layout=w.Layout(width="95%", height="70px"))  # fmt: skip
-        self.out_box = w.Text(description="out", layout=w.Layout(width="50%"))
+        self.mode_box = w.Dropdown(options=list(MODES), description="mode", style=LABEL_STYLE)
+        # the preset's name only: its description is the line below it, never cut
+        self.preset_box = w.Dropdown(options=[("(none)", ""), *[(k, k) for k in PRESETS]],
+                                     description="preset", style=LABEL_STYLE)  # fmt: skip
+        self.preset_help = w.HTML()
+        self.options_box = w.Textarea(description="more options (YAML)", placeholder="nsys: {gpu_metrics_frequency_hz: 10000}\ntimeout_s: 600",
+                                      layout=w.Layout(width="95%", height="60px"), style=LABEL_STYLE)  # fmt: skip
+        self.out_box = w.Text(description="out", layout=w.Layout(width="50%"), style=LABEL_STYLE)
+        #: One field per profiler setting of :data:`FIELDS`, filled from the preset.
+        self.fields: dict[tuple[str, str], Any] = {}
+        for section, name, kind, label, choices in FIELDS:
+            common = {"description": label, "style": LABEL_STYLE, "layout": w.Layout(width="48%")}
+            if kind == "bool":
+                box = w.Checkbox(value=False, indent=False, **common)
+            elif kind == "choice":
+                box = w.Dropdown(options=[(c or "(default)", c) for c in choices], value=choices[0], **common)
+            elif kind == "int":
+                box = w.BoundedIntText(value=0, min=0, max=10**9, **common)
+            else:
+                box = w.Text(value="", continuous_update=False, **common)
+            box.observe(lambda _c: self._show_command(), names="value")
+            self.fields[(section, name)] = box
+        self.per_rank_box = w.Checkbox(value=False, indent=False, description="one profiler per rank inside torchrun",
+                                       style=LABEL_STYLE, layout=w.Layout(width="48%"))
+        self.per_rank_box.observe(lambda _c: self._show_command(), names="value")
+        nsys_fields = [b for (sec, _n), b in self.fields.items() if sec == "nsys"]
+        ncu_fields = [b for (sec, _n), b in self.fields.items() if sec == "ncu"]
+        row = w.Layout(flex_flow="row wrap", width="100%")
+        self.settings = w.Accordion(children=[w.Box(nsys_fields, layout=row),
+                                              w.Box([*ncu_fields, self.per_rank_box], layout=row)])
+        self.settings.set_title(0, "Nsight Systems settings")
+        self.settings.set_title(1, "Nsight Compute settings")
+        self.command_preview = w.HTML()
         for box, trait in ((self.command_box, "command"), (self.mode_box, "mode"), (self.preset_box, "preset"),
                            (self.options_box, "options"), (self.out_box, "out")):  # fmt: skip
             w.link((box, "value"), (self, trait))
@@ -116,15 +186,107 @@ class CaptureForm(widgets.VBox):  # type: ignore[misc,name-defined]
         )
         self.result_html = w.HTML()
         self.children = (
-            self.command_box, w.HBox([self.mode_box, self.out_box]), self.preset_box, self.options_box,
+            self.command_box, w.HBox([self.mode_box, self.out_box]), w.HBox([self.preset_box, self.preset_help]),
+            self.settings, self.options_box, self.command_preview,
             w.HBox([self.run_button, self.cancel_button, self.bar, self.status_html]), self.log_box, self.result_html,
         )  # fmt: skip
 
-        self.command = command if isinstance(command, str) else shlex.join(command)
+        self.command = command if isinstance(command, str) else join(command)
         self.mode = mode
         self.preset = preset
+        self._fill_fields(preset)
         self.options = options
         self.out = out
+        self._show_command()
+
+    # -- the preset's settings as fields ----------------------------------------------------------------
+    @traitlets.observe("preset")
+    def _preset_changed(self, change: dict[str, Any]) -> None:
+        if hasattr(self, "fields"):
+            self._fill_fields(change["new"])
+            self._show_command()
+
+    @traitlets.observe("command", "mode", "options", "out")
+    def _inputs_changed(self, _change: dict[str, Any]) -> None:
+        if hasattr(self, "command_preview"):
+            self._show_command()
+
+    def _fill_fields(self, name: str) -> None:
+        """Show the settings of preset ``name`` (the defaults for none) in the fields."""
+        from tracekit.capture import NcuOptions, NsysOptions
+        from tracekit.capture.config import PRESETS
+
+        data = PRESETS.get(name, {}) if name else {}
+        defaults = {"nsys": NsysOptions(), "ncu": NcuOptions()}
+        self.preset_help.value = (f"<small style='color:#444'>{html.escape(str(data.get('description', '')))}</small>"
+                                  if data else "")
+        self._filling = True
+        try:
+            for (section, option), box in self.fields.items():
+                value = (data.get(section) or {}).get(option, getattr(defaults[section], option))
+                if isinstance(box, widgets.Checkbox):
+                    box.value = bool(value)
+                elif isinstance(box, widgets.BoundedIntText):
+                    box.value = int(value or 0)
+                elif isinstance(box, widgets.Dropdown):
+                    box.value = value if value in [v for _, v in box.options] else box.options[0][1]
+                else:
+                    box.value = ",".join(value) if isinstance(value, list | tuple) else str(value or "")
+            self.per_rank_box.value = bool(data.get("per_rank", False))
+        finally:
+            self._filling = False
+
+    def settings_layer(self) -> dict[str, Any]:
+        """The fields as an experiment layer (``nsys: {...}``, ``ncu: {...}``, ``per_rank``):
+        every field, so that a field emptied here overrides the preset's value."""
+        layer: dict[str, Any] = {"nsys": {}, "ncu": {}, "per_rank": bool(self.per_rank_box.value)}
+        kinds = {(sec, name): kind for sec, name, kind, _l, _c in FIELDS}
+        for key, box in self.fields.items():
+            kind = kinds[key]
+            value: Any = box.value
+            if kind == "list":
+                value = [v.strip() for v in str(value).split(",") if v.strip()]
+            elif kind == "int":
+                value = int(value) or None
+            elif kind in ("text", "choice"):
+                value = str(value).strip() or None
+            if key[1] == "output_name" and not value:
+                continue  # keep the default report name
+            layer[key[0]][key[1]] = value
+        return layer
+
+    def command_line(self) -> str:
+        """The profiler command line the form would run (shell-quoted), or the one line that
+        says why the settings are not valid."""
+        from tracekit.capture.commands import ncu_profile_args, nsys_profile_args
+
+        try:
+            e = self.experiment()
+        except Exception as exc:
+            return f"error: {exc}"
+        program = list(e.command)
+        lines = []
+        where = f"{e.out}/RUN"  # the run's folder is named when it starts
+        if e.mode in ("nsys", "nsys+ncu"):
+            lines.append(join(["nsys", "profile", *nsys_profile_args(e.nsys, f"{where}/{e.nsys.output_name}"), *program]))
+        if e.mode in ("ncu", "nsys+ncu"):
+            lines.append(join(["ncu", *ncu_profile_args(e.ncu, f"{where}/{e.ncu.output_name}"), *program]))
+        if e.mode == "none":
+            lines.append(join(program))
+        if e.mode in ("nsys", "nsys+ncu") and e.nsys.capture_range == "nvtx" and not e.nsys.nvtx_capture:
+            lines.append("note: the capture starts at an NVTX range: name it in 'NVTX range that opens it' "
+                         "(--nvtx-capture=RANGE or RANGE@DOMAIN), or set the capture range to none")
+        return "\n".join(lines)
+
+    def _show_command(self) -> None:
+        if getattr(self, "_filling", False) or not hasattr(self, "command_preview"):
+            return
+        text = self.command_line()
+        color = "#b00020" if text.startswith("error:") else "#222"
+        self.command_preview.value = (
+            "<div style='font-size:12px'>command line:</div>"
+            f"<pre style='white-space:pre-wrap;word-break:break-all;margin:2px 0;padding:4px 6px;background:#f6f6f6;"
+            f"color:{color}'>{html.escape(text)}</pre>")
 
     # -- public API ---------------------------------------------------------------------------------
     @property
@@ -156,7 +318,7 @@ class CaptureForm(widgets.VBox):  # type: ignore[misc,name-defined]
             layer["preset"] = self.preset
         if self.timeout_s is not None:
             layer["timeout_s"] = self.timeout_s
-        experiment, _sweep, _named = resolve(layer, extra)
+        experiment, _sweep, _named = resolve(layer, self.settings_layer(), extra)
         if self.preset and "mode" not in extra:
             experiment = experiment.replace(mode=self.mode)
         return experiment
@@ -189,6 +351,22 @@ class CaptureForm(widgets.VBox):  # type: ignore[misc,name-defined]
         if self.running:
             self._stop.set()
             self._append("[tracekit] cancel requested")
+
+    def describe(self) -> str:
+        """One line on the last run: status, folder, exit code, time and the error, if any
+        (``idle`` before a run)."""
+        parts = [self.status]
+        if self.result is not None:
+            parts.append(f"folder {self.result.folder}")
+            if self.result.target_exit_code is not None:
+                parts.append(f"exit code {self.result.target_exit_code}")
+            if self.result.wall_s is not None:
+                parts.append(f"{self.result.wall_s:.1f} s")
+        if self.trace is not None:
+            parts.append(f"opened as form.trace ({type(self.trace).__name__})")
+        if self.error:
+            parts.append(self.error)
+        return " · ".join(parts)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the run ends; ``True`` when it has (for scripts and tests)."""

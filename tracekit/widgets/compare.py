@@ -16,46 +16,43 @@ widgets = import_ipywidgets()
 import traitlets  # noqa: E402
 
 
-def _delta_chart(frame: pl.DataFrame, key: str, labels: tuple[str, str], title: str) -> Any:
-    from tracekit.viz.charts import _alt, _short
+def _delta_chart(frame: pl.DataFrame, key: str, labels: tuple[str, str], title: str, unit: str = "ms") -> Any:
+    """Paired bars of ``a_ms``/``b_ms`` per ``key`` (the first 20 rows), labels distinct."""
+    from tracekit.viz._chart_base import _alt
+    from tracekit.viz.prep import kernel_labels
 
     alt = _alt()
+    head = frame.head(20)
+    head = head.with_columns(pl.Series("label", kernel_labels(head[key].cast(pl.Utf8).fill_null("?").to_list())
+                                       if key == "name" else [str(v)[:56] for v in head[key].to_list()]))
     long = (
-        frame.head(20)
-        .with_columns(_short(key, 48).alias("label"))
-        .unpivot(
-            index=["label"], on=["total_a_ns", "total_b_ns"], variable_name="trace", value_name="ns"
-        )
-        .with_columns(
-            pl.col("trace").replace_strict(
-                {"total_a_ns": labels[0], "total_b_ns": labels[1]}, return_dtype=pl.Utf8
-            ),
-            (pl.col("ns") / 1e6).alias("ms"),
-        )
+        head.unpivot(index=["label"], on=["a_ms", "b_ms"], variable_name="trace", value_name="ms")
+        .with_columns(pl.col("trace").replace_strict({"a_ms": labels[0], "b_ms": labels[1]}, return_dtype=pl.Utf8))
     )
-    order = frame.head(20).with_columns(_short(key, 48).alias("label"))["label"].to_list()
+    order = head["label"].to_list()
     return (
         alt.Chart(long)
         .mark_bar()
         .encode(
-            y=alt.Y("label:N", sort=order, title=None),
+            y=alt.Y("label:N", sort=order, title=None, axis=alt.Axis(labelLimit=380)),
             yOffset=alt.YOffset("trace:N", sort=list(labels)),
-            x=alt.X("ms:Q", title="time (ms)"),
+            x=alt.X("ms:Q", title=unit),
             color=alt.Color(
                 "trace:N",
                 sort=list(labels),
                 scale=alt.Scale(range=["#0072B2", "#E69F00"]),
                 title=None,
             ),
-            tooltip=["label:N", "trace:N", alt.Tooltip("ms:Q", format=".3f")],
+            tooltip=["label:N", "trace:N", alt.Tooltip("ms:Q", format=",.3f", title=unit)],
         )
         .properties(title=title, width=420)
     )
 
 
 class Compare(widgets.VBox):  # type: ignore[misc,name-defined]
-    """Two traces side by side: top kernels (whole-run GPU time, with the per-step verdict of
-    :func:`tracekit.diff`) and NVTX ranges (CPU duration), with deltas (b − a), and the
+    """Two traces side by side: top kernels (GPU time in each run's steady window and per
+    steady step, with the per-step verdict of :func:`tracekit.diff`) and NVTX ranges (CPU
+    duration, same windows), with deltas (b − a), and the
     per-step tables of :func:`tracekit.diff` (tab "Verdict": kernels, families, NVTX ranges by
     the GPU time of the work launched inside, steps; slower / faster / no change against the
     step-to-step noise).
@@ -66,6 +63,9 @@ class Compare(widgets.VBox):  # type: ignore[misc,name-defined]
         Two :class:`~tracekit.nsys.trace.NsysTrace` (e.g. before and after a change).
     labels
         Names of the two traces in tables and legends.
+    window
+        ``"steady"`` (default: each run's steady iterations, :func:`tracekit.structure`; the
+        whole trace for a run without them) or ``"whole"``.
 
     ``n`` (rows shown) and ``sort`` (``"delta"``, ``"a"``, ``"b"``) are traits.
     """
@@ -74,16 +74,27 @@ class Compare(widgets.VBox):  # type: ignore[misc,name-defined]
     sort = traitlets.Unicode("delta")
 
     def __init__(
-        self, a: Any, b: Any, *, labels: tuple[str, str] = ("A", "B"), **kwargs: Any
+        self, a: Any, b: Any, *, labels: tuple[str, str] = ("A", "B"), window: str = "steady", **kwargs: Any
     ) -> None:
         super().__init__(**kwargs)
         self.a, self.b, self.labels = a, b, labels
         from tracekit.comparison import diff
+        from tracekit.viz.window import steady_window, whole_window
 
         self.diff = diff(a, b)
+        pick = steady_window if window == "steady" else whole_window
+        #: The window of each trace the Kernels and NVTX tabs compare.
+        self.windows = (pick(a), pick(b))
+        steps = [self._steps(t, w) for t, w in zip((a, b), self.windows, strict=True)]
+        #: Steady steps of each run (1 for a whole trace): the per-step columns divide by them.
+        self.steps = (steps[0], steps[1])
+        ka, kb = (w.filter(t.kernels) for t, w in zip((a, b), self.windows, strict=True))
         verdicts = self.diff.levels["kernel"].select(pl.col("key").alias("name"), "verdict")
-        self.kernels = compare_kernels(a.kernels, b.kernels).join(verdicts, on="name", how="left", maintain_order="left")
-        self.ranges = compare_ranges(a.nvtx, b.nvtx)
+        self.kernels = compare_kernels(ka, kb).join(verdicts, on="name", how="left", maintain_order="left").with_columns(
+            (pl.col("total_a_ns") / steps[0] / 1e6).alias("per_step_a_ms"),
+            (pl.col("total_b_ns") / steps[1] / 1e6).alias("per_step_b_ms"))
+        na, nb = (w.filter(t.nvtx) for t, w in zip((a, b), self.windows, strict=True))
+        self.ranges = compare_ranges(na, nb)
         self.kernels_shown = pl.DataFrame()
         self.ranges_shown = pl.DataFrame()
         w = widgets
@@ -112,6 +123,14 @@ class Compare(widgets.VBox):  # type: ignore[misc,name-defined]
         tabs.set_title(2, "NVTX ranges (CPU)")
         self.children = (w.HBox([self.n_slider, self.sort_picker]), self.summary, tabs)
         self._refresh()
+
+    @staticmethod
+    def _steps(trace: Any, window: Any) -> int:
+        if window.kind != "steady":
+            return 1
+        from tracekit.diagnosis import structure
+
+        return max(int(structure(trace).steps or 1), 1)
 
     @traitlets.observe("n", "sort")
     def _on_change(self, _change: dict[str, Any]) -> None:
@@ -159,36 +178,63 @@ class Compare(widgets.VBox):  # type: ignore[misc,name-defined]
             self._verdict_html()
             + f"<p>kernel time: {la} {fmt_ns(ka)} · {lb} {fmt_ns(kb)} · Δ {fmt_ns(kb - ka)}"
             + (f" ({100 * (kb - ka) / ka:+.1f}%)" if ka else "")
-            + f" · kernels {self.a.kernels.height:,} → {self.b.kernels.height:,}</p>"
+            + f" · kernels {self.a.kernels.height:,} → {self.b.kernels.height:,} (whole traces)</p>"
+            + f"<p>Kernels and NVTX tabs: {html.escape(la)} {html.escape(self.windows[0].label())} · "
+            f"{html.escape(lb)} {html.escape(self.windows[1].label())}; per step = the window's total ÷ its steps</p>"
             + self._graph_line()
         )
-        fmts: dict[str, Callable[[Any], str]] = {
-            c: fmt_ns for c in ("total_a_ns", "total_b_ns", "delta_ns")
-        }
-        fmts["ratio"] = lambda v: "–" if v is None else f"{v:.2f}×"
+        ms = "{:,.3f}".format
         self.kernels_shown = self._sorted(self.kernels, "name").head(self.n)
         self.ranges_shown = self._sorted(self.ranges, "range").head(self.n)
-        headers = {"total_a_ns": la, "total_b_ns": lb, "instances_a": f"n {la}", "instances_b": f"n {lb}",
-                   "count_a": f"n {la}", "count_b": f"n {lb}", "delta_ns": "Δ"}  # fmt: skip
-        self.kernel_html.value = html_table(
-            self.kernels_shown, formats=fmts, left=("name", "family", "verdict"), headers=headers
-        )
-        self.range_html.value = html_table(
-            self.ranges_shown, formats=fmts, left=("range",), headers=headers
-        )
-        verdict_fmts: dict[str, Callable[[Any], str]] = {c: fmt_ns for c in ("mean_a", "mean_b", "delta", "noise")}
-        verdict_fmts["delta_pct"] = lambda v: "–" if v is None else f"{100 * v:+.1f}%"
-        self.verdict_html.value = "".join(
-            f"<h4>{level} (per step, steps {self.diff.steps['before']} / {self.diff.steps['after']})</h4>"
-            + html_table(frame.head(self.n).select("key", "mean_a", "mean_b", "delta", "delta_pct", "noise", "verdict"),
-                         formats=verdict_fmts, left=("key", "verdict"), headers={"mean_a": la, "mean_b": lb, "delta": "Δ"})
-            for level, frame in self.diff.levels.items()
-        )
-        for view, frame, key, title in (
-            (self.kernel_view, self.kernels_shown, "name", "Top kernels"),
-            (self.range_view, self.ranges_shown, "range", "NVTX ranges"),
+        per_step = self.steps != (1, 1)
+        k = self.kernels_shown.select(
+            "name", "family", "instances_a", "instances_b",
+            *[(pl.col(c) / 1e6).alias(c.replace("_ns", "_ms")) for c in ("total_a_ns", "total_b_ns", "delta_ns")],
+            *(["per_step_a_ms", "per_step_b_ms"] if per_step else []), "ratio", "verdict")
+        headers = {"total_a_ms": f"{la} (ms)", "total_b_ms": f"{lb} (ms)", "instances_a": f"n {la}", "instances_b": f"n {lb}",
+                   "count_a": f"n {la}", "count_b": f"n {lb}", "delta_ms": "Δ (ms)", "per_step_a_ms": f"{la} per step (ms)",
+                   "per_step_b_ms": f"{lb} per step (ms)", "ratio": f"{lb} ÷ {la}"}  # fmt: skip
+        fmts: dict[str, Callable[[Any], str]] = {c: ms for c in headers if c.endswith("_ms")}
+        fmts.update({c: "{:,}".format for c in ("instances_a", "instances_b", "count_a", "count_b")})
+        fmts["ratio"] = lambda v: "–" if v is None else f"{v:.2f}×"
+        self.kernel_html.value = html_table(k, formats=fmts, left=("name", "family", "verdict"), headers=headers,
+                                            clip={"name": "name"})
+        if self.ranges.is_empty():
+            from tracekit.viz.notes import hint
+
+            self.range_html.value = f"<i>no NVTX ranges in either window: {html.escape(hint('nvtx'))}</i>"
+        else:
+            r = self.ranges_shown.select(
+                "range", "count_a", "count_b",
+                *[(pl.col(c) / 1e6).alias(c.replace("_ns", "_ms")) for c in ("total_a_ns", "total_b_ns", "delta_ns")], "ratio")
+            self.range_html.value = html_table(r, formats=fmts, left=("range",), headers=headers, clip={"range": "range"})
+        levels = {"kernel": "ms per step", "family": "ms per step", "range": "ms per step"}
+        parts = []
+        for level, frame in self.diff.levels.items():
+            shown = frame.head(self.n).with_columns(
+                pl.when(pl.col("key") == "kernels").then(pl.lit("kernels per step")).otherwise(pl.lit("ms per step")).alias("unit")
+                if level == "step" else pl.lit(levels.get(level, "ms per step")).alias("unit"))
+            scale = pl.when(pl.col("unit") == "ms per step").then(1e6).otherwise(1.0)
+            shown = shown.select("key", "unit", *[(pl.col(c) / scale).alias(c) for c in ("mean_a", "mean_b", "delta", "noise")],
+                                 (pl.col("delta_pct") * 100).alias("delta_pct"), "verdict")
+            parts.append(
+                f"<h4>{level} (per step, steps {self.diff.steps['before']} / {self.diff.steps['after']})</h4>"
+                + html_table(shown, formats={"mean_a": ms, "mean_b": ms, "delta": ms, "noise": ms,
+                                             "delta_pct": lambda v: "–" if v is None else f"{v:+.1f}"},
+                             left=("key", "unit", "verdict"), clip={"key": "key"},
+                             headers={"mean_a": la, "mean_b": lb, "delta": "Δ", "noise": "noise ±", "delta_pct": "Δ %"}))
+        self.verdict_html.value = "".join(parts)
+        kernels = self.kernels_shown.with_columns(
+            (pl.col("per_step_a_ms") if per_step else pl.col("total_a_ns") / 1e6).alias("a_ms"),
+            (pl.col("per_step_b_ms") if per_step else pl.col("total_b_ns") / 1e6).alias("b_ms"))
+        ranges = self.ranges_shown.with_columns((pl.col("total_a_ns") / 1e6).alias("a_ms"), (pl.col("total_b_ns") / 1e6).alias("b_ms"))
+        for view, frame, key, title, unit in (
+            (self.kernel_view, kernels, "name", "Top kernels", "GPU time per step (ms)" if per_step else "GPU time (ms)"),
+            (self.range_view, ranges, "range", "NVTX ranges", "CPU time in the window (ms)"),
         ):
             if frame.is_empty():
-                view.message("nothing to compare")
+                from tracekit.viz.notes import hint
+
+                view.message(hint("nvtx") if key == "range" else "no kernels in either window")
                 continue
-            view.show(_delta_chart(frame, key, self.labels, title))
+            view.show(_delta_chart(frame, key, self.labels, title, unit))

@@ -66,6 +66,14 @@ class KernelDrilldown(widgets.VBox):  # type: ignore[misc,name-defined]
         )
         self.points: pl.DataFrame = pl.DataFrame()
         self.roofs: pl.DataFrame = pl.DataFrame()
+        self._flop_sources: dict[int, str | None] = {}
+        try:
+            from tracekit.analysis.ncu_views import roofline as _roofline
+
+            rf = _roofline(report)
+            self._flop_sources = dict(zip(rf["id"].to_list(), rf["flop_sources"].to_list(), strict=True))
+        except Exception as exc:
+            self.errors["flops"] = f"{type(exc).__name__}: {exc}"
         try:
             self.points = prep_ncu.roofline_points(report)
             self.roofs = prep_ncu.roofline_roofs(report, self.points)
@@ -145,8 +153,7 @@ class KernelDrilldown(widgets.VBox):  # type: ignore[misc,name-defined]
             ("DRAM traffic", fmt_bytes(row.get("dram_bytes")), ""),
             ("Occupancy (achieved / theoretical)", pct(row.get("achieved_occupancy_pct")), pct(row.get("theoretical_occupancy_pct"))),
             ("Arithmetic intensity", "–" if row.get("arithmetic_intensity") is None else f"{row['arithmetic_intensity']:.2f} FLOP/B", ""),
-            ("Performance", "–" if row.get("flops_per_s") is None else f"{row['flops_per_s'] / 1e12:.2f} TFLOP/s",
-             "" if row.get("pct_of_attainable") is None else f"{row['pct_of_attainable']:.0f}% of roof"),
+            ("Performance", *self._performance(row)),
         ]  # fmt: skip
         self.numbers.value = (
             "<table>"
@@ -157,6 +164,22 @@ class KernelDrilldown(widgets.VBox):  # type: ignore[misc,name-defined]
             + "</table>"
         )
 
+    def _performance(self, row: dict[str, Any]) -> tuple[str, str]:
+        """The kernel's FLOP rate in a unit that shows it (TFLOP/s, GFLOP/s), and its share of
+        the roof; a GEMM whose report has no tensor-pipe counters says so instead of 0."""
+        flops = row.get("flops_per_s")
+        sources = self._flop_sources.get(int(row["id"])) if row.get("id") is not None else None
+        if flops is None or flops <= 0:
+            if row.get("family") in ("gemm", "attention") and (sources or "") in ("", "simt"):
+                return ("not counted", "the report has no tensor-pipe counters: profile with ncu --section "
+                        "SpeedOfLight_HierarchicalTensorRooflineChart (tracekit capture ncu --preset kernel-drilldown)")
+            return ("–", "no FLOPs counted" if flops is not None else "")
+        text = f"{flops / 1e12:,.2f} TFLOP/s" if flops >= 1e12 else f"{flops / 1e9:,.1f} GFLOP/s"
+        roof = "" if row.get("pct_of_attainable") is None else f"{row['pct_of_attainable']:.0f}% of roof"
+        if row.get("family") in ("gemm", "attention") and sources == "simt":
+            roof = (roof + "; " if roof else "") + "SIMT FLOPs only: no tensor-pipe counters in the report"
+        return (text, roof)
+
     def _show_charts(self, rows: pl.DataFrame, row: dict[str, Any]) -> None:
         from tracekit.viz import roofline_chart, sol_chart
 
@@ -166,9 +189,9 @@ class KernelDrilldown(widgets.VBox):  # type: ignore[misc,name-defined]
             self.errors["sol"] = f"{type(exc).__name__}: {exc}"
             self.sol_view.message(self.errors["sol"])
         if self.points.is_empty():
-            self.roofline_view.message(
-                "no roofline data (capture with --section SpeedOfLight_RooflineChart)"
-            )
+            from tracekit.viz.notes import hint
+
+            self.roofline_view.message(hint("roofline"))
             return
         try:
             chart = roofline_chart(
@@ -208,7 +231,8 @@ class KernelDrilldown(widgets.VBox):  # type: ignore[misc,name-defined]
         self.instances = inst
         if inst.is_empty():
             self.instances_html.value = "<i>no instances of this kernel in the nsys trace</i>"
-            self.timeline_view.message("no instances to show")
+            self.timeline_view.widget.children = ()  # said once, above
+            self.timeline_view.chart = None
             return
         d = inst["duration_ns"]
         self.instances_html.value = (

@@ -19,23 +19,22 @@ from typing import Any
 import polars as pl
 
 from tracekit.viz._deps import import_ipywidgets
-from tracekit.viz.prep import nvtx_tree
+from tracekit.viz.window import ViewWindow, steady_window, whole_window
 from tracekit.widgets._common import (
     ChartView,
-    fmt_bytes,
-    fmt_ns,
-    html_table,
     selected_points,
     selected_range,
 )
+from tracekit.widgets.explorer_views import SORT_KEYS, ExplorerViews
 
 widgets = import_ipywidgets()
 import traitlets  # noqa: E402  (ipywidgets depends on it; imported after the helpful error)
 
-SORT_KEYS = {"GPU time": "total_ns", "instances": "instances", "mean": "mean_ns", "max": "max_ns"}
+#: Widths that keep button labels whole (ipywidgets' default 148 px cuts "steady window").
+BUTTON = {"width": "auto", "min_width": "130px"}
 
 
-class TraceExplorer(widgets.VBox):  # type: ignore[misc,name-defined]
+class TraceExplorer(ExplorerViews, widgets.VBox):  # type: ignore[misc,name-defined]
     """Explore one trace in a notebook.
 
     Parameters
@@ -77,25 +76,73 @@ class TraceExplorer(widgets.VBox):  # type: ignore[misc,name-defined]
     FINDINGS_TAB = 7
 
     def __init__(
-        self, trace: Any, *, max_marks: int = 2000, top_n: int = 25, **kwargs: Any
+        self, trace: Any = None, *, max_marks: int = 2000, top_n: int = 25, window: Any = "steady",
+        folder: str | None = None, **kwargs: Any
     ) -> None:
         super().__init__(**kwargs)
         from tracekit.viz import prep
 
-        self.trace = trace
         self.max_marks = max_marks
         self.prep = prep
+        self._top_n = top_n
+        self._initial_window = window
+        self.picker: Any = None
+        self.tabs: Any = None
+        self.message = widgets.HTML()
+        if folder is not None or isinstance(trace, str) or trace is None or hasattr(trace, "__fspath__"):
+            from tracekit.widgets.picker import TracePicker
+
+            self.picker = TracePicker(folder or "", "" if trace is None else str(trace))
+            self.picker.on_pick(lambda path: self.load(path))
+            trace = self._open_path(self.picker.value) if self.picker.value else None
+        self._set_trace(trace)
+
+    def _open_path(self, path: str) -> Any:
+        """``tracekit.open(path)``, or ``None`` with the error's line shown above the tabs."""
+        import tracekit
+        from tracekit.errors import one_line
+
+        try:
+            return tracekit.open(path)
+        except Exception as exc:  # a bad file must not break the notebook
+            self.message.value = f"<b style='color:#b00020'>cannot open {html.escape(path)}: {html.escape(one_line(str(exc)))}</b>"
+            return None
+
+    def load(self, trace: Any) -> None:
+        """Show another trace (an ``NsysTrace`` or a path) in this explorer."""
+        if isinstance(trace, str) or hasattr(trace, "__fspath__"):
+            trace = self._open_path(str(trace))
+            if trace is None:
+                return
+        self.message.value = ""
+        self._set_trace(trace)
+
+    def _set_trace(self, trace: Any) -> None:
+        prep = self.prep
         self.errors: dict[str, str] = {}
-        self.kernels = prep.gpu_ops(trace.kernels)
-        self._raw_kernels = trace.kernels
-        #: CUDA graph launches traced whole (``graph_trace`` rows), or ``None``.
-        self.graph_ops = prep.whole_graphs(self._graph_table("graph_trace"))
-        self.full_window = prep.data_window(trace.kernels, trace.memcpys, trace.memsets, self.graph_ops) or (0, 1)
-        self.origin_ns = self.full_window[0]
         self._attributed: pl.DataFrame | None = None
         self._diagnosis: Any = None
         self._structure: Any = None
+        self._loading = True
         self._syncing = False
+        self.selected_kernel = None
+        self.trace = trace
+        if trace is None:
+            self.kernels = pl.DataFrame()
+            self.tabs = None
+            hint = "pick a trace file in the list above" if self.picker is not None else "no trace"
+            self.children = tuple(c for c in (self.picker, self.message, widgets.HTML(f"<i>{hint}</i>")) if c is not None)
+            self._loading = False
+            return
+        self.kernels = prep.gpu_ops(trace.kernels, name_column="name")
+        self._raw_kernels = trace.kernels
+        #: CUDA graph launches traced whole (``graph_trace`` rows), or ``None``.
+        self.graph_ops = prep.whole_graphs(self._graph_table("graph_trace"))
+        self.whole = whole_window(trace)
+        self.full_window = self.whole.bounds
+        self.origin_ns = self.full_window[0]
+        #: The run's steady window (the whole trace, saying why, when the run has none).
+        self.steady = self._steady()
 
         # state the views show (read by tests and by users)
         self.top = pl.DataFrame()
@@ -124,8 +171,33 @@ class TraceExplorer(widgets.VBox):  # type: ignore[misc,name-defined]
                 "iterations",
             )
         }
-        self._build(top_n)
-        self._refresh_all()
+        self._build(self._top_n)
+        self.window = None  # type: ignore[assignment]
+        initial = self._initial_window
+        if initial == "steady":
+            self.window = self.steady.bounds if self.steady.kind == "steady" else None  # type: ignore[assignment]
+        elif initial not in (None, "whole"):
+            self.window = (int(initial[0]), int(initial[1]))
+        self._loading = False
+        self._window_changed({})
+
+    def _steady(self) -> ViewWindow:
+        try:
+            return steady_window(self.trace, structure=self.structure)
+        except Exception as exc:  # keep the explorer alive: the whole trace, saying why
+            from tracekit.errors import one_line
+
+            self.errors["structure"] = f"{type(exc).__name__}: {exc}"
+            return whole_window(self.trace, detail=f"no run structure: {one_line(str(exc), 120)}")
+
+    def current_window(self) -> ViewWindow:
+        """The window every tab shows, with its label: the steady window, the whole trace or
+        a selected window."""
+        if self.window is None:  # the whole trace; when the run has no steady window, saying why
+            return self.steady if self.steady.kind == "whole" else self.whole
+        if self.steady.kind == "steady" and tuple(self.window) == self.steady.bounds:
+            return self.steady
+        return ViewWindow(int(self.window[0]), int(self.window[1]), "selected")
 
     # -- layout -------------------------------------------------------------------------------------
     def _build(self, top_n: int) -> None:
@@ -134,7 +206,8 @@ class TraceExplorer(widgets.VBox):  # type: ignore[misc,name-defined]
         self.filter_text = w.Text(
             placeholder="filter kernels (regex)", description="filter", continuous_update=False
         )
-        self.sort_by = w.Dropdown(options=list(SORT_KEYS), value="GPU time", description="sort by")
+        self.sort_by = w.Dropdown(options=list(SORT_KEYS), value="GPU time", description="sort by",
+                                  layout=w.Layout(width="auto"))
         self.top_n = w.IntSlider(
             value=top_n, min=5, max=200, step=5, description="rows", continuous_update=False
         )
@@ -155,16 +228,22 @@ class TraceExplorer(widgets.VBox):  # type: ignore[misc,name-defined]
         span_ms = (self.full_window[1] - self.full_window[0]) / 1e6
         self.window_slider = w.FloatRangeSlider(
             value=(0.0, span_ms), min=0.0, max=span_ms, step=max(span_ms / 1000, 1e-3),
-            description="ms", continuous_update=False, readout_format=".3f", layout=w.Layout(width="80%"),
+            description="ms", continuous_update=False, readout_format=".3f", layout=w.Layout(width="95%"),
         )  # fmt: skip
         self.window_slider.observe(self._on_slider, names="value")
-        self.reset_button = w.Button(description="whole trace", icon="expand")
+        self.reset_button = w.Button(description="whole trace", icon="expand", layout=w.Layout(**BUTTON),
+                                     tooltip="everything the capture holds: start-up, warm-up and tear-down included")
         self.reset_button.on_click(lambda _b: setattr(self, "window", None))
-        self.steady_button = w.Button(description="steady window", icon="compress",
-                                      tooltip="the run's steady iterations (tracekit.structure): no start-up, warm-up or tear-down")
+        self.steady_button = w.Button(description="steady window", icon="compress", layout=w.Layout(**BUTTON),
+                                      tooltip="the run's steady iterations (tracekit.structure): no start-up, warm-up or tear-down",
+                                      disabled=self.steady.kind != "steady")
         self.steady_button.on_click(lambda _b: self.show_steady())
-        self.show_nvtx = w.Checkbox(value=True, description="NVTX lanes")
+        self.show_nvtx = w.Checkbox(value=True, description="NVTX lanes", indent=False, layout=w.Layout(width="auto"))
         self.show_nvtx.observe(lambda _c: self._refresh_timeline(), names="value")
+        self.show_api = w.Checkbox(value=True, description="CUDA API lanes", indent=False, layout=w.Layout(width="auto"))
+        self.show_api.observe(lambda _c: self._refresh_timeline(), names="value")
+        #: The window every tab shows, said above the tabs.
+        self.window_bar = w.HTML()
         self.window_label = w.HTML()
         self.comm_html = w.HTML()
         self.layer_ranges = w.Text(
@@ -177,6 +256,7 @@ class TraceExplorer(widgets.VBox):  # type: ignore[misc,name-defined]
         self.findings_select.observe(self._on_finding, names="value")
         self.findings_html = w.HTML()
         self.timeline_button = w.Button(description="Show on the timeline", icon="arrow-right", disabled=True,
+                                        layout=w.Layout(**BUTTON),
                                         tooltip="the selected finding's evidence as the timeline's window")
         self.timeline_button.on_click(lambda _b: self._show_timeline())
 
@@ -186,7 +266,7 @@ class TraceExplorer(widgets.VBox):  # type: ignore[misc,name-defined]
             w.VBox([w.HBox([self.filter_text, self.sort_by, self.top_n]), self.kernel_picker, v["top"].widget,
                     self.top_table, self.instances_html]),
             w.VBox([self.nvtx_depth, self.nvtx_html]),
-            w.VBox([w.HBox([self.window_slider, self.reset_button, self.steady_button, self.show_nvtx]), self.window_label,
+            w.VBox([self.window_slider, w.HBox([self.show_nvtx, self.show_api, self.window_label]),
                     v["timeline"].widget]),
             w.VBox([v["breakdown"].widget, v["nccl"].widget, self.comm_html]),
             w.VBox([v["metrics"].widget]),
@@ -200,7 +280,9 @@ class TraceExplorer(widgets.VBox):  # type: ignore[misc,name-defined]
         for i, title in enumerate(self.TAB_TITLES):
             self.tabs.set_title(i, title)
         self.tabs.observe(self._on_tab, names="selected_index")
-        self.children = (self.tabs,)
+        bar = w.HBox([self.window_bar, self.steady_button, self.reset_button],
+                     layout=w.Layout(align_items="center", flex_flow="row wrap"))
+        self.children = tuple(c for c in (self.picker, self.message, bar, self.tabs) if c is not None)
 
     def _on_tab(self, change: dict[str, Any]) -> None:
         index = change["new"]
@@ -226,9 +308,8 @@ class TraceExplorer(widgets.VBox):  # type: ignore[misc,name-defined]
 
     def show_steady(self) -> None:
         """Set :attr:`window` to the run's steady iterations (no start-up, warm-up or tear-down)."""
-        s = self.structure
-        if s.total and s.end_ns > s.start_ns:
-            self.window = (s.start_ns, s.end_ns)
+        if self.steady.kind == "steady":
+            self.window = self.steady.bounds
 
     # -- findings ---------------------------------------------------------------------------------------
     @property
@@ -245,7 +326,7 @@ class TraceExplorer(widgets.VBox):  # type: ignore[misc,name-defined]
 
         d = self.diagnosis
         self.findings_select.options = [
-            (f"[{f.severity}] {f.category}: {f.title}", i) for i, f in enumerate(d.items)
+            (f"{i}. [{f.severity}] {f.category}: {f.title}", i) for i, f in enumerate(d.items)
         ]
         self.findings_html.value = f"<i>{html.escape(d.window_text())}</i>{time_bar(d)}"
 
@@ -334,7 +415,13 @@ class TraceExplorer(widgets.VBox):  # type: ignore[misc,name-defined]
 
     @traitlets.observe("window")
     def _window_changed(self, _change: dict[str, Any]) -> None:
+        if getattr(self, "_loading", False) or getattr(self, "tabs", None) is None:
+            return
         lo, hi = self._effective_window()
+        win = self.current_window()
+        color = {"steady": "#1b7f3b", "whole": "#555", "selected": "#8a5a00"}[win.kind]
+        self.window_bar.value = (f"<span style='font-size:13px'>window: <b style='color:{color}'>"
+                                 f"{html.escape(win.label())}</b></span>")
         self._syncing = True
         try:
             self.window_slider.value = ((lo - self.origin_ns) / 1e6, (hi - self.origin_ns) / 1e6)
@@ -344,6 +431,8 @@ class TraceExplorer(widgets.VBox):  # type: ignore[misc,name-defined]
 
     @traitlets.observe("selected_kernel")
     def _kernel_changed(self, change: dict[str, Any]) -> None:
+        if getattr(self, "_loading", False) or getattr(self, "tabs", None) is None:
+            return
         self._refresh_top()
         self._refresh_instances()
         self._refresh_nvtx()
@@ -393,339 +482,3 @@ class TraceExplorer(widgets.VBox):  # type: ignore[misc,name-defined]
             self.errors[key] = f"{type(exc).__name__}: {exc}"
             if view is not None:
                 view.message(f"could not draw this view: {self.errors[key]}")
-
-    # -- views ----------------------------------------------------------------------------------------
-    def _refresh_all(self) -> None:
-        self._refresh_overview()
-        self._refresh_top()
-        self._refresh_instances()
-        self._refresh_nvtx()
-        self._refresh_timeline()
-        self._refresh_comm()
-        self._refresh_metrics()
-        self._refresh_memory()
-
-    def _refresh_overview(self) -> None:
-        t = self.trace
-        k = self._in_window(self.kernels)
-        lo, hi = self._effective_window()
-        devices = [k["device_id"]] + ([self._in_window(self.graph_ops)["device_id"]] if self.graph_ops is not None else [])
-        gpus = pl.concat(devices).drop_nulls().n_unique()
-        meta = getattr(t, "meta", None)
-        rows = [
-            ("trace", html.escape(str(getattr(t, "path", "")))),
-            (
-                "nsys",
-                html.escape(
-                    str(getattr(meta, "version", "") or getattr(meta, "product_version", "") or "?")
-                ),
-            ),
-            ("run", html.escape(self._run_line())),
-            ("window", f"{fmt_ns(hi - lo)} ({'selected' if self.window else 'whole trace'})"),
-            ("GPUs with GPU work", str(gpus)),
-            ("kernels", f"{k.height:,}"),
-            ("kernel time", fmt_ns(k["duration_ns"].sum() if not k.is_empty() else 0)),
-            *self._graph_facts(),
-            (
-                "memcpy",
-                f"{self._in_window(t.memcpys).height:,} ({fmt_bytes(self._in_window(t.memcpys)['bytes'].sum())})",
-            ),
-            ("NVTX events", f"{t.nvtx.height:,}"),
-            ("GPU metric samples", f"{t.gpu_metrics.height:,}"),
-        ]
-        self.summary.value = (
-            "<table>"
-            + "".join(f"<tr><td><b>{a}</b></td><td>{b}</td></tr>" for a, b in rows)
-            + "</table>"
-        )
-
-        def breakdown() -> None:
-            frame = self.prep.temporal_breakdown(
-                t.kernels, t.memcpys, t.memsets, self.graph_ops, window=self._effective_window()
-            )
-            self.breakdown = frame
-            from tracekit.viz import breakdown_chart
-
-            chart = breakdown_chart(frame, title="Where the GPU time goes")
-            self.views["overview"].show(chart)
-            self.views["breakdown"].show(chart)
-
-        self._guard("breakdown", self.views["overview"], breakdown)
-
-        def iterations() -> None:
-            st = self.structure
-            its = self.prep.structure_iterations(st)
-            if its.is_empty():
-                self.views["iterations"].message(f"no iterations: {st.reason}")
-                return
-            from tracekit.viz import iterations_chart
-
-            self.views["iterations"].show(iterations_chart(its, title=f"Iterations — {st.headline()}"))
-
-        self._guard("iterations", self.views["iterations"], iterations)
-
-    def _run_line(self) -> str:
-        """The run's structure in one line, or why there is none (the explorer stays up)."""
-        try:
-            return str(self.structure.headline())
-        except Exception as exc:  # keep the explorer alive
-            self.errors["structure"] = f"{type(exc).__name__}: {exc}"
-            return f"(no structure: {type(exc).__name__})"
-
-    def _graph_facts(self) -> list[tuple[str, str]]:
-        """The overview's line on CUDA graph replays traced whole in the window (none without)."""
-        if self.graph_ops is None:
-            return []
-        g = self._in_window(self.graph_ops)
-        return [("CUDA graph replays", f"{g.height:,} traced whole, {fmt_ns(g['duration_ns'].sum())} "
-                                       "(their kernels are not in the trace)")]
-
-    def _refresh_top(self) -> None:
-        k = self._in_window(self.kernels)
-        pattern = self.filter_text.value.strip()
-        if pattern:
-            try:
-                k = k.filter(pl.col("name").str.contains(pattern))
-            except Exception:
-                k = k.filter(pl.col("name").str.contains(pattern, literal=True))
-        top = self.prep.top_kernels(k, n=max(k.height, 1), by="name")
-        key = SORT_KEYS[self.sort_by.value]
-        top = top.sort([key, "name"], descending=[True, False]).head(self.top_n.value)
-        self.top = top
-        current = self.selected_kernel or ""
-        options = [("(none)", "")] + [
-            (n if len(n) < 90 else n[:89] + "…", n) for n in top["name"].to_list()
-        ]
-        if current and current not in top["name"].to_list():
-            options.append((current, current))
-        self._set_picker(options, current)
-        self.top_table.value = html_table(
-            top.select("name", "family", "instances", "total_ns", "mean_ns", "max_ns", "share"),
-            formats={
-                "total_ns": fmt_ns,
-                "mean_ns": fmt_ns,
-                "max_ns": fmt_ns,
-                "share": lambda v: f"{100 * v:.1f}%",
-            },
-            left=("name", "family"),
-            highlight=lambda row: row["name"] == self.selected_kernel,
-        )
-
-        def chart() -> None:
-            from tracekit.viz import top_kernels_chart
-
-            if top.is_empty():
-                self.views["top"].message("no kernels in this window")
-                return
-            chart = top_kernels_chart(
-                top.head(40), highlight=self.selected_kernel, title="Top kernels by GPU time"
-            )
-            self.views["top"].show(chart)
-
-        self._guard("top", self.views["top"], chart)
-
-    def _refresh_instances(self) -> None:
-        name = self.selected_kernel
-        if not name:
-            self.instances = pl.DataFrame()
-            self.instances_html.value = ""
-            return
-        a = self.attributed
-        col = "short_name" if "short_name" in a.columns else "name"
-        inst = self._in_window(a.filter(pl.col(col) == name)).sort("start_ns")
-        keep = [
-            c
-            for c in (
-                "device_id",
-                "stream_id",
-                "start_ns",
-                "duration_ns",
-                "grid_x",
-                "block_x",
-                "nvtx_path",
-            )
-            if c in inst.columns
-        ]
-        self.instances = inst.select(keep)
-        shown = self.instances.with_columns(
-            ((pl.col("start_ns") - self.origin_ns) / 1e6).alias("start_ms")
-        ).drop("start_ns")
-        self.instances_html.value = (
-            f"<h4>{html.escape(name)}: {inst.height} instances</h4>"
-            + html_table(
-                shown,
-                formats={"duration_ns": fmt_ns, "start_ms": lambda v: f"{v:.4f}"},
-                left=("nvtx_path",),
-                max_rows=100,
-            )
-        )
-
-    def _refresh_nvtx(self) -> None:
-        a = self._in_window(self.attributed)
-        if self.selected_kernel:
-            col = "short_name" if "short_name" in a.columns else "name"
-            a = a.filter(pl.col(col) == self.selected_kernel)
-        rows = (
-            nvtx_tree(a, max_depth=self.nvtx_depth.value)
-            if "nvtx_path" in a.columns
-            else pl.DataFrame()
-        )
-        self.nvtx_rows = rows
-        if rows.is_empty():
-            self.nvtx_html.value = (
-                "<i>no GPU work inside NVTX ranges"
-                + (" for this kernel" if self.selected_kernel else "")
-                + "</i>"
-            )
-            return
-        shown = rows.head(400).with_columns(
-            pl.concat_str(
-                pl.lit("\u2003").repeat_by(pl.col("depth") - 1).list.join(""), pl.col("name")
-            ).alias("range")
-        )
-        title = f"<h4>GPU time by NVTX range{' — ' + html.escape(self.selected_kernel) if self.selected_kernel else ''}</h4>"
-        self.nvtx_html.value = title + html_table(
-            shown.select("range", "gpu_time_ns", "ops", "share"),
-            formats={"gpu_time_ns": fmt_ns, "share": lambda v: f"{100 * v:.1f}%"},
-            left=("range",),
-            max_rows=400,
-        )
-
-    def _refresh_timeline(self) -> None:
-        lo, hi = self._effective_window()
-        self.window_label.value = (
-            f"<small>{fmt_ns(hi - lo)} shown, drag on the chart to zoom</small>"
-        )
-
-        def build() -> None:
-            from tracekit.viz import timeline_chart
-
-            t = self.trace
-            ops = self.prep.gpu_ops(t.kernels, t.memcpys, t.memsets, self.graph_ops)
-            lanes = self.prep.timeline_ops(ops, window=(lo, hi), max_marks=self.max_marks)
-            self.timeline_lanes = lanes
-            nvtx = t.nvtx if self.show_nvtx.value else None
-            chart = timeline_chart(
-                lanes,
-                nvtx=nvtx,
-                window=(lo, hi),
-                origin_ns=self.origin_ns,
-                highlight=self.selected_kernel,
-                title="GPU timeline",
-                width=720,
-            )
-            self.views["timeline"].show(chart)
-
-        self._guard("timeline", self.views["timeline"], build)
-
-    def _refresh_comm(self) -> None:
-        k = self._in_window(self.kernels).filter(pl.col("family") == "communication")
-        if k.is_empty():
-            self.comm_html.value = "<i>no communication kernels (NCCL or custom collectives)</i>"
-        else:
-            top = self.prep.top_kernels(k, n=30, by="name")
-            self.comm_html.value = "<h4>Communication kernels</h4>" + html_table(
-                top.select("name", "instances", "total_ns", "mean_ns", "max_ns"),
-                formats={"total_ns": fmt_ns, "mean_ns": fmt_ns, "max_ns": fmt_ns},
-                left=("name",),
-            )
-
-        def nccl() -> None:
-            calls = getattr(self.trace, "nccl", None)
-            if calls is not None and not calls.is_empty():
-                calls = self._in_window(
-                    self.prep.nccl_bandwidth(calls).filter(pl.col("start_ns").is_not_null())
-                )
-            if (
-                calls is None
-                or calls.is_empty()
-                or calls["bus_bandwidth_gbps"].drop_nulls().is_empty()
-            ):
-                self.views["nccl"].message("no NCCL calls with message sizes in this window")
-                return
-            from tracekit.viz import nccl_bandwidth_chart
-
-            self.nccl_calls = calls
-            self.views["nccl"].show(nccl_bandwidth_chart(calls, title="NCCL bus bandwidth"))
-
-        self._guard("nccl", self.views["nccl"], nccl)
-
-    def _refresh_metrics(self) -> None:
-        def build() -> None:
-            g = self.trace.gpu_metrics
-            if g.is_empty():
-                self.views["metrics"].message(
-                    "no GPU metrics (capture with nsys --gpu-metrics-devices=all)"
-                )
-                return
-            from tracekit.viz import gpu_metrics_chart
-            from tracekit.viz.charts import within_row_budget
-
-            series = within_row_budget(lambda n: self.prep.gpu_metrics_series(g, window=self.window, max_points=n), 600)
-            self.views["metrics"].show(
-                gpu_metrics_chart(series, origin_ns=self.origin_ns, title="GPU metrics")
-            )
-
-        self._guard("metrics", self.views["metrics"], build)
-
-    def _refresh_memory(self) -> None:
-        def build() -> None:
-            m = self.trace.memory_usage
-            if m.is_empty():
-                self.views["memory"].message(
-                    "no memory events (capture with nsys --cuda-memory-usage=true)"
-                )
-                return
-            from tracekit.viz import memory_chart
-            from tracekit.viz.charts import within_row_budget
-
-            series = within_row_budget(lambda n: self.prep.memory_series(m, window=self.window, max_points=n), 800)
-            if series.is_empty():
-                self.views["memory"].message("no allocations in this window")
-                return
-            self.views["memory"].show(
-                memory_chart(series, origin_ns=self.origin_ns, title="Device memory allocated")
-            )
-
-        self._guard("memory", self.views["memory"], build)
-        self._guard("layer_memory", self.views["layer_memory"], self._refresh_layer_memory)
-
-    def _layer_memory(self, pattern: str) -> tuple[pl.DataFrame, str | None]:
-        """``layer_memory`` of the ranges matching ``pattern`` and, when empty, why."""
-        if self._layer_cache is None or self._layer_cache[0] != pattern:
-            import warnings
-
-            from tracekit.analysis.memory import layer_memory
-
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                rows = layer_memory(self.trace.memory_usage, self.trace.nvtx, ranges=pattern or None)
-            why = next((str(c.message) for c in caught if rows.is_empty()), None)
-            self._layer_cache = (pattern, rows, why)
-        return self._layer_cache[1], self._layer_cache[2]
-
-    def _refresh_layer_memory(self) -> None:
-        pattern = self.layer_ranges.value.strip()
-        rows, why = self._layer_memory(pattern)
-        rows = self._in_window(rows)
-        self.layer_rows = rows
-        if rows.is_empty():
-            self.layer_summary = pl.DataFrame()
-            text = why or "no NVTX range matching the pattern in this window"
-            self.views["layer_memory"].message(text)
-            self.views["layer_growth"].message(text)
-            self.layer_html.value = ""
-            return
-        from tracekit.analysis.memory import layer_memory_summary
-        from tracekit.viz import layer_growth_chart, layer_memory_chart
-
-        self.layer_summary = layer_memory_summary(rows)
-        self.views["layer_memory"].show(
-            layer_memory_chart(rows, self.trace.memory_usage, title="Memory in use per NVTX range")
-        )
-        self.views["layer_growth"].show(layer_growth_chart(self.layer_summary, title="Mean net growth per range"))
-        cols = ["mean_net_growth_bytes", "mean_allocated_bytes", "mean_freed_bytes", "max_peak_above_entry_bytes"]
-        self.layer_html.value = html_table(
-            self.layer_summary.select("name", "phase", "instances", *cols), max_rows=50, left=("name", "phase"),
-            formats=dict.fromkeys(cols, fmt_bytes), headers={c: c.removesuffix("_bytes").replace("_", " ") for c in cols},
-        )
