@@ -266,7 +266,7 @@ def test_cli_formats_and_errors(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     payload = json.loads(out.stdout)
     assert payload["findings"][0]["category"] == "host_bound"
-    assert set(payload) == {"trace", "structure", "window", "phases", "training", "findings"}
+    assert set(payload) == {"trace", "structure", "window", "phases", "training", "periodic", "findings"}
     assert payload["structure"]["kind"] == "unknown" and payload["structure"]["steady_iterations"] == payload["window"]["steps"]
     bad = subprocess.run([*exe, str(_export("host_bound")), "--set", "nope=1"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "unknown diagnosis setting" in bad.stderr

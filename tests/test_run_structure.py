@@ -224,7 +224,7 @@ def test_summary_prints_the_training_run() -> None:
                        capture_output=True, text=True, timeout=600, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
     assert r.returncode == 0, r.stderr
     assert "training: 10 steady steps of 42.6 ms on 2 ranks, 2 warm-up, start-up 21.42 s not counted" in r.stdout
-    assert "training step (median per step and GPU)" in r.stdout and "MFU 15." in r.stdout
+    assert "training step (median per step and GPU; read by launching thread)" in r.stdout and "MFU 15." in r.stdout
 
 
 def test_exposed_all_reduce_is_what_diff_says_changed() -> None:

@@ -211,9 +211,16 @@ def _add_training(s, d, trace, *, tokens_per_step, params, model) -> None:  # ty
             s.notes.append("--tokens-per-step: the run is not training (no backward kernels in its steady steps)")
         return
     ms = lambda c: (pl.col(c) / 1e6).alias(c.replace("_ns", "_ms"))  # noqa: E731
-    s.tables["training step (median per step and GPU)"] = t.select(
-        "phase", ms("time_ns"), (pl.col("share") * 100).alias("step_pct"), ms("compute_ns"), ms("communication_ns"),
+    micro = t["micro_batches"].drop_nulls() if "micro_batches" in t.columns else pl.Series([])
+    title = "training step (median per step and GPU" + (f", {float(micro[0]):.0f} micro-batches" if micro.len() and micro[0] > 1 else "")
+    title += "; read by launching thread)" if "by" in t.columns and t["by"][0] == "thread" else "; read by kernel names)"
+    s.tables[title] = t.select(
+        "phase", ms("time_ns"), (pl.col("share") * 100).alias("step_pct"), ms("compute_ns"), ms("kernel_ns"), ms("communication_ns"),
         ms("exposed_comm_ns"), ms("idle_ns"))
+    p = d.periodic
+    if p.height:
+        s.tables["set apart from the steps (periodic work)"] = p.select(
+            "what", "count", ms("median_ns"), ms("max_ns"), ms("total_ns"), ms("kernel_ns"))
     if not tokens_per_step or d.structure is None or not d.structure.step_ns:
         return
     from tracekit.analysis.run.training import training_throughput

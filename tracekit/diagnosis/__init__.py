@@ -235,7 +235,7 @@ def diagnose(
                 f.time_ns = round(f.time_ns * full.scale)
     _cap_at_window(findings, full)
     return Diagnosis(_trace_name(tr), full, findings, phases=ctx.phases, gpu_time=_gpu_time(ctx), structure=ctx.structure,
-                     training=ctx.training)
+                     training=ctx.training, periodic=ctx.periodic, training_steps=ctx.training_steps)
 
 
 #: Findings about the host's pace, which a microbenchmark sets by design (it waits for each

@@ -317,16 +317,18 @@ class Context:
         if self.kernel_count > self.CLASSIFY_WHOLE_MAX and (start_ns, end_ns - 1) == self._capture_span():
             return pl.DataFrame()
         return self.ops_where((pl.col("start_ns") >= start_ns) & (pl.col("start_ns") < end_ns)).select(
-            [c for c in ("name", "op_kind", "duration_ns", "device_id", "bytes") if c in self.op_columns])
+            [c for c in ("name", "op_kind", "start_ns", "duration_ns", "device_id", "rank", "bytes") if c in self.op_columns])
 
     @cached_property
-    def training(self) -> pl.DataFrame:
+    def training_steps(self) -> pl.DataFrame:
         """The steady training steps taken apart (:func:`tracekit.analysis.run.training.
-        training_phases` over the analysed window, per GPU; :func:`~tracekit.analysis.run.training.
-        training_summary`): forward, backward and optimizer per step with their compute and
-        exposed communication; empty when the run is not training."""
+        training_phases` over the analysed window, per GPU): forward, backward and optimizer per
+        step with their compute and exposed communication, read from the thread that launched
+        each operation when autograd's thread is known, and the periodic work set apart; empty
+        when the run is not training."""
+        from tracekit.analysis.attribution import launch_info
         from tracekit.analysis.comm import categorize_ops
-        from tracekit.analysis.run.training import training_phases, training_summary
+        from tracekit.analysis.run.training import autograd_threads, training_phases
 
         s = self.structure
         if s.kind != "training" or self.kernels_w.height == 0:
@@ -347,7 +349,29 @@ class Context:
         if frame.height == 0:
             return pl.DataFrame()
         ops = categorize_ops(self.kernels_w, self.memcpys_w if self.memcpys_w.height else None, None, None)
-        return training_summary(training_phases(ops, frame))
+        threads = getattr(self.trace, "threads", None)
+        tids = autograd_threads(threads) if isinstance(threads, pl.DataFrame) else []
+        if tids and self.api_count and "correlation_id" in ops.columns:
+            ops = launch_info(ops, self.api_source, columns=("global_tid", "api_start_ns"))
+        return training_phases(ops, frame, autograd_tids=tids)
+
+    @cached_property
+    def training(self) -> pl.DataFrame:
+        """Per phase, the median steady step (:func:`tracekit.analysis.run.training.
+        training_summary` of :attr:`training_steps`); empty when the run is not training."""
+        from tracekit.analysis.run.training import training_summary
+
+        steps = self.training_steps
+        return training_summary(steps) if steps.height else pl.DataFrame()
+
+    @cached_property
+    def periodic(self) -> pl.DataFrame:
+        """The periodic work between a training run's steps (evaluations, checkpoint saves:
+        :func:`tracekit.analysis.run.training.periodic_summary`); empty when none was found."""
+        from tracekit.analysis.run.training import periodic_summary
+
+        steps = self.training_steps
+        return periodic_summary(steps) if steps.height else pl.DataFrame()
 
     @cached_property
     def phases(self) -> pl.DataFrame:

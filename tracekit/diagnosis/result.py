@@ -139,7 +139,8 @@ class Diagnosis:
     """
 
     def __init__(self, trace_name: str, window: Window, findings: list[Finding], *, phases: pl.DataFrame | None = None,
-                 gpu_time: pl.DataFrame | None = None, structure: Any = None, training: pl.DataFrame | None = None) -> None:
+                 gpu_time: pl.DataFrame | None = None, structure: Any = None, training: pl.DataFrame | None = None,
+                 periodic: pl.DataFrame | None = None, training_steps: pl.DataFrame | None = None) -> None:
         self.trace_name = trace_name
         self.window = window
         #: The run's structure (:class:`tracekit.analysis.run.structure.RunStructure`): its kind,
@@ -150,6 +151,14 @@ class Diagnosis:
         #: training_summary`: forward, backward, optimizer with compute and exposed
         #: communication, medians per step, ns); empty for other runs.
         self.training = training if training is not None else pl.DataFrame()
+        #: A training run's periodic work between steps (:func:`tracekit.analysis.run.training.
+        #: periodic_summary`: evaluations, checkpoint saves with count and time, ns), set apart
+        #: from the steps' figures; empty when none was seen.
+        self.periodic = periodic if periodic is not None else pl.DataFrame()
+        #: Every steady training step's phases and periodic work, per GPU (:func:`tracekit.
+        #: analysis.run.training.training_phases`, ns): what :attr:`training` and :attr:`periodic`
+        #: summarize; empty for other runs.
+        self.training_steps = training_steps if training_steps is not None else pl.DataFrame()
         #: :func:`tracekit.analysis.run.phases.phase_summary` of the trace (with the model's MFU/MBU
         #: when ``diagnose(model=…)``); empty when no generation phases were found.
         self.phases = phases if phases is not None else pl.DataFrame()
@@ -210,6 +219,7 @@ class Diagnosis:
             "window": self.window.as_dict(),
             "phases": self.phases.to_dicts(),
             "training": self.training.to_dicts(),
+            "periodic": self.periodic.to_dicts(),
             "findings": [
                 {
                     "category": f.category, "severity": f.severity, "time_ns": f.time_ns, "share": f.share,
@@ -238,7 +248,8 @@ class Diagnosis:
 
     def training_text(self) -> str:
         """One line on a training step's phases (median per step): forward, backward,
-        optimizer, and the communication they expose; ``""`` for other runs."""
+        optimizer, the communication they expose, the micro-batches per optimizer step, and the
+        periodic work set apart; ``""`` for other runs."""
         t = self.training
         if t.height == 0:
             return ""
@@ -247,7 +258,20 @@ class Diagnosis:
             exposed = f", {fmt_ns(r['exposed_comm_ns'])} exposed communication" if r["exposed_comm_ns"] else ""
             share = f" ({r['share']:.0%})" if r.get("share") is not None else ""
             parts.append(f"{r['phase']} {fmt_ns(r['time_ns'])}{share}{exposed}")
-        return "training step — " + "; ".join(parts)
+        micro = t["micro_batches"].drop_nulls() if "micro_batches" in t.columns else pl.Series([])
+        head = "training step"
+        if micro.len() and float(micro[0]) > 1:
+            head += f" of {float(micro[0]):.0f} micro-batches"
+        by = t["by"][0] if "by" in t.columns else None
+        tail = " (read by launching thread: autograd's runs the backward)" if by == "thread" else ""
+        text = f"{head} — " + "; ".join(parts) + tail
+        p = self.periodic
+        if p.height:
+            text += "\nset apart from the steps — " + "; ".join(
+                f"{r['count']} {r['what']}{'s' if r['count'] != 1 and r['what'] == 'evaluation' else ''}"
+                f"{' saves' if r['what'] == 'checkpoint' and r['count'] != 1 else (' save' if r['what'] == 'checkpoint' else '')} "
+                f"of {fmt_ns(r['median_ns'])} (longest {fmt_ns(r['max_ns'])})" for r in p.iter_rows(named=True))
+        return text
 
     def phases_text(self) -> str:
         """One line on the generation phases of the steady requests: time to first token, time

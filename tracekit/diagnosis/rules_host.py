@@ -319,12 +319,32 @@ def host_bound(ctx: Context) -> list[Finding]:
         f"GPU idle {ctx.per_step(total)} ({ctx.share(total):.0%} of the window, {top['gaps']} gaps) while the host is "
         f"{doing}{in_range}",
         time_ns=total, share=ctx.share(total), evidence=ev,
-        advice="The GPU waits for Python: move data preparation/tokenisation off the critical path (DataLoader workers, "
+        advice=_accumulation_advice(ctx) + "The GPU waits for Python: move data preparation/tokenisation off the critical path (DataLoader workers, "
         "pin_memory, prefetch the next batch on another thread), queue more GPU work per host step (larger batch), "
         "or remove host-side work between steps (logging, .tolist(), Python loops over tensors). In vLLM, check the "
         "scheduler/sampler time between model steps.",
         next=[f"nsys profile --trace=cuda,nvtx,osrt --sample=process-tree --python-sampling=true --cudabacktrace=all -- {_cmd(ctx)}"],
     )]
+
+
+def _accumulation_advice(ctx: Context) -> str:
+    """For a training run with gradient accumulation (``k`` micro-batches per optimizer step),
+    the advice to raise the per-device batch and lower the accumulation, with the launches per
+    step it saves (each micro-batch launches the same kernels again); ``""`` otherwise."""
+    s = ctx.__dict__.get("structure")
+    if s is None or s.kind != "training":
+        return ""
+    t = ctx.training
+    if t.height == 0 or "micro_batches" not in t.columns or t["micro_batches"].drop_nulls().len() == 0:
+        return ""
+    k = round(float(t["micro_batches"].drop_nulls()[0]))
+    n_steps, _ = ctx.step_unit
+    if k < 2 or not n_steps:
+        return ""
+    per_micro = ctx.kernels_w.height / n_steps / k
+    return (f"Each optimizer step runs {k} micro-batches that launch the same ~{per_micro:,.0f} kernels each: raise the "
+            f"per-device batch and lower the gradient accumulation (batch × {k}, accumulation 1 if memory allows: the same "
+            f"samples per step with ~{per_micro * (k - 1):,.0f} fewer launches per step, each kernel doing {k}× the work). ")
 
 
 def launch_bound(ctx: Context) -> list[Finding]:
@@ -358,7 +378,7 @@ def launch_bound(ctx: Context) -> list[Finding]:
         evidence=st.sort("idle_ns", descending=True).head(20).select(
             *keys, "start_ns", "end_ns", "kernels", "busy_ns", "idle_ns", "median_kernel_ns", "median_api_ns", "median_gap_ns"
         ),
-        advice="Capture the step in a CUDA graph (torch.compile(mode='reduce-overhead') or torch.cuda.graphs; in vLLM "
+        advice=_accumulation_advice(ctx) + "Capture the step in a CUDA graph (torch.compile(mode='reduce-overhead') or torch.cuda.graphs; in vLLM "
         "keep CUDA graphs on — no --enforce-eager — and cover your batch sizes with cudagraph capture sizes), fuse the "
         "elementwise chains (torch.compile, fused kernels), or give each kernel more work (larger batch).",
         next=[

@@ -72,6 +72,12 @@ from tracekit.analysis.run.loops import (
     main_loop,
     name_codes,
 )
+from tracekit.analysis.run.training import (
+    BACKWARD_NAMES,
+    GRADIENT_COLLECTIVES,
+    OPTIMIZER_NAMES,
+    micro_batch_steps,
+)
 
 __all__ = [
     "GRAPH_STEP_SHARE",
@@ -538,13 +544,6 @@ def _timed(frame: pl.DataFrame) -> pl.DataFrame:
 
 # -- the structure -----------------------------------------------------------------------------
 
-#: Kernel names of a backward pass (autograd's ``*Backward*`` kernels, cuDNN/flash attention's
-#: ``bprop``/``bwd``, cuBLAS-style ``dgrad``/``wgrad``, embedding's ``compute_grad_weight``).
-BACKWARD_NAMES = r"(?i)backward|_bwd|bwd_|bprop|dgrad|wgrad|grad_input|grad_weight"
-#: Kernel names of an optimizer step (PyTorch's multi-tensor and fused optimizers, apex, …).
-OPTIMIZER_NAMES = r"(?i)adam|\bsgd|\blamb\b|adagrad|rmsprop|multi_tensor_apply|fused_optim"
-#: NCCL kernels that reduce gradients in data-parallel training.
-GRADIENT_COLLECTIVES = r"(?i)nccl\w*(?:allreduce|reducescatter|reduce_scatter)"
 #: Training: backward kernels must be at least this share of the steady iterations' kernel time.
 BACKWARD_SHARE = 0.01
 #: A microbenchmark's iterations hold at most this many operations (median), …
@@ -821,6 +820,11 @@ def build_structure(
             # steady repetition's kernels, not the middle ones only
             s.evidence = (_timed_kernels(window_ops(start, end), s),)
         s.token_evidence = token_evidence(ops, n_span) if s.kind == "unknown" else None
+        if s.kind == "training" and found.method == "kernel_loop":
+            merged = _optimizer_steps(found, window_ops)
+            if merged is not None:
+                return build_structure(merged, settings, trace_start_ns=trace_start_ns, trace_end_ns=trace_end_ns,
+                                       window_ops=window_ops, total_gpu_ns=total_gpu_ns, nvtx=nvtx)
     if s.kind == "unknown" and nvtx is not None:
         why = xla_backward_evidence(nvtx)
         if why is not None:
@@ -835,6 +839,41 @@ def build_structure(
             s.evidence = (reading.passes.evidence() + ", with no sign of tokens (no embedding lookup opening them, or no "
                           "prompt's forward followed by one-token forwards): a model run over and over, not a generation",)
     return s
+
+
+#: Micro-batches are told from the optimizer kernels of at most this many iterations in the middle.
+MICRO_BATCH_ITERATIONS = 64
+
+
+def _optimizer_steps(found: Iterations, window_ops: Callable[[int, int], pl.DataFrame]) -> Iterations | None:
+    """``found``'s kernel-loop iterations merged into optimizer steps when they are micro-batches
+    (:func:`tracekit.analysis.run.training.micro_batch_steps`, read from the operations of the
+    middle :data:`MICRO_BATCH_ITERATIONS` iterations), or ``None``."""
+    top = found.frame
+    if top.height < 4 or not found.loops:
+        return None
+    n = min(top.height, MICRO_BATCH_ITERATIONS)
+    first = (top.height - n) // 2
+    part = top.slice(first, n)
+    ops = window_ops(int(part["w_start"].min()), int(part["w_end"].max()))  # type: ignore[arg-type]
+    if ops.height == 0 or "start_ns" not in ops.columns:
+        return None
+
+    def own(keys: dict[str, Any]) -> pl.DataFrame:
+        sel = [pl.col(k) == v for k, v in keys.items() if k in ops.columns and v is not None]
+        return ops.filter(pl.all_horizontal(sel)) if sel else ops
+
+    head = micro_batch_steps(top, own(found.loops[0].keys))
+    if head is None:
+        return None
+    frame, period = head
+    loops = []
+    for dl in found.loops:
+        merged = micro_batch_steps(dl.iterations, own(dl.keys))
+        loops.append(replace(dl, iterations=merged[0]) if merged is not None else dl)
+    reason = (f"{found.reason}; {period} micro-batches per optimizer step (the optimizer's kernels run in one "
+              f"iteration of the loop in {period}: gradient accumulation)")
+    return Iterations(_timed(frame), frame.height, found.method, reason, loops)
 
 
 #: XLA's op names of a JAX program's reverse-mode autodiff: ``jax.grad`` transposes the
