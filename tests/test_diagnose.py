@@ -413,6 +413,22 @@ def test_straggler_on_the_tp2_capture() -> None:
     assert "with nothing else running on the waiting GPU" in row["title"]
 
 
+def test_the_straggler_leads_what_it_causes() -> None:
+    """The rank that waits for the straggler (rank 1, GPU 1) shows its waits as exposed
+    communication: the straggler is listed before it, as the cause, and the effect's title says
+    whom it waits for; the host-bound finding on the straggler's own GPU 0 (rank 0 samples the
+    tokens) is its cause and keeps its place."""
+    d = diagnose(SAMPLES / "llm_tp2_nccl" / "llm_tp2_nccl.sqlite")
+    order = d.findings["category"].to_list()
+    assert order.index("straggler") < order.index("exposed_communication")
+    exposed = d.findings.filter(pl.col("category") == "exposed_communication").row(0, named=True)
+    assert exposed["title"].endswith("— waiting for rank 0, the straggler") and "device_id 1" in exposed["title"]
+    host = d.findings.filter(pl.col("category") == "host_bound").row(0, named=True)
+    assert "straggler" not in host["title"] and order.index("host_bound") < order.index("straggler")
+    assert d.findings.filter(pl.col("category") == "straggler")["title"][0].endswith(
+        "the waiting shows as exposed communication on the other rank(s)")
+
+
 def test_findings_read_as_a_list_in_a_pipe_or_a_narrow_terminal() -> None:
     """Issue 27 §3: piped (a CI log), `tracekit diagnose` and summary's findings print a list —
     header line, title, evidence, advice and the next commands as indented lines wrapped to the

@@ -226,6 +226,9 @@ def diagnose(
     from tracekit.diagnosis.rules_coverage import untraced_work
 
     findings.extend(untraced_work(ctx))
+    from tracekit.diagnosis.rules_comm import straggler_leads
+
+    straggler_leads(ctx, findings)
     if ctx.structure.kind == "microbenchmark":
         _as_benchmark(findings)
     findings.extend(_missing(ctx))

@@ -57,6 +57,24 @@ class Finding:
     evidence: pl.DataFrame = field(default_factory=pl.DataFrame)
     advice: str = ""
     next: list[str] = field(default_factory=list)
+    #: Categories of findings this one causes (their time is this one's effect elsewhere: the
+    #: ranks a straggler keeps waiting look host-bound or exposed): it is listed before them.
+    causes: tuple[str, ...] = ()
+
+
+def _ordered(findings: list[Finding]) -> list[Finding]:
+    """Most severe first, then most time at stake; a finding that causes others (``causes``)
+    just before the first of them when they would come first."""
+    def key(f: Finding) -> tuple[int, float, int]:
+        return _SEVERITY_RANK.get(f.severity, 9), -(f.time_ns if f.time_ns is not None else -1), 1
+
+    keys = {id(f): key(f) for f in findings}
+    for f in findings:
+        effects = [keys[id(o)] for o in findings if o is not f and o.category in f.causes]
+        if effects:
+            first = min(effects)
+            keys[id(f)] = min(keys[id(f)], (first[0], first[1], 0))
+    return sorted(findings, key=lambda f: keys[id(f)])
 
 
 @dataclass(frozen=True)
@@ -167,11 +185,7 @@ class Diagnosis:
         #: ``communication_only_ns`` (communication not overlapped by compute); empty for a set
         #: reduced on Dask.
         self.gpu_time = gpu_time if gpu_time is not None else pl.DataFrame()
-        order = sorted(
-            findings,
-            key=lambda f: (_SEVERITY_RANK.get(f.severity, 9), -(f.time_ns if f.time_ns is not None else -1)),
-        )
-        self._findings = order
+        self._findings = _ordered(findings)
 
     def __repr__(self) -> str:
         return f"Diagnosis({self.trace_name!r}, {len(self._findings)} findings, window={self.window.method})"

@@ -233,6 +233,37 @@ def straggler(ctx: Context) -> list[Finding]:
     )]
 
 
+#: Findings that the ranks a straggler keeps waiting show: their GPUs idle, their collectives exposed.
+STRAGGLER_EFFECTS = ("exposed_communication", "host_bound")
+
+
+def straggler_leads(ctx: Context, findings: list[Finding]) -> None:
+    """Mark the straggler as the cause of the findings whose worst GPU (their evidence's first
+    row) is one that waited for it (:func:`straggler`'s waits) and is not the straggler's own:
+    the straggler is then listed before them, and their titles say whom they wait for. A
+    finding on the straggler's own GPU (its host-bound step) is its cause, not its effect."""
+    s = next((f for f in findings if f.category == "straggler"), None)
+    waits = ctx.__dict__.get("_comm_waits")
+    if s is None or s.evidence.height == 0 or waits is None or waits.height == 0:
+        return
+    late = s.evidence["straggler_rank"][0]
+    mine = waits.filter(pl.col("straggler_rank") == late)
+    own = waits.filter(pl.col("rank") == late) if "rank" in waits.columns else waits.head(0)
+    causes = []
+    for f in findings:
+        keys = [c for c in ("rank", "device_id") if c in mine.columns and c in f.evidence.columns]
+        if f.category not in STRAGGLER_EFFECTS or f.evidence.height == 0 or not keys:
+            continue
+        where = tuple(f.evidence.select(keys).row(0))
+        waiting = {tuple(r) for r in mine.select(keys).unique().iter_rows()}
+        if where in waiting and where not in {tuple(r) for r in own.select(keys).unique().iter_rows()}:
+            causes.append(f.category)
+            f.title += f" — waiting for rank {late}, the straggler"
+    s.causes = tuple(causes)
+    if causes:
+        s.title += f"; the waiting shows as {' and '.join(c.replace('_', ' ') for c in causes)} on the other rank(s)"
+
+
 def load_imbalance(ctx: Context) -> list[Finding]:
     """``load_imbalance``: GPUs of one job do different amounts of compute in the window
     (``overlap_breakdown``: compute_only + overlap), (max − min)/max ≥ ``imbalance_min``.
