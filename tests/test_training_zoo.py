@@ -176,3 +176,28 @@ def test_training_advice_keeps_no_kv_cache(name: str) -> None:
     text = rows["title"][0] + " " + rows["advice"][0]
     assert "in-place writes and fused kernels" in text
     assert "KV" not in text and "generate(" not in text and "cache_implementation" not in text
+
+
+@pytest.mark.parametrize("name", ["t05_compile_fused", "t04_accelerate_accum"])
+def test_compilation_named_in_the_warm_up(name: str) -> None:
+    """The warm-up finding names torch.compile's work (issue 43, item 4): the Triton kernels
+    Inductor built and the module loads before the steady window, counted here in SQL; a program
+    without torch.compile gets module loads (cuBLAS, cuDNN) but no Triton kernels."""
+    d = _diagnosis(name)
+    start = d.window.start_ns
+    con = sqlite3.connect(f"file:{zoo_capture(name)}?mode=ro", uri=True)
+    try:
+        (triton,) = con.execute(
+            "SELECT COUNT(*) FROM (SELECT s.value, MIN(k.start) AS first FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s "
+            "ON s.id = k.demangledName WHERE s.value LIKE 'triton\\_%' ESCAPE '\\' GROUP BY s.value) WHERE first < ?", (start,)).fetchone()
+        (loads,) = con.execute(
+            "SELECT COUNT(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON s.id = r.nameId WHERE r.start < ? AND "
+            "(s.value LIKE 'cuModuleLoad%' OR s.value LIKE 'cuLibraryLoad%')", (start,)).fetchone()
+    finally:
+        con.close()
+    title = d.findings.filter(pl.col("category") == "warmup")["title"][0]
+    assert loads > 0
+    if triton:
+        assert f"torch.compile/Triton built {triton} kernels before the steady steps ({loads} module loads" in title, title
+    else:
+        assert "Triton" not in title and f"{loads} module loads" in title, title

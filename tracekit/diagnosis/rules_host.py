@@ -9,6 +9,7 @@ in docs/diagnose.md; every number comes from an existing analysis (``idle_gaps``
 from __future__ import annotations
 
 import shlex
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -147,6 +148,22 @@ def _after_warmup_cmd(ctx: Context) -> str:
     return f"tracekit capture nsys --capture-range cudaProfilerApi -- {_cmd(ctx)}  # call torch.cuda.profiler.start() after warm-up"
 
 
+def _compiled(ctx: Context, window_start_ns: int) -> Any:
+    """:func:`tracekit.analysis.run.compile.compile_warmup` of the trace before the window (module
+    loads from the CUDA API table, kernel launches per name before and after), from the trace's
+    lazy tables; nothing found on a trace set."""
+    from tracekit.analysis.run.compile import LOAD_CALLS, compile_warmup
+
+    tr = ctx.trace
+    if not hasattr(tr, "scan") or ctx.rk:
+        return compile_warmup(pl.DataFrame(), pl.DataFrame(), window_start_ns=window_start_ns)
+    loads = tr.scan("cuda_api").filter(pl.col("name").str.contains(LOAD_CALLS)).select("start_ns", "end_ns").collect()
+    early = pl.col("start_ns") < window_start_ns
+    kernels = tr.scan("kernels").group_by("name").agg(
+        pl.col("start_ns").min().alias("first_ns"), early.sum().alias("before"), (~early).sum().alias("after")).collect()
+    return compile_warmup(loads, kernels, window_start_ns=window_start_ns)
+
+
 def warmup(ctx: Context) -> list[Finding]:
     """``warmup`` (info): the leading iterations excluded from the window. ``time_ns`` is what
     they took beyond as many median steady iterations."""
@@ -159,9 +176,11 @@ def warmup(ctx: Context) -> list[Finding]:
     ev = lead.select("iteration", *[c for c in ("name",) if c in lead.columns], "w_start", "w_end", "length_ns").rename(
         {"w_start": "start_ns", "w_end": "end_ns"}
     )
+    built = _compiled(ctx, w.start_ns).sentence()
     return [Finding(
         "warmup", "info",
-        f"{w.warmup_steps} warm-up iteration(s) took {fmt_ns(took)} against a steady {fmt_ns(w.step_ns)}: excluded from the window",
+        f"{w.warmup_steps} warm-up iteration(s) took {fmt_ns(took)} against a steady {fmt_ns(w.step_ns)}: excluded from the window"
+        + (f"; {built}" if built else ""),
         time_ns=max(extra, 0), share=None, evidence=ev,
         advice="Warm-up (cuBLAS/cuDNN handles, autotuning, lazy module loading, allocator growth) is paid once; "
         "profile more steady steps, or start the capture after it (cudaProfilerStart or --capture-range=nvtx).",
