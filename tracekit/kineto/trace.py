@@ -16,6 +16,13 @@ from tracekit.kineto import convert as C
 from tracekit.nsys.meta import CapturedProcess, TraceMeta
 from tracekit.nsys.trace import NsysTrace
 
+#: c10 scalar type names (lower-cased) → bytes per element.
+_DTYPE_BYTES = {
+    "float": 4, "double": 8, "half": 2, "bfloat16": 2, "long": 8, "int": 4, "short": 2, "char": 1, "byte": 1,
+    "bool": 1, "complexfloat": 8, "complexdouble": 16, "complexhalf": 4, "float8_e4m3fn": 1, "float8_e5m2": 1,
+    "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1, "uint16": 2, "uint32": 4, "uint64": 8,
+}
+
 
 class KinetoTrace(NsysTrace):
     """A ``torch.profiler`` (Kineto) trace, ``*.pt.trace.json`` or ``.json.gz``.
@@ -134,6 +141,55 @@ class KinetoTrace(NsysTrace):
         out = out.join(ops, on="external_id", how="left")
         return out.select("kind", "correlation_id", "device_id", "gpu_start_ns", "api_name", "api_start_ns", "pid", "tid",
                           "external_id", "op_name", "op_start_ns", "sequence_number").sort("gpu_start_ns")
+
+    @cached_property
+    def nccl(self) -> pl.DataFrame:
+        """As :attr:`NsysTrace.nccl` (from the kernel names: Kineto records no NCCL NVTX ranges),
+        with what PyTorch recorded about each collective: ``bytes`` (the smaller of the input
+        and output element counts × the element size, as NCCL counts a message) with
+        ``size_source`` ``"kineto"``, and ``comm_nranks`` (``Group size``) with
+        ``nranks_source`` ``"kineto"``. Read from the NCCL kernel's own arguments (PyTorch ≥
+        2.3), else from the ``record_param_comms`` operator around the launch call."""
+        from tracekit.nsys.trace import derived_table
+
+        calls = derived_table(self, "nccl")
+        comm = self._comm_args()
+        if calls.height == 0 or comm.height == 0:
+            return calls
+        comm = comm.with_columns(
+            (pl.min_horizontal("in_msg_nelems", "out_msg_nelems")
+             * pl.col("dtype").str.to_lowercase().replace_strict(_DTYPE_BYTES, default=None, return_dtype=pl.Int64)).alias("_bytes"),
+            pl.col("group_size").alias("_n"),
+        ).select("correlation_id", "_bytes", "_n").unique("correlation_id", keep="first")
+        out = calls.join(comm, on="correlation_id", how="left", maintain_order="left")
+        fill_bytes = pl.col("bytes").is_null() & pl.col("_bytes").is_not_null()
+        fill_n = (pl.col("nranks_source") != "payload") & pl.col("_n").is_not_null()
+        out = out.with_columns(
+            pl.when(fill_bytes).then(pl.col("_bytes")).otherwise(pl.col("bytes")).alias("bytes"),
+            pl.when(fill_bytes).then(pl.lit("kineto")).otherwise(pl.col("size_source")).alias("size_source"),
+            pl.when(fill_n).then(pl.col("_n")).otherwise(pl.col("comm_nranks")).alias("comm_nranks"),
+            pl.when(fill_n).then(pl.lit("kineto")).otherwise(pl.col("nranks_source")).alias("nranks_source"),
+        )
+        return out.select(calls.columns)
+
+    def _comm_args(self) -> pl.DataFrame:
+        """Per NCCL kernel correlation id: ``in_msg_nelems``, ``out_msg_nelems``, ``dtype``,
+        ``group_size``, from the kernel's arguments, else the ``record_param_comms`` operator
+        that holds the launch call on its thread."""
+        cols = ["in_msg_nelems", "out_msg_nelems", "dtype", "group_size"]
+        args = self.gpu_args.filter((pl.col("kind") == "kernel") & pl.col("correlation_id").is_not_null())
+        own = args.filter(pl.col("in_msg_nelems").is_not_null()).select("correlation_id", *cols)
+        ops = self.cpu_ops.filter((pl.col("name") == "record_param_comms") & pl.col("in_msg_nelems").is_not_null())
+        if ops.height == 0:
+            return own
+        api = self._kineto_table("KINETO_RUNTIME_ARGS", {"correlation_id": pl.Int64, "global_tid": pl.Int64,
+                                                          "start_ns": pl.Int64, "external_id": pl.Int64, "cbid": pl.Int64})
+        api = api.join(args.select("correlation_id"), on="correlation_id", how="semi").join(own, on="correlation_id", how="anti")
+        api = api.select("correlation_id", (pl.col("global_tid") % C.TID_BITS).alias("tid"), "start_ns").sort("start_ns")
+        ops = ops.select("tid", pl.col("start_ns").alias("op_start"), pl.col("end_ns").alias("op_end"), *cols).sort("op_start")
+        found = api.join_asof(ops, left_on="start_ns", right_on="op_start", by="tid", strategy="backward", check_sortedness=False)
+        found = found.filter(pl.col("op_end") >= pl.col("start_ns")).select("correlation_id", *cols)
+        return pl.concat([own, found], how="vertical_relaxed")
 
     @cached_property
     def kineto_meta(self) -> dict[str, Any]:
