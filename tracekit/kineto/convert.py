@@ -180,8 +180,8 @@ def build_tables(doc: Document, path: Path) -> dict[str, pl.DataFrame]:
     cpu_events = groups["runtime"] + groups["driver"] + groups["cpu_op"] + groups["annotation"] + groups["python_function"]
     pid_counts = Counter(as_int(e.pid) for e in groups["runtime"] + groups["driver"] or cpu_events)
     pid_counts.pop(None, None)
-    main_pid = pid_counts.most_common(1)[0][0] if pid_counts else 0
-    cpu_pids = {p for p in (as_int(e.pid) for e in cpu_events) if p is not None} | {main_pid}
+    main_pid: int = next((p for p, _ in pid_counts.most_common() if p is not None), 0)
+    cpu_pids: set[int] = {p for p in (as_int(e.pid) for e in cpu_events) if p is not None} | {main_pid}
 
     tables.update(_gpu_tables(groups, strings, main_pid))
     runtime = groups["runtime"] + groups["driver"]
@@ -419,8 +419,8 @@ def _target_info(doc: Document, tables: dict[str, pl.DataFrame], span: list[Even
         s, e = _times(span[:1])
         starts.append(s[0])
         ends.append(e[0])
-    lo = min(int(v) for v in starts if v is not None)  # type: ignore[call-overload]
-    hi = max(int(v) for v in ends if v is not None)  # type: ignore[call-overload]
+    lo = min(int(v) for v in starts if isinstance(v, int))
+    hi = max(int(v) for v in ends if isinstance(v, int))
     out["ANALYSIS_DETAILS"] = pl.DataFrame({"startTime": [lo], "stopTime": [hi], "duration": [hi - lo]},
                                            schema={"startTime": pl.Int64, "stopTime": pl.Int64, "duration": pl.Int64})
     base = as_int(doc.baseTimeNanoseconds)
