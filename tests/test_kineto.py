@@ -172,7 +172,7 @@ def test_folder_of_ranks() -> None:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "200"}
+    env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, "-m", "tracekit.cli.main", *args], capture_output=True, text=True, env=env,
                           check=False, timeout=300)
 
