@@ -61,6 +61,7 @@ from typing import Any
 import polars as pl
 
 from tracekit.errors import TracekitError, TraceNotFoundError, UnrelatedReportsError
+from tracekit.kineto.sniff import is_kineto
 from tracekit.nsys.columnar import folder_format
 from tracekit.runs import require_one_run
 
@@ -271,10 +272,13 @@ def _resolve(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -
             out.extend(f for stem, f in by_stem.items() if stem not in sqlite_stems)
             exported = sqlite_stems | {f.stem for f in folders}
             out.extend(f for f in found if f.suffix != ".sqlite" and f.stem not in exported)
+            # PyTorch profiler traces, told by content (rank-0.json.gz, *.pt.trace.json …)
+            out.extend(f for f in p.iterdir() if f.is_file() and f.suffix not in _REPORT_SUFFIXES and is_kineto(f))
         else:
             out.append(p)
     if not out:
-        msg = f"no Nsight Systems reports (.sqlite, .nsys-rep) in {paths}; pass report files or their folder"
+        msg = (f"no Nsight Systems reports (.sqlite, .nsys-rep) or PyTorch profiler traces (*.pt.trace.json[.gz]) in {paths}; "
+               "pass report files or their folder")
         raise TraceNotFoundError(msg)
     return sorted(dict.fromkeys(out), key=_natural_key)
 

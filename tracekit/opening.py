@@ -56,7 +56,7 @@ def _is_ncu_report(head: bytes) -> bool:
 
 def sniff(path: str | Path) -> str:
     """The kind of trace file by its bytes: ``"nsys-sqlite"``, ``"nsys-report"``, ``"ncu"``,
-    ``"ncu-csv"``, or ``"nsys-parquetdir"``/``"nsys-arrowdir"`` for a folder that ``nsys export
+    ``"ncu-csv"``, ``"kineto"`` (a Chrome-trace JSON object with Kineto's keys, gzipped or not), or ``"nsys-parquetdir"``/``"nsys-arrowdir"`` for a folder that ``nsys export
     --type parquetdir``/``arrowdir`` wrote."""
     path = Path(path)
     _check_path(path)
@@ -76,16 +76,23 @@ def sniff(path: str | Path) -> str:
         return "ncu"
     if head.lstrip().startswith(b'"ID"'):
         return "ncu-csv"
+    from tracekit.kineto.sniff import head as text_head
+    from tracekit.kineto.sniff import looks_like_kineto
+
+    if looks_like_kineto(text_head(path)):
+        return "kineto"
     msg = (
-        f"{path} is not an Nsight Systems (.sqlite, .nsys-rep) or Nsight Compute (.ncu-rep, raw CSV) file; "
-        "export Nsight Systems reports with `nsys export --type sqlite`"
+        f"{path} is not an Nsight Systems (.sqlite, .nsys-rep), Nsight Compute (.ncu-rep, raw CSV) or PyTorch profiler "
+        "(*.pt.trace.json[.gz]) file; export Nsight Systems reports with `nsys export --type sqlite`"
     )
     raise TraceFormatError(msg)
 
 
 def open(path: str | Path, **options: Any) -> NsysTrace | NcuReport:  # noqa: A001 - public name
     """Open a trace by content: an nsys SQLite export or report, a folder that ``nsys export
-    --type parquetdir`` (or ``arrowdir``) wrote, or an ncu report or CSV.
+    --type parquetdir`` (or ``arrowdir``) wrote, a PyTorch profiler (Kineto) trace
+    (``*.pt.trace.json``, gzipped or not: a :class:`~tracekit.kineto.KinetoTrace`, converted
+    once into tracekit's cache), or an ncu report or CSV.
 
     ``.nsys-rep``/``.qdrep`` files are exported to SQLite with an nsys found on this machine
     (see :func:`tracekit.nsys.export.export_report`). Options go to the trace class
@@ -103,6 +110,10 @@ def open(path: str | Path, **options: Any) -> NsysTrace | NcuReport:  # noqa: A0
         from tracekit.nsys.trace import NsysTrace
 
         return _open_sqlite(path, NsysTrace, options)
+    if kind == "kineto":
+        from tracekit.kineto.trace import KinetoTrace
+
+        return KinetoTrace(path, **options)
     if kind == "nsys-report":
         from tracekit.nsys.export import export_report
         from tracekit.nsys.trace import NsysTrace

@@ -340,6 +340,8 @@ class Context:
             it = dl.iterations.slice(dl.warmup).filter(inside)
             steps.append(it.select(*[pl.lit(v).alias(k) for k, v in dl.keys.items()], pl.col("iteration").alias("step"),
                                    "start_ns", "end_ns"))
+        if not steps and "warmup" not in s.iterations.columns:  # training told by its kernels, no iterations
+            return pl.DataFrame()
         if not steps:  # NVTX steps: each step's span on every GPU of the window
             its = s.iterations.filter(~pl.col("warmup")).select(pl.col("iteration").alias("step"), pl.col("w_start").alias("start_ns"),
                                                                    pl.col("w_end").alias("end_ns")).filter(inside)

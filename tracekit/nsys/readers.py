@@ -56,6 +56,11 @@ def select(db: ExportSource, table: str, cols: Sequence[Col], where: str = "") -
     schema = {c.target: c.dtype for c in cols}
     if not present:
         return pl.DataFrame(schema=schema)
+    if not where and not any(c.source in present for c in cols):
+        # only absent columns: ``SELECT NULL FROM t`` gives one row in polars' SQL (an nsys
+        # columnar export, a converted Kineto trace), not one per row of the table
+        n = db.row_count(table)
+        return pl.DataFrame([pl.Series(c.target, [None] * n, dtype=c.dtype) for c in cols])
     text = [c.target for c in cols if c.dtype == pl.Utf8 and c.sql is None and c.source in present]
     if not text:
         return db.query_table(table, _sql_exprs(cols, present), schema, where)

@@ -42,7 +42,10 @@ def word_pattern(words: Sequence[str]) -> str:
     return "(?:^|[^A-Za-z])(?:" + "|".join(re.escape(w) for w in words) + ")(?:[^A-Za-z]|$)"
 
 
-DEFAULT_ITERATION_PATTERN = word_pattern(ITERATION_WORDS)
+#: The range ``torch.profiler`` opens around each ``prof.step()`` (``ProfilerStep#12``): a step
+#: whatever the words, though ``Step`` follows a letter there.
+PROFILER_STEP_PATTERN = r"^ProfilerStep#\d+$"
+DEFAULT_ITERATION_PATTERN = word_pattern(ITERATION_WORDS) + "|" + PROFILER_STEP_PATTERN
 
 _SCHEMA = {
     "pid": pl.Int64, "iteration": pl.Int64, "name": pl.Utf8, "range_id": pl.Int64, "tid": pl.Int64,
