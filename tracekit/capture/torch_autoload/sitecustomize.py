@@ -1,7 +1,10 @@
-"""Start-up hook of ``tracekit capture nsys --annotate-torch`` (not a tracekit module).
+"""Start-up hook of ``tracekit capture nsys --annotate-torch`` and ``tracekit capture torch``
+(not a tracekit module).
 
 The capture puts this folder first on the program's ``PYTHONPATH`` and the wanted ranges in
-``TRACEKIT_ANNOTATE_TORCH`` (JSON: depth, include, exclude, backward). Python imports
+``TRACEKIT_ANNOTATE_TORCH`` (JSON: depth, include, exclude, backward), or the profiler's
+settings in ``TRACEKIT_TORCH_PROFILE`` (JSON: ``tracekit/capture/torch_profile.py``, which is
+loaded from its file and started once ``torch`` is imported). Python imports
 ``sitecustomize`` at start-up in every interpreter of the program (torchrun's workers too);
 this one waits for ``import torch`` to finish, then installs
 ``tracekit/capture/torch_nvtx.py``'s global module hooks, loaded from its file so that
@@ -22,24 +25,35 @@ import sys
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _ENV = "TRACEKIT_ANNOTATE_TORCH"
+_PROFILE_ENV = "TRACEKIT_TORCH_PROFILE"
 
 
 def _say(message: str) -> None:
     print(f"tracekit: {message}", file=sys.stderr, flush=True)
 
 
-def _load_annotator():  # type: ignore[no-untyped-def]
-    path = os.path.join(os.path.dirname(_HERE), "torch_nvtx.py")
-    spec = importlib.util.spec_from_file_location("_tracekit_torch_nvtx", path)
+def _load(file: str, name: str):  # type: ignore[no-untyped-def]
+    path = os.path.join(os.path.dirname(_HERE), file)
+    spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot load {path}")
     module = importlib.util.module_from_spec(spec)
-    sys.modules["_tracekit_torch_nvtx"] = module
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 
 
+def _load_annotator():  # type: ignore[no-untyped-def]
+    return _load("torch_nvtx.py", "_tracekit_torch_nvtx")
+
+
 def _install(config: dict) -> None:  # type: ignore[type-arg]
+    if config.get("_profile"):
+        try:
+            _load("torch_profile.py", "_tracekit_torch_profile").install(config)
+        except Exception as exc:  # noqa: BLE001 - the program must run regardless
+            _say(f"torch.profiler could not start ({type(exc).__name__}: {exc}); the program runs without it")
+        return
     try:
         annotator = _load_annotator()
         ann = annotator.install_global(**annotator.AnnotationConfig.from_dict(config).to_dict())
@@ -87,7 +101,8 @@ class _AfterTorch:
 
 
 def _start() -> None:
-    raw = os.environ.get(_ENV)
+    env = _PROFILE_ENV if os.environ.get(_PROFILE_ENV) else _ENV
+    raw = os.environ.get(env)
     if not raw:
         return
     try:
@@ -95,8 +110,10 @@ def _start() -> None:
         if not isinstance(config, dict):
             raise ValueError("not a JSON object")
     except ValueError as exc:
-        _say(f"{_ENV} is not valid ({exc}); no module ranges")
+        _say(f"{env} is not valid ({exc}); " + ("no torch.profiler trace" if env == _PROFILE_ENV else "no module ranges"))
         return
+    if env == _PROFILE_ENV:
+        config["_profile"] = True
     if "torch" in sys.modules:
         _install(config)
     else:
