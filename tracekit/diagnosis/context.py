@@ -352,7 +352,8 @@ class Context:
             return pl.DataFrame()
         ops = categorize_ops(self.kernels_w, self.memcpys_w if self.memcpys_w.height else None, None, None)
         threads = getattr(self.trace, "threads", None)
-        tids = autograd_threads(threads) if isinstance(threads, pl.DataFrame) else []
+        cpu_ops = getattr(self.trace, "cpu_ops", None) if "cpu_ops" in dir(type(self.trace)) else None
+        tids = autograd_threads(threads, cpu_ops if isinstance(cpu_ops, pl.DataFrame) else None) if isinstance(threads, pl.DataFrame) else []
         if tids and self.api_count and "correlation_id" in ops.columns:
             ops = launch_info(ops, self.api_source, columns=("global_tid", "api_start_ns"))
         return training_phases(ops, frame, autograd_tids=tids)

@@ -55,11 +55,21 @@ _SCHEMA = {
 }
 
 
+#: torch.profiler's step ranges (``ProfilerStep#N``, one per ``prof.step()``).
+PROFILER_STEP = r"^ProfilerStep#\d+$"
+
+
 def iteration_ranges(nvtx: pl.DataFrame, *, pattern: str = DEFAULT_ITERATION_PATTERN) -> pl.DataFrame:
-    """The outermost ranges matching ``pattern``: (``rank``,) ``pid``, ``iteration``,
+    """The outermost ranges matching ``pattern`` (with the default pattern, only torch.profiler's
+    ``ProfilerStep#N`` ranges when the trace has them): (``rank``,) ``pid``, ``iteration``,
     ``name`` (label), ``range_id``, ``tid``, ``global_tid``, ``start_ns``, ``end_ns``."""
     keys = rank_keys(nvtx)
     tree = _nvtx_tree(nvtx, keys, paths=False, labels=True, lean=True)
+    if pattern == DEFAULT_ITERATION_PATTERN and tree["label"].str.contains(PROFILER_STEP).any():
+        # torch.profiler's own step marker: one range per profiler step, opened where the
+        # program's (or tracekit's optimizer hook's) prof.step() is; ranges such as
+        # Optimizer.step#AdamW.step cross its boundaries and are not the steps
+        pattern = PROFILER_STEP
     t = tree.with_columns(pl.col("label").str.contains(f"(?i){pattern}").fill_null(False).alias("_m"))
     t = t.with_columns(pl.lit(False).alias("_anc"))
     for level in range(1, max_int(t["level"]) + 1):

@@ -60,6 +60,7 @@ from tracekit.analysis.run.forwards import (
 from tracekit.analysis.run.iterations import (
     DEFAULT_ITERATION_PATTERN,
     ITERATION_WORDS,
+    PROFILER_STEP,
     iteration_ranges,
     iterations,
     warmup_count,
@@ -459,6 +460,8 @@ def find_iterations(
     named = ("named " + ", ".join(ITERATION_WORDS[:-1]) + f" or {ITERATION_WORDS[-1]}" if settings.iteration_pattern == DEFAULT_ITERATION_PATTERN
              else f"matching {settings.iteration_pattern!r}")
     if its.height:
+        if "name" in its.columns and its["name"].drop_nulls().str.contains(PROFILER_STEP).all():
+            named = "torch.profiler's step ranges, ProfilerStep#N"
         method, why = ("forwards", forwards_why) if forwards_why else ("nvtx", f"NVTX iteration ranges ({named})")
         total = int(its["iteration"].max()) + 1  # type: ignore[arg-type]
         frame = its.with_columns(

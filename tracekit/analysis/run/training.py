@@ -90,12 +90,26 @@ _PHASE_COLUMNS = ("window_ns", "compute_only_ns", "overlap_ns", "communication_o
                   "communication_ns", "exposed_comm_ns")
 
 
-def autograd_threads(threads: pl.DataFrame) -> list[int]:
-    """The ``global_tid`` of the threads PyTorch named as autograd's device threads
-    (:data:`AUTOGRAD_THREAD`) in a trace's ``threads`` table (``global_tid``, ``name``)."""
-    if threads.height == 0 or not {"global_tid", "name"} <= set(threads.columns):
+#: CPU operators that autograd's engine runs for each backward function (a torch.profiler trace's
+#: ``cpu_ops``: ``autograd::engine::evaluate_function: MmBackward0``), on its own thread.
+AUTOGRAD_OPS = r"^autograd::engine::evaluate_function"
+
+
+def autograd_threads(threads: pl.DataFrame, cpu_ops: pl.DataFrame | None = None) -> list[int]:
+    """The ``global_tid`` of autograd's device threads: those PyTorch named so
+    (:data:`AUTOGRAD_THREAD`) in a trace's ``threads`` table (``pid``, ``tid``, ``global_tid``,
+    ``name``), else, given a torch.profiler trace's ``cpu_ops`` (``pid``, ``tid``, ``name``; it
+    records no thread names), the threads that ran autograd's engine (:data:`AUTOGRAD_OPS`)."""
+    if threads.height == 0 or "global_tid" not in threads.columns:
         return []
-    return threads.filter(pl.col("name").fill_null("").str.contains(AUTOGRAD_THREAD))["global_tid"].drop_nulls().unique().sort().to_list()
+    if "name" in threads.columns:
+        named = threads.filter(pl.col("name").fill_null("").str.contains(AUTOGRAD_THREAD))["global_tid"].drop_nulls()
+        if named.len():
+            return named.unique().sort().to_list()
+    if cpu_ops is None or cpu_ops.height == 0 or not {"pid", "tid", "name"} <= set(cpu_ops.columns) or "tid" not in threads.columns:
+        return []
+    engine = cpu_ops.filter(pl.col("name").str.contains(AUTOGRAD_OPS)).select("pid", "tid").unique()
+    return threads.join(engine, on=["pid", "tid"])["global_tid"].drop_nulls().unique().sort().to_list()
 
 
 def micro_batch_steps(frame: pl.DataFrame, ops: pl.DataFrame) -> tuple[pl.DataFrame, int] | None:
