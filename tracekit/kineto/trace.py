@@ -119,6 +119,16 @@ class KinetoTrace(NsysTrace):
         return self._kineto_table("KINETO_GPU_ARGS", C.GPU_ARGS_SCHEMA)
 
     @cached_property
+    def operators(self) -> pl.DataFrame:
+        """Every CPU operator that launched kernels, with their GPU time, its shapes, FLOPs,
+        bytes, achieved TFLOP/s and TB/s and a roofline verdict against this trace's GPU
+        (:func:`tracekit.analysis.op_costs.operator_costs`, which builds it;
+        :func:`~tracekit.analysis.op_costs.op_cost_summary` per op and shape, module or step)."""
+        from tracekit.nsys.trace import derived_table
+
+        return derived_table(self, "operators")
+
+    @cached_property
     def flows(self) -> pl.DataFrame:
         """One row per GPU operation: the CPU operator that launched it, through the launch call.
 

@@ -27,7 +27,8 @@ log = logging.getLogger(__name__)
 #: registers its builder here (``tracekit.analysis.nccl`` registers ``"nccl"``), so this loader
 #: never imports an analysis; :data:`DERIVED_PROVIDERS` names the module to load on first use.
 DERIVED_TABLES: dict[str, Callable[[Any], pl.DataFrame]] = {}
-DERIVED_PROVIDERS: dict[str, str] = {"nccl": "tracekit.analysis.nccl", "graphs": "tracekit.analysis.graphs"}
+DERIVED_PROVIDERS: dict[str, str] = {"nccl": "tracekit.analysis.nccl", "graphs": "tracekit.analysis.graphs",
+                                     "operators": "tracekit.analysis.op_costs"}
 
 
 def derived_table(trace: Any, name: str) -> pl.DataFrame:
