@@ -1,6 +1,7 @@
 """Mode ``torch`` (``tracekit capture torch``): real programs under the start-up hook's
-``torch.profiler``, on this machine's CPU-only PyTorch, so every trace is CPU-only and the opening
-step must say so; the traces themselves are read back as gzipped JSON."""
+``torch.profiler``, on this machine's CPU-only PyTorch, so every trace they write is CPU-only and
+the opening step must say so; the traces themselves are read back as gzipped JSON. The opening
+step on GPU traces runs on real ones from ``sample_traces/kineto``, copied in by the program."""
 
 from __future__ import annotations
 
@@ -152,6 +153,36 @@ def test_torchrun_writes_one_trace_per_worker(cli: CliRunner, train: Path, tmp_p
     assert record["target_exit_code"] == 0 and record["reports"]["torch"] == [t.name for t in traces]
     assert record["error"].startswith("the 2 traces have no GPU activity")
     assert result.exit_code == 2 and "Traceback" not in result.output
+
+
+#: Stands in for a GPU run on this CPU machine: copies real GPU traces (sample_traces/kineto,
+#: captured by torch.profiler on GPUs) to where the hook would write them, named by rank.
+COPY_IN = """\
+import json, os, shutil, sys
+out = json.loads(os.environ["TRACEKIT_TORCH_PROFILE"])["out"]
+for rank, src in enumerate(sys.argv[1:]):
+    shutil.copy(src, os.path.join(out, f"gpuhost_{100 + rank}.rank{rank}.pt.trace.json.gz"))
+"""
+
+
+def test_opening_step_on_gpu_traces(cli: CliRunner, tmp_path: Path) -> None:
+    """The opening step on real GPU traces (two ranks): complete, the kernels summarized over
+    both, each trace's ProfilerStep ranges listed, and the call that opens them printed."""
+    from tests.conftest import SAMPLES
+
+    ranks = [SAMPLES / "kineto" / "sampled_2rank" / f"sampled_rank-{r}.json.gz" for r in (0, 1)]
+    script = tmp_path / "copy_in.py"
+    script.write_text(COPY_IN)
+    out = tmp_path / "runs"
+    result = cli.invoke(app, ["torch", "-q", "-o", str(out), "--", PY, str(script), *map(str, ranks)])
+    assert result.exit_code == 0, result.output
+    folder = _run_folder(out)
+    summary = json.loads((folder / "summary.json").read_text())["torch"]
+    assert summary["devices"] == [0, 1] and summary["kernel_count"] > 0 and "error" not in summary
+    assert summary["top_kernels"][0]["name"].startswith("ncclKernel_SendRecv")
+    assert [r["profiler_steps"] for r in summary["reports"].values()] == [[551, 552], [551, 552]]
+    assert result.output.count("(ProfilerStep#551..#552)") == 2
+    assert f"tracekit.open_many('{folder}')" in result.output.replace("\n", "")
 
 
 def test_python_api(train: Path, tmp_path: Path) -> None:
