@@ -1,14 +1,15 @@
-"""Capture: build and run nsys / ncu command lines, one recorded experiment folder per run.
+"""Capture: run a program under nsys / ncu / torch.profiler, one recorded experiment folder per run.
 
-Options live in dataclasses (:class:`NsysOptions`, :class:`NcuOptions`, :class:`Experiment`);
-:func:`run`, :func:`nsys`, :func:`ncu` and :func:`sweep` run them. Nothing heavy is imported here.
+Options live in dataclasses (:class:`NsysOptions`, :class:`NcuOptions`, :class:`TorchOptions`,
+:class:`Experiment`); :func:`run`, :func:`nsys`, :func:`ncu`, :func:`torch` and :func:`sweep`
+run them. Nothing heavy is imported here.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tracekit.capture.options import MODES, Experiment, NcuOptions, NsysOptions
+from tracekit.capture.options import MODES, Experiment, NcuOptions, NsysOptions, TorchOptions
 
 __all__ = [
     "MODES",
@@ -19,6 +20,7 @@ __all__ = [
     "NcuOptions",
     "NsysOptions",
     "OutputLine",
+    "TorchOptions",
     "load_config",
     "ncu",
     "nsys",
@@ -27,11 +29,12 @@ __all__ = [
     "resolve",
     "run",
     "sweep",
+    "torch",
 ]
 
 if TYPE_CHECKING:
     from tracekit.capture.config import PRESETS, load_config, resolve
-    from tracekit.capture.experiment import ExperimentResult, ncu, nsys, run
+    from tracekit.capture.experiment import ExperimentResult, ncu, nsys, run, torch
     from tracekit.capture.output import ConsoleReporter, OutputLine
     from tracekit.capture.prepare import plan, preflight_check
     from tracekit.capture.sweep import sweep
@@ -49,6 +52,7 @@ _LAZY = {
     "ConsoleReporter": "tracekit.capture.output",
     "OutputLine": "tracekit.capture.output",
     "sweep": "tracekit.capture.sweep",
+    "torch": "tracekit.capture.experiment",
 }
 
 

@@ -5,13 +5,14 @@ Each run writes ``<out>/<name>_<mode>_<timestamp>/`` (a new suffix rather than o
 ``experiment.json`` (command, options, tools, times, status, exit codes), ``config.yaml`` (the
 resolved configuration), ``command.txt`` (the exact command lines), ``env.json`` (CUDA_*, NCCL_*,
 RANK… as the program saw them), ``gpu.json`` (nvidia-smi), ``<step>.stdout.log`` /
-``<step>.stderr.log``, the reports (``.nsys-rep`` + ``.sqlite``, ``.ncu-rep`` + ``.raw.csv``)
-and ``summary.json``.
+``<step>.stderr.log``, the reports (``.nsys-rep`` + ``.sqlite``, ``.ncu-rep`` + ``.raw.csv``,
+mode ``torch``: ``<host>_<pid>[.rank<RANK>].pt.trace.json.gz`` per process) and ``summary.json``.
 """
 
 from __future__ import annotations
 
 import platform
+import re
 import shlex
 import socket
 import sys
@@ -25,7 +26,7 @@ from typing import Any
 from tracekit.capture import commands as cmds
 from tracekit.capture import handoff, preflight, summary
 from tracekit.capture.handoff import handoff_passes
-from tracekit.capture.options import Experiment, NcuOptions, NsysOptions
+from tracekit.capture.options import Experiment, NcuOptions, NsysOptions, TorchOptions
 from tracekit.capture.output import OutputLine, as_callback, target_exit_code
 from tracekit.capture.prepare import (
     environment_snapshot,
@@ -48,7 +49,10 @@ from tracekit.errors import CaptureError
 from tracekit.tools import Tool
 
 OnOutput = Callable[[OutputLine], None]
-__all__ = ["ExperimentResult", "handoff_passes", "ncu", "nsys", "run"]
+__all__ = ["ExperimentResult", "handoff_passes", "ncu", "nsys", "run", "torch"]
+
+#: The traces mode ``torch`` leaves in the experiment folder (``torch_profile.py`` names them).
+TORCH_TRACES = "*.pt.trace.json.gz"
 
 
 @dataclass
@@ -68,7 +72,7 @@ class ExperimentResult:
     profiler_exit_code
         The last profiler's own exit code (``None`` in mode ``none``).
     reports
-        Report files by kind: ``nsys``, ``sqlite``, ``ncu``, ``csv`` (lists of paths).
+        Report files by kind: ``nsys``, ``sqlite``, ``ncu``, ``csv``, ``torch`` (lists of paths).
     summary
         The content of ``summary.json``.
     error
@@ -98,11 +102,18 @@ class ExperimentResult:
         """Whether every step finished and the program exited 0."""
         return self.status == "complete"
 
-    def open(self, kind: str = "sqlite", index: int = 0) -> Any:
-        """Open a report of this capture with :func:`tracekit.open` (``kind``: sqlite, nsys or ncu)."""
+    def open(self, kind: str | None = None, index: int = 0) -> Any:
+        """Open a report of this capture with :func:`tracekit.open` (``kind``: sqlite, nsys, ncu
+        or torch; by default torch in mode ``torch``, else sqlite).
+
+        Mode ``torch`` with several traces (one per torchrun rank) opens them all with
+        :func:`tracekit.open_many` (``index`` then picks nothing)."""
         import tracekit
 
+        kind = kind or ("torch" if self.experiment.mode == "torch" else "sqlite")
         paths = self.reports.get(kind) or []
+        if kind == "torch" and len(paths) > 1:
+            return tracekit.open_many(paths)
         if index >= len(paths):
             msg = f"this capture has no {kind} report #{index} (it has: {', '.join(self.reports) or 'none'})"
             raise CaptureError(msg)
@@ -159,6 +170,27 @@ def _exit_reason(code: int | None) -> str | None:
         how = " (killed from outside, or by the out-of-memory killer)" if name == "SIGKILL" else ""
         return f"the program was ended by {name} (exit code {code}){how}"
     return f"the program exited with code {code}"
+
+
+def _natural(name: str) -> list[Any]:
+    """Sort key: ``rank2`` before ``rank10``."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+
+def _no_trace_reason(res: ProcessResult, said: Sequence[str]) -> str:
+    """Why mode ``torch`` found no trace, as one line: stopped, the profiler did not start, the
+    program failed, or it never imported torch / left through ``os._exit``."""
+    if res.status in ("timeout", "interrupted"):
+        return f"the program was stopped ({res.status}) before it wrote a torch.profiler trace"
+    hook = [n for n in said if not n.startswith("torch.profiler trace written")]
+    if hook:  # the start-up hook said why: the profiler did not start, nothing was recorded …
+        return f"no torch.profiler trace: {hook[0]}"
+    if res.returncode not in (0, None):
+        reason = _exit_reason(res.returncode) or f"the program exited with code {res.returncode}"
+        return f"{reason} before a torch.profiler trace was written; see torch.stderr.log"
+    return ("the program wrote no torch.profiler trace: it never imported torch (is it a Python program using "
+            "PyTorch?), or it left through os._exit, which skips the exit hook that writes a whole-run trace "
+            "(--steps 0, or fewer optimizer steps than the schedule); see torch.stderr.log")
 
 
 def _killed_by(res: ProcessResult) -> str | None:
@@ -275,6 +307,33 @@ class _Run:
         self.result.target_exit_code, self.result.target_exit_code_source = res.returncode, "direct"
         self.stop_status(res)
         self.result.summary = {"mode": "none"}
+
+    def run_torch(self) -> None:
+        """Mode ``torch``: the program itself, ``torch.profiler`` started inside each of its Python
+        processes by the start-up hook (:func:`~tracekit.capture.prepare.profile_env`); then the
+        traces they wrote, opened for the summary."""
+        res = self.step("torch", list(self.exp.command), tool=None)
+        self.result.program_wall_s = res.wall_s
+        self.result.target_exit_code, self.result.target_exit_code_source = res.returncode, "direct"
+        self.stop_status(res)
+        traces = sorted(self.folder.glob(TORCH_TRACES), key=lambda p: _natural(p.name))
+        self.result.reports["torch"] = traces
+        # what the hook said (it never stops the program): the schedule not reached, no profiler…
+        said = [line.strip()[len("tracekit: "):] for line in self.lines("torch") if line.startswith("tracekit: ")]
+        if not traces:
+            self.result.error = _no_trace_reason(res, said)
+            self.result.summary["torch"] = {"error": "no trace"}
+        for note in dict.fromkeys(n for n in said if not n.startswith("torch.profiler trace written")):
+            if note not in (self.result.error or ""):
+                self.result.warnings.append(note)
+        if not traces:
+            return
+        found = summary.summarize_torch(traces)
+        self.result.summary["torch"] = found
+        if found.get("no_gpu_activity"):
+            self.result.error = found["error"]
+        elif found.get("error"):
+            self.result.warnings.append(f"the trace did not open: {found['error']}")
 
     def run_nsys(self) -> bool:
         nsys = self.tools["nsys"]
@@ -459,7 +518,8 @@ class _Run:
     def keep_written_reports(self) -> list[str]:
         """Record the reports a stopped profiler wrote (nsys writes its report after SIGINT, as
         after Ctrl-C in a terminal) under ``reports``; their file names."""
-        kinds = {"nsys": ("*.nsys-rep", "*.qdrep"), "sqlite": ("*.sqlite",), "ncu": ("*.ncu-rep",)}
+        kinds = {"nsys": ("*.nsys-rep", "*.qdrep"), "sqlite": ("*.sqlite",), "ncu": ("*.ncu-rep",),
+                 "torch": (TORCH_TRACES,)}
         names: list[str] = []
         for kind, patterns in kinds.items():
             found = sorted(p for pattern in patterns for p in self.folder.glob(pattern))
@@ -536,6 +596,8 @@ def run(
     env = program_env(exp)
     tools, notes = preflight_check(exp, env, system_checks=system_checks)
     folder = experiment_folder(exp.out, exp.display_name, exp.mode)
+    if exp.mode == "torch":  # the traces go to the folder, named absolutely: the program has its own cwd
+        env = program_env(exp, folder.resolve())
     state = _Run(exp, folder, tools, env, as_callback(on_output), stop_event)
     state.result.warnings += notes
     import yaml
@@ -548,6 +610,8 @@ def run(
         with stop_on_signals():  # SIGTERM/SIGHUP stop the program tree as Ctrl-C does
             if exp.mode == "none":
                 state.run_plain()
+            elif exp.mode == "torch":
+                state.run_torch()
             else:
                 go_on = True
                 if exp.mode in ("nsys", "nsys+ncu"):
@@ -601,3 +665,26 @@ def ncu(
     on_output = experiment.pop("on_output", None)
     exp = Experiment(command=command, mode="ncu", ncu=options or NcuOptions(), **experiment)  # type: ignore[arg-type]
     return run(exp, on_output=on_output)
+
+
+def torch(
+    command: list[str] | str, options: TorchOptions | None = None, **experiment: Any
+) -> ExperimentResult:
+    """Run ``command`` unmodified under ``torch.profiler`` (mode ``torch``); ``experiment`` takes
+    :class:`Experiment` fields.
+
+    Every Python process of the program that imports ``torch`` (each torchrun worker, not the
+    launcher) writes ``<host>_<pid>[.rank<RANK>].pt.trace.json.gz`` into the experiment folder:
+    ``options.skip`` optimizer steps waited, ``options.steps`` recorded (``0``: the whole run).
+    ``result.open()`` opens the trace (several ranks: :func:`tracekit.open_many`).
+
+    Examples
+    --------
+    >>> result = torch(["python3", "train.py"], TorchOptions(skip=3, steps=5), out="experiments")  # doctest: +SKIP
+    >>> result.reports["torch"]  # doctest: +SKIP
+    >>> trace = result.open()  # doctest: +SKIP
+    """
+    on_output = experiment.pop("on_output", None)
+    check = experiment.pop("check", True)
+    exp = Experiment(command=command, mode="torch", torch=options or TorchOptions(), **experiment)  # type: ignore[arg-type]
+    return run(exp, on_output=on_output, check=check)

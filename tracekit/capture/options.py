@@ -1,7 +1,7 @@
 """Configuration dataclasses for a capture: what to run, under which profiler, with which options.
 
-:class:`NsysOptions` and :class:`NcuOptions` hold one profiler's settings each;
-:class:`Experiment` holds the program, the mode and both option sets. All three convert to and
+:class:`NsysOptions`, :class:`NcuOptions` and :class:`TorchOptions` hold one profiler's settings
+each; :class:`Experiment` holds the program, the mode and the option sets. All convert to and
 from plain dictionaries (the shape of the YAML files in ``configs/``) and refuse unknown keys.
 """
 
@@ -17,8 +17,9 @@ from typing import Any, TypeVar
 
 from tracekit.errors import CaptureError
 
-MODES = ("none", "nsys", "ncu", "nsys+ncu")
-"""Capture modes: run only, Nsight Systems, Nsight Compute, or Nsight Systems then Compute."""
+MODES = ("none", "nsys", "ncu", "nsys+ncu", "torch")
+"""Capture modes: run only, Nsight Systems, Nsight Compute, Nsight Systems then Compute, or
+``torch.profiler`` inside the program."""
 
 _MODE_ALIASES = {"both": "nsys+ncu", "nsys-ncu": "nsys+ncu", "run": "none"}
 _CAPTURE_RANGES = {
@@ -243,6 +244,48 @@ class NcuOptions:
         return self.nvtx or bool(self.nvtx_include or self.nvtx_exclude)
 
 
+@dataclass(frozen=True)
+class TorchOptions:
+    """Options of mode ``torch``: ``torch.profiler`` started inside the unmodified program.
+
+    Attributes
+    ----------
+    skip
+        Optimizer steps waited before recording (the last of them is the profiler's warm-up).
+        A step is one ``Optimizer.step()``: gradient accumulation's micro-batches are one step.
+    steps
+        Optimizer steps recorded; the trace is written when they are done. ``0`` records the
+        whole run and writes the trace at exit (a program that never steps an optimizer, such
+        as inference or ``generate()``, is recorded whole either way).
+    record_shapes, profile_memory, with_stack, with_modules
+        ``torch.profiler.profile``'s options of the same names (a stack per operator makes the
+        trace several times larger).
+    """
+
+    skip: int = 3
+    steps: int = 5
+    record_shapes: bool = True
+    profile_memory: bool = False
+    with_stack: bool = False
+    with_modules: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("skip", "steps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                msg = f"torch.{name} must be a whole number of optimizer steps, zero or more, not {value!r:.40}"
+                raise CaptureError(msg)
+        for name in ("record_shapes", "profile_memory", "with_stack", "with_modules"):
+            if not isinstance(getattr(self, name), bool):
+                msg = f"torch.{name} must be true or false, not {getattr(self, name)!r:.40}"
+                raise CaptureError(msg)
+
+    def profile_config(self, out: str | Path) -> dict[str, Any]:
+        """The JSON the program's start-up hook reads from ``TRACEKIT_TORCH_PROFILE``
+        (``tracekit/capture/torch_profile.py``): these options and the folder ``out``."""
+        return {"out": str(out), **dataclasses.asdict(self)}
+
+
 def _as_tuple_args(value: Any, what: str) -> tuple[str, ...]:
     """Extra arguments: a list, or one string split like a shell would (no shell runs it)."""
     if value is None:
@@ -262,15 +305,16 @@ class Experiment:
         The program and its arguments (a list; a string is split like a shell would, but no
         shell ever runs it).
     mode
-        ``"none"``, ``"nsys"``, ``"ncu"`` or ``"nsys+ncu"`` (``"both"`` is accepted).
+        ``"none"``, ``"nsys"``, ``"ncu"``, ``"nsys+ncu"`` (``"both"`` is accepted) or
+        ``"torch"`` (``torch.profiler`` inside the program, see :class:`TorchOptions`).
     name
         Folder name prefix; by default the script or program name.
     out
         Parent folder of the experiment folders.
     preset
         The preset the options came from (recorded, applied by :func:`resolve_experiment`).
-    nsys, ncu
-        Profiler options.
+    nsys, ncu, torch
+        Profiler options (``torch``: mode ``torch``).
     per_rank
         Wrap the profiler *inside* a torchrun launcher, one report per rank.
     top_n
@@ -299,6 +343,7 @@ class Experiment:
     preset: str | None = None
     nsys: NsysOptions = field(default_factory=NsysOptions)
     ncu: NcuOptions = field(default_factory=NcuOptions)
+    torch: TorchOptions = field(default_factory=TorchOptions)
     per_rank: bool = False
     top_n: int = 5
     timeout_s: float | None = None
@@ -326,15 +371,24 @@ class Experiment:
         object.__setattr__(self, "mode", mode)
         object.__setattr__(self, "out", str(self.out))
         object.__setattr__(self, "env", _env(self.env))
-        for key, cls in (("nsys", NsysOptions), ("ncu", NcuOptions)):
+        for key, cls in (("nsys", NsysOptions), ("ncu", NcuOptions), ("torch", TorchOptions)):
             value = getattr(self, key)
             if value is None:
                 value = {}
             if isinstance(value, Mapping):
                 object.__setattr__(self, key, _build(cls, value, key))
             elif not isinstance(value, cls):
-                msg = f"'{key}' must be a mapping of {key} options (e.g. {key}: {{trace: [cuda]}}), not {value!r:.40}"
+                example = {"nsys": "{trace: [cuda]}", "ncu": "{set: basic}", "torch": "{skip: 3, steps: 5}"}[key]
+                msg = f"'{key}' must be a mapping of {key} options (e.g. {key}: {example}), not {value!r:.40}"
                 raise CaptureError(msg)
+        if mode == "torch" and self.annotate_torch is not None:
+            msg = ("annotate_torch (--annotate-torch) adds NVTX ranges for nsys; mode torch records module names "
+                   "with torch.with_modules (--with-modules) instead")
+            raise CaptureError(msg)
+        if mode == "torch" and self.per_rank:
+            msg = ("per_rank puts nsys/ncu inside torchrun; mode torch already profiles every torchrun worker "
+                   "(each writes its own trace): leave per_rank off")
+            raise CaptureError(msg)
         if isinstance(self.top_n, bool) or not isinstance(self.top_n, int):
             msg = f"top_n must be a whole number, not {self.top_n!r:.40}"
             raise CaptureError(msg)

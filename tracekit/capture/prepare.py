@@ -80,11 +80,12 @@ def write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=2, default=str) + "\n")
 
 
-def program_env(exp: Experiment) -> dict[str, str]:
+def program_env(exp: Experiment, folder: str | Path | None = None) -> dict[str, str]:
     """The environment the program gets: this process's, the experiment's ``env`` on top.
 
     A capture range opened by an NVTX range adds ``NSYS_NVTX_PROFILER_REGISTER_ONLY=0``: without it
-    nsys only sees registered strings, and PyTorch's ranges are not registered.
+    nsys only sees registered strings, and PyTorch's ranges are not registered. Mode ``torch``
+    adds :func:`profile_env` with the traces going to ``folder`` (``<folder>`` until it exists).
     """
     env = dict(os.environ)
     if exp.mode in ("nsys", "nsys+ncu") and exp.nsys.capture_range == "nvtx":
@@ -92,19 +93,37 @@ def program_env(exp: Experiment) -> dict[str, str]:
     env.update(exp.env)
     if exp.annotate_torch is not None:
         env.update(annotation_env(exp.annotate_torch, env.get("PYTHONPATH")))
+    if exp.mode == "torch":
+        env.update(profile_env(exp.torch.profile_config(folder or "<folder>"), env.get("PYTHONPATH")))
     return env
 
 
-#: The folder whose ``sitecustomize.py`` installs the per-module NVTX hooks (``--annotate-torch``).
+#: The folder whose ``sitecustomize.py`` installs the per-module NVTX hooks (``--annotate-torch``)
+#: or starts ``torch.profiler`` (mode ``torch``) in every Python process of the program.
 AUTOLOAD_DIR = Path(__file__).resolve().parent / "torch_autoload"
+#: The variable holding mode ``torch``'s settings (JSON) for ``torch_profile.py``.
+PROFILE_ENV = "TRACEKIT_TORCH_PROFILE"
+
+
+def _autoload_path(pythonpath: str | None) -> str:
+    """``PYTHONPATH`` with :data:`AUTOLOAD_DIR` first (Python then runs its ``sitecustomize`` at start-up)."""
+    parts = [str(AUTOLOAD_DIR), *[p for p in (pythonpath or "").split(os.pathsep) if p and p != str(AUTOLOAD_DIR)]]
+    return os.pathsep.join(parts)
 
 
 def annotation_env(config: Mapping[str, Any], pythonpath: str | None = None) -> dict[str, str]:
     """The variables that make every Python process of the program range its torch modules:
-    :data:`AUTOLOAD_DIR` first on ``PYTHONPATH`` (Python then runs its ``sitecustomize`` at
-    start-up) and the wanted ranges as JSON in ``TRACEKIT_ANNOTATE_TORCH``."""
-    parts = [str(AUTOLOAD_DIR), *[p for p in (pythonpath or "").split(os.pathsep) if p and p != str(AUTOLOAD_DIR)]]
-    return {"PYTHONPATH": os.pathsep.join(parts), "TRACEKIT_ANNOTATE_TORCH": json.dumps(dict(config), sort_keys=True)}
+    :data:`AUTOLOAD_DIR` first on ``PYTHONPATH`` and the wanted ranges as JSON in
+    ``TRACEKIT_ANNOTATE_TORCH``."""
+    return {"PYTHONPATH": _autoload_path(pythonpath), "TRACEKIT_ANNOTATE_TORCH": json.dumps(dict(config), sort_keys=True)}
+
+
+def profile_env(config: Mapping[str, Any], pythonpath: str | None = None) -> dict[str, str]:
+    """The variables that make every Python process of the program that imports ``torch`` run
+    ``torch.profiler`` (mode ``torch``): :data:`AUTOLOAD_DIR` first on ``PYTHONPATH`` and
+    ``config`` (:meth:`~tracekit.capture.options.TorchOptions.profile_config`) as JSON in
+    :data:`PROFILE_ENV`. torchrun's workers inherit both: each rank writes its own trace."""
+    return {"PYTHONPATH": _autoload_path(pythonpath), PROFILE_ENV: json.dumps(dict(config), sort_keys=True)}
 
 
 def _python_for(exp: Experiment) -> str:
@@ -157,6 +176,8 @@ def plan(exp: Experiment, folder: str | Path = "<folder>") -> list[tuple[str, li
     steps: list[tuple[str, list[str]]] = []
     if exp.mode == "none":
         steps.append(("run", list(exp.command)))
+    if exp.mode == "torch":  # the profiler starts inside the program (profile_env)
+        steps.append(("torch", list(exp.command)))
     if exp.mode in ("nsys", "nsys+ncu"):
         steps.append(("nsys", profiler_command(exp, "nsys", nsys_path, folder)))
         if exp.nsys.export_sqlite:
@@ -188,6 +209,23 @@ def _placeholder_passes(exp: Experiment) -> list[Any]:
     return handoff_passes(exp, {"top_kernels": names}, [])
 
 
+def check_start_up_hook(command: tuple[str, ...] | list[str]) -> None:
+    """Raise when the Python that runs ``command`` is told to skip the start-up hook of mode
+    ``torch`` (``-I``, ``-E`` ignore ``PYTHONPATH``; ``-S`` skips ``sitecustomize``)."""
+    if not re.match(r"python[\d.]*$", Path(command[0]).name):
+        return
+    for token in command[1:]:
+        if not re.fullmatch(r"-[A-Za-z]+", token) or token in ("-m", "-c"):
+            break
+        if token[1] in "WX":  # -Wdefault, -Xdev: an option's value, not flags
+            continue
+        flags = sorted(set(token[1:]) & set("IES"))
+        if flags:
+            msg = (f"{command[0]} {token} skips the start-up hook that starts torch.profiler (-I/-E ignore PYTHONPATH, "
+                   "-S skips sitecustomize); run the program without it")
+            raise CaptureError(msg)
+
+
 def preflight_check(
     exp: Experiment, env: Mapping[str, str] | None = None, *, system_checks: bool = True
 ) -> tuple[dict[str, Tool], list[str]]:
@@ -206,6 +244,8 @@ def preflight_check(
     preflight.check_program(exp.command, exp.cwd, env)
     if exp.per_rank:
         cmds.split_torchrun(exp.command)
+    if exp.mode == "torch":
+        check_start_up_hook(exp.command)
     tools: dict[str, Tool] = {}
     if exp.mode in ("nsys", "nsys+ncu"):
         if exp.nsys.capture_range == "nvtx" and not exp.nsys.nvtx_capture:

@@ -3,13 +3,17 @@
 :func:`kernel_summary` is a pure function over a kernels table; :func:`summarize_nsys` opens a
 report with :func:`tracekit.open` (imported lazily: the loader may be absent or fail) and, when
 that fails, records the error and reads the kernel table straight from the SQLite export so that
-a sweep still gets its numbers. :func:`summarize_ncu_csv` reads ncu's ``--page raw`` CSV.
+a sweep still gets its numbers. :func:`summarize_ncu_csv` reads ncu's ``--page raw`` CSV;
+:func:`summarize_torch` opens the ``torch.profiler`` traces of mode ``torch``.
 """
 
 from __future__ import annotations
 
 import csv
+import gzip
+import json
 import logging
+import re
 import sqlite3
 import warnings
 from collections.abc import Sequence
@@ -241,6 +245,93 @@ def combine(summaries: Sequence[dict[str, Any]], *, top_n: int = 10) -> dict[str
         devices=sorted({d for s in ok for d in s["devices"]}),
         top_kernels=top,
     )
+    return out
+
+
+_GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "memcpy", "gpu_memset", "memset"})
+_PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+
+
+def kineto_activity(path: Path) -> dict[str, Any]:
+    """What a ``torch.profiler`` trace holds, read with the standard library: ``events``,
+    ``gpu_events`` (kernels, copies, memsets) and ``profiler_steps`` (the ``N`` of each
+    ``ProfilerStep#N`` range, sorted). Reads the whole JSON: for the small traces whose
+    opening failed, not for every trace."""
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as fh:
+        doc = json.load(fh)
+    events = (doc.get("traceEvents") or []) if isinstance(doc, dict) else []
+    gpu = 0
+    steps: set[int] = set()
+    for e in events:
+        if not isinstance(e, dict) or e.get("ph") != "X":
+            continue
+        if str(e.get("cat", "")).lower() in _GPU_CATEGORIES:
+            gpu += 1
+        m = _PROFILER_STEP.match(str(e.get("name", "")))
+        if m:
+            steps.add(int(m.group(1)))
+    return {"events": len(events), "gpu_events": gpu, "profiler_steps": sorted(steps)}
+
+
+def no_gpu_activity(what: str, events: int) -> str:
+    """The one line for traces without GPU work (``what``: "the trace x.json.gz has", "the 2
+    traces have"): why (the program ran without CUDA) and what to do."""
+    return (f"{what} no GPU activity ({events:,} events, no kernels or copies): torch saw no CUDA device in the "
+            "program (a CPU-only torch, or no GPU visible: CUDA_VISIBLE_DEVICES), and tracekit's tables need GPU "
+            "work; capture on a GPU machine (the trace itself opens in Perfetto)")
+
+
+def _profiler_steps(trace: Any) -> list[int]:
+    """The ``N`` of the ``ProfilerStep#N`` ranges of an opened Kineto trace (its ``nvtx`` table)."""
+    nvtx = trace.nvtx
+    column = "text" if "text" in nvtx.columns else "name"
+    names = nvtx[column].drop_nulls().unique().to_list()
+    return sorted(int(m.group(1)) for m in map(_PROFILER_STEP.match, names) if m)
+
+
+def summarize_torch(paths: Sequence[Path], *, top_n: int = 10) -> dict[str, Any]:
+    """Summary of the ``torch.profiler`` traces of one capture (one per process or rank).
+
+    Each trace is opened with :func:`tracekit.open`: kernel totals and top kernels as
+    :func:`kernel_summary`, plus ``profiler_steps``. A trace that does not open gets ``error``
+    (for one without GPU work, :func:`no_gpu_activity`'s line, and ``no_gpu_activity: True``);
+    several traces are combined as :func:`combine` does.
+    """
+    per_trace: list[dict[str, Any]] = []
+    for path in paths:
+        entry: dict[str, Any] = {"report": path.name, "source": "tracekit.open"}
+        try:
+            import tracekit
+
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                trace = tracekit.open(path)
+                entry.update(kernel_summary(trace.kernels, top_n=top_n))
+                try:
+                    entry["profiler_steps"] = _profiler_steps(trace)
+                except Exception as exc:  # the steps are a nicety: the kernels are the summary
+                    log.info("no ProfilerStep ranges from %s: %s", path, exc)
+            if caught:
+                entry["loader_warnings"] = [f"{w.category.__name__}: {w.message}" for w in caught]
+        except Exception as exc:  # recorded, never lost: the trace file stays for other tools
+            entry["source"] = "none"
+            try:
+                activity = kineto_activity(path)
+            except (OSError, ValueError, EOFError):
+                activity = None
+            if activity is not None and activity["events"] and not activity["gpu_events"]:
+                entry.update(error=no_gpu_activity(f"the trace {path.name} has", activity["events"]),
+                             no_gpu_activity=True, events=activity["events"], profiler_steps=activity["profiler_steps"])
+            else:
+                entry["error"] = f"tracekit.open failed: {type(exc).__name__}: {exc}"
+        per_trace.append(entry)
+    if not per_trace:
+        return {"error": "no trace"}
+    out = combine(per_trace, top_n=top_n)
+    if len(per_trace) > 1 and all(s.get("no_gpu_activity") for s in per_trace):
+        events = sum(s["events"] for s in per_trace)
+        out.update(no_gpu_activity=True, error=no_gpu_activity(f"the {len(per_trace)} traces have", events))
     return out
 
 

@@ -53,7 +53,7 @@ def result_row(
     row.update(folder=folder, error=error, status="error" if result is None else None)
     if result is None:
         return row
-    summary = result.summary.get("nsys") or {}
+    summary = result.summary.get("nsys") or result.summary.get("torch") or {}
     top = (summary.get("top_kernels") or [None])[0] or {}
     row.update(
         name=result.experiment.display_name,

@@ -114,25 +114,59 @@ class TorchProfile:
         if prof is None or self.written:
             return
         try:
-            prof.stop()
+            prof.stop()  # a schedule stopped while recording writes its trace here (on_trace_ready)
             if self.steps and self.optimizer_steps:
+                if not self.written:  # still waiting or warming up: nothing to write
+                    _say(f"the program stepped its optimizer {self.optimizer_steps} times, not past the schedule's "
+                         f"{self.skip} skipped steps: nothing was recorded; skip fewer, or record the whole run (steps 0)")
+                    return
                 _say(f"the program stepped its optimizer {self.optimizer_steps} times, fewer than the schedule's "
                      f"{self.skip + self.steps}: the steps recorded so far are written")
-            self._export(prof)
+            if not self.written:
+                self._export(prof)
         except Exception as exc:  # noqa: BLE001 - at exit, the program's own result matters more
             _say(f"could not write the torch.profiler trace ({type(exc).__name__}: {exc})")
 
 
 #: Launchers that import torch but run no GPU work of their own (torchrun's agent): not profiled.
 LAUNCHERS = ("torch/distributed/run.py", "torch/distributed/launch.py", "/torchrun")
+#: The same launchers run as ``python -m MODULE``.
+LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch")
+
+
+def _module_run(argv: list[str]) -> str | None:
+    """The module of ``python [options] -m MODULE …`` (``sys.orig_argv``), else ``None``."""
+    i = 1
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "-m":
+            return argv[i + 1] if i + 1 < len(argv) else None
+        if arg.startswith("-m"):
+            return arg[2:]
+        if arg in ("-W", "-X"):  # an option with its value in the next argument
+            i += 2
+            continue
+        if not arg.startswith("-") or arg == "-c" or arg == "-":
+            return None
+        i += 1
+    return None
+
+
+def is_launcher() -> bool:
+    """Whether this process is torchrun's launcher (:data:`LAUNCHERS`, :data:`LAUNCHER_MODULES`).
+    With ``python -m torch.distributed.run`` torch is imported while Python still looks for the
+    module, when ``sys.argv[0]`` is only ``-m``: the interpreter's own arguments tell."""
+    argv0 = (sys.argv[0] if sys.argv else "").replace(os.sep, "/")
+    if argv0.endswith(LAUNCHERS):
+        return True
+    return _module_run(list(getattr(sys, "orig_argv", []))) in LAUNCHER_MODULES
 
 
 def install(config: dict[str, Any]) -> TorchProfile | None:
     """Start a :class:`TorchProfile` with ``config``; ``None`` (and one line on stderr) when
-    PyTorch's profiler cannot start, or (silently) in a launcher (:data:`LAUNCHERS`), whose
+    PyTorch's profiler cannot start, or (silently) in a launcher (:func:`is_launcher`), whose
     workers are profiled each in their own process."""
-    argv0 = (sys.argv[0] if sys.argv else "").replace(os.sep, "/")
-    if argv0.endswith(LAUNCHERS):
+    if is_launcher():
         return None
     try:
         p = TorchProfile(config)

@@ -4,6 +4,7 @@
     tracekit capture ncu --preset kernel-drilldown --nvtx-include step.1/ -- python3 decode.py
     tracekit capture both --top-n 3 -- python3 decode.py
     tracekit capture none --sweep "batch=1,4" -- python3 decode.py --batch {batch}
+    tracekit capture torch --skip 3 --steps 5 -- python3 train.py
     tracekit capture --config configs/default.yaml [--out runs]
 
 Arguments override the experiment file, which overrides the preset.
@@ -19,11 +20,12 @@ import typer
 from tracekit.cli.terminal import help_markup_mode
 
 _EXP, _NSYS, _NCU = "Experiment", "Nsight Systems (nsys)", "Nsight Compute (ncu)"
+_TORCH = "PyTorch profiler (torch.profiler)"
 _MODES = {"nsys": "nsys", "ncu": "ncu", "both": "nsys+ncu", "none": "none"}
 _CONTEXT = {"allow_interspersed_args": False, "help_option_names": ["-h", "--help"]}
 
 app = typer.Typer(
-    help="Run a program under nsys and/or ncu; each run gets its own folder with reports, logs and summary.",
+    help="Run a program under nsys, ncu or torch.profiler; each run gets its own folder with reports, logs and summary.",
     invoke_without_command=True,
     add_completion=False,
     context_settings={"help_option_names": ["-h", "--help"]},
@@ -140,7 +142,7 @@ def _group(
     dry_run: DryRunOption = False,
     quiet: QuietOption = False,
 ) -> None:
-    """Run a program under nsys and/or ncu (see the commands), or the experiment in --config."""
+    """Run a program under nsys, ncu or torch.profiler (see the commands), or the experiment in --config."""
     ctx.obj = {
         "config": config,
         "sweep": sweep,
@@ -503,6 +505,102 @@ for _name, _help in (
     app.command(_name, help=_help, context_settings=_CONTEXT)(_capture)
 
 
+@app.command("torch", context_settings=_CONTEXT)
+def _capture_torch(
+    ctx: typer.Context,
+    command: Annotated[
+        list[str] | None, typer.Argument(help="The program and its arguments (after --), unmodified.")
+    ] = None,
+    skip: Annotated[
+        int | None,
+        typer.Option("--skip", min=0, help="Optimizer steps waited before recording (default 3; the last one warms "
+                     "the profiler up).", rich_help_panel=_TORCH),
+    ] = None,
+    steps: Annotated[
+        int | None,
+        typer.Option("--steps", min=0, help="Optimizer steps recorded (default 5); 0 = the whole run, written at exit "
+                     "(inference, generate(): a program that never steps an optimizer is recorded whole).",
+                     rich_help_panel=_TORCH),
+    ] = None,
+    record_shapes: Annotated[
+        bool | None,
+        typer.Option("--record-shapes/--no-record-shapes", help="Input shapes of each operator (default on).",
+                     rich_help_panel=_TORCH),
+    ] = None,
+    profile_memory: Annotated[
+        bool | None,
+        typer.Option("--profile-memory/--no-profile-memory", help="Tensor allocations and frees.", rich_help_panel=_TORCH),
+    ] = None,
+    with_stack: Annotated[
+        bool | None,
+        typer.Option("--with-stack/--no-with-stack", help="Python stack of each operator (traces several times larger).",
+                     rich_help_panel=_TORCH),
+    ] = None,
+    with_modules: Annotated[
+        bool | None,
+        typer.Option("--with-modules/--no-with-modules", help="nn.Module hierarchy of each operator.", rich_help_panel=_TORCH),
+    ] = None,
+    config: ConfigOption = None,
+    name: Annotated[
+        str | None, typer.Option("--name", help="Folder name prefix.", rich_help_panel=_EXP)
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", "--output", "-o", help="Parent folder of experiment folders (the traces go into the "
+                     "run's folder).", rich_help_panel=_EXP),
+    ] = None,
+    sweep: Annotated[
+        str | None,
+        typer.Option("--sweep", help="'A=1,2;B=3,4' or a sweep named in the file; {A} in the command takes each value.",
+                     rich_help_panel=_EXP),
+    ] = None,
+    timeout: Annotated[
+        float | None,
+        typer.Option("--timeout", help="Seconds before the process tree is stopped.", rich_help_panel=_EXP),
+    ] = None,
+    env: Annotated[
+        list[str] | None,
+        typer.Option("--env", help="KEY=VALUE for the program (repeatable).", rich_help_panel=_EXP),
+    ] = None,
+    cwd: Annotated[
+        Path | None, typer.Option("--cwd", help="Working folder of the program.", rich_help_panel=_EXP)
+    ] = None,
+    dry_run: DryRunOption = False,
+    quiet: QuietOption = False,
+) -> None:
+    """Run an unmodified PyTorch program under torch.profiler (a schedule of optimizer steps, or the whole run);
+    each Python process that imports torch writes its own trace (torchrun: one per rank), then it is opened."""
+    group = dict(ctx.obj or {})
+    overrides = _drop_none(
+        {
+            "command": list(command) if command else None,
+            "name": name,
+            "out": str(out) if out else group.get("out"),
+            "timeout_s": timeout,
+            "env": _kv(env),
+            "cwd": str(cwd) if cwd else None,
+            "torch": _drop_none(
+                {
+                    "skip": skip,
+                    "steps": steps,
+                    "record_shapes": record_shapes,
+                    "profile_memory": profile_memory,
+                    "with_stack": with_stack,
+                    "with_modules": with_modules,
+                }
+            ),
+        }
+    )
+    settings = {
+        "config": config or group.get("config"),
+        "sweep": sweep or group.get("sweep"),
+        "dry_run": dry_run or group.get("dry_run", False),
+        "quiet": quiet or group.get("quiet", False),
+        "system_checks": True,
+    }
+    _execute(settings, overrides, mode="torch")
+
+
 def _execute(settings: dict[str, Any], overrides: dict[str, Any], mode: str | None) -> None:
     from rich.console import Console
 
@@ -581,6 +679,11 @@ def _print_plan(exp: Any, sweep_spec: Any, named: dict[str, Any]) -> None:
 
             extra = annotation_env(point.annotate_torch)
             typer.echo("env: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in extra.items()) + " (PYTHONPATH: prepended)")
+        if point.mode == "torch":
+            from tracekit.capture.prepare import profile_env
+
+            extra = profile_env(point.torch.profile_config("<folder>"))
+            typer.echo("env: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in extra.items()) + " (PYTHONPATH: prepended)")
         for step, argv in plan(point):
             typer.echo(f"{step}: {shlex.join(argv)}")
 
@@ -593,11 +696,13 @@ def _print_result(console: Any, result: Any) -> None:
         f"target exit code {result.target_exit_code} ({result.target_exit_code_source}), "
         f"profiler exit code {result.profiler_exit_code}, {result.wall_s or 0:.1f} s"
     )
+    if result.experiment.mode == "torch":
+        _print_torch(console, result)
     if result.error:
-        console.print(f"[red]{result.error}[/red]")
+        console.print(f"[red]{result.error}[/red]", soft_wrap=True)
     for warning in result.warnings:
-        console.print(f"[yellow]note:[/yellow] {warning}")
-    top = (result.summary.get("nsys") or {}).get("top_kernels") or (
+        console.print(f"[yellow]note:[/yellow] {warning}", soft_wrap=True)
+    top = (result.summary.get("nsys") or result.summary.get("torch") or {}).get("top_kernels") or (
         result.summary.get("ncu") or {}
     ).get("top_kernels")
     if top:
@@ -606,6 +711,22 @@ def _print_result(console: Any, result: Any) -> None:
         rows = [[k.get("short_name") or k["name"], str(k["count"]), f"{k['total_ns'] / 1e6:.3f}",
                  "" if k.get("pct") is None else f"{k['pct']:.1f}"] for k in top[:10]]
         print_table(console, ["kernel", "count", "total ms", "%"], rows, text_columns={"kernel"})
+
+
+def _print_torch(console: Any, result: Any) -> None:
+    """The traces of mode ``torch``, the profiler steps they hold, and how to open them."""
+    traces = result.reports.get("torch") or []
+    found = result.summary.get("torch") or {}
+    per_trace = found.get("reports") or ({traces[0].name: found} if traces else {})
+    for path in traces:
+        steps = (per_trace.get(path.name) or {}).get("profiler_steps")
+        held = f"  (ProfilerStep#{steps[0]}..#{steps[-1]})" if steps else ""
+        console.print(f"trace {path}{held}", soft_wrap=True, highlight=False)
+    if not traces or found.get("no_gpu_activity") or "kernel_count" not in found:
+        return
+    target = f"'{traces[0]}'" if len(traces) == 1 else f"'{result.folder}'"
+    opener = "tracekit.open" if len(traces) == 1 else "tracekit.open_many"
+    console.print(f"open: {opener}({target}) · tracekit summary {target[1:-1]}", soft_wrap=True, highlight=False)
 
 
 def _print_sweep(console: Any, table: Any) -> None:

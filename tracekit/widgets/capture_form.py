@@ -24,7 +24,8 @@ import traitlets  # noqa: E402
 MAX_LOG_LINES = 400
 
 #: The profiler settings the form shows as fields: (section, option, kind, label, choices).
-#: ``kind``: ``text``, ``list`` (comma-separated), ``choice``, ``bool``, ``int`` (0 = unset).
+#: ``kind``: ``text``, ``list`` (comma-separated), ``choice``, ``bool``, ``int`` (0 = unset),
+#: ``count`` (a whole number, 0 included).
 FIELDS: tuple[tuple[str, str, str, str, tuple[str, ...]], ...] = (
     ("nsys", "trace", "list", "trace APIs (--trace)", ()),
     ("nsys", "sample", "choice", "CPU sampling (--sample)", ("", "none", "process-tree", "system-wide", "cpu")),
@@ -44,7 +45,16 @@ FIELDS: tuple[tuple[str, str, str, str, tuple[str, ...]], ...] = (
     ("ncu", "target_processes", "choice", "processes (--target-processes)", ("", "all", "application-only")),
     ("ncu", "graph_profiling", "choice", "CUDA graphs (--graph-profiling)", ("", "node", "graph")),
     ("ncu", "output_name", "text", "report name (--export)", ()),
+    ("torch", "skip", "count", "optimizer steps waited (--skip)", ()),
+    ("torch", "steps", "count", "optimizer steps recorded (--steps; 0 = whole run)", ()),
+    ("torch", "record_shapes", "bool", "operator input shapes (--record-shapes)", ()),
+    ("torch", "profile_memory", "bool", "tensor allocations (--profile-memory)", ()),
+    ("torch", "with_stack", "bool", "Python stacks (--with-stack)", ()),
+    ("torch", "with_modules", "bool", "module hierarchy (--with-modules)", ()),
 )
+#: The settings panes: section → title.
+SECTIONS = {"nsys": "Nsight Systems settings", "ncu": "Nsight Compute settings",
+            "torch": "PyTorch profiler settings (mode torch)"}
 #: Labels as wide as they need: ipywidgets cuts descriptions at 80 px by default.
 LABEL_STYLE = {"description_width": "initial"}
 _SAFE_IN_DOUBLE_QUOTES = frozenset('"$`\\!')
@@ -75,7 +85,8 @@ class CaptureForm(widgets.VBox):  # type: ignore[misc,name-defined]
     command
         The program to profile (a string split like a shell would, or a list).
     mode
-        ``"nsys"``, ``"ncu"``, ``"nsys+ncu"`` or ``"none"`` (just run it).
+        ``"nsys"``, ``"ncu"``, ``"nsys+ncu"``, ``"torch"`` (``torch.profiler`` inside the
+        unmodified program: the *PyTorch profiler settings* pane) or ``"none"`` (just run it).
     preset
         A preset of :data:`tracekit.capture.PRESETS` (``"quick"``, ``"torchrun"``…) or ``""``.
     options
@@ -151,7 +162,7 @@ class CaptureForm(widgets.VBox):  # type: ignore[misc,name-defined]
                 box = w.Checkbox(value=False, indent=False, **common)
             elif kind == "choice":
                 box = w.Dropdown(options=[(c or "(default)", c) for c in choices], value=choices[0], **common)
-            elif kind == "int":
+            elif kind in ("int", "count"):
                 box = w.BoundedIntText(value=0, min=0, max=10**9, **common)
             else:
                 box = w.Text(value="", continuous_update=False, **common)
@@ -160,13 +171,14 @@ class CaptureForm(widgets.VBox):  # type: ignore[misc,name-defined]
         self.per_rank_box = w.Checkbox(value=False, indent=False, description="one profiler per rank inside torchrun",
                                        style=LABEL_STYLE, layout=w.Layout(width="48%"))
         self.per_rank_box.observe(lambda _c: self._show_command(), names="value")
-        nsys_fields = [b for (sec, _n), b in self.fields.items() if sec == "nsys"]
-        ncu_fields = [b for (sec, _n), b in self.fields.items() if sec == "ncu"]
         row = w.Layout(flex_flow="row wrap", width="100%")
-        self.settings = w.Accordion(children=[w.Box(nsys_fields, layout=row),
-                                              w.Box([*ncu_fields, self.per_rank_box], layout=row)])
-        self.settings.set_title(0, "Nsight Systems settings")
-        self.settings.set_title(1, "Nsight Compute settings")
+        panes = []
+        for section in SECTIONS:
+            boxes = [b for (sec, _n), b in self.fields.items() if sec == section]
+            panes.append(w.Box([*boxes, self.per_rank_box] if section == "ncu" else boxes, layout=row))
+        self.settings = w.Accordion(children=panes)
+        for i, title in enumerate(SECTIONS.values()):
+            self.settings.set_title(i, title)
         self.command_preview = w.HTML()
         for box, trait in ((self.command_box, "command"), (self.mode_box, "mode"), (self.preset_box, "preset"),
                            (self.options_box, "options"), (self.out_box, "out")):  # fmt: skip
@@ -213,11 +225,11 @@ class CaptureForm(widgets.VBox):  # type: ignore[misc,name-defined]
 
     def _fill_fields(self, name: str) -> None:
         """Show the settings of preset ``name`` (the defaults for none) in the fields."""
-        from tracekit.capture import NcuOptions, NsysOptions
+        from tracekit.capture import NcuOptions, NsysOptions, TorchOptions
         from tracekit.capture.config import PRESETS
 
         data = PRESETS.get(name, {}) if name else {}
-        defaults = {"nsys": NsysOptions(), "ncu": NcuOptions()}
+        defaults = {"nsys": NsysOptions(), "ncu": NcuOptions(), "torch": TorchOptions()}
         self.preset_help.value = (f"<small style='color:#444'>{html.escape(str(data.get('description', '')))}</small>"
                                   if data else "")
         self._filling = True
@@ -237,9 +249,10 @@ class CaptureForm(widgets.VBox):  # type: ignore[misc,name-defined]
             self._filling = False
 
     def settings_layer(self) -> dict[str, Any]:
-        """The fields as an experiment layer (``nsys: {...}``, ``ncu: {...}``, ``per_rank``):
-        every field, so that a field emptied here overrides the preset's value."""
-        layer: dict[str, Any] = {"nsys": {}, "ncu": {}, "per_rank": bool(self.per_rank_box.value)}
+        """The fields as an experiment layer (``nsys: {...}``, ``ncu: {...}``, ``torch: {...}``,
+        ``per_rank``): every field, so that a field emptied here overrides the preset's value."""
+        layer: dict[str, Any] = {section: {} for section in SECTIONS}
+        layer["per_rank"] = bool(self.per_rank_box.value)
         kinds = {(sec, name): kind for sec, name, kind, _l, _c in FIELDS}
         for key, box in self.fields.items():
             kind = kinds[key]
@@ -248,6 +261,8 @@ class CaptureForm(widgets.VBox):  # type: ignore[misc,name-defined]
                 value = [v.strip() for v in str(value).split(",") if v.strip()]
             elif kind == "int":
                 value = int(value) or None
+            elif kind == "count":
+                value = int(value)
             elif kind in ("text", "choice"):
                 value = str(value).strip() or None
             if key[1] == "output_name" and not value:
@@ -273,6 +288,13 @@ class CaptureForm(widgets.VBox):  # type: ignore[misc,name-defined]
             lines.append(join(["ncu", *ncu_profile_args(e.ncu, f"{where}/{e.ncu.output_name}"), *program]))
         if e.mode == "none":
             lines.append(join(program))
+        if e.mode == "torch":  # the profiler starts inside the program, from the start-up hook
+            import os
+
+            from tracekit.capture.prepare import profile_env
+
+            env = profile_env(e.torch.profile_config(where), os.environ.get("PYTHONPATH"))
+            lines.append(join(["env", *[f"{k}={v}" for k, v in env.items()], *program]))
         if e.mode in ("nsys", "nsys+ncu") and e.nsys.capture_range == "nvtx" and not e.nsys.nvtx_capture:
             lines.append("note: the capture starts at an NVTX range: name it in 'NVTX range that opens it' "
                          "(--nvtx-capture=RANGE or RANGE@DOMAIN), or set the capture range to none")
@@ -403,7 +425,7 @@ class CaptureForm(widgets.VBox):  # type: ignore[misc,name-defined]
 
     @staticmethod
     def _open(result: Any) -> Any:
-        for kind in ("sqlite", "ncu"):
+        for kind in ("sqlite", "torch", "ncu"):
             if result.reports.get(kind):
                 return result.open(kind)
         return None
