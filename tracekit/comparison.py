@@ -57,11 +57,13 @@ def _steady_steps(trace: Any) -> _Side:
     from tracekit.analysis.run.iterations import iteration_ranges, iterations
     from tracekit.diagnosis.config import DiagnoseConfig
     from tracekit.diagnosis.context import Context
-    from tracekit.diagnosis.window import steady_window
+    from tracekit.diagnosis.window import window_of
 
     cfg = DiagnoseConfig(exact_steps=10**9, max_window_ops=10**12)  # every step measured, no sampling
     ctx = Context(trace, cfg)
-    w = steady_window(ctx.ops, ctx.ops_with_launch, ctx.nvtx, cfg, graph_launches=ctx.graph_launches)
+    # the run's one structure, as the diagnosis reads it (a training run's micro-batches merged
+    # into optimizer steps need its kind)
+    w = window_of(ctx.structure, ctx.ops_for_window, cfg)
     ops = ctx.ops_with_launch
     it = w.iterations
     if it.height == 0:

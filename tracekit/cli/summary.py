@@ -85,6 +85,7 @@ def build_summary(trace: Any, *, top: int = 10, nvtx_each: bool = False, label: 
         s = trace_summary(trace, top=top, nvtx_each=nvtx_each)
         _add_graphs(s, trace)
         _add_metrics(s, trace)
+        _add_operators(s, trace, top)
     d = diagnosis() if diagnosis is not None else None
     if d is not None:
         _add_phases(s, d)  # a set's diagnosis has no phases
@@ -246,6 +247,25 @@ def _add_training(s, d, trace, *, tokens_per_step, params, model) -> None:  # ty
     elif n_params:
         line += "; MFU: the GPU's peak is unknown"
     s.info["training throughput"] = line
+
+
+def _add_operators(s, trace, top: int) -> None:  # type: ignore[no-untyped-def]
+    """A torch.profiler trace's top operators by GPU time, per name and shapes, with their
+    achieved rate and roofline verdict (:func:`tracekit.analysis.op_costs.op_cost_summary`)."""
+    import polars as pl
+
+    if "operators" not in dir(type(trace)):
+        return
+    from tracekit.analysis.op_costs import op_cost_summary
+
+    ops = trace.operators
+    if ops.height == 0:
+        s.notes.append("operators: no CPU operator launched a kernel the trace links to it (record the CPU activity too)")
+        return
+    t = op_cost_summary(ops).head(top)
+    s.tables["operators (GPU time by op and input shapes)"] = t.select(
+        pl.col("name").alias("op"), pl.col("input_dims").str.slice(0, 40).alias("shapes"), "calls", (pl.col("gpu_ns") / 1e6).alias("gpu_ms"),
+        (pl.col("share") * 100).alias("gpu_pct"), "tflops", "tbps", "bound", (pl.col("pct_of_peak") * 100).alias("pct_of_peak"))
 
 
 def _add_phases(s, d) -> None:  # type: ignore[no-untyped-def]
