@@ -201,3 +201,17 @@ def test_compilation_named_in_the_warm_up(name: str) -> None:
         assert f"torch.compile/Triton built {triton} kernels before the steady steps ({loads} module loads" in title, title
     else:
         assert "Triton" not in title and f"{loads} module loads" in title, title
+
+
+def test_periodic_work_in_the_structure_and_its_chart() -> None:
+    """The structure says what it set apart (headline, ``periodic``) and the iteration points of
+    the steps that hold it are named by it (the report's and notebooks' iteration chart colours
+    them), as many as the diagnosis found."""
+    from tracekit.viz import prep
+
+    s = _structure("t06_plain_accum_ckpt")
+    assert "3 evaluations and 1 checkpoint save set apart" in s.headline()
+    assert s.periodic["what"].to_list() == ["evaluation", "checkpoint", "evaluation", "evaluation"]
+    names = prep.structure_iterations(s)["name"].value_counts().rows_by_key("name", unique=True)
+    assert names["evaluation"] == (3,) and names["checkpoint"] == (1,)
+    assert s.as_dict()["periodic"][1]["what"] == "checkpoint"

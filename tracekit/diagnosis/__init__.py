@@ -143,7 +143,14 @@ def structure(trace: Any, *, config: DiagnoseConfig | None = None) -> Any:
                             "tracekit.open_many(..., engine='local') for their structure")
     ctx = Context(tr, config or DiagnoseConfig())
     ctx.prepare_reads()
-    return ctx.structure
+    s = ctx.structure
+    if s.kind == "training" and not ctx.rk:  # the periodic work between steps, as diagnose sets it apart
+        from tracekit.diagnosis.window import search_window
+
+        ctx.full_window = search_window(ctx)
+        ctx.window = ctx.full_window.analysed()
+        ctx.training_steps  # noqa: B018
+    return s
 
 
 def diagnose(

@@ -328,7 +328,7 @@ class Context:
         when the run is not training."""
         from tracekit.analysis.attribution import launch_info
         from tracekit.analysis.comm import categorize_ops
-        from tracekit.analysis.run.training import autograd_threads, training_phases
+        from tracekit.analysis.run.training import PERIODIC, autograd_threads, training_phases
 
         s = self.structure
         if s.kind != "training" or self.kernels_w.height == 0:
@@ -356,7 +356,12 @@ class Context:
         tids = autograd_threads(threads, cpu_ops if isinstance(cpu_ops, pl.DataFrame) else None) if isinstance(threads, pl.DataFrame) else []
         if tids and self.api_count and "correlation_id" in ops.columns:
             ops = launch_info(ops, self.api_source, columns=("global_tid", "api_start_ns"))
-        return training_phases(ops, frame, autograd_tids=tids)
+        steps = training_phases(ops, frame, autograd_tids=tids)
+        if steps.height and self.rk == []:
+            per = steps.filter(pl.col("phase").is_in(PERIODIC))
+            s.periodic = per.select(pl.col("phase").alias("what"), "start_ns", "end_ns", pl.col("window_ns").alias("duration_ns"),
+                                    "step").sort("start_ns") if per.height else pl.DataFrame()
+        return steps
 
     @cached_property
     def training(self) -> pl.DataFrame:

@@ -143,6 +143,10 @@ def _run(page: _Page, structure: Any) -> str:
         rows.append(("tear-down", f"{fmt_ns(s.teardown_ns)} after the last iteration (not in the window)"))
     if s.total:
         rows.append(("steady window", f"{fmt_ns(s.end_ns - s.start_ns)}: {s.steps} iterations of {fmt_ns(s.step_ns)} (median)"))
+    per = getattr(s, "periodic", pl.DataFrame())
+    if per.height:
+        rows.append(("set apart", "; ".join(f"{r['what']} before step {r['step']}: {fmt_ns(r['duration_ns'])}" for r in per.iter_rows(named=True))
+                     + " (periodic work between steps, not a step's time)"))
     out = _facts(rows)
     its = prep.structure_iterations(s)
     if not its.is_empty():

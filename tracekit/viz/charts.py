@@ -285,7 +285,8 @@ def iterations_chart(
     data
         ``trace.nvtx`` (``step.N`` ranges), :func:`tracekit.viz.prep.iteration_times` or
         :func:`tracekit.viz.prep.structure_iterations` output (``group``, ``iteration``,
-        ``duration_ns``; ``name`` ``warm-up``/``steady`` marks the phase). More than
+        ``duration_ns``; ``name`` ``warm-up``/``steady`` marks the phase, ``evaluation``/
+        ``checkpoint`` a training step that holds that periodic work). More than
         :data:`tracekit.viz.prep.MAX_ITERATION_POINTS` iterations are drawn binned
         (:func:`tracekit.viz.prep.binned_iterations`: each point the median of that many
         consecutive ones, said in the subtitle).
@@ -299,7 +300,8 @@ def iterations_chart(
         return _nothing("iterations", None, title)
     if "group" not in frame.columns:
         frame = frame.with_columns(pl.lit("all").alias("group"))
-    phase = "name" in frame.columns and set(frame["name"].drop_nulls().unique().to_list()) <= {"warm-up", "steady"}
+    phases = ["warm-up", "steady", "evaluation", "checkpoint"]
+    phase = "name" in frame.columns and set(frame["name"].drop_nulls().unique().to_list()) <= set(phases)
     frame, size = prep.binned_iterations(frame)
     frame = frame.with_columns(
         (pl.col("duration_ns").clip(lower_bound=1) / 1e6).alias("duration_ms"),
@@ -310,7 +312,7 @@ def iterations_chart(
         log = bool(median) and float(frame["duration_ms"].max()) > 5 * float(median)  # type: ignore[arg-type]
     groups = frame["group"].n_unique()
     color = (alt.Color("group:N", title=None) if groups > 1 or not phase
-             else alt.Color("phase:N", title=None, scale=alt.Scale(domain=["warm-up", "steady"], range=["#E69F00", "#0072B2"])))
+             else alt.Color("phase:N", title=None, scale=alt.Scale(domain=phases, range=["#E69F00", "#0072B2", "#009E73", "#CC79A7"])))
     y = alt.Y("duration_ms:Q", title="duration (ms, log scale)" if log else "duration (ms)",
               scale=alt.Scale(type="log") if log else alt.Scale(zero=True))
     line = alt.Chart(frame).mark_line(opacity=0.5).encode(
@@ -319,7 +321,7 @@ def iterations_chart(
         color=alt.Color("group:N", legend=None) if groups > 1 else alt.value("#999999"))
     points = alt.Chart(frame).mark_point(filled=True).encode(
         x="iteration:Q", y=y, color=color,
-        shape=alt.Shape("phase:N", title=None, scale=alt.Scale(domain=["warm-up", "steady"], range=["triangle-up", "circle"]))
+        shape=alt.Shape("phase:N", title=None, scale=alt.Scale(domain=phases, range=["triangle-up", "circle", "square", "diamond"]))
         if phase and groups > 1 else alt.Undefined,
         tooltip=["group:N", "iteration:Q", alt.Tooltip("duration_ms:Q", format=",.3f", title="ms"), "phase:N"]
         + ([alt.Tooltip("name:N", title="iterations")] if size > 1 else []),

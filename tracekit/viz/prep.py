@@ -499,7 +499,15 @@ def structure_iterations(structure: Any) -> pl.DataFrame:
             pl.col("w_start").alias("start_ns"), pl.col("w_end").alias("end_ns"), pl.col("length_ns").cast(pl.Int64).alias("duration_ns")))
     if not parts:
         return pl.DataFrame(schema=schema)
-    return pl.concat(parts).select([pl.col(c).cast(t) for c, t in schema.items()])
+    out = pl.concat(parts).select([pl.col(c).cast(t) for c, t in schema.items()])
+    periodic = getattr(structure, "periodic", None)
+    if isinstance(periodic, pl.DataFrame) and periodic.height:
+        # a step that holds an evaluation or a checkpoint save is named by it
+        marks = periodic.select(pl.col("start_ns").alias("_p"), pl.col("what")).sort("_p")
+        out = out.with_row_index("_r").sort("start_ns").join_asof(marks, left_on="start_ns", right_on="_p", strategy="forward").with_columns(
+            pl.when(pl.col("_p").is_not_null() & (pl.col("_p") < pl.col("end_ns")) & (pl.col("name") == "steady"))
+            .then(pl.col("what")).otherwise(pl.col("name")).alias("name")).sort("_r").drop("_r", "_p", "what")
+    return out
 
 
 #: Most points an iteration chart draws (all groups together; altair refuses a dataset of more

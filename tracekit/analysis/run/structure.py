@@ -613,6 +613,10 @@ class RunStructure:
     reading: TokenReading | None = field(default=None, repr=False)
     steps_table: pl.DataFrame = field(default_factory=pl.DataFrame, repr=False)
     requests: pl.DataFrame = field(default_factory=pl.DataFrame, repr=False)
+    #: A training run's periodic work between steps (evaluations, checkpoint saves: ``what``,
+    #: ``start_ns``, ``end_ns``, ``duration_ns``, ``step``), set apart from the steady steps'
+    #: figures; set by the diagnosis (:func:`tracekit.analysis.run.training.training_phases`).
+    periodic: pl.DataFrame = field(default_factory=pl.DataFrame, repr=False)
 
     @property
     def startup_ns(self) -> int | None:
@@ -669,6 +673,7 @@ class RunStructure:
             "startup_ns": self.startup_ns, "teardown_ns": self.teardown_ns, "ranks": self.ranks,
             "headline": self.headline(), "segments": self.segments.to_dicts(),
             "requests": self.requests.to_dicts() if self.requests.height else [],
+            "periodic": self.periodic.to_dicts() if self.periodic.height else [],
         }
 
 
@@ -695,7 +700,17 @@ def _headline(s: RunStructure) -> str:
     if s.kind in ("generation", "serving") and s.requests.height:
         return _generation_headline(s, tail)
     noun = {"training": "steps", "microbenchmark": "repetitions", "inference": "forward passes"}.get(s.kind, "iterations")
-    return f"{kind}: {s.steps} steady {noun} of {_fmt_ns(s.step_ns)}{on}{warm}{tail}"
+    return f"{kind}: {s.steps} steady {noun} of {_fmt_ns(s.step_ns)}{on}{warm}{_periodic_clause(s.periodic)}{tail}"
+
+
+def _periodic_clause(periodic: pl.DataFrame) -> str:
+    """``, 2 evaluations and 1 checkpoint save set apart`` (``""`` without periodic work)."""
+    if periodic.height == 0 or "what" not in periodic.columns:
+        return ""
+    names = {"evaluation": ("evaluation", "evaluations"), "checkpoint": ("checkpoint save", "checkpoint saves")}
+    counts = periodic.group_by("what").len().sort("what", descending=True)
+    parts = [f"{n} {names.get(w, (w, w + 's'))[n != 1]}" for w, n in counts.iter_rows()]
+    return ", " + " and ".join(parts) + " set apart"
 
 
 def _generation_headline(s: RunStructure, tail: str) -> str:
