@@ -215,3 +215,14 @@ def test_periodic_work_in_the_structure_and_its_chart() -> None:
     names = prep.structure_iterations(s)["name"].value_counts().rows_by_key("name", unique=True)
     assert names["evaluation"] == (3,) and names["checkpoint"] == (1,)
     assert s.as_dict()["periodic"][1]["what"] == "checkpoint"
+
+
+@pytest.mark.parametrize("name", TORCH)
+def test_activation_checkpointing_said_when_seen(name: str) -> None:
+    """The two programs that turn on gradient checkpointing (Trainer's flag, HF's
+    ``gradient_checkpointing_enable``) run each layer's forward again inside the backward: said
+    for them, for no other program."""
+    d = _diagnosis(name)
+    ckpt = zoo_truth(name).get("gradient_checkpointing", False) or name == "t06_plain_accum_ckpt"
+    assert bool(d.training["recompute"][0]) is ckpt
+    assert ("activation checkpointing" in d.training_text()) is ckpt

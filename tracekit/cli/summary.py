@@ -214,7 +214,8 @@ def _add_training(s, d, trace, *, tokens_per_step, params, model) -> None:  # ty
     ms = lambda c: (pl.col(c) / 1e6).alias(c.replace("_ns", "_ms"))  # noqa: E731
     micro = t["micro_batches"].drop_nulls() if "micro_batches" in t.columns else pl.Series([])
     title = "training step (median per step and GPU" + (f", {float(micro[0]):.0f} micro-batches" if micro.len() and micro[0] > 1 else "")
-    title += "; read by launching thread)" if "by" in t.columns and t["by"][0] == "thread" else "; read by kernel names)"
+    title += "; read by launching thread" if "by" in t.columns and t["by"][0] == "thread" else "; read by kernel names"
+    title += "; forward recomputed in the backward)" if "recompute" in t.columns and t["recompute"][0] else ")"
     s.tables[title] = t.select(
         "phase", ms("time_ns"), (pl.col("share") * 100).alias("step_pct"), ms("compute_ns"), ms("kernel_ns"), ms("communication_ns"),
         ms("exposed_comm_ns"), ms("idle_ns"))

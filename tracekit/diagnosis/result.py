@@ -278,6 +278,8 @@ class Diagnosis:
             head += f" of {float(micro[0]):.0f} micro-batches"
         by = t["by"][0] if "by" in t.columns else None
         tail = " (read by launching thread: autograd's runs the backward)" if by == "thread" else ""
+        if "recompute" in t.columns and t["recompute"][0]:
+            tail += "; activation checkpointing: the forward's kernels run again inside the backward, counted there"
         text = f"{head} — " + "; ".join(parts) + tail
         p = self.periodic
         if p.height:

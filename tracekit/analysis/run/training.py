@@ -184,7 +184,8 @@ def training_phases(ops: pl.DataFrame, steps: pl.DataFrame, *, autograd_tids: Co
     of the phase's spans), ``window_ns`` (its spans summed), ``compute_only_ns``,
     ``overlap_ns``, ``communication_only_ns``, ``memcpy_ns``, ``idle_ns`` (they add up to
     ``window_ns``), ``communication_ns``, ``exposed_comm_ns`` (= ``communication_only_ns``),
-    ``kernel_ns`` (its compute kernels' durations summed), ``micro_batches`` (the step's) and
+    ``kernel_ns`` (its compute kernels' durations summed), ``micro_batches`` (the step's),
+    ``recompute`` (its forward runs again inside its backward: activation checkpointing) and
     ``by`` (``"thread"`` or ``"names"``), all ns. Reading by thread, steps are renumbered from
     0 in the order they ran, and a step cut by the window's edges is left out.
     """
@@ -205,11 +206,13 @@ def _phase_rows(ops: pl.DataFrame, portions: pl.DataFrame, keys: list[str], by: 
     seg = activity_segments(ops)
     out = comm_by_range(seg, portions)
     order = pl.col("phase").replace_strict([*PHASES, *PERIODIC], list(range(len(PHASES) + len(PERIODIC))), return_dtype=pl.Int64)
+    if "recompute" not in out.columns:
+        out = out.with_columns(pl.lit(None, pl.Boolean).alias("recompute"))
     per = out.group_by([*sk, "phase"]).agg(
         pl.col("start_ns").min(), pl.col("end_ns").max(), *[pl.col(c).sum() for c in _PHASE_COLUMNS],
-        pl.col("kernel_ns").sum(), pl.col("micro_batches").first())
+        pl.col("kernel_ns").sum(), pl.col("micro_batches").first(), pl.col("recompute").first())
     return per.sort([*sk, order]).select(*sk, "phase", "start_ns", "end_ns", *_PHASE_COLUMNS, "kernel_ns", "micro_batches",
-                                         pl.lit(by).alias("by"))
+                                         "recompute", pl.lit(by).alias("by"))
 
 
 def _phases_by_name(ops: pl.DataFrame, steps: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
@@ -269,15 +272,54 @@ def _phases_by_thread(ops: pl.DataFrame, keys: list[str], tids: pl.Series) -> pl
         p = pl.DataFrame(rows, schema={"step": pl.Int64, "phase": pl.Utf8, "lo": pl.Int64, "hi": pl.Int64, "micro_batches": pl.Int64},
                          orient="row")
         lo, hi = p["lo"].to_numpy(), p["hi"].to_numpy()
-        span_lo = np.minimum.reduceat(starts, lo) if lo.size else lo
+        span_lo = np.array([starts[a:b + 1].min() for a, b in zip(lo, hi, strict=True)], dtype=np.int64)
         span_hi = np.array([ends[a:b + 1].max() for a, b in zip(lo, hi, strict=True)], dtype=np.int64)
-        p = p.with_columns(pl.Series("start_ns", span_lo.astype(np.int64)), pl.Series("end_ns", span_hi),
+        codes = g["name"].fill_null("").cast(pl.Categorical).to_physical().to_numpy().astype(np.int32)
+        p = p.with_columns(pl.Series("start_ns", span_lo), pl.Series("end_ns", span_hi),
                            pl.Series("kernel_ns", (csum[hi + 1] - csum[lo]).astype(np.int64)),
+                           pl.Series("recompute", _recomputed(rows, codes), dtype=pl.Boolean),
                            *[pl.lit(v, dtype=ops.schema[k]).alias(k) for k, v in zip(keys, key, strict=True)])
         parts.append(p.drop("lo", "hi"))
     if not parts:
         return None
     return _phase_rows(ops, pl.concat(parts), keys, "thread")
+
+
+#: Activation checkpointing is told from the windows of this many consecutive operations that
+#: tile a micro-batch's forward, …
+RECOMPUTE_WINDOW = 16
+#: … at least this share of which run again, in the same order, inside the backward that
+#: follows (the layers' windows do; the embedding's, the head's and those across a layer's edge
+#: need not; a backward of its own runs none: 0 of 22 on the zoo's accelerate loop, 12 of 22
+#: with HF gradient checkpointing).
+RECOMPUTE_SHARE = 0.25
+
+
+def _recomputed(rows: list[tuple[int, str, int, int, int]], codes: np.ndarray) -> list[bool]:
+    """Per row of :func:`_portions`, whether its step recomputes its forward inside the
+    backward (activation checkpointing): :data:`RECOMPUTE_SHARE` of the windows of
+    :data:`RECOMPUTE_WINDOW` consecutive operations tiling the step's first forward (name codes
+    in launch order) found, as they are, inside the backward that follows it. A backward of its own never runs the forward's kernels
+    in the forward's order; a recomputation does."""
+    found: dict[int, bool] = {}
+    by_step: dict[int, list[tuple[str, int, int]]] = {}
+    for step, phase, a, b, _ in rows:
+        by_step.setdefault(step, []).append((phase, a, b))
+    for step, parts in by_step.items():
+        fwd = next(((a, b) for ph, a, b in parts if ph == "forward"), None)
+        bwd = next(((a, b) for ph, a, b in parts if ph == "backward"), None)
+        hits, picks = 0, []
+        if fwd is not None and bwd is not None and fwd[1] - fwd[0] + 1 >= RECOMPUTE_WINDOW:
+            haystack = codes[bwd[0]: bwd[1] + 1].tobytes()
+            picks = list(range(fwd[0], fwd[1] + 2 - RECOMPUTE_WINDOW, RECOMPUTE_WINDOW))
+            for at in picks:
+                needle = codes[at: at + RECOMPUTE_WINDOW].tobytes()
+                pos = haystack.find(needle)
+                while pos >= 0 and pos % 4:  # whole codes only
+                    pos = haystack.find(needle, pos + 1)
+                hits += pos >= 0
+        found[step] = bool(picks) and hits >= RECOMPUTE_SHARE * len(picks)
+    return [found[r[0]] for r in rows]
 
 
 def _portions(autograd: np.ndarray, optimizer: np.ndarray, is_kernel: np.ndarray, d2h_bytes: np.ndarray,
@@ -351,18 +393,19 @@ def training_summary(phases: pl.DataFrame) -> pl.DataFrame:
     communication), ``kernel_ns`` (its kernels' GPU time), ``communication_ns``,
     ``exposed_comm_ns`` and ``idle_ns``; ``share`` of the median step (the phases' medians,
     summed); ``steps`` measured (step × GPU pairs); ``micro_batches`` per step (median; null
-    when read from names) and ``by`` (``thread`` or ``names``)."""
+    when read from names), ``recompute`` (most steps run their forward again inside the backward:
+    activation checkpointing; null when read from names) and ``by`` (``thread`` or ``names``)."""
     schema = {"phase": pl.Utf8, "steps": pl.Int64, "time_ns": pl.Float64, "compute_ns": pl.Float64, "kernel_ns": pl.Float64,
               "communication_ns": pl.Float64, "exposed_comm_ns": pl.Float64, "idle_ns": pl.Float64, "share": pl.Float64,
-              "micro_batches": pl.Float64, "by": pl.Utf8}
+              "micro_batches": pl.Float64, "recompute": pl.Boolean, "by": pl.Utf8}
     phases = phases.filter(pl.col("phase").is_in(PHASES)) if phases.height else phases
     if phases.height == 0:
         return pl.DataFrame(schema=schema)
     # a step without a phase's work (no optimizer kernel seen) counts as zero for that phase
-    grid = phases.select([c for c in phases.columns if c in ("rank", "device_id", "step", "micro_batches", "by")]).unique(
+    grid = phases.select([c for c in phases.columns if c in ("rank", "device_id", "step", "micro_batches", "recompute", "by")]).unique(
         subset=[c for c in ("rank", "device_id", "step") if c in phases.columns])
     full = grid.join(pl.DataFrame({"phase": list(PHASES)}), how="cross").join(
-        phases.drop("micro_batches", "by", strict=False), on=[*[c for c in ("rank", "device_id", "step") if c in phases.columns], "phase"],
+        phases.drop("micro_batches", "recompute", "by", strict=False), on=[*[c for c in ("rank", "device_id", "step") if c in phases.columns], "phase"],
         how="left").with_columns(pl.col(c).fill_null(0) for c in (*_PHASE_COLUMNS, "kernel_ns"))
     per = full.group_by("phase").agg(
         pl.len().cast(pl.Int64).alias("steps"), pl.col("window_ns").median().alias("time_ns"),
@@ -370,7 +413,7 @@ def training_summary(phases: pl.DataFrame) -> pl.DataFrame:
         pl.col("kernel_ns").median().cast(pl.Float64).alias("kernel_ns"),
         pl.col("communication_ns").median().alias("communication_ns"), pl.col("exposed_comm_ns").median().alias("exposed_comm_ns"),
         pl.col("idle_ns").median().alias("idle_ns"), pl.col("micro_batches").median().cast(pl.Float64).alias("micro_batches"),
-        pl.col("by").first())
+        (pl.col("recompute").cast(pl.Float64).mean() > 0.5).alias("recompute"), pl.col("by").first())
     order = pl.col("phase").replace_strict(list(PHASES), list(range(len(PHASES))), return_dtype=pl.Int64)
     per = per.sort(order)
     total = float(per["time_ns"].sum() or 0)
