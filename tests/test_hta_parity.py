@@ -131,7 +131,7 @@ def test_hta_rounding_to_microseconds_is_the_difference() -> None:
     assert abs(ref["us"]["comm_comp_overlap"][0]["pctg"] - ours["comm_comp_overlap"][0]["pctg"]) > 0.3
 
 
-def test_hta_launch_stats_leave_out_driver_and_graph_launches() -> None:
+def test_hta_launch_stats_leave_out_driver_launches() -> None:
     """HTA's launch statistics read four runtime calls only: the torch.compile trace's Triton
     kernels (``cuLaunchKernel``/``cuLaunchKernelEx``) are not in them; ``apis=None`` has them."""
     name = "t05_compile_fused"
