@@ -21,6 +21,7 @@ __all__ = [
     "__version__",
     "diagnose",
     "diff",
+    "hta",
     "open",
     "open_many",
     "structure",
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
         TracekitError,
         UnsupportedReportError,
     )
+    from tracekit.hta import hta
     from tracekit.ncu.report import NcuReport
     from tracekit.nsys.trace import NsysTrace
     from tracekit.opening import open
@@ -47,6 +49,7 @@ _LAZY = {
     "diagnose": ("tracekit.diagnosis", "diagnose"),
     "structure": ("tracekit.diagnosis", "structure"),
     "diff": ("tracekit.comparison", "diff"),
+    "hta": ("tracekit.hta", "hta"),
     "NsysTrace": ("tracekit.nsys.trace", "NsysTrace"),
     "NcuReport": ("tracekit.ncu.report", "NcuReport"),
     "TracekitError": ("tracekit.errors", "TracekitError"),
