@@ -169,3 +169,21 @@ def test_worker_killed_mid_run_loses_nothing(tmp_path: Path) -> None:
             assert victim.poll() is not None
     finally:
         _stop([*workers.values(), sched])
+
+
+def test_torch_profiler_ranks_on_dask() -> None:
+    """A folder of torch.profiler traces (two ranks of a 128-rank job, HTA's test data) reduced
+    on a LocalCluster: the same ranks and kernel totals as the in-process set, and a diagnosis
+    whose cross-rank straggler rule runs on the reductions (start skew; the waiting GPUs' raw
+    rows stay on the workers)."""
+    folder = SAMPLES / "kineto" / "sampled_2rank"
+    ts = tracekit.open_many(folder, max_workers=1)
+    rs = tracekit.open_many(folder, engine="dask", max_workers=2)
+    assert rs.failures == [] and rs.ranks["rank"].to_list() == ts.ranks["rank"].to_list() == [0, 1]
+    want = ts.kernels.group_by("rank").agg(pl.col("duration_ns").sum()).sort("rank")["duration_ns"].to_list()
+    got = rs.kernel_summary.group_by("rank").agg(pl.col("total_ns").sum()).sort("rank")["total_ns"].to_list()
+    assert got == want
+    d = tracekit.diagnose(rs)
+    cats = d.findings["category"].to_list()
+    assert d.window.method == "per_rank" and "straggler" in cats
+    assert d.findings.filter(pl.col("category") == "straggler")["title"][0].startswith("Rank 1 starts last")

@@ -51,6 +51,8 @@ def diagnose_reduced(rs: Any, config: DiagnoseConfig, name: str) -> Diagnosis:
     ov = rs.overlap
     if ov.height:
         ctx.__dict__["_comm_breakdown"] = ov
+    # no raw rows here: the straggler's cost is its start skew, not the waiting GPUs' idle time
+    ctx.__dict__["_comm_segments"] = None
     for rule in (exposed_communication, straggler, load_imbalance):
         out.extend(rule(ctx))
     return Diagnosis(name, window, out)
