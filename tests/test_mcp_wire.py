@@ -221,6 +221,10 @@ def test_list_traces_lists_what_the_tools_take(raw: Raw, bad_root: Path) -> None
     assert (str(SAMPLES.resolve()), "llm_tp2_nccl_per_rank") in paths  # a folder of per-rank reports
     assert paths[(str(SAMPLES.resolve()), "llm_tp2_nccl_per_rank")]["kind"].startswith("folder of")
     assert (str(bad_root.resolve()), "stamped.nsys-rep") in paths
+    # torch.profiler traces, told by content, and a folder of two ranks of them
+    kineto = (str(SAMPLES.resolve()), "kineto/sampled_2rank/sampled_rank-0.json.gz")
+    assert paths[kineto]["kind"] == "kineto"
+    assert paths[(str(SAMPLES.resolve()), "kineto/sampled_2rank")]["kind"] == "folder of 2 reports"
     assert data["total_rows"] == len(data["traces"]) and data["next_offset"] is None
     raw.call("ls2", "list_traces", under="llm_tp2_nccl_per_rank", limit=2)
     page = raw.wait("ls2")["result"]["structuredContent"]

@@ -247,7 +247,8 @@ class Session:
     def list_traces(self, under: str | None = None, *, offset: int = 0, limit: int | None = None) -> dict[str, Any]:
         """The traces under the roots (or under the folder ``under``): Nsight Systems exports
         (``.sqlite``), reports (``.nsys-rep``/``.qdrep``), ``parquetdir``/``arrowdir`` folders,
-        Nsight Compute reports (``.ncu-rep``) and folders of several reports (per-rank runs),
+        Nsight Compute reports (``.ncu-rep``), torch.profiler traces (``.json``/``.json.gz``
+        that are Kineto's, told by content) and folders of several reports (per-rank runs),
         each with its ``path`` (relative to its root: what the other tools take), ``root``,
         ``kind`` and ``bytes``; paged. Links that lead out of the roots are left out."""
         from tracekit.nsys.columnar import folder_format
@@ -278,6 +279,8 @@ class Session:
                 reports = 0
                 for name in sorted(files):
                     kind = TRACE_SUFFIXES.get(Path(name).suffix.lower())
+                    if kind is None and name.lower().endswith((".json", ".json.gz")) and _is_kineto(here / name):
+                        kind = "kineto"  # a torch.profiler trace, told by its content
                     if kind is None:
                         continue
                     f = here / name
@@ -287,7 +290,7 @@ class Session:
                     found.append(self._entry(f, root, kind))
                     reports += kind != "ncu-report"
                 if reports > 1:
-                    found.append(self._entry(here, root, f"folder of {reports} nsys reports"))
+                    found.append(self._entry(here, root, f"folder of {reports} reports"))
             if stopped:
                 break
         found.sort(key=lambda e: (e["root"], e["path"]))
@@ -645,6 +648,17 @@ class Session:
         if "verdict_line" in full:
             full["verdict_line"] = line
         return jsonable(full)  # type: ignore[no-any-return]
+
+
+def _is_kineto(path: Path) -> bool:
+    """Whether ``path`` is a torch.profiler (Kineto) trace, by its first bytes; False when it
+    cannot be read."""
+    from tracekit.kineto.sniff import is_kineto
+
+    try:
+        return is_kineto(path)
+    except OSError:
+        return False
 
 
 def _kind_of(target: Path) -> str:
