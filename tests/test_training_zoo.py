@@ -226,3 +226,34 @@ def test_activation_checkpointing_said_when_seen(name: str) -> None:
     ckpt = zoo_truth(name).get("gradient_checkpointing", False) or name == "t06_plain_accum_ckpt"
     assert bool(d.training["recompute"][0]) is ckpt
     assert ("activation checkpointing" in d.training_text()) is ckpt
+
+
+@pytest.mark.parametrize("name", ["t04_accelerate_accum", "t05_compile_fused", "t06_plain_accum_ckpt"])
+def test_launch_advice_fits_the_training_run(name: str) -> None:
+    """Advice fits the kind and the numbers (issue 43, item 6): gradient accumulation gets
+    "raise the per-device batch, lower the accumulation" with the launches a micro-batch makes
+    (the kernels per step ÷ micro-batches); a foreach optimizer gets fused=True with its kernels
+    per step (counted here); a fused one (t05) gets neither; no vLLM switches for training."""
+    d = _diagnosis(name)
+    rows = d.findings.filter(pl.col("category") == "launch_bound")
+    assert rows.height == 1
+    advice = rows["advice"][0]
+    micro = int(d.training["micro_batches"][0])
+    assert ("lower the gradient accumulation" in advice) is (micro > 1)
+    names = pl.Series(_sql_names(name, d.window.start_ns, d.window.end_ns))
+    foreach = int(names.str.contains("multi_tensor_apply").sum()) if not names.str.contains("FusedAdam").any() else 0
+    if foreach:
+        assert f"The optimizer runs as {foreach / d.window.steps:,.0f} multi-tensor (foreach) kernels per step" in advice
+    else:
+        assert "fused=True" not in advice
+    assert "vLLM" not in advice and "enforce-eager" not in advice
+
+
+def _sql_names(name: str, lo: int, hi: int) -> list[str]:
+    con = sqlite3.connect(f"file:{zoo_capture(name)}?mode=ro", uri=True)
+    try:
+        return [r[0] for r in con.execute(
+            "SELECT s.value FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = k.demangledName WHERE k.start >= ? AND k.start < ?",
+            (lo, hi)).fetchall()]
+    finally:
+        con.close()

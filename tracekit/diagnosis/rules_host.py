@@ -366,6 +366,42 @@ def _accumulation_advice(ctx: Context) -> str:
             f"samples per step with ~{per_micro * (k - 1):,.0f} fewer launches per step, each kernel doing {k}× the work). ")
 
 
+#: Kernels of a fused optimizer step (``torch.optim.AdamW(fused=True)``, apex's FusedAdam).
+FUSED_OPTIMIZER = r"(?i)FusedAdam|fused_adam|FusedSGD|fused_sgd|fused_optim"
+
+
+def _graph_advice(ctx: Context) -> str:
+    """CUDA graphs and fusion for a launch-bound run, in its kind's terms (vLLM's switches only
+    where the run serves or generates)."""
+    s = ctx.__dict__.get("structure")
+    if s is not None and s.kind == "training":
+        return ("Capture the step in a CUDA graph (torch.compile(mode='reduce-overhead'), or torch.cuda.graphs around "
+                "forward, backward and a capturable optimizer), fuse the elementwise chains (torch.compile, fused kernels), "
+                "or give each kernel more work (larger batch).")
+    return ("Capture the step in a CUDA graph (torch.compile(mode='reduce-overhead') or torch.cuda.graphs; in vLLM "
+            "keep CUDA graphs on — no --enforce-eager — and cover your batch sizes with cudagraph capture sizes), fuse the "
+            "elementwise chains (torch.compile, fused kernels), or give each kernel more work (larger batch).")
+
+
+def _optimizer_advice(ctx: Context) -> str:
+    """For a training run whose optimizer runs as PyTorch's foreach (multi-tensor) kernels, one
+    per elementwise op of the update, the advice to fuse it, with the launches per step it
+    saves; ``""`` otherwise (no optimizer kernels, or fused already)."""
+    s = ctx.__dict__.get("structure")
+    if s is None or s.kind != "training" or ctx.kernels_w.height == 0 or "name" not in ctx.kernels_w.columns:
+        return ""
+    names = ctx.kernels_w["name"].fill_null("")
+    multi = names.str.contains("multi_tensor_apply")
+    fused = names.str.contains(FUSED_OPTIMIZER)
+    n_steps, _ = ctx.step_unit
+    if not n_steps or int(fused.sum()) or int(multi.sum()) < 2 * n_steps:
+        return ""
+    per = int(multi.sum()) / n_steps
+    return (f"The optimizer runs as {per:,.0f} multi-tensor (foreach) kernels per step, one per elementwise op of the "
+            "update: torch.optim.AdamW(..., fused=True) (or Adam/SGD) does the whole update in one kernel per chunk of "
+            "parameters (in the training zoo: 2–3 launches per step fused, 16 foreach). ")
+
+
 def launch_bound(ctx: Context) -> list[Finding]:
     """``launch_bound``: runs of short kernels launched one at a time by a host that cannot
     keep up (``launch_bound_stretches``). ``time_ns`` = the GPU idle time inside those stretches
@@ -397,9 +433,7 @@ def launch_bound(ctx: Context) -> list[Finding]:
         evidence=st.sort("idle_ns", descending=True).head(20).select(
             *keys, "start_ns", "end_ns", "kernels", "busy_ns", "idle_ns", "median_kernel_ns", "median_api_ns", "median_gap_ns"
         ),
-        advice=_accumulation_advice(ctx) + "Capture the step in a CUDA graph (torch.compile(mode='reduce-overhead') or torch.cuda.graphs; in vLLM "
-        "keep CUDA graphs on — no --enforce-eager — and cover your batch sizes with cudagraph capture sizes), fuse the "
-        "elementwise chains (torch.compile, fused kernels), or give each kernel more work (larger batch).",
+        advice=_accumulation_advice(ctx) + _optimizer_advice(ctx) + _graph_advice(ctx),
         next=[
             f"tracekit capture nsys --cuda-graph-trace node -- {_cmd(ctx)}",
             f"tracekit stats -r cuda_kern_exec_sum {ctx.trace_path}",
