@@ -37,10 +37,19 @@ def _structure(name: str):  # noqa: ANN202
         return tracekit.structure(tracekit.open(zoo_capture(name)))
 
 
+#: Programs whose capture is not bundled, and why: their logs and command are.
+UNBUNDLED = {"t11_compile_autotune": "max-autotune benchmarks ~100,000 candidate kernels before the first step: the export is "
+                                     "11.5 MB xz, over the zoo's 3 MB; read on the machine it was captured on (docs/diagnose.md)"}
+
+
 def test_every_program_has_its_capture() -> None:
     programs = sorted(p.stem for p in TRAINING_ZOO.glob("t[0-9][0-9]_*.py"))
-    assert len(programs) >= 10 and programs == NAMES
-    for name in programs:
+    assert len(programs) >= 10 and programs == sorted([*NAMES, *UNBUNDLED])
+    for name in UNBUNDLED:
+        folder = TRAINING_ZOO / "runs" / name
+        assert (folder / "command.txt").is_file() and zoo_truth(name)["program"] == name
+        assert not (folder / f"{name}.sqlite.xz").exists()
+    for name in NAMES:
         folder = TRAINING_ZOO / "runs" / name
         assert (folder / "command.txt").is_file() and zoo_truth(name)["program"] == name
         assert (folder / f"{name}.sqlite.xz").stat().st_size <= 3 * 1024 * 1024, name

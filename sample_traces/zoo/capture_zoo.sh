@@ -40,7 +40,7 @@ for prog in "$@"; do
   echo "$NSYS export --type=sqlite --force-overwrite=true -o $name.sqlite $name.nsys-rep" >> "$dir/command.txt"
   echo "== $name $(date -u +%T)"
   t0=$(date +%s)
-  (cd "$HERE/$(dirname "$prog")" && timeout 240 "${cmd[@]}" > "$dir/$name.program.log" 2> "$dir/$name.profile.log")
+  (cd "$HERE/$(dirname "$prog")" && timeout ${PROGRAM_TIMEOUT:-240} "${cmd[@]}" > "$dir/$name.program.log" 2> "$dir/$name.profile.log")
   echo "   rc=$? $(( $(date +%s) - t0 )) s; $(grep -c '^TRUTH' "$dir/$name.program.log") TRUTH line(s)"
   tail -3 "$dir/$name.profile.log" | cut -c1-200
   ( "$NSYS" export --type=sqlite --force-overwrite=true -o "$dir/$name.sqlite" "$dir/$name.nsys-rep" > "$dir/export.log" 2>&1 \

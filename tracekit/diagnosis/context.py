@@ -222,12 +222,24 @@ class Context:
 
         if self.kernel_count == 0 and self.graphs.height == 0:
             return self._structure_without_kernels(Iterations, build_structure)
-        found = find_iterations(self.ops_for_window, self.launched_ops, self.nvtx, self.config, graph_launches=self.graph_launches,
-                                labels=self.name_labels, grid=self.kernel_grid)
-        lo, hi = self._capture_span()
-        total = int(self.ops_for_window(["duration_ns"])["duration_ns"].sum() or 0)
-        s = build_structure(found, self.config, trace_start_ns=lo, trace_end_ns=hi, window_ops=self._classify_ops,
-                            total_gpu_ns=total, nvtx=self.nvtx)
+        found, s = self._read_structure(find_iterations, build_structure, None)
+        if s.kind == "microbenchmark" and s.total and not self.rk:
+            # a loop timing a few kernels inside a larger program is its autotuning (Inductor's
+            # max-autotune, Triton's do_bench) or a warm-up benchmark: when a training, an
+            # inference or a generation runs after it (after the loop, or after the program's
+            # last module load: autotuning goes on while the compiler loads what it built),
+            # that is the run, and the loop its start-up
+            for cut in (s.end_ns, self._last_module_load()):
+                if cut is None or cut < s.end_ns:
+                    continue
+                later_found, later = self._read_structure(find_iterations, build_structure, cut)
+                if later.total and later.kind != "microbenchmark" and (
+                        later.kind != "unknown" or later.token_evidence is not None or later_found.reading is not None):
+                    later.evidence = (*later.evidence, f"before it, {s.total:,} repetitions of a loop of a few kernels "
+                                      f"({s.evidence[0][:120]}) while the program started: autotuning or a benchmark of its own, "
+                                      "counted in start-up")
+                    found, s = later_found, later
+                    break
         if s.kind in ("training", "microbenchmark", "inference") or self.rk:
             return s
         reading = found.reading if found.reading is not None and found.reading.tokens is not None else None
@@ -241,6 +253,39 @@ class Context:
             steps = generation_steps(self._phase_ops, self.nvtx, self.graph_launches, tokens=s.token_evidence is not None,
                                      forwards=reading, labels=self.name_labels())
         return s.with_generation(steps, warmup_factor=self.config.warmup_factor, nvtx=self.nvtx)
+
+    def _last_module_load(self) -> int | None:
+        """The start (ns) of the capture's last module-load call (``cuModuleLoad*``,
+        ``cuLibraryLoad*``: a JIT compiler loading what it built), or ``None``."""
+        from tracekit.analysis.run.compile import LOAD_CALLS
+
+        if not hasattr(self.trace, "scan"):
+            return None
+        loads = self.trace.scan("cuda_api").filter(pl.col("name").str.contains(LOAD_CALLS)).select(pl.col("start_ns").max()).collect()
+        value = loads.item() if loads.height else None
+        return int(value) if value is not None else None
+
+    def _read_structure(self, find: Any, build: Any, after_ns: int | None) -> tuple[Any, RunStructure]:
+        """:func:`~tracekit.analysis.run.structure.find_iterations` and
+        :func:`~tracekit.analysis.run.structure.build_structure` of the operations (of those
+        starting at or after ``after_ns``, when given; the capture's span is kept, so what
+        comes before is start-up)."""
+        get = self.ops_for_window
+        graphs = self.graph_launches
+        if after_ns is not None:
+            cut = int(after_ns)
+
+            def get(columns: list[str]) -> pl.DataFrame:
+                frame = self.ops_for_window(list(dict.fromkeys([*columns, "start_ns"])))
+                return frame.filter(pl.col("start_ns") >= cut).select([c for c in columns if c in frame.columns])
+
+            if graphs is not None and graphs.height and "start_ns" in graphs.columns:
+                graphs = graphs.filter(pl.col("start_ns") >= cut)
+        found = find(get, self.launched_ops, self.nvtx, self.config, graph_launches=graphs, labels=self.name_labels, grid=self.kernel_grid)
+        lo, hi = self._capture_span()
+        total = int(get(["duration_ns"])["duration_ns"].sum() or 0)
+        return found, build(found, self.config, trace_start_ns=lo, trace_end_ns=hi, window_ops=self._classify_ops, total_gpu_ns=total,
+                            nvtx=self.nvtx)
 
     def name_labels(self) -> pl.Series | None:
         """The text of the integer name codes :meth:`ops_for_window` gives on a big export

@@ -168,8 +168,22 @@ def warmup(ctx: Context) -> list[Finding]:
     """``warmup`` (info): the leading iterations excluded from the window. ``time_ns`` is what
     they took beyond as many median steady iterations."""
     w = ctx.full_window
-    if not w.warmup_steps or w.iterations.height == 0:
+    if w.iterations.height == 0:
         return []
+    if not w.warmup_steps:
+        # no warm-up step, yet a compiler may have worked before the first one (start-up)
+        built = _compiled(ctx, w.start_ns).sentence()
+        start = ctx.structure.startup_ns
+        if not built or not start:
+            return []
+        return [Finding(
+            "warmup", "info", f"start-up {fmt_ns(start)} before the first steady step, not counted: {built}",
+            time_ns=None, share=None,
+            advice="Compilation and autotuning are paid once per process: cache them across runs (TORCHINDUCTOR_FX_GRAPH_CACHE "
+            "and TORCHINDUCTOR_AUTOGRAD_CACHE, on by default in recent PyTorch; a shared TORCHINDUCTOR_CACHE_DIR), and start "
+            "the capture after them (cudaProfilerStart or --capture-range=nvtx).",
+            next=[_after_warmup_cmd(ctx)],
+        )]
     lead = w.iterations.head(w.warmup_steps)
     took = int(lead["length_ns"].sum())
     extra = took - w.warmup_steps * (w.step_ns or 0)

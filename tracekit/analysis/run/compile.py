@@ -57,8 +57,8 @@ class CompileWarmup:
         elif self.loads:
             parts.append(f"{self.loads} module loads over {_s(self.span_ns)} before the steady steps (kernels loaded or compiled)")
         if self.autotune_candidates:
-            parts.append(f"autotuning ran {self.autotune_candidates} candidate kernels {self.autotune_launches} times that the "
-                         "steady steps never run")
+            parts.append(f"autotuning launched {self.autotune_launches:,} candidate kernels ({self.autotune_candidates} Triton "
+                         "kernel name(s): the configurations of a template share one) that the steady steps never run")
         return "; ".join(parts)
 
 
