@@ -232,6 +232,44 @@ def field_capture(name: str) -> Path:
     return _unpacked_xz(packed, "field")
 
 
+#: The zoo under torch.profiler (issue 45): ``zoo/kineto/runs/<name>/`` (``<name>.pt.trace.json.xz``,
+#: ``<name>.program.log`` with the program's own clock in the profiled run, ``command.txt``).
+KINETO_ZOO = SAMPLES / "zoo" / "kineto"
+
+
+def kineto_zoo_names() -> list[str]:
+    """The bundled torch.profiler zoo captures."""
+    return sorted(p.parent.name for p in (KINETO_ZOO / "runs").glob("*/*.pt.trace.json.xz"))
+
+
+@functools.cache
+def kineto_zoo_capture(name: str) -> Path:
+    """The torch.profiler trace (JSON) of zoo program ``name``, unpacked once into ``.cache/``."""
+    import hashlib
+    import lzma
+
+    packed = KINETO_ZOO / "runs" / name / f"{name}.pt.trace.json.xz"
+    digest = hashlib.sha256(packed.read_bytes()).hexdigest()[:12]
+    target = ROOT / ".cache" / f"kineto-zoo-{digest}"
+
+    def fill(tmp: Path) -> None:
+        with lzma.open(packed) as src, open(tmp / f"{name}.pt.trace.json", "wb") as dst:
+            shutil.copyfileobj(src, dst)
+
+    _unpack_once(target, target / f"{name}.pt.trace.json", fill)
+    return target / f"{name}.pt.trace.json"
+
+
+def kineto_zoo_truth(name: str) -> dict:  # type: ignore[type-arg]
+    """The ``TRUTH`` line the program printed in its profiled run."""
+    import json
+
+    for line in (KINETO_ZOO / "runs" / name / f"{name}.program.log").read_text().splitlines():
+        if line.startswith("TRUTH "):
+            return json.loads(line[len("TRUTH "):])  # type: ignore[no-any-return]
+    raise AssertionError(f"{name}: the program printed no TRUTH line")
+
+
 def _unpacked_xz(packed: Path, kind: str) -> Path:
     import hashlib
     import lzma
