@@ -144,3 +144,21 @@ def test_compare_per_steady_step(ddp: Any) -> None:
     # the step table's kernel count is a count, not a time
     step = c.diff.levels["step"].filter(pl.col("key") == "kernels").row(0, named=True)
     assert f"{step['mean_a']:,.3f}" in c.verdict_html.value
+
+
+def test_explorer_on_a_torch_profiler_trace() -> None:
+    """A torch.profiler trace in the explorer: the steady window is its ProfilerSteps, every tab
+    draws without error, the timeline has its GPU streams and CPU lanes (issue 45: notebooks and
+    widgets on Kineto traces)."""
+    from .conftest import kineto_zoo_capture
+
+    trace = tracekit.open(kineto_zoo_capture("t04_accelerate_accum"))
+    s = tracekit.structure(trace)
+    ex = TraceExplorer(trace)
+    assert ex.errors == {}
+    assert ex.window == (s.start_ns, s.end_ns) and ex.current_window().label().startswith("steady window: 5 steps of 63.6 ms")
+    for i in range(len(ex.tabs.children)):
+        ex.tabs.selected_index = i
+    assert ex.errors == {}
+    lanes = {r["lane"] for rows in ex.views["timeline"].chart.to_dict()["datasets"].values() for r in rows if "lane" in r}
+    assert any(lane.startswith("CPU ") for lane in lanes) and any(lane.startswith("GPU ") for lane in lanes)
