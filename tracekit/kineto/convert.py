@@ -101,9 +101,9 @@ def build_tables(staged: Staged, doc: Document, path: Path) -> dict[str, pl.Data
     tables: dict[str, pl.DataFrame] = {}
 
     # processes and threads: the CPU side's pids; GPU events use pid = device, tid = stream
-    runtime = staged.frame("runtime", "driver")
-    ops = staged.frame("cpu_op", "annotation", "python_function")
-    cpu_threads = pl.concat([runtime.select("pid", "tid"), ops.select("pid", "tid")])
+    _release_freed_memory()
+    runtime = staged.take("runtime", "driver")
+    cpu_threads = pl.concat([runtime.select("pid", "tid")] + [f.select("pid", "tid") for k in _CPU_KINDS for f in staged.parts[k]])
     main_pid = _main_pid(runtime["pid"] if runtime.height else cpu_threads["pid"])
     cpu_pids: set[int] = set(cpu_threads["pid"].drop_nulls().unique().to_list()) | {main_pid}
 
@@ -111,19 +111,18 @@ def build_tables(staged: Staged, doc: Document, path: Path) -> dict[str, pl.Data
     if runtime.height:
         tables["CUPTI_ACTIVITY_KIND_RUNTIME"], tables["KINETO_RUNTIME_ARGS"] = _runtime(runtime, n["runtime"], strings)
     if n["annotation"]:
-        notes = staged.frame("annotation")
+        notes = pl.concat(staged.parts["annotation"])
         tables["NVTX_EVENTS"] = notes.select(
             pl.col("start_ns").alias("start"), pl.col("end_ns").alias("end"),
             pl.lit(NVTX_PUSH_POP, dtype=pl.Int64).alias("eventType"), pl.col("name").alias("text"),
             pl.when(pl.col("pid").is_not_null()).then(_global_tid("pid", "tid")).alias("globalTid"),
             pl.lit(0, dtype=pl.Int64).alias("domainId"),
         ).sort("start", "end", descending=[False, True], maintain_order=True)
-    tables["KINETO_CPU_OPS"] = ops.sort("start_ns", "end_ns", descending=[False, True], maintain_order=True)
-    del ops
+    tables["KINETO_CPU_OPS"] = _sorted(staged.take(*_CPU_KINDS), ["start_ns", "end_ns"], [False, True])
     if n["memory"]:
-        tables["KINETO_MEMORY_EVENTS"] = staged.frame("memory").sort("start_ns", maintain_order=True)
+        tables["KINETO_MEMORY_EVENTS"] = _sorted(staged.take("memory"), ["start_ns"], [False])
     if n["gpu_annotation"]:
-        tables["KINETO_GPU_ANNOTATIONS"] = staged.frame("gpu_annotation").sort("start_ns", maintain_order=True)
+        tables["KINETO_GPU_ANNOTATIONS"] = _sorted(staged.take("gpu_annotation"), ["start_ns"], [False])
 
     pids = sorted(cpu_pids)
     tables["PROCESSES"] = pl.DataFrame({
@@ -141,6 +140,38 @@ def build_tables(staged: Staged, doc: Document, path: Path) -> dict[str, pl.Data
     tables.update(_target_info(doc, tables, staged.span, path))
     tables["StringIds"] = strings.frame()
     return tables
+
+
+_CPU_KINDS = ("cpu_op", "annotation", "python_function")
+
+
+def _sorted(frame: pl.DataFrame, by: list[str], descending: list[bool]) -> pl.DataFrame:
+    """``frame.sort(by, descending=descending, maintain_order=True)``, made a column at a time
+    and letting go of each unsorted column once sorted (the caller hands ``frame`` over), so
+    the frame is not held twice."""
+    order = frame.select(pl.arg_sort_by(by, descending=descending, maintain_order=True)).to_series()
+    columns: list[pl.Series | None] = list(frame.get_columns())
+    del frame
+    out = []
+    for i, column in enumerate(columns):
+        columns[i] = None
+        if column is not None:
+            out.append(column.gather(order))
+        del column
+    return pl.DataFrame(out)
+
+
+def _release_freed_memory() -> None:
+    """Hand the heap's freed pages back to the system (glibc keeps them after the batches'
+    many small objects are gone; elsewhere a no-op)."""
+    import ctypes
+    import ctypes.util
+    import sys
+
+    if sys.platform != "linux":
+        return
+    with contextlib.suppress(OSError, AttributeError, TypeError):
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
 
 
 def _main_pid(pids: pl.Series) -> int:
@@ -164,7 +195,7 @@ def _gpu_tables(staged: Staged, runtime: pl.DataFrame, strings: _Strings, main_p
                         ("memset", "CUPTI_ACTIVITY_KIND_MEMSET"), ("sync", "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION")):
         if not staged.counts[kind]:
             continue
-        ev = staged.frame(kind)
+        ev = staged.take(kind)
         ev = ev.join(launcher, left_on="correlationId", right_on="_c", how="left", maintain_order="left")
         ev = ev.with_columns((pl.col("_launcher").fill_null(main_pid) % TID_BITS * TID_BITS).alias("globalPid"))
         if kind == "kernel":

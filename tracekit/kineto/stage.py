@@ -130,9 +130,12 @@ class Staged:
         self.process_names: dict[int | None, str] = {}
         self.thread_names: dict[tuple[int | None, int | None], str] = {}
 
-    def frame(self, *kinds: str) -> pl.DataFrame:
-        """The rows of ``kinds``, in that order and each in the file's order."""
+    def take(self, *kinds: str) -> pl.DataFrame:
+        """The rows of ``kinds``, in that order and each in the file's order; handed over (the
+        staged frames are dropped here, so that their memory goes with the table's)."""
         parts = [f for k in kinds for f in self.parts[k]]
+        for k in kinds:
+            self.parts[k] = []
         return pl.concat(parts) if parts else pl.DataFrame(schema=SCHEMA[kinds[0]])
 
     def add(self, events: list[Event]) -> None:
