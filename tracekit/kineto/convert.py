@@ -22,10 +22,8 @@ import contextlib
 import datetime as _dt
 import logging
 import os
-import re
 import shutil
 import tempfile
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -33,16 +31,10 @@ import msgspec
 import polars as pl
 
 from tracekit.errors import TraceFormatError
-from tracekit.kineto.parse import (
-    Document,
-    Event,
-    as_float,
-    as_int,
-    as_text,
-    decode,
-    raw_text,
-    to_ns,
-)
+from tracekit.kineto.parse import Document, as_int, as_text
+from tracekit.kineto.stage import CATEGORY, GPU_EXTRA, KINETO_CATEGORIES, Staged, stage
+
+__all__ = ["CATEGORY", "KINETO_CATEGORIES", "build_tables", "convert", "converted_folder", "read_trace"]
 
 log = logging.getLogger(__name__)
 
@@ -50,28 +42,6 @@ log = logging.getLogger(__name__)
 FORMAT = "kineto-1"
 #: nsys ``NVTX_EVENTS.eventType`` of a push/pop range.
 NVTX_PUSH_POP = 59
-#: Event categories (lower-cased; old Kineto capitalised them) → what tracekit makes of them.
-CATEGORY = {
-    "kernel": "kernel",
-    "cuda_runtime": "runtime", "runtime": "runtime",
-    "cuda_driver": "driver",
-    "gpu_memcpy": "memcpy", "memcpy": "memcpy",
-    "gpu_memset": "memset", "memset": "memset",
-    "cuda_sync": "sync",
-    "cpu_op": "cpu_op", "operator": "cpu_op",
-    "user_annotation": "annotation",
-    "gpu_user_annotation": "gpu_annotation",
-    "python_function": "python_function",
-}
-#: Categories Kineto writes that mark a trace as its own even without the top-level keys.
-KINETO_CATEGORIES = frozenset(CATEGORY) | {"ac2g", "fwdbwd", "trace", "cpu_instant_event", "cuda_profiler_range"}
-_STEP = re.compile(r"^ProfilerStep#\d+$")
-#: ``Memcpy HtoD (Pageable -> Device)`` → copy kind, source and destination memory.
-_MEMCPY = re.compile(r"Memcpy\s+(\w+)(?:\s*\((\w[\w ]*?)\s*->\s*(\w[\w ]*?)\))?")
-_COPY_KIND = {"HtoD": 1, "DtoH": 2, "HtoA": 3, "AtoH": 4, "AtoA": 5, "AtoD": 6, "DtoA": 7, "DtoD": 8, "HtoH": 9,
-              "PtoP": 10}
-_MEM_KIND = {"pageable": 0, "pinned": 1, "device": 2, "array": 3, "managed": 4, "host": 0}
-_SYNC_TYPE = {"event sync": 1, "stream wait event": 2, "stream sync": 3, "context sync": 4}
 TID_BITS = 0x1000000
 
 
@@ -79,6 +49,12 @@ def _global(pid: int | None, tid: int | None) -> int | None:
     if pid is None:
         return None
     return (pid % TID_BITS) * TID_BITS + (0 if tid is None else tid % TID_BITS)
+
+
+def _global_tid(pid: pl.Expr | str, tid: pl.Expr | str) -> pl.Expr:
+    """:func:`_global` over columns."""
+    pid, tid = pl.col(pid) if isinstance(pid, str) else pid, pl.col(tid) if isinstance(tid, str) else tid
+    return (pid % TID_BITS) * TID_BITS + (tid % TID_BITS).fill_null(0)
 
 
 class _Strings:
@@ -96,236 +72,171 @@ class _Strings:
             got = self.ids[text] = len(self.ids)
         return got
 
+    def column(self, values: pl.Series) -> pl.Series:
+        """The ids of a Utf8 column (null stays null), interned in the column's order."""
+        for text in values.drop_nulls().unique(maintain_order=True).to_list():
+            self(text)
+        return values.replace_strict(self.ids, default=None, return_dtype=pl.Int64)
+
     def frame(self) -> pl.DataFrame:
         return pl.DataFrame({"id": range(len(self.ids)), "value": list(self.ids)}, schema={"id": pl.Int64, "value": pl.Utf8})
 
 
-def _times(events: list[Event]) -> tuple[pl.Series, pl.Series]:
-    """(start, end) ns of ``events``: ``ts`` and ``ts + dur`` (end = start without a ``dur``)."""
-    start = to_ns([bytes(e.ts) or None for e in events])
-    dur = to_ns([bytes(e.dur) or None for e in events]).fill_null(0)
-    return start.alias("start"), (start + dur).alias("end")
-
-
-def _arg(events: list[Event], key: str, conv: Any = as_int) -> list[Any]:
-    return [None if e.args is None else conv(getattr(e.args, key)) for e in events]
-
-
-def _dims(events: list[Event], key: str, i: int) -> list[int | None]:
-    out: list[int | None] = []
-    for e in events:
-        v = None if e.args is None else getattr(e.args, key)
-        out.append(as_int(v[i]) if isinstance(v, list) and len(v) > i else None)
-    return out
-
-
-def _frame(columns: dict[str, Any], schema: dict[str, Any]) -> pl.DataFrame:
-    return pl.DataFrame({k: columns[k] for k in schema}, schema=schema)
-
-
-def _external(events: list[Event]) -> list[int | None]:
-    return [None if e.args is None else as_int(e.args.external_id if e.args.external_id is not None else e.args.external_id_old)
-            for e in events]
-
-
-def build_tables(doc: Document, path: Path) -> dict[str, pl.DataFrame]:
-    """The folder's tables (file stem → frame) from the decoded trace. Raises
-    :class:`TraceFormatError` for a trace with no events, no Kineto events or no GPU work."""
-    events = doc.traceEvents
-    if events is None:
-        msg = f"{path} is JSON but has no traceEvents list: not a Chrome/PyTorch profiler trace; pass a *.pt.trace.json(.gz)"
-        raise TraceFormatError(msg)
-    if not events:
-        msg = (f"{path} has an empty traceEvents list: the profiler recorded nothing (was the schedule's active "
-               "window reached, or the trace written before the profiled steps?); profile again")
-        raise TraceFormatError(msg)
-    groups: dict[str, list[Event]] = {k: [] for k in {*CATEGORY.values(), "memory", "process_name", "thread_name"}}
-    other: Counter[str] = Counter()
-    kineto_seen = doc.schemaVersion is not None or doc.deviceProperties is not None or doc.distributedInfo is not None
-    span: list[Event] = []
-    for e in events:
-        cat = e.cat.lower() if isinstance(e.cat, str) else ""
-        kind = CATEGORY.get(cat)
-        if cat in KINETO_CATEGORIES:
-            kineto_seen = True
-        if e.ph == "X":
-            if isinstance(e.name, str) and _STEP.match(e.name) and kind in ("cpu_op", "annotation", None):
-                kind = "annotation"
-            if kind is not None:
-                groups[kind].append(e)
-            elif cat == "trace":
-                span.append(e)
-            else:
-                other[cat or "(none)"] += 1
-        elif e.ph == "i" and e.name == "[memory]":
-            groups["memory"].append(e)
-        elif e.ph == "M" and e.name in ("process_name", "thread_name"):
-            groups[str(e.name)].append(e)
-    if not kineto_seen:
+def build_tables(staged: Staged, doc: Document, path: Path) -> dict[str, pl.DataFrame]:
+    """The folder's tables (file stem → frame) from the staged events (:func:`read_trace`).
+    Raises :class:`TraceFormatError` for a trace with no Kineto events or no GPU work."""
+    n = staged.counts
+    if not staged.kineto_seen:
         msg = (f"{path} is a Chrome trace but not a PyTorch profiler (Kineto) trace: no schemaVersion, deviceProperties "
                "or Kineto event categories (kernel, cpu_op, cuda_runtime); tracekit reads torch.profiler's traces")
         raise TraceFormatError(msg)
-    gpu = len(groups["kernel"]) + len(groups["memcpy"]) + len(groups["memset"])
-    if not gpu:
-        cpu = len(groups["cpu_op"]) + len(groups["annotation"])
+    if not n["kernel"] + n["memcpy"] + n["memset"]:
+        cpu = n["cpu_op"] + n["annotation"]
         msg = (f"{path} is a PyTorch profiler trace with no GPU activity ({cpu:,} CPU events, no kernels or copies): "
                "profile with activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA] on a GPU run to analyse GPU time")
         raise TraceFormatError(msg)
-    if other:
-        log.debug("%s: events of categories not converted: %s", path, dict(other))
+    if staged.other:
+        log.debug("%s: events of categories not converted: %s", path, dict(staged.other))
     strings = _Strings()
     tables: dict[str, pl.DataFrame] = {}
 
     # processes and threads: the CPU side's pids; GPU events use pid = device, tid = stream
-    cpu_events = groups["runtime"] + groups["driver"] + groups["cpu_op"] + groups["annotation"] + groups["python_function"]
-    pid_counts = Counter(as_int(e.pid) for e in groups["runtime"] + groups["driver"] or cpu_events)
-    pid_counts.pop(None, None)
-    main_pid: int = next((p for p, _ in pid_counts.most_common() if p is not None), 0)
-    cpu_pids: set[int] = {p for p in (as_int(e.pid) for e in cpu_events) if p is not None} | {main_pid}
+    _release_freed_memory()
+    runtime = staged.take("runtime", "driver")
+    cpu_threads = pl.concat([runtime.select("pid", "tid")] + [f.select("pid", "tid") for k in _CPU_KINDS for f in staged.parts[k]])
+    main_pid = _main_pid(runtime["pid"] if runtime.height else cpu_threads["pid"])
+    cpu_pids: set[int] = set(cpu_threads["pid"].drop_nulls().unique().to_list()) | {main_pid}
 
-    tables.update(_gpu_tables(groups, strings, main_pid))
-    runtime = groups["runtime"] + groups["driver"]
-    if runtime:
-        tables["CUPTI_ACTIVITY_KIND_RUNTIME"], tables["KINETO_RUNTIME_ARGS"] = _runtime(runtime, len(groups["runtime"]), strings)
-    annotations = groups["annotation"]
-    if annotations:
-        start, end = _times(annotations)
-        tables["NVTX_EVENTS"] = pl.DataFrame({
-            "start": start, "end": end,
-            "eventType": pl.Series([NVTX_PUSH_POP] * len(annotations), dtype=pl.Int64),
-            "text": pl.Series([str(e.name) for e in annotations], dtype=pl.Utf8),
-            "globalTid": pl.Series([_global(as_int(e.pid), as_int(e.tid)) for e in annotations], dtype=pl.Int64),
-            "domainId": pl.Series([0] * len(annotations), dtype=pl.Int64),
-        }).sort("start", "end", descending=[False, True], maintain_order=True)
-    tables["KINETO_CPU_OPS"] = _cpu_ops(groups["cpu_op"] + annotations + groups["python_function"])
-    if groups["memory"]:
-        tables["KINETO_MEMORY_EVENTS"] = _memory(groups["memory"])
-    if groups["gpu_annotation"]:
-        ga = groups["gpu_annotation"]
-        start, end = _times(ga)
-        tables["KINETO_GPU_ANNOTATIONS"] = pl.DataFrame({
-            "name": pl.Series([str(e.name) for e in ga], dtype=pl.Utf8),
-            "device_id": pl.Series([d if d is not None else as_int(e.pid) for d, e in zip(_arg(ga, "device"), ga, strict=True)], dtype=pl.Int64),
-            "stream_id": pl.Series([s if s is not None else as_int(e.tid) for s, e in zip(_arg(ga, "stream"), ga, strict=True)], dtype=pl.Int64),
-            "start_ns": start, "end_ns": end, "duration_ns": end - start,
-            "external_id": pl.Series(_external(ga), dtype=pl.Int64),
-        }).sort("start_ns", maintain_order=True)
+    tables.update(_gpu_tables(staged, runtime, strings, main_pid))
+    if runtime.height:
+        tables["CUPTI_ACTIVITY_KIND_RUNTIME"], tables["KINETO_RUNTIME_ARGS"] = _runtime(runtime, n["runtime"], strings)
+    if n["annotation"]:
+        notes = pl.concat(staged.parts["annotation"])
+        tables["NVTX_EVENTS"] = notes.select(
+            pl.col("start_ns").alias("start"), pl.col("end_ns").alias("end"),
+            pl.lit(NVTX_PUSH_POP, dtype=pl.Int64).alias("eventType"), pl.col("name").alias("text"),
+            pl.when(pl.col("pid").is_not_null()).then(_global_tid("pid", "tid")).alias("globalTid"),
+            pl.lit(0, dtype=pl.Int64).alias("domainId"),
+        ).sort("start", "end", descending=[False, True], maintain_order=True)
+    tables["KINETO_CPU_OPS"] = _sorted(staged.take(*_CPU_KINDS), ["start_ns", "end_ns"], [False, True])
+    if n["memory"]:
+        tables["KINETO_MEMORY_EVENTS"] = _sorted(staged.take("memory"), ["start_ns"], [False])
+    if n["gpu_annotation"]:
+        tables["KINETO_GPU_ANNOTATIONS"] = _sorted(staged.take("gpu_annotation"), ["start_ns"], [False])
 
-    names = {as_int(e.pid): e.args.name for e in groups["process_name"] if e.args is not None and isinstance(e.args.name, str)}
+    pids = sorted(cpu_pids)
     tables["PROCESSES"] = pl.DataFrame({
-        "globalPid": [_global(p, 0) for p in sorted(cpu_pids)], "pid": sorted(cpu_pids),
-        "name": [names.get(p) for p in sorted(cpu_pids)],
+        "globalPid": [_global(p, 0) for p in pids], "pid": pids, "name": [staged.process_names.get(p) for p in pids],
     }, schema={"globalPid": pl.Int64, "pid": pl.Int64, "name": pl.Utf8})
-    thread_names = {(as_int(e.pid), as_int(e.tid)): e.args.name for e in groups["thread_name"]
-                    if e.args is not None and isinstance(e.args.name, str)}
-    seen = sorted({(p, t) for p, t in ((as_int(e.pid), as_int(e.tid)) for e in cpu_events) if p is not None and t is not None}
+    thread_names = staged.thread_names
+    pairs = cpu_threads.drop_nulls().unique()
+    seen = sorted(set(zip(pairs["pid"].to_list(), pairs["tid"].to_list(), strict=True))
                   | {k for k in thread_names if k[0] in cpu_pids and k[1] is not None})
     tables["ThreadNames"] = pl.DataFrame({
         "nameId": [strings(thread_names.get(k)) for k in seen], "priority": [None] * len(seen),
         "globalTid": [_global(*k) for k in seen],
     }, schema={"nameId": pl.Int64, "priority": pl.Int64, "globalTid": pl.Int64})
 
-    tables.update(_target_info(doc, tables, span, path))
+    tables.update(_target_info(doc, tables, staged.span, path))
     tables["StringIds"] = strings.frame()
     return tables
 
 
-def _gpu_tables(groups: dict[str, list[Event]], strings: _Strings, main_pid: int) -> dict[str, pl.DataFrame]:
+_CPU_KINDS = ("cpu_op", "annotation", "python_function")
+
+
+def _sorted(frame: pl.DataFrame, by: list[str], descending: list[bool]) -> pl.DataFrame:
+    """``frame.sort(by, descending=descending, maintain_order=True)``, made a column at a time
+    and letting go of each unsorted column once sorted (the caller hands ``frame`` over), so
+    the frame is not held twice."""
+    order = frame.select(pl.arg_sort_by(by, descending=descending, maintain_order=True)).to_series()
+    columns: list[pl.Series | None] = list(frame.get_columns())
+    del frame
+    out = []
+    for i, column in enumerate(columns):
+        columns[i] = None
+        if column is not None:
+            out.append(column.gather(order))
+        del column
+    return pl.DataFrame(out)
+
+
+def _release_freed_memory() -> None:
+    """Hand the heap's freed pages back to the system (glibc keeps them after the batches'
+    many small objects are gone; elsewhere a no-op)."""
+    import ctypes
+    import ctypes.util
+    import sys
+
+    if sys.platform != "linux":
+        return
+    with contextlib.suppress(OSError, AttributeError, TypeError):
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+
+
+def _main_pid(pids: pl.Series) -> int:
+    """The most frequent pid (the first seen among equals), 0 when there is none."""
+    counts = (pl.DataFrame({"pid": pids}).with_row_index("first").drop_nulls("pid")
+              .group_by("pid").agg(pl.len().alias("n"), pl.col("first").min())
+              .sort(["n", "first"], descending=[True, False]))
+    return int(counts["pid"][0]) if counts.height else 0
+
+
+def _gpu_tables(staged: Staged, runtime: pl.DataFrame, strings: _Strings, main_pid: int) -> dict[str, pl.DataFrame]:
     """Kernels, copies, memsets and syncs with nsys's columns; the extra kernel/copy arguments
     in ``KINETO_GPU_ARGS``. ``globalPid`` is the launching process, found through the runtime
     call of the same correlation id (else the trace's main process)."""
-    launcher: dict[int, int] = {}
-    for e in groups["runtime"] + groups["driver"]:
-        c = None if e.args is None else as_int(e.args.correlation)
-        p = as_int(e.pid)
-        if c is not None and p is not None:
-            launcher.setdefault(c, p)
+    launcher = (runtime.select(pl.col("correlationId").alias("_c"), pl.col("pid").alias("_launcher"))
+                .drop_nulls().unique("_c", keep="first", maintain_order=True))
     out: dict[str, pl.DataFrame] = {}
     extra: list[pl.DataFrame] = []
+    base = ["start", "end", "deviceId", "contextId", "streamId", "correlationId", "globalPid"]
     for kind, table in (("kernel", "CUPTI_ACTIVITY_KIND_KERNEL"), ("memcpy", "CUPTI_ACTIVITY_KIND_MEMCPY"),
                         ("memset", "CUPTI_ACTIVITY_KIND_MEMSET"), ("sync", "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION")):
-        ev = groups[kind]
-        if not ev:
+        if not staged.counts[kind]:
             continue
-        start, end = _times(ev)
-        corr = _arg(ev, "correlation")
-        cols: dict[str, Any] = {
-            "start": start, "end": end,
-            "deviceId": pl.Series([d if d is not None else as_int(e.pid) for d, e in zip(_arg(ev, "device"), ev, strict=True)], dtype=pl.Int64),
-            "contextId": pl.Series(_arg(ev, "context"), dtype=pl.Int64),
-            "streamId": pl.Series([s if s is not None else as_int(e.tid) for s, e in zip(_arg(ev, "stream"), ev, strict=True)], dtype=pl.Int64),
-            "correlationId": pl.Series(corr, dtype=pl.Int64),
-            "globalPid": pl.Series([_global(launcher.get(c, main_pid) if c is not None else main_pid, 0) for c in corr], dtype=pl.Int64),
-        }
+        ev = staged.take(kind)
+        ev = ev.join(launcher, left_on="correlationId", right_on="_c", how="left", maintain_order="left")
+        ev = ev.with_columns((pl.col("_launcher").fill_null(main_pid) % TID_BITS * TID_BITS).alias("globalPid"))
         if kind == "kernel":
-            ids = pl.Series([strings(e.name) for e in ev], dtype=pl.Int64)
             from tracekit.ncu.schema import short_name_of
 
-            short = {n: short_name_of(n) for n in {str(e.name) for e in ev}}
-            cols |= {
-                "demangledName": ids, "shortName": pl.Series([strings(short[str(e.name)]) for e in ev], dtype=pl.Int64),
-                "registersPerThread": pl.Series(_arg(ev, "registers_per_thread"), dtype=pl.Int64),
-                **{f"grid{a}": pl.Series(_dims(ev, "grid", i), dtype=pl.Int64) for i, a in enumerate("XYZ")},
-                **{f"block{a}": pl.Series(_dims(ev, "block", i), dtype=pl.Int64) for i, a in enumerate("XYZ")},
-            }
+            names = ev["name"]
+            ids = strings.column(names)
+            text = names.fill_null("None")
+            distinct = text.unique(maintain_order=True).to_list()
+            short = text.replace_strict(distinct, [short_name_of(t) for t in distinct], return_dtype=pl.Utf8)
+            cols = ev.select(*base, demangledName=ids, shortName=strings.column(short), registersPerThread="registersPerThread",
+                             gridX="gridX", gridY="gridY", gridZ="gridZ", blockX="blockX", blockY="blockY", blockZ="blockZ")
         elif kind == "memcpy":
-            parsed = [_MEMCPY.match(str(e.name)) for e in ev]
-            cols |= {
-                "bytes": pl.Series(_arg(ev, "bytes"), dtype=pl.Int64),
-                "copyKind": pl.Series([_COPY_KIND.get(m.group(1), 0) if m else 0 for m in parsed], dtype=pl.Int64),
-                "srcKind": pl.Series([_MEM_KIND.get((m.group(2) or "").lower()) if m else None for m in parsed], dtype=pl.Int64),
-                "dstKind": pl.Series([_MEM_KIND.get((m.group(3) or "").lower()) if m else None for m in parsed], dtype=pl.Int64),
-            }
+            cols = ev.select(*base, "bytes", "copyKind", "srcKind", "dstKind")
         elif kind == "memset":
-            kinds = [re.search(r"\((\w+)\)", str(e.name)) for e in ev]
-            cols |= {
-                "bytes": pl.Series(_arg(ev, "bytes"), dtype=pl.Int64),
-                "memKind": pl.Series([_MEM_KIND.get(k.group(1).lower()) if k else None for k in kinds], dtype=pl.Int64),
-            }
+            cols = ev.select(*base, "bytes", "memKind")
         else:
-            sync = [str(s or e.name).lower() for s, e in zip(_arg(ev, "sync_kind", as_text), ev, strict=True)]
-            cols |= {"syncType": pl.Series([_SYNC_TYPE.get(s, 0) for s in sync], dtype=pl.Int64)}
-        out[table] = pl.DataFrame(cols)
+            cols = ev.select(*base, "syncType")
+        out[table] = cols
         if kind != "sync":
-            extra.append(pl.DataFrame({
-                "kind": [kind] * len(ev), "correlation_id": corr, "device_id": cols["deviceId"],
-                "start_ns": start, "external_id": _external(ev), "queued_ns": _arg(ev, "queued"),
-                "shared_memory_bytes": _arg(ev, "shared_memory"), "blocks_per_sm": _arg(ev, "blocks_per_sm", as_float),
-                "warps_per_sm": _arg(ev, "warps_per_sm", as_float),
-                "est_achieved_occupancy_pct": _arg(ev, "occupancy", as_float),
-                "bandwidth_gbps": _arg(ev, "bandwidth", as_float),
-                "collective_name": _arg(ev, "collective_name", as_text), "in_msg_nelems": _arg(ev, "in_msg_nelems"),
-                "out_msg_nelems": _arg(ev, "out_msg_nelems"), "group_size": _arg(ev, "group_size"),
-                "dtype": _arg(ev, "dtype", as_text), "process_group_name": _arg(ev, "pg_name", as_text),
-                "process_group_desc": _arg(ev, "pg_desc", as_text), "process_group_ranks": _arg(ev, "pg_ranks", as_text),
-            }, schema=GPU_ARGS_SCHEMA))
+            extra.append(ev.select(pl.lit(kind, dtype=pl.Utf8).alias("kind"), pl.col("correlationId").alias("correlation_id"),
+                                   pl.col("deviceId").alias("device_id"), pl.col("start").alias("start_ns"), *GPU_EXTRA))
     if extra:
         out["KINETO_GPU_ARGS"] = pl.concat(extra)
     return out
 
 
 GPU_ARGS_SCHEMA: dict[str, Any] = {
-    "kind": pl.Utf8, "correlation_id": pl.Int64, "device_id": pl.Int64, "start_ns": pl.Int64, "external_id": pl.Int64,
-    "queued_ns": pl.Int64, "shared_memory_bytes": pl.Int64, "blocks_per_sm": pl.Float64, "warps_per_sm": pl.Float64,
-    "est_achieved_occupancy_pct": pl.Float64, "bandwidth_gbps": pl.Float64, "collective_name": pl.Utf8,
-    "in_msg_nelems": pl.Int64, "out_msg_nelems": pl.Int64, "group_size": pl.Int64, "dtype": pl.Utf8,
-    "process_group_name": pl.Utf8, "process_group_desc": pl.Utf8, "process_group_ranks": pl.Utf8,
+    "kind": pl.Utf8, "correlation_id": pl.Int64, "device_id": pl.Int64, "start_ns": pl.Int64, **GPU_EXTRA,
 }
 
 
-def _runtime(events: list[Event], n_runtime: int, strings: _Strings) -> tuple[pl.DataFrame, pl.DataFrame]:
-    start, end = _times(events)
-    gtid = pl.Series([_global(as_int(e.pid), as_int(e.tid)) for e in events], dtype=pl.Int64)
-    corr = pl.Series(_arg(events, "correlation"), dtype=pl.Int64)
+def _runtime(events: pl.DataFrame, n_runtime: int, strings: _Strings) -> tuple[pl.DataFrame, pl.DataFrame]:
+    gtid = events.select(pl.when(pl.col("pid").is_not_null()).then(_global_tid("pid", "tid"))).to_series()
     api = pl.DataFrame({
-        "start": start, "end": end,
-        "eventClass": pl.Series([0] * n_runtime + [1] * (len(events) - n_runtime), dtype=pl.Int64),
-        "globalTid": gtid, "correlationId": corr,
-        "nameId": pl.Series([strings(e.name) for e in events], dtype=pl.Int64),
+        "start": events["start"], "end": events["end"],
+        "eventClass": pl.Series([0] * n_runtime + [1] * (events.height - n_runtime), dtype=pl.Int64),
+        "globalTid": gtid, "correlationId": events["correlationId"], "nameId": strings.column(events["name"]),
     })
-    args = pl.DataFrame({"correlation_id": corr, "global_tid": gtid, "start_ns": start,
-                         "external_id": pl.Series(_external(events), dtype=pl.Int64),
-                         "cbid": pl.Series(_arg(events, "cbid"), dtype=pl.Int64)})
+    args = pl.DataFrame({"correlation_id": events["correlationId"], "global_tid": gtid, "start_ns": events["start"],
+                         "external_id": events["external_id"], "cbid": events["cbid"]})
     order = api["start"].arg_sort()
     return api[order], args[order]
 
@@ -338,52 +249,14 @@ CPU_OPS_SCHEMA: dict[str, Any] = {
     "collective_name": pl.Utf8, "in_msg_nelems": pl.Int64, "out_msg_nelems": pl.Int64, "group_size": pl.Int64,
     "dtype": pl.Utf8, "process_group_name": pl.Utf8, "process_group_desc": pl.Utf8, "process_group_ranks": pl.Utf8,
 }
-
-
-def _raw_arg(events: list[Event], key: str) -> list[str | None]:
-    return [None if e.args is None else raw_text(getattr(e.args, key)) for e in events]
-
-
-def _cpu_ops(events: list[Event]) -> pl.DataFrame:
-    if not events:
-        return pl.DataFrame(schema=CPU_OPS_SCHEMA)
-    start, end = _times(events)
-    cols: dict[str, Any] = {
-        "category": [str(e.cat) for e in events], "name": [str(e.name) for e in events],
-        "pid": [as_int(e.pid) for e in events], "tid": [as_int(e.tid) for e in events],
-        "start_ns": start, "end_ns": end, "duration_ns": end - start, "external_id": _external(events),
-        "record_function_id": _arg(events, "record_function_id"), "ev_idx": _arg(events, "ev_idx"),
-        "sequence_number": _arg(events, "sequence_number"), "fwd_thread_id": _arg(events, "fwd_thread_id"),
-        "input_dims": _raw_arg(events, "input_dims"), "input_types": _raw_arg(events, "input_types"),
-        "input_strides": _raw_arg(events, "input_strides"), "concrete_inputs": _raw_arg(events, "concrete_inputs"),
-        "call_stack": _arg(events, "call_stack", as_text), "module_hierarchy": _arg(events, "module_hierarchy", as_text),
-        "collective_name": _arg(events, "collective_name", as_text), "in_msg_nelems": _arg(events, "in_msg_nelems"),
-        "out_msg_nelems": _arg(events, "out_msg_nelems"), "group_size": _arg(events, "group_size"),
-        "dtype": _arg(events, "dtype", as_text), "process_group_name": _arg(events, "pg_name", as_text),
-        "process_group_desc": _arg(events, "pg_desc", as_text), "process_group_ranks": _arg(events, "pg_ranks", as_text),
-    }
-    return _frame(cols, CPU_OPS_SCHEMA).sort("start_ns", "end_ns", descending=[False, True], maintain_order=True)
-
-
 MEMORY_SCHEMA: dict[str, Any] = {
     "pid": pl.Int64, "tid": pl.Int64, "start_ns": pl.Int64, "device_type": pl.Int64, "device_id": pl.Int64,
     "address": pl.Int64, "bytes": pl.Int64, "total_allocated_bytes": pl.Int64, "total_reserved_bytes": pl.Int64,
 }
 
 
-def _memory(events: list[Event]) -> pl.DataFrame:
-    start, _ = _times(events)
-    addr = [a if a is None or a < 2**63 else a - 2**64 for a in _arg(events, "addr")]
-    cols = {
-        "pid": [as_int(e.pid) for e in events], "tid": [as_int(e.tid) for e in events], "start_ns": start,
-        "device_type": _arg(events, "mem_device_type"), "device_id": _arg(events, "mem_device_id"), "address": addr,
-        "bytes": _arg(events, "mem_bytes"), "total_allocated_bytes": _arg(events, "total_allocated"),
-        "total_reserved_bytes": _arg(events, "total_reserved"),
-    }
-    return _frame(cols, MEMORY_SCHEMA).sort("start_ns", maintain_order=True)
-
-
-def _target_info(doc: Document, tables: dict[str, pl.DataFrame], span: list[Event], path: Path) -> dict[str, pl.DataFrame]:
+def _target_info(doc: Document, tables: dict[str, pl.DataFrame], span: tuple[Any, Any] | None,
+                 path: Path) -> dict[str, pl.DataFrame]:
     """GPUs, the capture window, the session's epoch and the export's metadata."""
     out: dict[str, pl.DataFrame] = {}
     props = doc.deviceProperties if isinstance(doc.deviceProperties, list) else []
@@ -415,10 +288,9 @@ def _target_info(doc: Document, tables: dict[str, pl.DataFrame], span: list[Even
     if tables["KINETO_CPU_OPS"].height:
         starts.append(tables["KINETO_CPU_OPS"]["start_ns"].min())
         ends.append(tables["KINETO_CPU_OPS"]["end_ns"].max())
-    if span:
-        s, e = _times(span[:1])
-        starts.append(s[0])
-        ends.append(e[0])
+    if span is not None:
+        starts.append(span[0])
+        ends.append(span[1])
     lo = min(int(v) for v in starts if isinstance(v, int))
     hi = max(int(v) for v in ends if isinstance(v, int))
     out["ANALYSIS_DETAILS"] = pl.DataFrame({"startTime": [lo], "stopTime": [hi], "duration": [hi - lo]},
@@ -444,11 +316,16 @@ def _target_info(doc: Document, tables: dict[str, pl.DataFrame], span: list[Even
 
 
 # -- the cached folder --------------------------------------------------------------------------
+def read_trace(path: Path) -> dict[str, pl.DataFrame]:
+    """The folder's tables of the trace at ``path``: its events read a batch at a time into
+    columns (:func:`tracekit.kineto.stage.stage`), then the tables built from them."""
+    staged, doc = stage(path)
+    return build_tables(staged, doc, path)
+
+
 def convert(path: Path, folder: Path) -> None:
     """Read the trace at ``path`` and write its tables into the existing, empty ``folder``."""
-    doc = decode(path)
-    tables = build_tables(doc, path)
-    del doc
+    tables = read_trace(path)
     for name, frame in tables.items():
         frame.write_parquet(folder / f"{name}.parquet", statistics=False)
 
