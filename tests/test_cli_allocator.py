@@ -106,3 +106,18 @@ def test_glibc_maps_large_blocks_unless_the_user_chose() -> None:
     glibc = sys.platform.startswith("linux") and os.confstr("CS_GNU_LIBC_VERSION") is not None
     assert out.stdout.strip() == str(glibc)
     assert map_large_blocks({"MALLOC_MMAP_THRESHOLD_": "65536"}) is False
+
+
+def test_torch_profiler_traces_return_pages_at_once() -> None:
+    """A torch.profiler trace (a file, or a folder of ranks) gets DECAY_NOW from any size: its
+    first open stages columns batch by batch, and freed pages kept by jemalloc were most of its
+    peak (benchmarks/README.md, "Kineto open"); an nsys export of the same size does not; the
+    sniff imports no polars."""
+    root = Path(__file__).resolve().parents[1] / "sample_traces"
+    env: dict[str, str] = {}
+    assert tune_allocator(["summary", str(root / "kineto" / "ddp_nccl_1rank" / "nccl_data.json.gz")], env) == DECAY_NOW
+    assert tune_allocator(["diagnose", str(root / "kineto" / "sampled_2rank")], {}) == DECAY_NOW
+    assert tune_allocator(["summary", str(root / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite")], {}) == EAGER_LARGE
+    code = ("import sys; from tracekit.cli.allocator import tune_allocator; "
+            f"tune_allocator(['summary', {str(root / 'kineto' / 'sampled_2rank')!r}], {{}}); print('polars' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"

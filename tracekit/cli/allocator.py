@@ -94,6 +94,23 @@ def _size(path: Path) -> int:
     return 0
 
 
+def _kineto(path: Path) -> bool:
+    """Whether ``path`` is a torch.profiler trace, or a folder holding some (by content; the
+    standard library only: this runs before polars is imported)."""
+    from tracekit.kineto.sniff import is_kineto
+
+    try:
+        if path.is_file():
+            return path.name.lower().endswith((".json", ".json.gz", ".gz")) and is_kineto(path)
+        if path.is_dir():
+            with os.scandir(path) as entries:
+                return any(e.is_file() and e.name.lower().endswith((".json", ".json.gz")) and is_kineto(Path(e.path))
+                           for e in entries)
+    except OSError:
+        return False
+    return False
+
+
 def tune_allocator(argv: Sequence[str], env: MutableMapping[str, str] | None = None,
                    *, min_bytes: int | None = None) -> str | None:
     """Set jemalloc's options in ``env`` (default ``os.environ``) for the command line
@@ -101,7 +118,8 @@ def tune_allocator(argv: Sequence[str], env: MutableMapping[str, str] | None = N
     :data:`STEPPED_COMMANDS` command on an input of at least ``min_bytes`` (default: the
     command's :data:`DECAY_NOW_FROM`, else :data:`BIG_INPUT_BYTES`), :data:`DECAY_SHORT` for
     a command of :data:`DECAY_SHORT_FROM` on an input of at least its size, else
-    :data:`EAGER_LARGE`. None, and ``env`` untouched, when ``env`` has a jemalloc setting
+    :data:`EAGER_LARGE`; :data:`DECAY_NOW` whenever an input is a torch.profiler trace (or a
+    folder of them). None, and ``env`` untouched, when ``env`` has a jemalloc setting
     already, ``argv`` is empty or runs ``capture`` (the program it profiles would inherit it). Must run before polars is imported (jemalloc reads it once)."""
     env = os.environ if env is None else env
     if _VARIABLE in env or not argv or argv[0] in _RUNS_PROGRAMS:
@@ -109,6 +127,12 @@ def tune_allocator(argv: Sequence[str], env: MutableMapping[str, str] | None = N
     value = EAGER_LARGE
     if min_bytes is None:
         min_bytes = DECAY_NOW_FROM.get(argv[0], BIG_INPUT_BYTES)
+    if any(_kineto(Path(arg)) for arg in argv[1:] if not arg.startswith("-")):
+        # a torch.profiler trace is decoded in batches into staged columns: freed pages given back
+        # at once keep its first open near 1.5 × the JSON's size (2.6 × with the default decay;
+        # benchmarks/README.md, "Kineto open")
+        env[_VARIABLE] = DECAY_NOW
+        return DECAY_NOW
     if argv[0] in STEPPED_COMMANDS or argv[0] in DECAY_SHORT_FROM:
         total = sum(_size(Path(arg)) for arg in argv[1:] if not arg.startswith("-"))
         if argv[0] in STEPPED_COMMANDS and total >= min_bytes:
