@@ -245,19 +245,7 @@ def kineto_zoo_names() -> list[str]:
 @functools.cache
 def kineto_zoo_capture(name: str) -> Path:
     """The torch.profiler trace (JSON) of zoo program ``name``, unpacked once into ``.cache/``."""
-    import hashlib
-    import lzma
-
-    packed = KINETO_ZOO / "runs" / name / f"{name}.pt.trace.json.xz"
-    digest = hashlib.sha256(packed.read_bytes()).hexdigest()[:12]
-    target = ROOT / ".cache" / f"kineto-zoo-{digest}"
-
-    def fill(tmp: Path) -> None:
-        with lzma.open(packed) as src, open(tmp / f"{name}.pt.trace.json", "wb") as dst:
-            shutil.copyfileobj(src, dst)
-
-    _unpack_once(target, target / f"{name}.pt.trace.json", fill)
-    return target / f"{name}.pt.trace.json"
+    return _unpacked_xz(KINETO_ZOO / "runs" / name / f"{name}.pt.trace.json.xz", "kineto-zoo")
 
 
 def kineto_zoo_truth(name: str) -> dict:  # type: ignore[type-arg]
@@ -275,15 +263,15 @@ def _unpacked_xz(packed: Path, kind: str) -> Path:
     import lzma
 
     digest = hashlib.sha256(packed.read_bytes()).hexdigest()[:12]
-    name = packed.name[: -len(".sqlite.xz")]
+    name = packed.name[: -len(".xz")]  # x.sqlite.xz → x.sqlite, x.pt.trace.json.xz → x.pt.trace.json
     target = ROOT / ".cache" / f"{kind}-{digest}"
 
     def fill(tmp: Path) -> None:
-        with lzma.open(packed) as src, open(tmp / f"{name}.sqlite", "wb") as dst:
+        with lzma.open(packed) as src, open(tmp / name, "wb") as dst:
             shutil.copyfileobj(src, dst)
 
-    _unpack_once(target, target / f"{name}.sqlite", fill)
-    return target / f"{name}.sqlite"
+    _unpack_once(target, target / name, fill)
+    return target / name
 
 
 def force_by_column(monkeypatch: pytest.MonkeyPatch, cache: Path) -> list:  # type: ignore[type-arg]
