@@ -256,3 +256,23 @@ def test_not_json_is_not_kineto(tmp_path: Path) -> None:
     junk.write_bytes(gzip.compress(b"[1, 2, 3]"))
     with pytest.raises(TraceFormatError):
         tracekit.open(junk)
+
+
+def test_a_large_trace_converts_in_a_child_to_the_same_tables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trace of CHILD_BYTES or more is converted in a child process (its decode's memory gone
+    when it exits); the folder it writes holds the same tables as a conversion in this process."""
+    from tracekit.kineto import convert as C
+
+    text = tmp_path / "rank0.pt.trace.json"
+    text.write_bytes(gzip.decompress(DDP.read_bytes()))
+    assert text.stat().st_size >= C.CHILD_BYTES
+    child, here = tmp_path / "child", tmp_path / "here"
+    child.mkdir()
+    here.mkdir()
+    C.convert_isolated(text, child)
+    monkeypatch.setenv("TRACEKIT_KINETO_IN_PROCESS", "1")
+    C.convert_isolated(text, here)
+    names = sorted(p.name for p in child.iterdir())
+    assert names == sorted(p.name for p in here.iterdir()) and "CUPTI_ACTIVITY_KIND_KERNEL.parquet" in names
+    for name in names:
+        assert pl.read_parquet(child / name).equals(pl.read_parquet(here / name)), name

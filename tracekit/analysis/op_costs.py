@@ -25,8 +25,8 @@ Other operators get their GPU time, no FLOPs, and as bytes what their tensor inp
 ``aten::matmul``) launch nothing themselves: their ``aten::mm``/``addmm`` do, and are counted
 there. Achieved rates are per operator instance: FLOPs ÷ its kernels' time (``tflops``), bytes
 ÷ that time (``tbps``). The verdict compares the operator's arithmetic intensity (FLOPs per
-byte) with the GPU's ridge point (peak FLOP/s ÷ peak bytes/s, :func:`tracekit.model.costs.peaks`
-for the operator's dtype): above it ``compute-bound`` and ``pct_of_peak`` is of the FLOP/s peak,
+byte) with the GPU's ridge point (peak FLOP/s ÷ peak bytes/s of the GPU's spec,
+:mod:`tracekit.ncu.specs`, for the operator's dtype): above it ``compute-bound`` and ``pct_of_peak`` is of the FLOP/s peak,
 below it ``memory-bound`` and of the bandwidth peak.
 """
 
@@ -239,16 +239,23 @@ def op_cost_summary(costs: pl.DataFrame, *, by: tuple[str, ...] = ("name", "inpu
 
 def trace_operator_costs(trace: Any) -> pl.DataFrame:
     """:func:`operator_costs` of a torch.profiler trace (``KinetoTrace.operators``), with the
-    peaks of the trace's GPU (:func:`tracekit.model.gpu.gpu_of`); an nsys export has no CPU
+    peaks of the trace's GPU (its spec by name and memory, :mod:`tracekit.ncu.specs`: dense
+    Tensor Core peak per dtype, FP32 for fp32, DRAM bandwidth); an nsys export has no CPU
     operators with shapes (``docs/kineto.md``): an empty frame."""
-    from tracekit.model.costs import peaks
-    from tracekit.model.gpu import gpu_of
+    from tracekit.ncu.specs import find_spec, tensor_peak_tflops
 
     cpu_ops = getattr(trace, "cpu_ops", None)
     if not isinstance(cpu_ops, pl.DataFrame):
         return operator_costs(pl.DataFrame(), pl.DataFrame(), pl.DataFrame())
-    gpu = gpu_of(trace, None)
-    found = {d: peaks(gpu, d)[:2] for d in ("bf16", "fp16", "fp32", "fp8")} if gpu is not None else None
+    gpus = getattr(trace, "gpus", pl.DataFrame())
+    row = gpus.row(0, named=True) if gpus.height else {}
+    spec = find_spec(row.get("name"), row.get("total_memory_bytes")) if row else None
+    found = None
+    if spec is not None:
+        bw = spec.bandwidth_gbps * 1e9
+        found = {d: ((spec.fp32_tflops if d == "fp32" else tensor_peak_tflops(spec, d) or spec.tensor_tflops.get("fp16")
+                      or spec.fp32_tflops) * 1e12, bw)
+                 for d in ("bf16", "fp16", "fp32", "fp8")}
     return operator_costs(cpu_ops, trace.flows, trace.kernels, peaks=found)
 
 

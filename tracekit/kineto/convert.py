@@ -330,6 +330,54 @@ def convert(path: Path, folder: Path) -> None:
         frame.write_parquet(folder / f"{name}.parquet", statistics=False)
 
 
+#: Traces of at least this many bytes on disk are converted in a child process: its decode's
+#: memory is gone when it exits, and its allocator gives freed pages back at once (the CLI's
+#: ``DECAY_NOW``, which a process that has loaded polars can no longer set); the process that
+#: opens the trace then only reads the Parquet folder. Smaller ones convert in this process
+#: (a child's start-up, ~0.5 s, would dominate).
+CHILD_BYTES = 2 << 20
+#: jemalloc's options for the child (``tracekit.cli.allocator.DECAY_NOW``).
+_CHILD_MALLOC_CONF = "dirty_decay_ms:0,muzzy_decay_ms:0"
+
+
+def convert_isolated(path: Path, folder: Path) -> None:
+    """:func:`convert`, in a child process for a trace of :data:`CHILD_BYTES` or more (unless
+    ``TRACEKIT_KINETO_IN_PROCESS=1``); a :class:`TraceFormatError` of the child is raised here
+    with its own line."""
+    import subprocess
+    import sys
+
+    if path.stat().st_size < CHILD_BYTES or os.environ.get("TRACEKIT_KINETO_IN_PROCESS", "").strip() not in ("", "0"):
+        convert(path, folder)
+        return
+    env = dict(os.environ)
+    env.setdefault("_RJEM_MALLOC_CONF", _CHILD_MALLOC_CONF)
+    proc = subprocess.run([sys.executable, "-m", "tracekit.kineto.convert", str(path), str(folder)], env=env,
+                          capture_output=True, text=True, check=False)
+    if proc.returncode == 0:
+        return
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    last = lines[-1] if lines else f"exit status {proc.returncode}"
+    if proc.returncode == 2:  # the child's TraceFormatError, one line
+        raise TraceFormatError(last)
+    msg = (f"{path.name}: converting the torch.profiler trace failed in a child process (exit {proc.returncode}: {last[:300]}); "
+           "set TRACEKIT_KINETO_IN_PROCESS=1 to convert it in this process and see the whole error")
+    raise TraceFormatError(msg)
+
+
+def _main(argv: list[str]) -> int:
+    """``python -m tracekit.kineto.convert TRACE FOLDER`` (what :func:`convert_isolated` runs):
+    exit 2 with the one-line error for a bad trace."""
+    import sys
+
+    try:
+        convert(Path(argv[0]), Path(argv[1]))
+    except TraceFormatError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    return 0
+
+
 def _key(path: Path) -> str:
     from tracekit.cache import export_key
 
@@ -357,7 +405,7 @@ def converted_folder(path: str | Path) -> tuple[Path, Path | None]:
     usable = folder_state(root) == "ok"
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}." if usable else "tracekit-kineto-", dir=root if usable else None))
     try:
-        convert(path, tmp)
+        convert_isolated(path, tmp)
         if not usable:
             return tmp, tmp
         try:
@@ -371,3 +419,9 @@ def converted_folder(path: str | Path) -> tuple[Path, Path | None]:
         with contextlib.suppress(OSError):
             shutil.rmtree(tmp)
         raise
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(_main(sys.argv[1:]))
