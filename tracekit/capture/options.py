@@ -419,8 +419,11 @@ class Experiment:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        """The experiment as plain data (lists, strings, numbers), as written to ``config.yaml``."""
+        """The experiment as plain data (lists, strings, numbers), as written to ``config.yaml``;
+        the ``torch`` settings only in mode ``torch`` (the other modes' records stay as they were)."""
         plain: dict[str, Any] = _plain(dataclasses.asdict(self))
+        if self.mode != "torch":
+            plain.pop("torch", None)
         return plain
 
     @classmethod
