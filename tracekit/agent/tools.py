@@ -251,6 +251,7 @@ class Session:
         that are Kineto's, told by content) and folders of several reports (per-rank runs),
         each with its ``path`` (relative to its root: what the other tools take), ``root``,
         ``kind`` and ``bytes``; paged. Links that lead out of the roots are left out."""
+        from tracekit.kineto.sniff import is_kineto
         from tracekit.nsys.columnar import folder_format
 
         offset, limit = self._limit(offset, limit)
@@ -279,7 +280,7 @@ class Session:
                 reports = 0
                 for name in sorted(files):
                     kind = TRACE_SUFFIXES.get(Path(name).suffix.lower())
-                    if kind is None and name.lower().endswith((".json", ".json.gz")) and _is_kineto(here / name):
+                    if kind is None and name.lower().endswith((".json", ".json.gz")) and is_kineto(here / name):
                         kind = "kineto"  # a torch.profiler trace, told by its content
                     if kind is None:
                         continue
@@ -648,17 +649,6 @@ class Session:
         if "verdict_line" in full:
             full["verdict_line"] = line
         return jsonable(full)  # type: ignore[no-any-return]
-
-
-def _is_kineto(path: Path) -> bool:
-    """Whether ``path`` is a torch.profiler (Kineto) trace, by its first bytes; False when it
-    cannot be read."""
-    from tracekit.kineto.sniff import is_kineto
-
-    try:
-        return is_kineto(path)
-    except OSError:
-        return False
 
 
 def _kind_of(target: Path) -> str:

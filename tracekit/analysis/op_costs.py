@@ -239,10 +239,10 @@ def op_cost_summary(costs: pl.DataFrame, *, by: tuple[str, ...] = ("name", "inpu
 
 def trace_operator_costs(trace: Any) -> pl.DataFrame:
     """:func:`operator_costs` of a torch.profiler trace (``KinetoTrace.operators``), with the
-    peaks of the trace's GPU (its spec by name and memory, :mod:`tracekit.ncu.specs`: dense
-    Tensor Core peak per dtype, FP32 for fp32, DRAM bandwidth); an nsys export has no CPU
+    peaks of the trace's GPU (its spec by name and memory, :func:`tracekit.ncu.specs.dense_peaks`,
+    as the model's peaks); an nsys export has no CPU
     operators with shapes (``docs/kineto.md``): an empty frame."""
-    from tracekit.ncu.specs import find_spec, tensor_peak_tflops
+    from tracekit.ncu.specs import dense_peaks, find_spec
 
     cpu_ops = getattr(trace, "cpu_ops", None)
     if not isinstance(cpu_ops, pl.DataFrame):
@@ -250,12 +250,8 @@ def trace_operator_costs(trace: Any) -> pl.DataFrame:
     gpus = getattr(trace, "gpus", pl.DataFrame())
     row = gpus.row(0, named=True) if gpus.height else {}
     spec = find_spec(row.get("name"), row.get("total_memory_bytes")) if row else None
-    found = None
-    if spec is not None:
-        bw = spec.bandwidth_gbps * 1e9
-        found = {d: ((spec.fp32_tflops if d == "fp32" else tensor_peak_tflops(spec, d) or spec.tensor_tflops.get("fp16")
-                      or spec.fp32_tflops) * 1e12, bw)
-                 for d in ("bf16", "fp16", "fp32", "fp8")}
+    found: dict[str, tuple[float | None, float | None]] | None = (
+        {d: dense_peaks(spec, d) for d in ("bf16", "fp16", "fp32", "fp8")} if spec is not None else None)
     return operator_costs(cpu_ops, trace.flows, trace.kernels, peaks=found)
 
 

@@ -254,16 +254,21 @@ class Context:
                                      forwards=reading, labels=self.name_labels())
         return s.with_generation(steps, warmup_factor=self.config.warmup_factor, nvtx=self.nvtx)
 
-    def _last_module_load(self) -> int | None:
-        """The start (ns) of the capture's last module-load call (``cuModuleLoad*``,
-        ``cuLibraryLoad*``: a JIT compiler loading what it built), or ``None``."""
+    @cached_property
+    def module_loads(self) -> pl.DataFrame:
+        """The capture's module-load calls (``cuModuleLoad*``, ``cuLibraryLoad*``: a JIT compiler
+        loading what it built; :data:`tracekit.analysis.run.compile.LOAD_CALLS`): ``start_ns``,
+        ``end_ns``; read once from the lazy API table (empty for a trace set)."""
         from tracekit.analysis.run.compile import LOAD_CALLS
 
-        if not hasattr(self.trace, "scan"):
-            return None
-        loads = self.trace.scan("cuda_api").filter(pl.col("name").str.contains(LOAD_CALLS)).select(pl.col("start_ns").max()).collect()
-        value = loads.item() if loads.height else None
-        return int(value) if value is not None else None
+        if not hasattr(self.trace, "scan") or self.rk:
+            return pl.DataFrame(schema={"start_ns": pl.Int64, "end_ns": pl.Int64})
+        return self.trace.scan("cuda_api").filter(pl.col("name").str.contains(LOAD_CALLS)).select("start_ns", "end_ns").collect()
+
+    def _last_module_load(self) -> int | None:
+        """The start (ns) of the capture's last module-load call, or ``None``."""
+        value = self.module_loads["start_ns"].max()
+        return int(value) if value is not None else None  # type: ignore[arg-type]
 
     def _read_structure(self, find: Any, build: Any, after_ns: int | None) -> tuple[Any, RunStructure]:
         """:func:`~tracekit.analysis.run.structure.find_iterations` and

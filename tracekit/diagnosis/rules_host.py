@@ -152,16 +152,16 @@ def _compiled(ctx: Context, window_start_ns: int) -> Any:
     """:func:`tracekit.analysis.run.compile.compile_warmup` of the trace before the window (module
     loads from the CUDA API table, kernel launches per name before and after), from the trace's
     lazy tables; nothing found on a trace set."""
-    from tracekit.analysis.run.compile import LOAD_CALLS, compile_warmup
+    from tracekit.analysis.run.compile import TRITON_KERNELS, compile_warmup
 
     tr = ctx.trace
     if not hasattr(tr, "scan") or ctx.rk:
         return compile_warmup(pl.DataFrame(), pl.DataFrame(), window_start_ns=window_start_ns)
-    loads = tr.scan("cuda_api").filter(pl.col("name").str.contains(LOAD_CALLS)).select("start_ns", "end_ns").collect()
     early = pl.col("start_ns") < window_start_ns
-    kernels = tr.scan("kernels").group_by("name").agg(
+    # only Triton kernels count (built, or autotuning's candidates): the others are not grouped
+    kernels = tr.scan("kernels").filter(pl.col("name").str.contains(TRITON_KERNELS)).group_by("name").agg(
         pl.col("start_ns").min().alias("first_ns"), early.sum().alias("before"), (~early).sum().alias("after")).collect()
-    return compile_warmup(loads, kernels, window_start_ns=window_start_ns)
+    return compile_warmup(ctx.module_loads, kernels, window_start_ns=window_start_ns)
 
 
 def warmup(ctx: Context) -> list[Finding]:

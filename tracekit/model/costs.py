@@ -48,7 +48,7 @@ from typing import Any
 import polars as pl
 
 from tracekit.model.config import TransformerConfig
-from tracekit.ncu.specs import GpuSpec, find_spec
+from tracekit.ncu.specs import GpuSpec, dense_peaks, find_spec
 
 __all__ = ["COST_SCHEMA", "model_costs", "model_summary", "peaks"]
 
@@ -86,12 +86,8 @@ def peaks(gpu: Any, dtype: str) -> tuple[float | None, float | None, str | None]
     spec = gpu if isinstance(gpu, GpuSpec) else find_spec(gpu) if gpu else None
     if spec is None:
         return None, None, None
-    if dtype in ("fp32",):
-        tf = spec.fp32_tflops
-    else:
-        key = {"int8": "fp8", "int4": "fp8", "fp4": "fp4"}.get(dtype, dtype)
-        tf = spec.tensor_tflops.get(key) or spec.tensor_tflops.get("fp16") or spec.fp32_tflops
-    return tf * 1e12, spec.bandwidth_gbps * 1e9, spec.name
+    flops, bandwidth = dense_peaks(spec, dtype)
+    return flops, bandwidth, spec.name
 
 
 def _tokens(cfg: TransformerConfig) -> int:

@@ -96,6 +96,18 @@ def find_spec(display_name: str | None, memory_bytes: int | float | None = None)
     return None
 
 
+def dense_peaks(spec: GpuSpec, dtype: str) -> tuple[float, float]:
+    """``(FLOP/s, bytes/s)`` of ``spec`` for ``dtype`` (``bf16``, ``fp16``, ``fp8``, ``int8`` …;
+    ``fp32`` on the FP32 pipes): the dense Tensor Core peak of that precision, else of fp16,
+    else FP32; DRAM bandwidth."""
+    if dtype == "fp32":
+        tf = spec.fp32_tflops
+    else:
+        key = {"int8": "fp8", "int4": "fp8", "fp4": "fp4"}.get(dtype, dtype)
+        tf = spec.tensor_tflops.get(key) or spec.tensor_tflops.get("fp16") or spec.fp32_tflops
+    return tf * 1e12, spec.bandwidth_gbps * 1e9
+
+
 def tensor_peak_tflops(spec: GpuSpec, precision: str | None) -> float | None:
     """Dense tensor TFLOP/s for an ``sm__ops_path_tensor_src_<precision>`` label.
 

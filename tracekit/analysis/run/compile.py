@@ -75,7 +75,8 @@ def compile_warmup(loads: pl.DataFrame, kernels: pl.DataFrame, *, window_start_n
         Module-load calls (:data:`LOAD_CALLS`): ``start_ns``, ``end_ns``.
     kernels
         Per kernel name: ``name``, ``first_ns`` (first start), ``before`` (launches starting
-        before the window), ``after`` (launches starting at or after it).
+        before the window), ``after`` (launches starting at or after it); only the names of
+        :data:`TRITON_KERNELS` are read, so a caller may pass those alone.
     window_start_ns
         The steady window's start (ns, the capture's clock).
     """
