@@ -263,7 +263,11 @@ class Context:
 
         if not hasattr(self.trace, "scan") or self.rk:
             return pl.DataFrame(schema={"start_ns": pl.Int64, "end_ns": pl.Int64})
-        return self.trace.scan("cuda_api").filter(pl.col("name").str.contains(LOAD_CALLS)).select("start_ns", "end_ns").collect()
+        if self.trace.is_loaded("cuda_api"):
+            return self.cuda_api.filter(pl.col("name").str.contains(LOAD_CALLS)).select("start_ns", "end_ns")
+        from tracekit.nsys.readers import cuda_api_named
+
+        return cuda_api_named(self.trace.db, self.trace.strings, LOAD_CALLS)
 
     def _last_module_load(self) -> int | None:
         """The start (ns) of the capture's last module-load call, or ``None``."""
@@ -334,12 +338,17 @@ class Context:
                           "follow (tracekit diagnose says how to capture it)",)
         return s
 
+    @cached_property
+    def activity_samples(self) -> pl.DataFrame:
+        """:func:`activity_samples` of the trace, read once."""
+        return activity_samples(self.trace)
+
     def metric_activity(self, ops: pl.DataFrame | None) -> pl.DataFrame:
         """:func:`~tracekit.analysis.metrics.metric_activity` of the trace's GPU metrics against
         ``ops``; empty without metrics or with more than :data:`MAX_METRIC_ROWS` of them."""
         from tracekit.analysis.metrics import metric_activity
 
-        metrics = activity_samples(self.trace)
+        metrics = self.activity_samples
         if metrics.height == 0:
             return pl.DataFrame()
         return metric_activity(metrics, ops)

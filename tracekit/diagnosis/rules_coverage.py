@@ -24,6 +24,12 @@ UNTRACED_SHARE = 0.25
 UNTRACED_MIN_NS = 50_000_000
 #: Without kernels, any activity at least this long (ns) is reported.
 ACTIVE_MIN_NS = 10_000_000
+#: Memory comparing the operations with the metric samples takes per GPU operation (bytes):
+#: four Int64 columns selected, filtered, sorted and extended by their running end, then
+#: matched as-of (five copies). polars aborts the process when an allocation fails (a warm
+#: ``tracekit diagnose`` of 310 k operations with ~150 MB of address space left did, here), so
+#: the check is left out, saying so, when this much is not left.
+COVERAGE_BYTES_PER_OP = 160
 
 #: How to capture the work of child processes (what ``--trace-fork-before-exec`` does was
 #: checked on the bundled serving captures, sample_traces/run_structure/serve_child_*).
@@ -78,14 +84,31 @@ def untraced_work_without_kernels(ctx: Any, cmd: str) -> Finding | None:
     )
 
 
+def _would_not_fit(n_ops: int) -> Finding | None:
+    """The ``info`` finding saying that the coverage check was left out, when comparing
+    ``n_ops`` operations with the metrics needs more than is left (:data:`COVERAGE_BYTES_PER_OP`)."""
+    from tracekit.nsys.database import free_memory
+
+    need, free = COVERAGE_BYTES_PER_OP * n_ops, free_memory()
+    if free is None or need <= free:
+        return None
+    return Finding("trace_coverage", "info",
+                   f"trace_coverage not checked: comparing {n_ops:,} GPU operations with the GPU metrics needs about "
+                   f"{need / 1e6:.0f} MB and {free / 1e6:.0f} MB is left",
+                   advice="Diagnose a shorter window (tracekit diagnose --window START_NS:END_NS) or on a machine with more memory.")
+
+
 def untraced_work(ctx: Any) -> list[Finding]:
     """``trace_coverage`` (by share of the window) when the GPU metrics show the SMs active for
     at least :data:`UNTRACED_SHARE` of their active time (and :data:`UNTRACED_MIN_NS`) in
     sample intervals that no traced operation of that GPU overlaps: another process shared the
     GPU, or a child of the program was not followed."""
-    if ctx.kernel_count == 0:
+    if ctx.kernel_count == 0 or ctx.activity_samples.height == 0:
         return []
     ops = ctx.ops_for_window(["rank", "device_id", "start_ns", "end_ns"])
+    left_out = _would_not_fit(ops.height)
+    if left_out is not None:
+        return [left_out]
     act = ctx.metric_activity(ops)
     if act.height == 0:
         return []

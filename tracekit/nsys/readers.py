@@ -477,6 +477,19 @@ def cuda_api(db: ExportSource, strings: pl.DataFrame, columns: Collection[str] |
 CUDA_API_SOURCE = "CUPTI_ACTIVITY_KIND_RUNTIME"
 
 
+def cuda_api_named(db: ExportSource, strings: pl.DataFrame, pattern: str) -> pl.DataFrame:
+    """``start_ns`` and ``end_ns`` of the CUDA API calls whose name matches the regular
+    expression ``pattern``, read with a ``WHERE`` on their name ids: only the matching rows
+    are read (the whole ``name`` column of a big export's API table is not held; polars
+    aborted filtering it under an address-space limit)."""
+    schema = {"start_ns": pl.Int64, "end_ns": pl.Int64}
+    ids = strings.filter(pl.col("value").str.contains(pattern))["id"] if strings.height else pl.Series([], dtype=pl.Int64)
+    if ids.len() == 0 or not db.has_table(CUDA_API_SOURCE):
+        return pl.DataFrame(schema=schema)
+    where = f"nameId IN ({', '.join(str(int(i)) for i in ids)})"
+    return select(db, CUDA_API_SOURCE, [Col("start_ns", "start"), Col("end_ns", "end")], where).sort("start_ns")
+
+
 def cuda_api_spec(strings: pl.DataFrame) -> tuple[list[Col], dict[str, pl.Expr]]:
     """The raw columns of ``CUPTI_ACTIVITY_KIND_RUNTIME`` and the expressions that derive the
     other ``cuda_api`` columns from them (for :func:`cuda_api` and for gathering a few rows
