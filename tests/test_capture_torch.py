@@ -210,6 +210,57 @@ def test_dry_run_prints_the_environment_and_the_program(cli: CliRunner) -> None:
     assert config["skip"] == 1 and config["steps"] == 0 and config["with_stack"] is True
 
 
+#: A model of two blocks called three times, under the optimizer of TRAIN.
+MODULES = """\
+import torch
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+    def forward(self, x):
+        return torch.relu(self.fc(x))
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([Block(), Block()])
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+model = Net()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(3):
+    loss = model(torch.randn(4, 8)).sum()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+def test_annotate_torch_gives_torch_profiler_ranges(cli: CliRunner, tmp_path: Path) -> None:
+    """``--annotate-torch`` in mode torch: each module's forward is a ``record_function`` range
+    (a ``user_annotation`` event of the Kineto trace: NVTX reaches no profiler there), named by
+    its path, once per call, nested as the modules are."""
+    pytest.importorskip("torch")
+    program = tmp_path / "modules.py"
+    program.write_text(MODULES)
+    out = tmp_path / "runs"
+    result = cli.invoke(app, ["torch", "-q", "--steps", "0", "--annotate-torch=default", "-o", str(out), "--", PY, str(program)])
+    assert result.exit_code == 2 and "no GPU activity" in result.output  # CPU-only here: the opening step says so
+    (trace,) = _run_folder(out).glob("*.pt.trace.json.gz")
+    with gzip.open(trace, "rt") as fh:
+        events = json.load(fh)["traceEvents"]
+    # PyTorch's own (ProfilerStep#N, Optimizer.step#SGD.step …) left aside
+    ranges = [e for e in events if e.get("cat") == "user_annotation" and re.match(r"Net$|blocks\.", str(e["name"]))]
+    names = [e["name"] for e in sorted(ranges, key=lambda e: e["ts"])]
+    assert names == ["Net", "blocks.0", "blocks.0.fc", "blocks.1", "blocks.1.fc"] * 3
+    net, block, fc = (next(e for e in ranges if e["name"] == n) for n in ("Net", "blocks.0", "blocks.0.fc"))
+    assert net["ts"] <= block["ts"] <= fc["ts"] and fc["ts"] + fc["dur"] <= block["ts"] + block["dur"] <= net["ts"] + net["dur"]
+
+
 def test_options_and_checks() -> None:
     exp = Experiment(command=["python3", "train.py"], mode="torch", torch={"steps": 0})
     assert exp.torch == TorchOptions(skip=3, steps=0) and plan(exp) == [("torch", ["python3", "train.py"])]
@@ -219,8 +270,8 @@ def test_options_and_checks() -> None:
     assert PROFILE_ENV not in program_env(exp.replace(mode="none"))
     with pytest.raises(CaptureError, match="torch.steps must be a whole number"):
         TorchOptions(steps=-1)
-    with pytest.raises(CaptureError, match="with_modules"):
-        Experiment(command=["python3", "x.py"], mode="torch", annotate_torch=2)
+    both = program_env(Experiment(command=["python3", "x.py"], mode="torch", annotate_torch=2), "/runs/x")
+    assert json.loads(both["TRACEKIT_ANNOTATE_TORCH"])["depth"] == 2 and PROFILE_ENV in both
     with pytest.raises(CaptureError, match="already profiles every torchrun worker"):
         Experiment(command=["torchrun", "x.py"], mode="torch", per_rank=True)
     with pytest.raises(CaptureError, match="skips the start-up hook"):

@@ -333,7 +333,10 @@ class Experiment:
         NVTX ranges per PyTorch module in the unmodified program (``--annotate-torch``): a
         depth (``3``), ``True`` for the default depth, or a mapping ``{depth, include,
         exclude, backward}`` (:class:`tracekit.capture.torch_nvtx.AnnotationConfig`);
-        stored as that mapping. ``None``/``False``: off. See ``docs/capture.md``.
+        stored as that mapping. ``None``/``False``: off. In mode ``torch`` the ranges are
+        ``torch.profiler`` ranges (``record_function``: the trace's ``user_annotation``
+        events), since NVTX reaches no profiler there; ``with_modules`` records modules only
+        for TorchScript. See ``docs/capture.md``.
     """
 
     command: tuple[str, ...]
@@ -381,10 +384,6 @@ class Experiment:
                 example = {"nsys": "{trace: [cuda]}", "ncu": "{set: basic}", "torch": "{skip: 3, steps: 5}"}[key]
                 msg = f"'{key}' must be a mapping of {key} options (e.g. {key}: {example}), not {value!r:.40}"
                 raise CaptureError(msg)
-        if mode == "torch" and self.annotate_torch is not None:
-            msg = ("annotate_torch (--annotate-torch) adds NVTX ranges for nsys; mode torch records module names "
-                   "with torch.with_modules (--with-modules) instead")
-            raise CaptureError(msg)
         if mode == "torch" and self.per_rank:
             msg = ("per_rank puts nsys/ncu inside torchrun; mode torch already profiles every torchrun worker "
                    "(each writes its own trace): leave per_rank off")

@@ -149,6 +149,36 @@ class _Nvtx:
         self.pop = lambda: None
 
 
+class _RecordFunction:
+    """Push/pop of ``torch.profiler`` ranges (what ``record_function`` emits: a
+    ``user_annotation`` in a Kineto trace), for mode ``torch``, where NVTX reaches no profiler.
+    A pop closes the thread's innermost range, as NVTX's does."""
+
+    def __init__(self) -> None:
+        import torch
+
+        enter = torch.ops.profiler._record_function_enter_new
+        leave = torch.ops.profiler._record_function_exit._RecordFunction
+        open_ranges = threading.local()
+        self.available = True
+
+        def push(name: str) -> None:
+            stack = getattr(open_ranges, "stack", None)
+            if stack is None:
+                stack = open_ranges.stack = []
+            stack.append(enter(name, None))
+
+        def pop() -> None:
+            stack = getattr(open_ranges, "stack", None)
+            if stack:
+                leave(stack.pop())
+
+        self.push, self.pop = push, pop
+
+
+#: How ranges are emitted: ``"nvtx"`` (nsys) or ``"record_function"`` (``torch.profiler``).
+EMITTERS = ("nvtx", "record_function")
+
 _emitter: _Nvtx | None = None
 
 
@@ -181,10 +211,13 @@ class _Stack(threading.local):
 class _Ranges:
     """The hooks' shared state: names, the per-thread stack, the emitter."""
 
-    def __init__(self, config: AnnotationConfig) -> None:
+    def __init__(self, config: AnnotationConfig, emit: str = "nvtx") -> None:
+        if emit not in EMITTERS:
+            msg = f"emit must be one of {', '.join(EMITTERS)}, not {emit!r}"
+            raise ValueError(msg)
         self.config = config
         self.stack = _Stack()
-        self.nvtx = _nvtx()
+        self.nvtx: _Nvtx | _RecordFunction = _nvtx() if emit == "nvtx" else _RecordFunction()
         self.compiling = _is_compiling()
         self.count = 0  # ranges pushed (forward and backward)
 
@@ -235,9 +268,9 @@ class Annotation:
         (:func:`install_global`, filled as roots are first called).
     """
 
-    def __init__(self, config: AnnotationConfig) -> None:
+    def __init__(self, config: AnnotationConfig, emit: str = "nvtx") -> None:
         self.config = config
-        self._ranges = _Ranges(config)
+        self._ranges = _Ranges(config, emit)
         self._handles: list[Any] = []
         self.paths: list[str] = []
 
@@ -281,6 +314,7 @@ def annotate(
     include: Iterable[str] | str = (),
     exclude: Iterable[str] | str = (),
     backward: bool = False,
+    emit: str = "nvtx",
 ) -> Annotation:
     """Push an NVTX range named by module path around every selected submodule's forward.
 
@@ -297,6 +331,10 @@ def annotate(
     backward
         Also range each module's backward (``<path>.backward``; full backward hooks, which
         PyTorch refuses on modules whose outputs are modified in place).
+    emit
+        ``"nvtx"`` (for nsys) or ``"record_function"``: ``torch.profiler`` ranges, which a
+        Kineto trace holds as ``user_annotation`` events (tracekit reads them as it reads NVTX
+        ranges), for a run under ``torch.profiler``.
 
     Returns
     -------
@@ -310,7 +348,7 @@ def annotate(
     ...     model.generate(ids, max_new_tokens=32)
     """
     config = _config(depth, include, exclude, backward)
-    ann = Annotation(config)
+    ann = Annotation(config, emit)
     ranges = ann._ranges
     if backward:
         _quiet_backward_hooks()
@@ -380,6 +418,7 @@ def install_global(
     include: Iterable[str] | str = (),
     exclude: Iterable[str] | str = (),
     backward: bool = False,
+    emit: str = "nvtx",
 ) -> Annotation:
     """Range every module tree the program calls, through PyTorch's global module hooks.
 
@@ -391,7 +430,7 @@ def install_global(
     from torch.nn.modules import module as mod
 
     config = _config(depth, include, exclude, backward)
-    ann = Annotation(config)
+    ann = Annotation(config, emit)
     ranges = ann._ranges
     names = _Global(ann)
 

@@ -538,7 +538,26 @@ def _capture_torch(
     ] = None,
     with_modules: Annotated[
         bool | None,
-        typer.Option("--with-modules/--no-with-modules", help="nn.Module hierarchy of each operator.", rich_help_panel=_TORCH),
+        typer.Option("--with-modules/--no-with-modules", help="nn.Module hierarchy of each operator (TorchScript "
+                     "models only; --annotate-torch ranges eager modules).", rich_help_panel=_TORCH),
+    ] = None,
+    annotate_torch: Annotated[
+        str | None,
+        typer.Option(
+            "--annotate-torch",
+            help="A torch.profiler range (record_function) per PyTorch module, named by path (model.layers.3.self_attn): "
+            "per-layer time and memory; --annotate-torch[=DEPTH|all] (default depth 3).",
+            rich_help_panel=_TORCH,
+        ),
+    ] = None,
+    annotate_include: Annotated[
+        list[str] | None,
+        typer.Option("--annotate-include", help="Regex: only modules whose path matches (repeatable).", rich_help_panel=_TORCH),
+    ] = None,
+    annotate_exclude: Annotated[
+        list[str] | None,
+        typer.Option("--annotate-exclude", help="Regex: no range for modules whose path matches (repeatable).",
+                     rich_help_panel=_TORCH),
     ] = None,
     config: ConfigOption = None,
     name: Annotated[
@@ -579,6 +598,7 @@ def _capture_torch(
             "timeout_s": timeout,
             "env": _kv(env),
             "cwd": str(cwd) if cwd else None,
+            "annotate_torch": _annotate_value(annotate_torch, annotate_include, annotate_exclude),
             "torch": _drop_none(
                 {
                     "skip": skip,

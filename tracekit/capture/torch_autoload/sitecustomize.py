@@ -4,7 +4,8 @@
 The capture puts this folder first on the program's ``PYTHONPATH`` and the wanted ranges in
 ``TRACEKIT_ANNOTATE_TORCH`` (JSON: depth, include, exclude, backward), or the profiler's
 settings in ``TRACEKIT_TORCH_PROFILE`` (JSON: ``tracekit/capture/torch_profile.py``, which is
-loaded from its file and started once ``torch`` is imported). Python imports
+loaded from its file and started once ``torch`` is imported), or both: then the module ranges
+are ``torch.profiler`` ranges (``record_function``), which the Kineto trace holds. Python imports
 ``sitecustomize`` at start-up in every interpreter of the program (torchrun's workers too);
 this one waits for ``import torch`` to finish, then installs
 ``tracekit/capture/torch_nvtx.py``'s global module hooks, loaded from its file so that
@@ -53,10 +54,17 @@ def _install(config: dict) -> None:  # type: ignore[type-arg]
             _load("torch_profile.py", "_tracekit_torch_profile").install(config)
         except Exception as exc:  # noqa: BLE001 - the program must run regardless
             _say(f"torch.profiler could not start ({type(exc).__name__}: {exc}); the program runs without it")
+            return
+        if isinstance(config.get("_annotate"), dict):  # module ranges as torch.profiler sees them
+            _annotate(config["_annotate"], "record_function")
         return
+    _annotate(config, "nvtx")
+
+
+def _annotate(config: dict, emit: str) -> None:  # type: ignore[type-arg]
     try:
         annotator = _load_annotator()
-        ann = annotator.install_global(**annotator.AnnotationConfig.from_dict(config).to_dict())
+        ann = annotator.install_global(**annotator.AnnotationConfig.from_dict(config).to_dict(), emit=emit)
         if not ann.emitting:
             _say("--annotate-torch: this PyTorch has no NVTX support and the nvtx package is missing; no ranges")
     except Exception as exc:  # noqa: BLE001 - the program must run regardless
@@ -114,6 +122,12 @@ def _start() -> None:
         return
     if env == _PROFILE_ENV:
         config["_profile"] = True
+        annotate = os.environ.get(_ENV)
+        if annotate:  # both: the module ranges go to torch.profiler (record_function), not NVTX
+            try:
+                config["_annotate"] = json.loads(annotate)
+            except ValueError as exc:
+                _say(f"{_ENV} is not valid ({exc}); no module ranges")
     if "torch" in sys.modules:
         _install(config)
     else:
