@@ -258,6 +258,24 @@ def kineto_zoo_truth(name: str) -> dict:  # type: ignore[type-arg]
     raise AssertionError(f"{name}: the program printed no TRUTH line")
 
 
+#: The memory programs under torch.profiler (``profile_memory`` and a range per module).
+KINETO_MEMORY = KINETO_ZOO / "memory"
+
+
+@functools.cache
+def kineto_memory_capture(name: str) -> Path:
+    """The torch.profiler trace (JSON) of memory program ``name``, unpacked once into ``.cache/``."""
+    return _unpacked_xz(KINETO_MEMORY / "runs" / name / f"{name}.pt.trace.json.xz", "kineto-memory")
+
+
+def kineto_memory_truth(name: str) -> list[dict]:  # type: ignore[type-arg]
+    """The ``LAYERMEM`` lines the memory program printed: its own allocator readings per layer call."""
+    import json
+
+    lines = (KINETO_MEMORY / "runs" / name / f"{name}.program.log").read_text().splitlines()
+    return [json.loads(line[len("LAYERMEM "):]) for line in lines if line.startswith("LAYERMEM ")]
+
+
 def _unpacked_xz(packed: Path, kind: str) -> Path:
     import hashlib
     import lzma

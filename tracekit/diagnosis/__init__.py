@@ -51,9 +51,12 @@ def _missing(ctx: Any) -> list[Finding]:
                            advice="Capture with nsys --trace=cuda (API calls are what tie GPU idle time to the host)."))
     mu = getattr(ctx.trace, "memory_usage", None)
     if mu is None or mu.height == 0:
+        torch_profiler = getattr(ctx.trace, "profiler", None) == "torch.profiler"
+        how = ("tracekit capture torch --profile-memory -- PROGRAM ARGS  (torch.profiler.profile(profile_memory=True))"
+               if torch_profiler else "tracekit capture nsys --cuda-memory-usage -- PROGRAM ARGS  (nsys --cuda-memory-usage=true)")
         out.append(Finding("memory_growth", "info",
-                           "memory_growth not checked: no CUDA memory-usage events in the trace",
-                           next=["tracekit capture nsys --cuda-memory-usage -- PROGRAM ARGS  (nsys --cuda-memory-usage=true)"]))
+                           f"memory_growth not checked: no {'memory' if torch_profiler else 'CUDA memory-usage'} events in the trace",
+                           next=[how]))
     elif ctx.full_window.steps < 3:
         out.append(Finding("memory_growth", "info", "memory_growth not checked: fewer than 3 steady iterations"))
     db = getattr(ctx.trace, "db", None)

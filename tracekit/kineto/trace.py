@@ -48,6 +48,8 @@ class KinetoTrace(NsysTrace):
     >>> trace.cpu_ops.filter(pl.col("name") == "aten::mm").select("duration_ns").sum()  # doctest: +SKIP
     """
 
+    profiler = "torch.profiler"
+
     def __init__(self, path: str | Path, *, source: Path | None = None, **_options: Any) -> None:
         trace_file = Path(path)
         folder, temporary = C.converted_folder(trace_file)
@@ -101,6 +103,36 @@ class KinetoTrace(NsysTrace):
         or free (< 0) of PyTorch's allocators, with the totals after it; ``device_type`` is
         c10's (0 CPU, 1 CUDA), ``device_id`` -1 for the CPU."""
         return self._kineto_table("KINETO_MEMORY_EVENTS", C.MEMORY_SCHEMA)
+
+    @cached_property
+    def memory_usage(self) -> pl.DataFrame:
+        """:attr:`memory_events` in the columns of nsys's ``memory_usage``, so that every
+        memory analysis reads them (:func:`~tracekit.analysis.memory.memory_timeline`,
+        ``memory_peak``, ``layer_memory``, the report, the ``memory_growth`` rule).
+
+        What they count differs from an nsys capture's: these are PyTorch's allocator handing
+        out and taking back tensors' blocks (``torch.cuda.memory_allocated()``), where nsys's
+        ``--cuda-memory-usage`` sees the driver's allocations (the allocator's segments, which it
+        keeps cached). CUDA events are ``mem_kind`` ``"Device"``, the CPU allocator's
+        ``"Pageable"`` (host memory: left out of the device analyses); ``operation`` is
+        ``"alloc"`` or ``"free"`` and ``bytes`` the block's size. Stream, context and
+        correlation are not recorded by Kineto (null). Empty without ``profile_memory=True``."""
+        from tracekit.nsys import schema as S
+
+        ev = self.memory_events
+        if ev.height == 0:
+            return S.empty("memory_usage")
+        kind = (pl.when(pl.col("device_type") == 1).then(pl.lit("Device"))
+                .when(pl.col("device_type") == 0).then(pl.lit("Pageable")).otherwise(pl.lit("Unknown")))
+        out = ev.select(
+            "pid", ((pl.col("pid") % C.TID_BITS) * C.TID_BITS).alias("global_pid"),
+            pl.when(pl.col("device_type") == 0).then(None).otherwise(pl.col("device_id")).alias("device_id"),
+            pl.lit(None, pl.Int64).alias("context_id"), pl.lit(None, pl.Int64).alias("stream_id"),
+            pl.lit(None, pl.Int64).alias("correlation_id"), "start_ns", "address", pl.col("bytes").abs().alias("bytes"),
+            kind.alias("mem_kind"), pl.when(pl.col("bytes") < 0).then(pl.lit("free")).otherwise(pl.lit("alloc")).alias("operation"),
+            pl.lit("PyTorch allocator").alias("name"),
+        )
+        return S.conform(out, "memory_usage")
 
     @cached_property
     def gpu_annotations(self) -> pl.DataFrame:

@@ -74,6 +74,10 @@ class NsysTrace:
     >>> trace.kernels.select("name", "duration_ns").head()  # doctest: +SKIP
     """
 
+    #: The profiler that recorded the trace (``"nsys"``; ``"torch.profiler"`` for a
+    #: :class:`~tracekit.kineto.trace.KinetoTrace`): what a missing table's hint tells to capture with.
+    profiler: str = "nsys"
+
     def __init__(
         self,
         path: str | Path,

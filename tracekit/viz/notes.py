@@ -35,13 +35,31 @@ CAPTURE_HINTS: dict[str, str] = {
     "ncu --section SpeedOfLight_RooflineChart: tracekit capture ncu --preset kernel-drilldown)",
 }
 
+#: The same for a torch.profiler (Kineto) trace, where the nsys options do not apply.
+TORCH_PROFILER_HINTS: dict[str, str] = {
+    "memory_usage": "no memory events in the trace (profile with torch.profiler.profile(profile_memory=True): "
+    "tracekit capture torch --profile-memory)",
+    "nvtx": "no record_function ranges in the trace (tracekit capture torch --annotate-torch ranges every module, "
+    "or torch.profiler.record_function)",
+    "layers": "no layer ranges (layer.N, model.layers.N …) around GPU work (capture with tracekit capture torch "
+    "--annotate-torch, or record_function ranges named layer.0, layer.1 …)",
+    "gpu_metrics": "torch.profiler records no GPU metrics (capture the program with nsys: tracekit capture nsys "
+    "--gpu-metrics-devices=all)",
+    "cuda_api": "no CUDA runtime calls in the trace (profile with activities=[ProfilerActivity.CPU, "
+    "ProfilerActivity.CUDA])",
+}
+
 #: The prefix of a message chart's ``description`` (a property every view may have, so the
 #: mark survives concatenation, where a top-level ``usermeta`` would not be valid).
 MESSAGE_KEY = "tracekit_missing: "
 
 
-def hint(what: str) -> str:
-    """The line for ``what`` (a key of :data:`CAPTURE_HINTS`), or ``what`` itself."""
+def hint(what: str, trace: Any = None) -> str:
+    """The line for ``what`` (a key of :data:`CAPTURE_HINTS`, or of
+    :data:`TORCH_PROFILER_HINTS` for a ``trace`` that torch.profiler recorded), or ``what``
+    itself."""
+    if getattr(trace, "profiler", None) == "torch.profiler" and what in TORCH_PROFILER_HINTS:
+        return TORCH_PROFILER_HINTS[what]
     return CAPTURE_HINTS.get(what, what)
 
 
@@ -62,9 +80,9 @@ def missing(trace: Any, *needs: str) -> str | None:
             from tracekit.analysis.graphs import graph_trace_of, whole_graphs
 
             if _rows(trace, "kernels") == 0 and whole_graphs(graph_trace_of(trace)) is None:
-                return hint("kernels")
+                return hint("kernels", trace)
         elif _rows(trace, need) == 0:
-            return hint(need)
+            return hint(need, trace)
     return None
 
 

@@ -108,11 +108,10 @@ class ExplorerViews:
 
         self._guard("iterations", self.views["iterations"], iterations)
 
-    @staticmethod
-    def _hint(what: str) -> str:
+    def _hint(self, what: str) -> str:
         from tracekit.viz.notes import hint
 
-        return hint(what)
+        return hint(what, self.trace)
 
     def _busy_line(self) -> str:
         """Each GPU's busy share of the window (kernels, copies, graph replays; overlaps once)."""

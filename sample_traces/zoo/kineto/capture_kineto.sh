@@ -5,7 +5,8 @@
 #   bash sample_traces/zoo/kineto/capture_kineto.sh OUTDIR PROGRAM...   (PROGRAM: training/t04_accelerate_accum …)
 #
 # Training programs get a schedule (3 optimizer steps waited, 1 warmed up, 5 recorded);
-# generation programs are recorded whole (they step no optimizer). Per program, OUTDIR/NAME/
+# generation programs are recorded whole (they step no optimizer); the memory programs
+# (kineto/memory/m*) are recorded whole with profile_memory and a range per module. Per program, OUTDIR/NAME/
 # gets command.txt, NAME.program.log (the program's TRUTH line, its own CUDA-event clock, in
 # the profiled run) and NAME.pt.trace.json.gz (torch.profiler's trace; one per rank).
 set -uo pipefail
@@ -23,18 +24,22 @@ for prog in "$@"; do
   name=$(basename "$prog"); dir="$OUT/$name"
   if (( $(date +%s) - START > BUDGET )); then echo "== budget spent: $name not run"; continue; fi
   mkdir -p "$dir"
+  annotate=""
   case "$name" in
     t*) cfg="{\"out\": \"$dir\", \"skip\": 3, \"steps\": 5, \"record_shapes\": true}" ;;
+    # the memory programs: allocator events and a record_function range per module (depth 3),
+    # what `tracekit capture torch --profile-memory --annotate-torch` sets; recorded whole
+    m*) cfg="{\"out\": \"$dir\", \"record_shapes\": true, \"profile_memory\": true}"; annotate='{"depth": 3}' ;;
     *)  cfg="{\"out\": \"$dir\", \"record_shapes\": true}" ;;
   esac
   run=("$PY" "$name.py")
   case "$name" in
     t07_*) run=("$PY" -m torch.distributed.run --standalone --nproc_per_node=1 "$name.py") ;;
   esac
-  echo "cd sample_traces/zoo/$(dirname "$prog") && PYTHONPATH=tracekit/capture/torch_autoload TRACEKIT_TORCH_PROFILE='$cfg' ${run[*]}" > "$dir/command.txt"
+  echo "cd sample_traces/zoo/$(dirname "$prog") && PYTHONPATH=tracekit/capture/torch_autoload TRACEKIT_TORCH_PROFILE='$cfg'${annotate:+ TRACEKIT_ANNOTATE_TORCH='$annotate'} ${run[*]}" > "$dir/command.txt"
   echo "== $name"
   t0=$(date +%s)
-  (cd "$HERE/$(dirname "$prog")" && TRACEKIT_TORCH_PROFILE="$cfg" timeout 400 "${run[@]}") > "$dir/$name.program.log" 2>&1
+  (cd "$HERE/$(dirname "$prog")" && TRACEKIT_TORCH_PROFILE="$cfg" TRACEKIT_ANNOTATE_TORCH="$annotate" timeout 400 "${run[@]}") > "$dir/$name.program.log" 2>&1
   echo "   rc=$? $(( $(date +%s) - t0 )) s; $(grep -c TRUTH "$dir/$name.program.log") TRUTH line(s); $(grep 'tracekit:' "$dir/$name.program.log" | tail -2)"
   i=0
   for f in "$dir"/*.pt.trace.json.gz; do
