@@ -50,7 +50,7 @@ FIELDS: tuple[tuple[str, str, str, str, tuple[str, ...]], ...] = (
     ("torch", "record_shapes", "bool", "operator input shapes (--record-shapes)", ()),
     ("torch", "profile_memory", "bool", "tensor allocations (--profile-memory)", ()),
     ("torch", "with_stack", "bool", "Python stacks (--with-stack)", ()),
-    ("torch", "with_modules", "bool", "module hierarchy (--with-modules)", ()),
+    ("torch", "with_modules", "bool", "module hierarchy, TorchScript only (--with-modules)", ()),
 )
 #: The settings panes: section → title.
 SECTIONS = {"nsys": "Nsight Systems settings", "ncu": "Nsight Compute settings",
