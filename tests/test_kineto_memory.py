@@ -115,3 +115,22 @@ def test_every_view_of_memory_reads_them(tmp_path) -> None:  # noqa: ANN001
         titles = tracekit.diagnose(other).findings.filter(pl.col("category") == "memory_growth")
     assert "no memory events" in titles["title"][0] and "--profile-memory" in titles["next"][0][0]
     assert "profile_memory=True" in (missing(other, "memory_usage") or "")
+
+
+def test_generate_with_module_ranges_reads_its_requests() -> None:
+    """``generate()`` at batch 1 with ``--annotate-torch`` ranges: the root module's ranges are
+    the forwards, and the kernels' reading of the same forwards says which read a prompt (it
+    was read as 'serving: 24 engine steps, 12 prefills': the ranges were refused because the
+    model's random initialisation on the GPU outweighed the generation, and the kernel loop
+    alternated). The program printed what it asked for: prompts of 64 and 384 tokens, 12 new
+    tokens each."""
+    import re
+
+    log = (KINETO_MEMORY / "runs" / "m02_generate_memory" / "m02_generate_memory.program.log").read_text()
+    asked = [(int(p), int(n)) for p, n in re.findall(r"^prompt (\d+): (\d+) new tokens$", log, re.M)]
+    assert asked == [(64, 12), (384, 12)]
+    s = tracekit.structure(_trace("m02_generate_memory"))
+    assert s.kind == "generation" and s.method == "forwards"
+    req = s.requests.sort("request")
+    assert list(zip(req["prompt_rows"].to_list(), req["new_tokens"].to_list(), strict=True)) == asked
+    assert req["prefill_steps"].to_list() == [1, 1] and req["decode_steps"].to_list() == [11, 11]

@@ -84,7 +84,9 @@ _OP_COLUMNS = ("device_id", "start_ns", "end_ns", "duration_ns", "name", "op_kin
 _NVTX_STEP_COLUMNS = ("device_id", "start_ns", "end_ns", "global_tid", "api_start_ns")
 
 #: Repeated outermost ranges are forwards only when the work launched inside them holds at
-#: least this share of the GPU's busy time.
+#: least this share of the GPU's busy time of the work launched from the first range's start to
+#: the last one's end (not of the whole trace: a model initialised on the GPU, with random
+#: weights, can take most of a short generation's GPU time before the first forward).
 MODULE_SHARE = 0.5
 
 
@@ -325,6 +327,24 @@ def engine_prefills(ops: np.ndarray, busy: np.ndarray, prefill_factor: float = P
     return k
 
 
+def _phases_from_forwards(steps: pl.DataFrame, reading: TokenReading) -> pl.DataFrame:
+    """Per-forward module ranges (``steps``, source ``module``) with the phase and rows of the
+    kernels' reading of the same forwards (``reading.main_forwards``): a range says where a
+    forward is, its kernels whether it read a prompt (the embedding lookup's rows, its GEMMs).
+    Each range takes the forward whose GPU start is nearest its own; unchanged when the two
+    count different forwards or the reading makes no tokens (then the heavy-step rule of
+    :func:`generation_steps` reads them)."""
+    main = reading.main_forwards
+    if reading.tokens is None or reading.serving or main.height != steps.height or steps["gpu_start_ns"].null_count():
+        return steps
+    main = main.select(pl.col("start_ns").alias("_fwd_start"), pl.col("phase").alias("_fwd_phase"), pl.col("tokens_in").alias("rows"))
+    out = steps.with_row_index("_i").sort("gpu_start_ns").join_asof(
+        main.sort("_fwd_start"), left_on="gpu_start_ns", right_on="_fwd_start", strategy="nearest", check_sortedness=False)
+    if out["_fwd_start"].n_unique() != steps.height:  # not one forward per range
+        return steps
+    return out.sort("_i").with_columns(pl.coalesce("phase", "_fwd_phase").alias("phase")).drop("_i", "_fwd_start", "_fwd_phase")
+
+
 def forward_steps(reading: TokenReading, rk: list[str] | None = None) -> pl.DataFrame:
     """The token steps of forward passes read from the kernels (:func:`tracekit.analysis.run.
     forwards.read_tokens`; source ``forwards``): of a generation one step per forward of the
@@ -458,8 +478,16 @@ def generation_steps(
         steps = ranges.join(gpu, on=[*rk, "_sid"], how="left").select(
             *rk, pl.col("label").alias("name"), "start_ns", "end_ns", "gpu_start_ns", "gpu_end_ns", "gpu_busy_ns",
             pl.col("ops").fill_null(0), pl.col("_phase").alias("phase"))
-        if source == "module" and int(steps["gpu_busy_ns"].fill_null(0).sum()) < MODULE_SHARE * _busy(ops_with_launch, rk):
-            steps = None  # ranges around a small part of the work are not the forwards
+        if source == "module":
+            # ranges around a small part of the work launched while they ran are not the
+            # forwards (a sub-module's ranges); work before the first or after the last (the
+            # model's initialisation on the GPU, an evaluation) does not count against them
+            lo, hi = ranges["start_ns"].min(), ranges["end_ns"].max()
+            during = ops_with_launch.filter(pl.col("api_start_ns").is_between(lo, hi))
+            if int(steps["gpu_busy_ns"].fill_null(0).sum()) < MODULE_SHARE * _busy(during, rk):
+                steps = None
+            elif forwards is not None:
+                steps = _phases_from_forwards(steps, forwards)
     if steps is None and get is not None:  # the NVTX steps were not it: every column
         ops_with_launch = _get_all(ops_with_launch, get)
     if steps is None and forwards is not None:

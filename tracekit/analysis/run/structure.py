@@ -469,7 +469,15 @@ def find_iterations(
             pl.max_horizontal("end_ns", "gpu_end_ns").alias("w_end"),
             pl.max_horizontal("duration_ns", pl.col("gpu_span_ns").fill_null(0)).alias("length_ns"),
         )
-        return Iterations(_timed(frame), total, method, why)
+        reading = None
+        if forwards_why:
+            # the ranges say where each forward is, not which ones read a prompt: the kernels'
+            # reading of the same forwards does (its embedding lookup's rows, its GEMMs)
+            fwd = forward_iterations(get(["rank", "device_id", "start_ns", "end_ns", "duration_ns", "name", "correlation_id"]),
+                                     labels() if labels is not None else None, grid, min_repeats=settings.min_repeats,
+                                     graph_launches=graph_launches)
+            reading = fwd[1] if fwd is not None and fwd[1].tokens is not None else None
+        return Iterations(_timed(frame), total, method, why, reading=reading)
     frame = pl.DataFrame()
     loops: list[DeviceLoop] = []
     method, why = "", ""
