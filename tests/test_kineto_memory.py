@@ -134,3 +134,23 @@ def test_generate_with_module_ranges_reads_its_requests() -> None:
     req = s.requests.sort("request")
     assert list(zip(req["prompt_rows"].to_list(), req["new_tokens"].to_list(), strict=True)) == asked
     assert req["prefill_steps"].to_list() == [1, 1] and req["decode_steps"].to_list() == [11, 11]
+
+
+def test_the_explorer_shows_memory_per_layer() -> None:
+    """The notebook's explorer on the training trace: the memory tab charts the allocator's
+    total and the per-layer tab has every decoder layer, with the net growth the program
+    read (one value: each layer keeps the same activations)."""
+    pytest.importorskip("ipywidgets")
+    pytest.importorskip("altair")
+    from tracekit.widgets import TraceExplorer
+
+    trace = _trace("m01_train_memory")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ex = TraceExplorer(trace)
+        ex._refresh_memory()
+    assert ex.errors == {} and ex.views["memory"].chart is not None
+    summary = ex.layer_summary.filter(pl.col("name").str.contains(LAYERS))
+    assert sorted(summary["name"].to_list()) == [f"model.layers.{i}" for i in range(4)]
+    truth = pl.DataFrame(kineto_memory_truth("m01_train_memory"))
+    assert set(summary["mean_net_growth_bytes"].to_list()) == {float((truth["exit"] - truth["entry"]).unique().item())}
