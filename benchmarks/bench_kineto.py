@@ -1,7 +1,7 @@
 """Opening a PyTorch profiler (Kineto) trace against parsing its JSON bare.
 
-Each step runs in a fresh child process (so each peak RSS is its own), three times; the table
-gives the median time of the step itself and the child's peak RSS (``VmHWM``, MiB):
+Each step runs in a fresh child process (so each peak RSS is its own), ``--runs`` times (3); the
+table gives the median time of the step itself and the largest peak RSS (``VmHWM``, MiB):
 
 * ``gunzip``: the file's text in memory (``gzip.decompress``; a plain file read), the floor of
   every parser;
