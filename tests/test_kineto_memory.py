@@ -154,3 +154,19 @@ def test_the_explorer_shows_memory_per_layer() -> None:
     assert sorted(summary["name"].to_list()) == [f"model.layers.{i}" for i in range(4)]
     truth = pl.DataFrame(kineto_memory_truth("m01_train_memory"))
     assert set(summary["mean_net_growth_bytes"].to_list()) == {float((truth["exit"] - truth["entry"]).unique().item())}
+
+
+def test_model_against_measured_compares_the_decode_forwards_only() -> None:
+    """``tracekit.model.compare`` with the program's own model (4 layers, hidden 1024): a decode
+    model sees the 22 one-token forwards, not the two prompts' (forwards 0 and 12; the 64-token
+    prompt at batch 1 takes 1.2× a decode forward's GPU time, which the time rule alone took
+    for a decode), and each of the 4 layers gets a row per forward."""
+    from tracekit.model.compare import compare
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rows = compare(_trace("m02_generate_memory"), KINETO_MEMORY / "m02_config.json")
+    steps = sorted(rows["step"].unique().to_list())
+    assert steps == [s for s in range(24) if s not in (0, 12)]
+    assert set(rows["phase"].to_list()) == {"decode"}
+    assert rows.filter(pl.col("layer").is_not_null()).group_by("step").len()["len"].unique().to_list() == [4]

@@ -27,12 +27,31 @@ def _forward_steps(trace: Any, ranges: pl.DataFrame, phase: str) -> tuple[pl.Dat
     from tracekit.diagnosis.config import DiagnoseConfig
     from tracekit.diagnosis.context import Context
 
-    ops = Context(trace, DiagnoseConfig()).ops_with_launch
-    per = forwards(ops, ranges)
+    ctx = Context(trace, DiagnoseConfig())
+    ops = ctx.ops_with_launch
+    per = _structure_phases(forwards(ops, ranges), ctx)
     keep = per.filter(pl.col("phase").is_null() | (pl.col("phase") == phase))
     inside = in_forward(ops, ranges).rename({"forward": "step"}).drop("forward_range_id")
     phases = per.group_by(pl.col("forward").alias("step")).agg(pl.col("phase").first())
     return inside, sorted(set(keep["forward"].to_list())), phases
+
+
+def _structure_phases(per: pl.DataFrame, ctx: Any) -> pl.DataFrame:
+    """``per`` (:func:`~tracekit.analysis.layers.forwards`) with each forward's phase from the
+    run's structure where its generation steps are these ranges (source ``module``): there the
+    kernels' reading of each forward says whether it read a prompt (a prompt of 64 tokens at
+    batch 1 is not twice a decode forward's GPU time, so the time rule calls it a decode)."""
+    try:
+        steps = ctx.structure.steps_table
+    except Exception:  # noqa: BLE001 - the time rule stands when the structure cannot be read
+        return per
+    if steps is None or steps.height == 0 or "source" not in steps.columns or set(steps["source"].to_list()) != {"module"}:
+        return per
+    known = steps.select("start_ns", pl.col("phase").alias("_phase")).unique("start_ns", keep="first")
+    out = per.join(known, on="start_ns", how="left")
+    if out["_phase"].null_count():  # not the same ranges
+        return per
+    return out.with_columns(pl.col("_phase").alias("phase")).drop("_phase")
 
 
 def compare(
@@ -56,10 +75,11 @@ def compare(
        outermost range around each run of the layers, e.g. ``--annotate-torch``'s root module
        ``Qwen3ForCausalLM``, one per ``generate()`` token): one step per forward, numbered
        from 0 per process, an operation in the forward whose range holds its launching call
-       on the same thread. Each forward has a ``phase`` (:func:`tracekit.analysis.layers.
-       forwards`: the ones taking over twice the median GPU time are ``prefill``, the others
-       ``decode``; null when all are alike) and only those of the model's ``phase`` (or null)
-       are compared: in a ``generate()`` trace a decode model sees the decode forwards, a
+       on the same thread. Each forward has a ``phase``: the run structure's, where its
+       generation steps are these ranges (each forward's kernels say whether it read a
+       prompt), else :func:`tracekit.analysis.layers.forwards`' (the ones taking over twice
+       the median GPU time are ``prefill``, the others ``decode``; null when all are alike);
+       only those of the model's ``phase`` (or null) are compared: in a ``generate()`` trace a decode model sees the decode forwards, a
        prefill model the prompt's.
     3. Otherwise the steady steps of ``steady_ops`` (CUDA graph replays or the repeating
        kernel sequence).
