@@ -217,7 +217,7 @@ class _Ranges:
             raise ValueError(msg)
         self.config = config
         self.stack = _Stack()
-        self.nvtx: _Nvtx | _RecordFunction = _nvtx() if emit == "nvtx" else _RecordFunction()
+        self.emitter: _Nvtx | _RecordFunction = _nvtx() if emit == "nvtx" else _RecordFunction()
         self.compiling = _is_compiling()
         self.count = 0  # ranges pushed (forward and backward)
 
@@ -225,13 +225,13 @@ class _Ranges:
         if label is None or self.compiling():
             stack.append(False)
             return
-        self.nvtx.push(label)
+        self.emitter.push(label)
         self.count += 1
         stack.append(True)
 
     def leave(self, stack: list[bool]) -> None:
         if stack and stack.pop():
-            self.nvtx.pop()
+            self.emitter.pop()
 
 
 def _root_label(module: Any) -> str:
@@ -283,7 +283,7 @@ class Annotation:
     def emitting(self) -> bool:
         """Whether NVTX ranges really reach a profiler (``False`` on a PyTorch build without
         NVTX and without the ``nvtx`` package: the hooks run and count, nothing is emitted)."""
-        return self._ranges.nvtx.available
+        return self._ranges.emitter.available
 
     def remove(self) -> None:
         """Remove every hook (idempotent)."""

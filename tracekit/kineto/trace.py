@@ -125,7 +125,7 @@ class KinetoTrace(NsysTrace):
         kind = (pl.when(pl.col("device_type") == 1).then(pl.lit("Device"))
                 .when(pl.col("device_type") == 0).then(pl.lit("Pageable")).otherwise(pl.lit("Unknown")))
         out = ev.select(
-            "pid", ((pl.col("pid") % C.TID_BITS) * C.TID_BITS).alias("global_pid"),
+            "pid", C._global_tid("pid", pl.lit(0, pl.Int64)).alias("global_pid"),
             pl.when(pl.col("device_type") == 0).then(None).otherwise(pl.col("device_id")).alias("device_id"),
             pl.lit(None, pl.Int64).alias("context_id"), pl.lit(None, pl.Int64).alias("stream_id"),
             pl.lit(None, pl.Int64).alias("correlation_id"), "start_ns", "address", pl.col("bytes").abs().alias("bytes"),

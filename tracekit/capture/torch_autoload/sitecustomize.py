@@ -55,7 +55,7 @@ def _install(config: dict) -> None:  # type: ignore[type-arg]
         except Exception as exc:  # noqa: BLE001 - the program must run regardless
             _say(f"torch.profiler could not start ({type(exc).__name__}: {exc}); the program runs without it")
             return
-        if isinstance(config.get("_annotate"), dict):  # module ranges as torch.profiler sees them
+        if "_annotate" in config:  # module ranges as torch.profiler sees them
             _annotate(config["_annotate"], "record_function")
         return
     _annotate(config, "nvtx")
@@ -108,26 +108,34 @@ class _AfterTorch:
         return spec
 
 
-def _start() -> None:
-    env = _PROFILE_ENV if os.environ.get(_PROFILE_ENV) else _ENV
+def _read(env: str) -> dict | None:  # type: ignore[type-arg]
+    """The JSON object in ``env``, or None when it is unset; said once when it is not valid."""
     raw = os.environ.get(env)
     if not raw:
-        return
+        return None
     try:
         config = json.loads(raw)
         if not isinstance(config, dict):
             raise ValueError("not a JSON object")
     except ValueError as exc:
         _say(f"{env} is not valid ({exc}); " + ("no torch.profiler trace" if env == _PROFILE_ENV else "no module ranges"))
-        return
-    if env == _PROFILE_ENV:
+        return None
+    return config
+
+
+def _start() -> None:
+    if os.environ.get(_PROFILE_ENV):
+        config = _read(_PROFILE_ENV)
+        if config is None:
+            return
         config["_profile"] = True
-        annotate = os.environ.get(_ENV)
-        if annotate:  # both: the module ranges go to torch.profiler (record_function), not NVTX
-            try:
-                config["_annotate"] = json.loads(annotate)
-            except ValueError as exc:
-                _say(f"{_ENV} is not valid ({exc}); no module ranges")
+        annotate = _read(_ENV)
+        if annotate is not None:  # both: the module ranges go to torch.profiler (record_function), not NVTX
+            config["_annotate"] = annotate
+    else:
+        config = _read(_ENV)
+        if config is None:
+            return
     if "torch" in sys.modules:
         _install(config)
     else:
