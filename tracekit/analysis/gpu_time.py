@@ -31,6 +31,67 @@ GRAPH_LAUNCH_API = r"^cu(?:da)?GraphLaunch"
 LAUNCH_API_PATTERN = r"Launch|^cudaGraphLaunch|Async|^cuGraphLaunch"
 
 
+#: The kinds of call that :func:`idle_gaps` sums per gap, in the order of their codes.
+_CALL_KINDS = ("sync_ns", "copy_ns", "launch_ns", "other_api_ns")
+#: Gap × call pairs worked through at a time by :func:`_overlap_by_kind` (bounds its memory on
+#: exports with many calls per kernel: about 40 bytes a pair).
+_PAIRS_PER_CHUNK = 1 << 18
+
+
+def _calls_by_thread(cuda_api: pl.DataFrame, rk: list[str], threads: pl.Series) -> pl.DataFrame:
+    """The calls of ``threads`` sorted by thread and start: (``rank``,) ``global_tid``, ``_as``,
+    ``_ae`` (ns), ``_k`` (the index of the call's kind in :data:`_CALL_KINDS`, the patterns
+    matched once per distinct name) and ``_ai``, the row's position. No string column is
+    carried, and an API table already in that order (one launching thread) is not copied."""
+    kind = (
+        pl.when(pl.col("_n").str.contains(SYNC_API_PATTERN)).then(0)
+        .when(pl.col("_n").str.contains(COPY_API_PATTERN) & ~pl.col("_n").str.contains("Async")).then(1)
+        .when(pl.col("_n").str.contains(LAUNCH_API_PATTERN)).then(2)
+        .otherwise(3)
+    ).cast(pl.UInt8)
+    names = cuda_api.select(pl.col("name").unique()).with_columns(pl.col("name").cast(pl.Utf8).fill_null("").alias("_n"))
+    names = names.select("name", kind.alias("_k"))
+    codes = cuda_api.select("name").join(names, on="name", how="left", maintain_order="left").get_column("_k")
+    api = cuda_api.select(*rk, "global_tid", pl.col("start_ns").alias("_as"), pl.col("end_ns").alias("_ae")).with_columns(
+        codes.fill_null(3))  # a call without a name: "other", as the patterns give
+    keep = api.get_column("global_tid").is_in(threads.drop_nulls().unique().implode())
+    if not keep.all():
+        api = api.filter(keep)
+    del keep
+    in_order = api.height < 2 or api.select(
+        (pl.struct(*rk, "global_tid", "_as").rank("dense").diff().fill_null(1) >= 0).all()
+    ).item() if rk else api.height < 2 or api.select(
+        ((pl.col("global_tid").diff() > 0) | ((pl.col("global_tid").diff() == 0) & (pl.col("_as").diff() >= 0))).all()
+    ).item()
+    if not in_order:
+        api = api.sort([*rk, "global_tid", "_as"])
+    index = pl.UInt32 if api.height < (1 << 32) else pl.Int64
+    return api.with_row_index("_ai").with_columns(pl.col("_ai").cast(index))
+
+
+def _overlap_by_kind(rng: pl.DataFrame, api: pl.DataFrame, g0: pl.Series, g1: pl.Series) -> pl.DataFrame:
+    """Time of each gap that calls filled, by kind: ``_gap``, ``_k``, ``_ov`` (ns).
+
+    ``rng`` gives each gap's calls as an index range (``_lo``..``_hi``, inclusive) into ``api``
+    (``_as``, ``_ae``, ``_k``); ``g0``/``g1`` are the gaps' bounds by ``_gap``. The ranges are
+    expanded :data:`_PAIRS_PER_CHUNK` pairs at a time and the columns gathered by position."""
+    n = rng.get_column("_hi") - rng.get_column("_lo") + 1
+    chunk = (n.cum_sum() // _PAIRS_PER_CHUNK).rename("_c")
+    rng = rng.with_columns(chunk)
+    a_s, a_e, a_k = api.get_column("_as"), api.get_column("_ae"), api.get_column("_k")
+    parts: list[pl.DataFrame] = []
+    for part in rng.partition_by("_c", maintain_order=True, include_key=False):
+        pairs = part.select("_gap", pl.int_ranges("_lo", pl.col("_hi") + 1).alias("_ai")).explode("_ai")
+        ai, gi = pairs.get_column("_ai"), pairs.get_column("_gap")
+        pairs = pl.DataFrame({"_gap": gi, "_k": a_k.gather(ai), "_as": a_s.gather(ai), "_ae": a_e.gather(ai),
+                              "_g0": g0.gather(gi), "_g1": g1.gather(gi)})
+        pairs = pairs.select("_gap", "_k", (pl.min_horizontal("_ae", "_g1") - pl.max_horizontal("_as", "_g0")).alias("_ov"))
+        parts.append(pairs.filter(pl.col("_ov") > 0).group_by("_gap", "_k").agg(pl.col("_ov").sum()))
+    if not parts:
+        return pl.DataFrame(schema={"_gap": pl.UInt32, "_k": pl.UInt8, "_ov": pl.Int64})
+    return pl.concat(parts).group_by("_gap", "_k").agg(pl.col("_ov").sum())
+
+
 def _device_keys(frame: pl.DataFrame) -> list[str]:
     return [*rank_keys(frame), "device_id"]
 
@@ -267,10 +328,9 @@ def idle_gaps(
     )
     gaps = gaps.join(nxt, on=[*keys, "end_ns"], how="left", maintain_order="left").with_row_index("_gap")
 
-    # calls of the launching thread overlapping each gap: explode the index range of calls
-    # that start inside the gap, plus the one call that started before it (it may straddle)
-    api = cuda_api.select(*rk, "global_tid", pl.col("start_ns").alias("_as"), pl.col("end_ns").alias("_ae"), "name")
-    api = api.sort([*rk, "global_tid", "_as"]).with_row_index("_ai").with_columns(pl.col("_ai").cast(pl.Int64))
+    # calls of the launching thread overlapping each gap: the index range of calls that start
+    # inside the gap, plus the one call that started before it (it may straddle)
+    api = _calls_by_thread(cuda_api, rk, gaps.get_column("global_tid"))
     tk = [*rk, "global_tid"]
     g = gaps.filter(pl.col("global_tid").is_not_null()).select("_gap", *tk, "start_ns", "end_ns")
     lo = g.sort([*tk, "start_ns"]).join_asof(
@@ -286,28 +346,19 @@ def idle_gaps(
         api.select(*tk, pl.col("_as").alias("start_ns"), pl.col("_ai").alias("_first")),
         on="start_ns", by=tk, strategy="forward", check_sortedness=False,
     ).select("_gap", "_first")
+    del g, lo, hi
     rng = rng.join(first_in, on="_gap", how="left").with_columns(
         pl.coalesce("_lo", "_first").alias("_lo")
     ).filter(pl.col("_lo").is_not_null() & pl.col("_hi").is_not_null() & (pl.col("_hi") >= pl.col("_lo")))
-    pairs = rng.with_columns(pl.int_ranges("_lo", pl.col("_hi") + 1).alias("_ai")).explode("_ai").select("_gap", "_ai")
-    pairs = pairs.join(api.select("_ai", "_as", "_ae", "name"), on="_ai").join(
-        gaps.select("_gap", pl.col("start_ns").alias("_g0"), pl.col("end_ns").alias("_g1")), on="_gap"
-    )
-    overlap = (pl.min_horizontal("_ae", "_g1") - pl.max_horizontal("_as", "_g0")).clip(lower_bound=0)
-    kind = (
-        pl.when(pl.col("name").str.contains(SYNC_API_PATTERN)).then(pl.lit("sync_ns"))
-        .when(pl.col("name").str.contains(COPY_API_PATTERN) & ~pl.col("name").str.contains("Async")).then(pl.lit("copy_ns"))
-        .when(pl.col("name").str.contains(LAUNCH_API_PATTERN)).then(pl.lit("launch_ns"))
-        .otherwise(pl.lit("other_api_ns"))
-    )
-    pairs = pairs.with_columns(overlap.alias("_ov"), kind.alias("_kind")).filter(pl.col("_ov") > 0)
-    per_kind = pairs.group_by("_gap", "_kind").agg(pl.col("_ov").sum())
+    per_kind = _overlap_by_kind(rng.select("_gap", "_lo", "_hi"), api.select("_as", "_ae", "_k"),
+                                gaps.get_column("start_ns"), gaps.get_column("end_ns"))
+    del api, rng, first_in
     wide = gaps.select("_gap")
-    for k in ("sync_ns", "copy_ns", "launch_ns", "other_api_ns"):
-        part = per_kind.filter(pl.col("_kind") == k).select("_gap", pl.col("_ov").alias(k))
+    for code, k in enumerate(_CALL_KINDS):
+        part = per_kind.filter(pl.col("_k") == code).select("_gap", pl.col("_ov").alias(k))
         wide = wide.join(part, on="_gap", how="left")
     gaps = gaps.join(wide, on="_gap", how="left", maintain_order="left").with_columns(
-        pl.col(k).fill_null(0).cast(pl.Int64) for k in ("sync_ns", "copy_ns", "launch_ns", "other_api_ns")
+        pl.col(k).fill_null(0).cast(pl.Int64) for k in _CALL_KINDS
     )
     queued = pl.col("next_launched_ns").is_not_null() & (pl.col("next_launched_ns") <= pl.col("start_ns"))
     cause = (

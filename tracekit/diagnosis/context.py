@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from tracekit.analysis._frames import gpu_ops, interval_union, within_any
+from tracekit.analysis._frames import gpu_ops, interval_union, rows_between, within_any
 from tracekit.analysis.attribution import launch_info
 from tracekit.analysis.gpu_time import idle_gaps
 from tracekit.diagnosis.config import DiagnoseConfig
@@ -702,8 +702,7 @@ class Context:
     def _in_window(self, frame: pl.DataFrame, column: str = "start_ns") -> pl.DataFrame:
         if frame.height == 0 or column not in frame.columns:
             return frame
-        w = self.window
-        return frame.filter((pl.col(column) >= w.start_ns) & (pl.col(column) < w.end_ns))
+        return rows_between(frame, column, self.window.start_ns, self.window.end_ns)
 
     @cached_property
     def kernels_w(self) -> pl.DataFrame:
@@ -714,7 +713,7 @@ class Context:
         inside = (pl.col("start_ns") >= w.start_ns) & (pl.col("start_ns") < w.end_ns)
         if self.full_window.sampled and "ops" not in self.__dict__:
             self.ops_near  # noqa: B018  (reads the kernels around the window once)
-            return self._near_kernels.filter(inside)
+            return rows_between(self._near_kernels, "start_ns", w.start_ns, w.end_ns)
         return big.kernels_where(inside)
 
     @cached_property
