@@ -27,7 +27,7 @@ KINETO = ROOT / "sample_traces" / "kineto"
 DDP = KINETO / "ddp_nccl_1rank" / "nccl_data.json.gz"
 RANKS = KINETO / "sampled_2rank"
 CPU_ONLY = next((KINETO / "cpu_only").glob("*.json.gz"))
-GPU_TRACES = sorted(p for p in KINETO.glob("*/*.json.gz") if p.parent.name != "cpu_only")
+GPU_TRACES = sorted(p for p in [*KINETO.glob("*/*.json.gz"), *KINETO.glob("public/*/*.json.gz")] if p.parent.name != "cpu_only")
 
 
 @pytest.fixture(autouse=True, scope="module")

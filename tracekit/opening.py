@@ -76,10 +76,9 @@ def sniff(path: str | Path) -> str:
         return "ncu"
     if head.lstrip().startswith(b'"ID"'):
         return "ncu-csv"
-    from tracekit.kineto.sniff import head as text_head
-    from tracekit.kineto.sniff import looks_like_kineto
+    from tracekit.kineto.sniff import kineto_head
 
-    if looks_like_kineto(text_head(path)):
+    if kineto_head(path):
         return "kineto"
     msg = (
         f"{path} is not an Nsight Systems (.sqlite, .nsys-rep), Nsight Compute (.ncu-rep, raw CSV) or PyTorch profiler "

@@ -20,8 +20,10 @@ and the bytes its inputs and output must move at least once:
   padding and dilation (when recorded).
 
 Other operators get their GPU time, no FLOPs, and as bytes what their tensor inputs hold
-(each read at least once; outputs not counted): a lower bound that makes them
-``memory-bound`` against the bandwidth peak. Composite operators (``aten::linear``,
+(each read at least once; outputs not counted), which makes them ``memory-bound`` against the
+bandwidth peak. An operator may touch only part of an input (vLLM's ``reshape_and_cache``
+writes a few tokens into the whole KV cache it is given): where those bytes would need more
+than the GPU's bandwidth peak, the operator gets no bytes, rate, verdict or share of peak. Composite operators (``aten::linear``,
 ``aten::matmul``) launch nothing themselves: their ``aten::mm``/``addmm`` do, and are counted
 there. Achieved rates are per operator instance: FLOPs ÷ its kernels' time (``tflops``), bytes
 ÷ that time (``tbps``). The verdict compares the operator's arithmetic intensity (FLOPs per
@@ -211,6 +213,12 @@ def operator_costs(cpu_ops: pl.DataFrame, flows: pl.DataFrame, kernels: pl.DataF
     out = out.with_columns(
         pl.when(pl.col("bound") == "compute-bound").then(pl.col("tflops") * 1e12 / pl.col("_pf"))
         .when(pl.col("bound") == "memory-bound").then(pl.col("tbps") * 1e12 / pl.col("_pb")).otherwise(None).alias("pct_of_peak"))
+    # an operator without a FLOP count whose inputs' bytes would take more than the GPU's
+    # bandwidth touched only part of them (vLLM's reshape_and_cache writes a few tokens into the
+    # whole KV cache it is given): its bytes are no estimate, so it gets none
+    guess = pl.col("flops").is_null() & (pl.col("pct_of_peak") > 1)
+    out = out.with_columns(*(pl.when(guess).then(None).otherwise(pl.col(c)).alias(c)
+                             for c in ("bytes", "intensity", "tbps", "bound", "pct_of_peak")))
     return out.select(list(empty))
 
 

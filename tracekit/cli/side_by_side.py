@@ -24,10 +24,11 @@ def report_paths(files: Sequence[str | Path]) -> list[Path]:
 def _open(path: Path, command: str) -> Any:
     import tracekit
     from tracekit.errors import TracekitError
+    from tracekit.nsys.trace import NsysTrace
 
     trace = tracekit.open(path)
-    if type(trace).__name__ != "NsysTrace":
-        msg = f"{path} is an Nsight Compute report; {command} --side-by-side compares Nsight Systems exports"
+    if not isinstance(trace, NsysTrace):  # a torch.profiler trace is one (KinetoTrace)
+        msg = f"{path} is an Nsight Compute report; {command} --side-by-side compares Nsight Systems exports and torch.profiler traces"
         raise TracekitError(msg)
     return trace
 

@@ -7,8 +7,12 @@ import zlib
 from pathlib import Path
 
 GZIP_MAGIC = b"\x1f\x8b"
-#: Bytes of (decompressed) text looked at to recognise a trace.
+#: Bytes of (decompressed) text looked at first to recognise a trace.
 SNIFF_BYTES = 8192
+#: Bytes looked at when a JSON object has none of :data:`KINETO_KEYS` in its first
+#: :data:`SNIFF_BYTES`: a trace that opens with a big ``metadata`` object (TraceLens' traces of
+#: Hugging Face models: ``traceEvents`` first at 23–26 KB).
+SNIFF_MAX_BYTES = 4 << 20
 #: Top-level keys of a Kineto trace; one of them near the start of a JSON object marks one.
 KINETO_KEYS = (b'"traceEvents"', b'"schemaVersion"', b'"deviceProperties"', b'"distributedInfo"')
 
@@ -37,6 +41,17 @@ def looks_like_kineto(text: bytes) -> bool:
     return body.startswith(b"{") and any(k in body for k in KINETO_KEYS)
 
 
+def kineto_head(path: Path) -> bool:
+    """Whether the file's (gunzipped) text opens a JSON object with a Kineto key in its first
+    :data:`SNIFF_BYTES`, or, for a JSON object without one there, in its first
+    :data:`SNIFF_MAX_BYTES`."""
+    text = head(path)
+    if looks_like_kineto(text):
+        return True
+    opens_object = text.removeprefix(b"\xef\xbb\xbf").lstrip().startswith(b"{")
+    return opens_object and len(text) >= SNIFF_BYTES and looks_like_kineto(head(path, SNIFF_MAX_BYTES))
+
+
 def is_kineto(path: str | Path) -> bool:
     """Whether ``path`` is a regular file whose (gunzipped) first bytes open a Chrome-trace JSON
     object with Kineto's keys (``traceEvents``, ``schemaVersion``, ``deviceProperties``,
@@ -44,6 +59,6 @@ def is_kineto(path: str | Path) -> bool:
     says that it holds no PyTorch profiler events."""
     p = Path(path)
     try:
-        return p.is_file() and looks_like_kineto(head(p))
+        return p.is_file() and kineto_head(p)
     except OSError:
         return False

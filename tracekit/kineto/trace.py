@@ -167,7 +167,10 @@ class KinetoTrace(NsysTrace):
         ``kind`` (kernel, memcpy, memset), ``correlation_id``, ``device_id``, ``gpu_start_ns``,
         the runtime call's ``api_name``, ``api_start_ns``, ``pid``, ``tid``, its ``external_id``
         and the CPU operator of that id: ``op_name``, ``op_start_ns``, ``sequence_number``
-        (null where Kineto recorded no operator, e.g. a launch outside any)."""
+        (null where Kineto recorded no operator, e.g. a launch outside any). Where a call's
+        External id is no operator's (older PyTorch wrote the correlation id there:
+        DeepSeek's and PARAM's published traces), ``external_id`` is that of the innermost CPU
+        operator of the launching thread running when the call started."""
         gpu = self.gpu_args.select("kind", "correlation_id", "device_id", pl.col("start_ns").alias("gpu_start_ns"))
         api = self._kineto_table("KINETO_RUNTIME_ARGS", {"correlation_id": pl.Int64, "global_tid": pl.Int64,
                                                           "start_ns": pl.Int64, "external_id": pl.Int64, "cbid": pl.Int64})
@@ -177,6 +180,7 @@ class KinetoTrace(NsysTrace):
                          (pl.col("global_tid") % C.TID_BITS).alias("tid"), pl.col("start_ns").alias("api_start_ns"))
         api = api.join(calls, on=["correlation_id", "api_start_ns"], how="left")
         ops = self.cpu_ops.filter(pl.col("category").is_in(["cpu_op", "user_annotation"]) & pl.col("external_id").is_not_null())
+        api = _enclosing_operator(api, ops)
         ops = ops.select("external_id", pl.col("name").alias("op_name"), pl.col("start_ns").alias("op_start_ns"),
                          "sequence_number").unique("external_id", keep="first", maintain_order=True)
         out = gpu.join(api.unique("correlation_id", keep="first", maintain_order=True), on="correlation_id", how="left")
@@ -268,3 +272,25 @@ class KinetoTrace(NsysTrace):
         """``baseTimeNanoseconds``: the Unix time (ns) of the trace's time 0, when recorded."""
         value = self.kineto_meta.get("baseTimeNanoseconds")
         return int(value) if value is not None else None
+
+
+def _enclosing_operator(api: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
+    """``api`` (``pid``, ``tid``, ``api_start_ns``, ``external_id``) with the ``external_id`` of
+    each call that names no operator of ``ops`` replaced by that of the innermost operator of
+    ``ops`` on the call's thread whose time holds the call's start (null where none does)."""
+    from tracekit.analysis.attribution import _innermost, _range_tree
+
+    known = api.get_column("external_id").is_in(ops.get_column("external_id").implode())
+    if bool(known.all()) or ops.height == 0:
+        return api
+    r = ops.select("pid", pl.col("tid").alias("global_tid"), "start_ns", "end_ns", pl.col("external_id").alias("range_id"))
+    tree = _range_tree(r.drop_nulls(["start_ns", "end_ns"]), ["pid"], paths=False)
+    threads = tree.select("pid", pl.col("global_tid").alias("tid"), "_thr").unique(["pid", "tid"])
+    lost = api.with_row_index("_op").filter(~known).join(threads, on=["pid", "tid"], how="inner")
+    calls = lost.select(pl.col("_op").cast(pl.Int64), "_thr", pl.col("api_start_ns").alias("_s"), pl.col("api_start_ns").alias("_e"))
+    inner = _innermost(calls, tree).filter(pl.col("_idx").is_not_null())
+    found = inner.select("_op", tree.get_column("range_id").gather(inner.get_column("_idx")).alias("_eid"))
+    out = api.with_row_index("_op").with_columns(pl.col("_op").cast(pl.Int64)).join(found, on="_op", how="left", maintain_order="left")
+    return out.with_columns(pl.when(pl.col("_eid").is_not_null()).then(pl.col("_eid")).otherwise(pl.col("external_id"))
+                            .alias("external_id")).drop("_op", "_eid")
+

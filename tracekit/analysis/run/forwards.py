@@ -41,7 +41,7 @@ import polars as pl
 
 from tracekit.analysis.run.loops import HOST_COPY_NAME, find_loops, idle_before, name_codes
 
-__all__ = ["ATTENTION_NAMES", "FORWARD_COLUMNS", "GATHER_NAME", "GEMM_NAMES", "SOFTMAX_NAMES", "ForwardPasses", "forward_passes"]
+__all__ = ["ATTENTION_NAMES", "FORWARD_COLUMNS", "GATHER_NAME", "GEMM_NAMES", "FEW_LOOKUPS", "POSITIONAL_NAMES", "SOFTMAX_NAMES", "ForwardPasses", "forward_passes"]
 
 #: Kernel names of attention (flash attention, FMHA, cuDNN's and PyTorch's SDPA kernels,
 #: paged/decode attention of serving engines).
@@ -58,6 +58,15 @@ GEMM_NAMES = r"(?i)gemm|gemv|nvjet|cutlass|xmma|cublas|matmul|Kernel2|_mm_|trito
 GATHER_NAME = r"vectorized_gather_kernel"
 #: The kernels of an embedding lookup (``nn.Embedding`` runs ``index_select``).
 EMBEDDING_NAMES = r"indexSelect(?:Small|Large)Index|vectorized_gather_kernel|(?i:embedding)"
+#: Rotary position embeddings (``vllm::rotary_embedding_kernel``, RoPE): every layer runs one,
+#: so they are no token embedding lookup, though :data:`EMBEDDING_NAMES` matches them.
+POSITIONAL_NAMES = r"(?i)rotary|rope_|_rope"
+#: A GPU whose operations hold at least one and at most this many token embedding lookups ran
+#: that many forwards with a visible lookup (tokens enter a model once per forward): a loop there
+#: with more instances than lookups is the layer stack of those forwards (a vLLM or SGLang
+#: engine step's one prefill: 36 layers, 1 lookup), not forwards or steps. With more lookups
+#: no loop is judged so: Inductor and CUDA graphs hide some forwards' lookups.
+FEW_LOOKUPS = 2
 #: PyTorch's ``index_select`` kernel for at most 16 rows (its grid follows the row width).
 SMALL_GATHER_NAME = r"indexSelectSmallIndex"
 #: Kernels that pick the next token (argmax, top-k, sort, sampling).
@@ -135,7 +144,7 @@ def _masks(names: pl.Series, codes: np.ndarray | None = None) -> dict[str, np.nd
         "d2h": (s == HOST_COPY_NAME).to_numpy(),
         "gemm": s.str.contains(GEMM_NAMES).to_numpy(),
         "gather": s.str.contains(GATHER_NAME).to_numpy(),
-        "embedding": s.str.contains(EMBEDDING_NAMES).to_numpy(),
+        "embedding": (s.str.contains(EMBEDDING_NAMES) & ~s.str.contains(POSITIONAL_NAMES)).to_numpy(),
         "small_gather": s.str.contains(SMALL_GATHER_NAME).to_numpy(),
         "sampling": s.str.contains(SAMPLING_NAMES).to_numpy(),
     }
@@ -153,16 +162,21 @@ def _site_starts(mask: np.ndarray) -> np.ndarray:
 
 
 def _best_loop(codes: np.ndarray, site_mask: np.ndarray, starts: np.ndarray, ends: np.ndarray,
-               min_forwards: int) -> tuple[tuple[int, float], object, np.ndarray, np.ndarray] | None:
+               min_forwards: int, embedding: np.ndarray | None = None) -> tuple[tuple[int, float], object, np.ndarray, np.ndarray] | None:
     """The loop whose instances are forwards, for one choice of attention sites: the most
-    instances holding a model's number of sites (ties: the larger share of its instances)."""
+    instances holding a model's number of sites (ties: the larger share of its instances);
+    where ``embedding`` marks a few token embedding lookups (:data:`FEW_LOOKUPS`), no loop of
+    more instances than lookups."""
     sites = _site_starts(site_mask)
     if sites.size < 2 * min_forwards:
         return None
     marked = np.where(site_mask, int(codes.max()) + 1, codes)  # every attention kernel one name
+    lookups = int(embedding.sum()) if embedding is not None else 0
     best = None
     for lp in find_loops(marked, starts, ends, min_repeats=min_forwards):
         bounds = np.append(lp.bounds, lp.stop)
+        if 0 < lookups <= FEW_LOOKUPS and bounds.size - 1 > lookups:
+            continue  # the layers of the few forwards there are (FEW_LOOKUPS)
         per = np.diff(np.searchsorted(sites, bounds))
         values, counts = np.unique(per, return_counts=True)
         depths = values[(counts >= max(min_forwards, DEPTH_SHARE * per.size)) & (values >= 2)]
@@ -245,7 +259,7 @@ def forward_passes(ops: pl.DataFrame, labels: pl.Series | None = None, *, grid: 
     for label, mask in choices:  # attention kernels alone first: sampling runs a softmax too
         if not mask.any():
             continue
-        got = _best_loop(codes, mask, starts, ends, min_forwards)
+        got = _best_loop(codes, mask, starts, ends, min_forwards, m["embedding"])
         if got is not None and (found is None or got[0] > found[0][0]):
             found = (got, label, mask)
         if found is not None and found[0][0][1] >= CLEAN_SHARE:

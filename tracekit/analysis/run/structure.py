@@ -15,11 +15,15 @@ Iterations come from the first of these sources that gives at least ``min_repeat
    (:mod:`tracekit.analysis.run.forwards`: the layer stack's attention sites repeat ``L``
    times per forward; CUDA graph replays on that GPU are decode forwards of a generation),
    unless backward kernels make it a training step;
-5. ``kernel_loop``: the loop of each GPU's operations found from the names that run once per
+5. one ``ProfilerStep#N`` range holding the work (``nvtx``): a program that stepped
+   torch.profiler once; what repeats inside it is the model's layers;
+6. ``kernel_loop``: the loop of each GPU's operations found from the names that run once per
    iteration (:func:`tracekit.analysis.run.loops.find_loops`, :func:`~tracekit.analysis.run.loops.main_loop`):
    a training step's loss and embedding backward, a ``generate()`` call's prompt kernels, an
    engine step's copy of the sampled tokens to the host. Every GPU (rank) is searched; the
-   busiest one's iterations bound the window.
+   busiest one's iterations bound the window. Where a GPU ran only one or two token embedding
+   lookups (:data:`~tracekit.analysis.run.forwards.FEW_LOOKUPS`), a loop of more instances is
+   those forwards' layers (an engine step's one prefill), and no iterations are found.
 
 A leading iteration that takes more than ``warmup_factor`` times the median of the iterations
 after it (CPU range or GPU span, whichever is longer) is warm-up; at most half are. Before the
@@ -50,6 +54,8 @@ from tracekit.analysis._frames import within_any
 from tracekit.analysis.layers import forward_ranges
 from tracekit.analysis.run.forwards import (
     EMBEDDING_NAMES,
+    FEW_LOOKUPS,
+    POSITIONAL_NAMES,
     SAMPLING_NAMES,
     GridLookup,
     TokenReading,
@@ -182,7 +188,8 @@ def _short(name: str | None, width: int = 48) -> str:
     return s if len(s) <= width else s[: width - 1] + "…"
 
 
-def kernel_loop_iterations(ops: pl.DataFrame, *, min_repeats: int = 3, labels: pl.Series | None = None) -> list[DeviceLoop]:
+def kernel_loop_iterations(ops: pl.DataFrame, *, min_repeats: int = 3, labels: pl.Series | None = None,
+                           notes: list[str] | None = None) -> list[DeviceLoop]:
     """The main loop of every GPU's operations, busiest GPU first.
 
     Parameters
@@ -195,6 +202,13 @@ def kernel_loop_iterations(ops: pl.DataFrame, *, min_repeats: int = 3, labels: p
     labels
         Where ``name`` holds integer codes: the text of each code (to tell device-to-host
         copies, which end an engine's steps, as with text names).
+    notes
+        Where given, a sentence is appended for each GPU whose only loops were inside forwards.
+
+    Where a GPU's operations hold a few token embedding lookups
+    (:data:`~tracekit.analysis.run.forwards.FEW_LOOKUPS`), a loop of more instances than
+    lookups is the layer stack of those forwards (tokens enter a model once per forward), not
+    a loop of steps, and is passed over.
 
     Returns
     -------
@@ -217,6 +231,15 @@ def kernel_loop_iterations(ops: pl.DataFrame, *, min_repeats: int = 3, labels: p
             continue
         codes = name_codes(g["name"])
         loops = find_loops(codes, g["start_ns"].to_numpy(), g["end_ns"].to_numpy(), min_repeats=min_repeats)
+        lookups = _token_lookups(g["name"], codes, labels)
+        if 0 < lookups.size <= FEW_LOOKUPS:  # a loop of those forwards' layers is no loop of steps
+            kept = [lp for lp in loops if lp.count <= lookups.size]
+            top = main_loop(loops, host_copies=host_copy_codes(g["name"], codes, labels)) if loops and not kept else None
+            if top is not None and notes is not None:
+                fw = "a forward" if lookups.size == 1 else f"at most {lookups.size} forwards"
+                notes.append(f"the kernels repeat {top.count} times around {lookups.size} token embedding "
+                             f"lookup{'s' if lookups.size > 1 else ''}: the layers of {fw}, not steps")
+            loops = kept
         loop = main_loop(loops, host_copies=host_copy_codes(g["name"], codes, labels))
         if loop is None or loop.count < min_repeats:
             continue
@@ -241,6 +264,23 @@ def kernel_loop_iterations(ops: pl.DataFrame, *, min_repeats: int = 3, labels: p
                 names[int(a)] = str(g["name"][int(order[pos])])
         out.append(DeviceLoop({k: row[k] for k in keys}, loop, frame.select(list(_ITER_SCHEMA)), names))
     return out
+
+
+def _token_lookups(names: pl.Series, codes: np.ndarray, labels: pl.Series | None) -> np.ndarray:
+    """Positions of the token embedding lookups (:data:`~tracekit.analysis.run.forwards.EMBEDDING_NAMES`,
+    not :data:`~tracekit.analysis.run.forwards.POSITIONAL_NAMES`) among operations named
+    ``names`` (text, or integer codes whose text ``labels`` gives; ``codes``: equal for equal
+    names)."""
+    if names.dtype.is_integer():
+        if labels is None:
+            return np.empty(0, dtype=np.int64)
+        text = pl.Series(labels).cast(pl.Utf8).fill_null("")
+        hit = (text.str.contains(EMBEDDING_NAMES) & ~text.str.contains(POSITIONAL_NAMES)).to_numpy()
+        raw = names.fill_null(-1).to_numpy()
+        ok = (raw >= 0) & (raw < hit.size)
+        return np.flatnonzero(ok & hit[np.clip(raw, 0, max(hit.size - 1, 0))]) if hit.size else np.empty(0, dtype=np.int64)
+    text = names.cast(pl.Utf8).fill_null("")
+    return np.flatnonzero((text.str.contains(EMBEDDING_NAMES) & ~text.str.contains(POSITIONAL_NAMES)).to_numpy())
 
 
 # -- CUDA graph replays ------------------------------------------------------------------------
@@ -346,13 +386,14 @@ def forward_iterations(ops: pl.DataFrame, labels: pl.Series | None, grid: GridLo
 # -- NVTX iterations ---------------------------------------------------------------------------
 
 
-def nvtx_iterations(ops_with_launch: OpsWithLaunch, nvtx: pl.DataFrame, settings: Settings) -> pl.DataFrame:
+def nvtx_iterations(ops_with_launch: OpsWithLaunch, nvtx: pl.DataFrame, settings: Settings, *, one: bool = False) -> pl.DataFrame:
     """:func:`~tracekit.analysis.run.iterations.iterations` of the process with the most iteration
     ranges; with more than ``exact_steps`` of them, measured only for the first 50, a middle
     stretch of ``sample_steps`` + some and the last two (the others keep their CPU range, null
     GPU times). ``ops_with_launch`` may be a function of the measured ranges (``None``: all of
     them) giving the operations with their launch columns, at least those launched in the
-    ranges. Empty when fewer than two ranges match (one matching range is not a loop)."""
+    ranges. Empty when fewer than two ranges match (one matching range is not a loop), unless
+    ``one``."""
     ranges = iteration_ranges(nvtx, pattern=settings.iteration_pattern)
     if ranges.height == 0:
         return pl.DataFrame()
@@ -361,7 +402,7 @@ def nvtx_iterations(ops_with_launch: OpsWithLaunch, nvtx: pl.DataFrame, settings
                                               nulls_last=True).head(1).select(proc)
     ranges = ranges.join(main, on=proc).sort("iteration")
     n = ranges.height
-    if n < 2:  # one matching range is not a loop (a compiler's one-off "…iter…" range)
+    if n < 2 and not one:  # one matching range is not a loop (a compiler's one-off "…iter…" range)
         return pl.DataFrame()
     if n > settings.exact_steps:
         mid = n // 2
@@ -464,11 +505,7 @@ def find_iterations(
             named = "torch.profiler's step ranges, ProfilerStep#N"
         method, why = ("forwards", forwards_why) if forwards_why else ("nvtx", f"NVTX iteration ranges ({named})")
         total = int(its["iteration"].max()) + 1  # type: ignore[arg-type]
-        frame = its.with_columns(
-            pl.min_horizontal("start_ns", "gpu_start_ns").alias("w_start"),
-            pl.max_horizontal("end_ns", "gpu_end_ns").alias("w_end"),
-            pl.max_horizontal("duration_ns", pl.col("gpu_span_ns").fill_null(0)).alias("length_ns"),
-        )
+        frame = _range_extents(its)
         reading = None
         if forwards_why:
             # the ranges say where each forward is, not which ones read a prompt: the kernels'
@@ -497,7 +534,12 @@ def find_iterations(
             passes = passes.with_columns(pl.col("start_ns").alias("w_start"), pl.col("end_ns").alias("w_end"),
                                          pl.col("duration_ns").alias("length_ns"))
             return Iterations(_timed(passes), passes.height, "forward_passes", why, reading=reading, ranks=n_ranks)
-        loops = kernel_loop_iterations(ops.drop("correlation_id", strict=False), min_repeats=settings.min_repeats, labels=text)
+        one = _one_profiler_step(ops_with_launch, nvtx, settings, get)
+        if one is not None:
+            return one
+        layer_notes: list[str] = []
+        loops = kernel_loop_iterations(ops.drop("correlation_id", strict=False), min_repeats=settings.min_repeats, labels=text,
+                                       notes=layer_notes)
         frame = loops[0].iterations if loops else _empty_iterations()
         method = "kernel_loop"
         no = "no NVTX ranges" if nvtx.height == 0 else "no NVTX iteration ranges"
@@ -509,10 +551,37 @@ def find_iterations(
             why = (f"{no}: iterations from the kernels that run once per iteration ({len(top.loop.anchors)} of them"
                    + (f": {said}" if said else "") + ")")
         else:
-            why = f"{no}: iterations from the kernel sequence"
+            why = f"{no}: iterations from the kernel sequence" + (f"; {layer_notes[0]}" if layer_notes else "")
     frame = frame.with_columns(pl.col("start_ns").alias("w_start"), pl.col("end_ns").alias("w_end"),
                                pl.col("duration_ns").alias("length_ns")) if frame.height else frame
     return Iterations(_timed(frame), frame.height, method, why, loops)
+
+
+def _range_extents(its: pl.DataFrame) -> pl.DataFrame:
+    """NVTX iterations with their extent over CPU range and GPU span (``w_start``, ``w_end``)
+    and length (``length_ns``)."""
+    return its.with_columns(
+        pl.min_horizontal("start_ns", "gpu_start_ns").alias("w_start"),
+        pl.max_horizontal("end_ns", "gpu_end_ns").alias("w_end"),
+        pl.max_horizontal("duration_ns", pl.col("gpu_span_ns").fill_null(0)).alias("length_ns"),
+    )
+
+
+def _one_profiler_step(ops_with_launch: OpsWithLaunch, nvtx: pl.DataFrame, settings: Settings,
+                       get: Callable[[list[str]], pl.DataFrame]) -> Iterations | None:
+    """The one step of a trace whose program called ``prof.step()`` once in the capture
+    (a single ``ProfilerStep#N`` holding the work: DeepSeek's published training trace,
+    TraceLens' Hugging Face ones), read after the forward passes and before the kernel loop:
+    the kernels that repeat inside it are the model's layers, not steps. ``None`` otherwise."""
+    if nvtx.height == 0:
+        return None
+    its = nvtx_iterations(ops_with_launch, nvtx, replace(settings, iteration_pattern=PROFILER_STEP), one=True)  # type: ignore[type-var]
+    its, _ = _holding_work(its, get)
+    if its.height != 1:
+        return None
+    name = str(its["name"][0]) if "name" in its.columns else "ProfilerStep"
+    why = f"one torch.profiler step range ({name}): the program stepped the profiler once; the kernels that repeat in it are its layers"
+    return Iterations(_timed(_range_extents(its)), 1, "nvtx", why)
 
 
 #: NVTX iteration ranges are the iterations only when the operations launched inside them are
@@ -708,6 +777,9 @@ def _headline(s: RunStructure) -> str:
     if s.kind in ("generation", "serving") and s.requests.height:
         return _generation_headline(s, tail)
     noun = {"training": "steps", "microbenchmark": "repetitions", "inference": "forward passes"}.get(s.kind, "iterations")
+    if s.steps == 1:
+        noun = {"steps": "step", "repetitions": "repetition", "forward passes": "forward pass"}.get(noun, "iteration")
+        return f"{kind}: 1 {noun} of {_fmt_ns(s.step_ns)}{on}{warm}{_periodic_clause(s.periodic)}{tail}"
     return f"{kind}: {s.steps} steady {noun} of {_fmt_ns(s.step_ns)}{on}{warm}{_periodic_clause(s.periodic)}{tail}"
 
 
@@ -1025,7 +1097,7 @@ def token_evidence(window_ops: pl.DataFrame, iterations: int) -> str | None:
         return None
     sampling = _names_like(ops, SAMPLING_NAMES)
     model = _names_like(ops, MODEL_NAMES)
-    lookups = _names_like(ops, EMBEDDING_NAMES)
+    lookups = _names_like(ops, EMBEDDING_NAMES).filter(~pl.col("name").str.contains(POSITIONAL_NAMES))
     if sampling.height == 0 or model.height == 0 or lookups.height < iterations:
         return None  # tokens enter a language model through its embedding: an image classifier's argmax is no token
     size = int(copies["bytes"].median() or 0)  # type: ignore[arg-type]
