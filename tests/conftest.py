@@ -276,6 +276,46 @@ def kineto_memory_truth(name: str) -> list[dict]:  # type: ignore[type-arg]
     return [json.loads(line[len("LAYERMEM "):]) for line in lines if line.startswith("LAYERMEM ")]
 
 
+#: Two-GPU programs, each run under torch.profiler and under nsys per rank (issue 45):
+#: ``zoo/ranks/runs/<name>/`` (``<name>.rank{0,1}.pt.trace.json.xz`` and ``.sqlite.xz``, the
+#: programs' own clocks in ``<name>.kineto.log`` and ``<name>.nsys.log``).
+RANKS_ZOO = SAMPLES / "zoo" / "ranks"
+
+
+@functools.cache
+def ranks_capture(name: str, source: str) -> Path:
+    """A folder holding both ranks' traces of two-GPU program ``name`` from ``source``
+    (``kineto``: ``.pt.trace.json``; ``nsys``: ``.sqlite``), unpacked once into ``.cache/``."""
+    import hashlib
+    import lzma
+
+    ext = ".pt.trace.json.xz" if source == "kineto" else ".sqlite.xz"
+    packed = sorted((RANKS_ZOO / "runs" / name).glob(f"{name}.rank*{ext}"))
+    assert len(packed) == 2, packed
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in packed)).hexdigest()[:12]
+    target = ROOT / ".cache" / f"ranks-{source}-{digest}"
+
+    def fill(tmp: Path) -> None:
+        for p in packed:
+            with lzma.open(p) as src, open(tmp / p.name[: -len(".xz")], "wb") as dst:
+                shutil.copyfileobj(src, dst)
+
+    _unpack_once(target, target / packed[-1].name[: -len(".xz")], fill)
+    return target
+
+
+def ranks_truth(name: str, source: str) -> dict[int, dict]:  # type: ignore[type-arg]
+    """The ``TRUTH`` line of each rank that program ``name`` printed in its ``source`` run."""
+    import json
+
+    out = {}
+    for line in (RANKS_ZOO / "runs" / name / f"{name}.{source}.log").read_text().splitlines():
+        if line.startswith("TRUTH "):
+            truth = json.loads(line[len("TRUTH "):])
+            out[int(truth["rank"])] = truth
+    return out
+
+
 def _unpacked_xz(packed: Path, kind: str) -> Path:
     import hashlib
     import lzma

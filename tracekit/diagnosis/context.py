@@ -215,8 +215,9 @@ class Context:
         """The run's structure (:mod:`tracekit.analysis.run.structure`): iterations (launch columns
         only for the operations of the measured steps, the operations a column at a time on a
         big export), warm-up, segments, the kind of run, and, for a generation or a server, its
-        token steps and requests (:func:`~tracekit.analysis.run.phases.generation_steps`; left out
-        of a trace set and where :meth:`_phases_fit` says they do not fit)."""
+        token steps and requests (:func:`~tracekit.analysis.run.phases.generation_steps`; of a
+        trace set and where :meth:`_phases_fit` says they do not fit, the busiest GPU's forward
+        passes when it has them)."""
         from tracekit.analysis.run.phases import forward_steps, generation_steps
         from tracekit.analysis.run.structure import Iterations, build_structure, find_iterations
 
@@ -240,9 +241,13 @@ class Context:
                                       "counted in start-up")
                     found, s = later_found, later
                     break
-        if s.kind in ("training", "microbenchmark", "inference") or self.rk:
+        if s.kind in ("training", "microbenchmark", "inference"):
             return s
         reading = found.reading if found.reading is not None and found.reading.tokens is not None else None
+        if self.rk:
+            # ranks: the busiest rank's forwards are the run's token steps (tensor-parallel ranks
+            # run the same forwards); without them no generation is read across ranks
+            return s if reading is None else s.with_generation(forward_steps(reading), warmup_factor=self.config.warmup_factor)
         if not self._phases_fit():
             if reading is None:
                 return s
