@@ -153,3 +153,14 @@ def test_side_by_side_takes_torch_profiler_traces() -> None:
     assert run.returncode == 0, run.stderr[-2000:]
     assert "Nsight Compute report" not in run.stdout + run.stderr
     assert QWEN.name[:20] in run.stdout and "eager_trace" in run.stdout
+
+
+def test_one_gpu_numbered_otherwise_than_its_properties_is_that_gpu() -> None:
+    doc = json.loads(_text(SGLANG))
+    props = doc["deviceProperties"]
+    devices = {e["args"]["device"] for e in _of(doc["traceEvents"], "kernel")}
+    assert [p["id"] for p in props] == [0] and devices == {9}  # ROCm: HIP's number, not the properties'
+    gpus = tracekit.open(SGLANG).gpus
+    assert gpus["device_id"].to_list() == [9]
+    assert gpus["name"].to_list() == [props[0]["name"]] == ["AMD Instinct MI300X"]
+    assert gpus["total_memory_bytes"].to_list() == [props[0]["totalGlobalMem"]]

@@ -39,7 +39,7 @@ __all__ = ["CATEGORY", "KINETO_CATEGORIES", "build_tables", "convert", "converte
 log = logging.getLogger(__name__)
 
 #: Version of the converted folder's layout (part of its cache key): bump on any change.
-FORMAT = "kineto-1"
+FORMAT = "kineto-2"
 #: nsys ``NVTX_EVENTS.eventType`` of a push/pop range.
 NVTX_PUSH_POP = 59
 TID_BITS = 0x1000000
@@ -266,7 +266,13 @@ def _target_info(doc: Document, tables: dict[str, pl.DataFrame], span: tuple[Any
         if t in tables:
             used.update(d for d in tables[t]["deviceId"].drop_nulls().unique().to_list())
     rows = {as_int(p.get("id")): p for p in props}
-    ids = sorted({i for i in rows if i is not None} | used)
+    known = {i for i in rows if i is not None}
+    if len(known) == 1 and len(used) == 1 and not used & known:
+        # one GPU, which the runtime numbered otherwise than the properties (ROCm under
+        # HIP_VISIBLE_DEVICES: kernels on device 2 or 9, properties of device 0): the same GPU
+        rows = {next(iter(used)): rows[next(iter(known))]}
+        known = set()
+    ids = sorted(known | used)
     out["TARGET_INFO_GPU"] = pl.DataFrame({
         "id": ids,
         "name": [as_text(rows.get(i, {}).get("name")) for i in ids],
