@@ -58,11 +58,11 @@ def _calls_by_thread(cuda_api: pl.DataFrame, rk: list[str], threads: pl.Series) 
     if not keep.all():
         api = api.filter(keep)
     del keep
-    in_order = api.height < 2 or api.select(
-        (pl.struct(*rk, "global_tid", "_as").rank("dense").diff().fill_null(1) >= 0).all()
-    ).item() if rk else api.height < 2 or api.select(
-        ((pl.col("global_tid").diff() > 0) | ((pl.col("global_tid").diff() == 0) & (pl.col("_as").diff() >= 0))).all()
-    ).item()
+    # one process's calls are checked for (thread, start) order; a set of ranks is sorted
+    in_order = not rk and (api.height < 2 or bool(api.select(
+        ((pl.col("global_tid").diff() > 0) | ((pl.col("global_tid").diff() == 0) & (pl.col("_as").diff() >= 0)))
+        .slice(1).fill_null(False).all()
+    ).item()))
     if not in_order:
         api = api.sort([*rk, "global_tid", "_as"])
     index = pl.UInt32 if api.height < (1 << 32) else pl.Int64
