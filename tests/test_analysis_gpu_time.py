@@ -242,3 +242,21 @@ def test_utilization_refuses_a_grid_a_damaged_end_time_would_need(tmp_path: Path
     # the intact sample passes the same check
     intact = _open(TP2)
     assert utilization(gpu_ops(intact.kernels, intact.memcpys, intact.memsets)).height > 0
+
+
+def test_idle_gaps_in_small_chunks_equal_one_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gap × call pairs are worked through a bounded chunk at a time: chunks of 7 pairs give
+    the gaps of one chunk, on one process and on a set of ranks."""
+    from tracekit.analysis import gpu_time
+    from tracekit.analysis._frames import gpu_ops
+
+    one = tracekit.open(SAMPLES / "llm_tp2_nccl" / "llm_tp2_nccl.sqlite")
+    ranks = tracekit.open_many(SAMPLES / "llm_tp2_nccl_per_rank")
+    for t in (one, ranks):
+        ops = gpu_ops(t.kernels, t.memcpys, t.memsets, columns=["name"])
+        whole = gpu_time.idle_gaps(ops, t.cuda_api)
+        monkeypatch.setattr(gpu_time, "_PAIRS_PER_CHUNK", 7)
+        small = gpu_time.idle_gaps(ops, t.cuda_api)
+        monkeypatch.undo()
+        assert whole.height > 100 and small.equals(whole)
+        assert whole.filter(pl.col("launch_ns") > 0).height > 0  # calls were matched

@@ -41,6 +41,7 @@ def test_every_program_has_both_sources_of_both_ranks() -> None:
 @pytest.mark.parametrize("source", ["kineto", "nsys"])
 def test_ranks_are_the_programs_two(source: str) -> None:
     ts = _set("r02_ddp_2gpu", source)
+    assert ts.profiler == {"kineto": "torch.profiler", "nsys": "nsys"}[source]  # which capture its hints name
     assert ts.kernels["rank"].unique().sort().to_list() == [0, 1]
     assert ts.kernels.group_by("rank").agg(pl.col("device_id").n_unique())["device_id"].to_list() == [1, 1]
 
@@ -120,3 +121,25 @@ def test_the_two_sources_of_the_generation_agree_on_its_shape() -> None:
     assert a.total == b.total == sum(t["new"] for t in ranks_truth("r03_tp2_generate", "nsys")[0]["requests"])
     cols = ["prompt_rows", "new_tokens", "prefill_steps", "decode_steps", "warmup"]
     assert a.requests.sort("request").select(cols).equals(b.requests.sort("request").select(cols))
+
+
+def test_a_gather_before_a_training_loop_leaves_its_steps() -> None:
+    """The layer-stack guard (one or two token embedding lookups opening a loop: one forward's
+    layers) never takes a training loop: its instances hold backward kernels. A ViT has no
+    token embedding; one gather put right before its first step (an ``x[idx]`` in the
+    program's set-up) changes nothing."""
+    from tracekit.analysis.run.forwards import token_lookup_names
+    from tracekit.analysis.run.structure import kernel_loop_iterations
+
+    from .conftest import zoo_capture
+
+    k = tracekit.open(zoo_capture("t09_timm_vit")).kernels.select("device_id", "start_ns", "end_ns", "duration_ns", "name").sort("start_ns")
+    assert int(token_lookup_names(k["name"]).sum()) == 0
+    base = kernel_loop_iterations(k)[0]
+    first = int(base.iterations["start_ns"][0])
+    gather = pl.DataFrame({"device_id": [int(k["device_id"][0])], "start_ns": [first - 2_000], "end_ns": [first - 1_000],
+                           "duration_ns": [1_000], "name": ["void at::native::vectorized_gather_kernel<16, long>(char*, char*, long*)"]})
+    notes: list[str] = []
+    got = kernel_loop_iterations(pl.concat([k, gather], how="vertical_relaxed").sort("start_ns"), notes=notes)
+    assert not notes
+    assert got and got[0].iterations["start_ns"].equals(base.iterations["start_ns"]) and base.iterations.height >= 10

@@ -176,7 +176,7 @@ def interval_union(frame: pl.DataFrame, by: Sequence[str], start: str = "start_n
             parts.append(run[last])
         ends = np.concatenate(parts)
     rows = np.flatnonzero(new)
-    return f.select(*by, "start_ns")[rows].with_columns(pl.Series("end_ns", ends, dtype=pl.Int64))
+    return f.select(*by, "start_ns")[rows].with_columns(pl.Series("end_ns", ends, dtype=pl.Int64).cast(f.schema["end_ns"]))
 
 
 def span_and_busy(group: Any, device: Any, start: Any, end: Any, groups: int) -> dict[str, Any]:

@@ -546,6 +546,24 @@ def _innermost(calls: pl.DataFrame, tree: pl.DataFrame, *, starts: pl.DataFrame 
     return c.select("_op", "_idx")
 
 
+def innermost_ranges(ranges: pl.DataFrame, calls: pl.DataFrame) -> pl.Series:
+    """For each row of ``calls`` (``pid``, ``tid``, ``time_ns``), the ``range_id`` of the
+    innermost row of ``ranges`` (``pid``, ``tid``, ``start_ns``, ``end_ns``, ``range_id``;
+    properly nested per thread, as CPU operators and ``record_function`` ranges are) on the
+    same thread whose time holds ``time_ns``; null where none does. In ``calls``' order."""
+    r = ranges.select("pid", pl.col("tid").alias("global_tid"), "start_ns", "end_ns", "range_id").drop_nulls(["start_ns", "end_ns"])
+    if r.height == 0 or calls.height == 0:
+        return pl.Series("range_id", [None] * calls.height, dtype=pl.Int64)
+    tree = _range_tree(r, ["pid"], paths=False)
+    threads = tree.select("pid", pl.col("global_tid").alias("tid"), "_thr").unique(["pid", "tid"])
+    c = calls.select("pid", "tid", "time_ns").with_row_index("_op").with_columns(pl.col("_op").cast(pl.Int64))
+    c = c.join(threads, on=["pid", "tid"], how="inner").select("_op", "_thr", pl.col("time_ns").alias("_s"), pl.col("time_ns").alias("_e"))
+    inner = _innermost(c, tree).filter(pl.col("_idx").is_not_null())
+    found = inner.select("_op", tree.get_column("range_id").gather(inner.get_column("_idx")).cast(pl.Int64).alias("range_id"))
+    out = pl.DataFrame({"_op": pl.int_range(calls.height, dtype=pl.Int64, eager=True)}).join(found, on="_op", how="left", maintain_order="left")
+    return out.get_column("range_id")
+
+
 def _sort_by_thread_time(calls: pl.DataFrame) -> pl.DataFrame:
     """``calls`` sorted by (``_thr``, ``_s``). Both fold into one Int64 key when they fit
     (``_thr`` × time span + time offset): a one-column sort of 1 M calls takes ~0.03 s where

@@ -23,7 +23,8 @@ Other operators get their GPU time, no FLOPs, and as bytes what their tensor inp
 (each read at least once; outputs not counted), which makes them ``memory-bound`` against the
 bandwidth peak. An operator may touch only part of an input (vLLM's ``reshape_and_cache``
 writes a few tokens into the whole KV cache it is given): where those bytes would need more
-than the GPU's bandwidth peak, the operator gets no bytes, rate, verdict or share of peak. Composite operators (``aten::linear``,
+than the GPU's bandwidth peak, the operator gets no bytes, rate, verdict or share of peak
+(on a GPU whose peak tracekit does not know, such as AMD's, its rate stays unchecked). Composite operators (``aten::linear``,
 ``aten::matmul``) launch nothing themselves: their ``aten::mm``/``addmm`` do, and are counted
 there. Achieved rates are per operator instance: FLOPs ÷ its kernels' time (``tflops``), bytes
 ÷ that time (``tbps``). The verdict compares the operator's arithmetic intensity (FLOPs per

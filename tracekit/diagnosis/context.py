@@ -247,7 +247,12 @@ class Context:
         if self.rk:
             # ranks: the busiest rank's forwards are the run's token steps (tensor-parallel ranks
             # run the same forwards); without them no generation is read across ranks
-            return s if reading is None else s.with_generation(forward_steps(reading), warmup_factor=self.config.warmup_factor)
+            if reading is None:
+                return s
+            s = s.with_generation(forward_steps(reading), warmup_factor=self.config.warmup_factor)
+            s.evidence = (*s.evidence, "requests read from the busiest rank's forward passes (tensor-parallel ranks run the "
+                          "same ones; data-parallel ranks serve their own)")
+            return s
         if not self._phases_fit():
             if reading is None:
                 return s

@@ -276,21 +276,16 @@ class KinetoTrace(NsysTrace):
 
 def _enclosing_operator(api: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
     """``api`` (``pid``, ``tid``, ``api_start_ns``, ``external_id``) with the ``external_id`` of
-    each call that names no operator of ``ops`` replaced by that of the innermost operator of
-    ``ops`` on the call's thread whose time holds the call's start (null where none does)."""
-    from tracekit.analysis.attribution import _innermost, _range_tree
+    each call that names no operator of ``ops`` (or none at all) replaced by that of the
+    innermost operator of ``ops`` on the call's thread whose time holds the call's start (null
+    where none does; :func:`tracekit.analysis.attribution.innermost_ranges`)."""
+    from tracekit.analysis.attribution import innermost_ranges
 
-    known = api.get_column("external_id").is_in(ops.get_column("external_id").implode())
+    known = api.get_column("external_id").is_in(ops.get_column("external_id").implode()).fill_null(False)
     if bool(known.all()) or ops.height == 0:
         return api
-    r = ops.select("pid", pl.col("tid").alias("global_tid"), "start_ns", "end_ns", pl.col("external_id").alias("range_id"))
-    tree = _range_tree(r.drop_nulls(["start_ns", "end_ns"]), ["pid"], paths=False)
-    threads = tree.select("pid", pl.col("global_tid").alias("tid"), "_thr").unique(["pid", "tid"])
-    lost = api.with_row_index("_op").filter(~known).join(threads, on=["pid", "tid"], how="inner")
-    calls = lost.select(pl.col("_op").cast(pl.Int64), "_thr", pl.col("api_start_ns").alias("_s"), pl.col("api_start_ns").alias("_e"))
-    inner = _innermost(calls, tree).filter(pl.col("_idx").is_not_null())
-    found = inner.select("_op", tree.get_column("range_id").gather(inner.get_column("_idx")).alias("_eid"))
-    out = api.with_row_index("_op").with_columns(pl.col("_op").cast(pl.Int64)).join(found, on="_op", how="left", maintain_order="left")
-    return out.with_columns(pl.when(pl.col("_eid").is_not_null()).then(pl.col("_eid")).otherwise(pl.col("external_id"))
-                            .alias("external_id")).drop("_op", "_eid")
-
+    lost = api.filter(~known)
+    ids = innermost_ranges(ops.select("pid", "tid", "start_ns", "end_ns", pl.col("external_id").alias("range_id")),
+                           lost.select("pid", "tid", pl.col("api_start_ns").alias("time_ns")))
+    where = known.not_().arg_true()
+    return api.with_columns(api.get_column("external_id").clone().scatter(where, ids.cast(pl.Int64)).alias("external_id"))

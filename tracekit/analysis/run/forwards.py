@@ -41,7 +41,7 @@ import polars as pl
 
 from tracekit.analysis.run.loops import HOST_COPY_NAME, find_loops, idle_before, name_codes
 
-__all__ = ["ATTENTION_NAMES", "FORWARD_COLUMNS", "GATHER_NAME", "GEMM_NAMES", "FEW_LOOKUPS", "POSITIONAL_NAMES", "SOFTMAX_NAMES", "ForwardPasses", "forward_passes"]
+__all__ = ["ATTENTION_NAMES", "FORWARD_COLUMNS", "GATHER_NAME", "GEMM_NAMES", "FEW_LOOKUPS", "POSITIONAL_NAMES", "inside_few_forwards", "token_lookup_names", "SOFTMAX_NAMES", "ForwardPasses", "forward_passes"]
 
 #: Kernel names of attention (flash attention, FMHA, cuDNN's and PyTorch's SDPA kernels,
 #: paged/decode attention of serving engines).
@@ -62,11 +62,37 @@ EMBEDDING_NAMES = r"indexSelect(?:Small|Large)Index|vectorized_gather_kernel|(?i
 #: so they are no token embedding lookup, though :data:`EMBEDDING_NAMES` matches them.
 POSITIONAL_NAMES = r"(?i)rotary|rope_|_rope"
 #: A GPU whose operations hold at least one and at most this many token embedding lookups ran
-#: that many forwards with a visible lookup (tokens enter a model once per forward): a loop there
-#: with more instances than lookups is the layer stack of those forwards (a vLLM or SGLang
-#: engine step's one prefill: 36 layers, 1 lookup), not forwards or steps. With more lookups
-#: no loop is judged so: Inductor and CUDA graphs hide some forwards' lookups.
+#: that many forwards with a visible lookup (tokens enter a model once per forward): a loop
+#: with more instances than lookups that starts right after them (within one instance) is the
+#: layer stack of those forwards (a vLLM or SGLang engine step's one prefill: 36 layers, 1
+#: lookup), not forwards or steps. With more lookups no loop is judged so (Inductor and CUDA
+#: graphs hide some forwards' lookups), nor where a lookup lies elsewhere (a gather in a
+#: training run's set-up or evaluation).
 FEW_LOOKUPS = 2
+
+
+def token_lookup_names(names: pl.Series) -> pl.Series:
+    """Which kernel ``names`` (text) are token embedding lookups: :data:`EMBEDDING_NAMES`, not
+    :data:`POSITIONAL_NAMES` (rotary embeddings, one per layer) nor an embedding's backward."""
+    s = names.cast(pl.Utf8).fill_null("")
+    return s.str.contains(EMBEDDING_NAMES) & ~s.str.contains(POSITIONAL_NAMES) & ~s.str.contains(r"(?i)backward")
+
+
+def inside_few_forwards(lookups: np.ndarray, bounds: np.ndarray) -> bool:
+    """Whether a loop whose instances start at operation positions ``bounds`` (the last value:
+    where the last one stops) holds the layers of the few forwards whose token embedding
+    lookups lie at ``lookups`` (positions, :data:`FEW_LOOKUPS` at most): more instances than
+    lookups, a lookup from one instance's length before the loop to its first instance's end
+    (the forward opens with it), and none in the loop's later instances (a gather after the
+    loop, the sampler's, is the forward's tail)."""
+    if not 0 < lookups.size <= FEW_LOOKUPS or bounds.size - 1 <= lookups.size:
+        return False
+    first = int(bounds[1] - bounds[0]) if bounds.size > 1 else 0
+    opens = bool(((lookups >= bounds[0] - first) & (lookups < bounds[0] + first)).any())
+    within = bool(((lookups >= bounds[0] + first) & (lookups < bounds[-1])).any())
+    return opens and not within
+
+
 #: PyTorch's ``index_select`` kernel for at most 16 rows (its grid follows the row width).
 SMALL_GATHER_NAME = r"indexSelectSmallIndex"
 #: Kernels that pick the next token (argmax, top-k, sort, sampling).
@@ -144,7 +170,7 @@ def _masks(names: pl.Series, codes: np.ndarray | None = None) -> dict[str, np.nd
         "d2h": (s == HOST_COPY_NAME).to_numpy(),
         "gemm": s.str.contains(GEMM_NAMES).to_numpy(),
         "gather": s.str.contains(GATHER_NAME).to_numpy(),
-        "embedding": (s.str.contains(EMBEDDING_NAMES) & ~s.str.contains(POSITIONAL_NAMES)).to_numpy(),
+        "embedding": token_lookup_names(s).to_numpy(),
         "small_gather": s.str.contains(SMALL_GATHER_NAME).to_numpy(),
         "sampling": s.str.contains(SAMPLING_NAMES).to_numpy(),
     }
@@ -165,18 +191,18 @@ def _best_loop(codes: np.ndarray, site_mask: np.ndarray, starts: np.ndarray, end
                min_forwards: int, embedding: np.ndarray | None = None) -> tuple[tuple[int, float], object, np.ndarray, np.ndarray] | None:
     """The loop whose instances are forwards, for one choice of attention sites: the most
     instances holding a model's number of sites (ties: the larger share of its instances);
-    where ``embedding`` marks a few token embedding lookups (:data:`FEW_LOOKUPS`), no loop of
-    more instances than lookups."""
+    where ``embedding`` marks token embedding lookups, no loop of the layers of a few forwards
+    (:func:`inside_few_forwards`)."""
     sites = _site_starts(site_mask)
     if sites.size < 2 * min_forwards:
         return None
     marked = np.where(site_mask, int(codes.max()) + 1, codes)  # every attention kernel one name
-    lookups = int(embedding.sum()) if embedding is not None else 0
+    lookups = np.flatnonzero(embedding) if embedding is not None else np.empty(0, dtype=np.int64)
     best = None
     for lp in find_loops(marked, starts, ends, min_repeats=min_forwards):
         bounds = np.append(lp.bounds, lp.stop)
-        if 0 < lookups <= FEW_LOOKUPS and bounds.size - 1 > lookups:
-            continue  # the layers of the few forwards there are (FEW_LOOKUPS)
+        if inside_few_forwards(lookups, bounds):
+            continue  # the layers of the few forwards there are
         per = np.diff(np.searchsorted(sites, bounds))
         values, counts = np.unique(per, return_counts=True)
         depths = values[(counts >= max(min_forwards, DEPTH_SHARE * per.size)) & (values >= 2)]

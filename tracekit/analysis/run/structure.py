@@ -16,14 +16,17 @@ Iterations come from the first of these sources that gives at least ``min_repeat
    times per forward; CUDA graph replays on that GPU are decode forwards of a generation),
    unless backward kernels make it a training step;
 5. one ``ProfilerStep#N`` range holding the work (``nvtx``): a program that stepped
-   torch.profiler once; what repeats inside it is the model's layers;
+   torch.profiler once; what repeats inside it is the model's layers, unless the kernel loop
+   below finds training steps each with its optimizer update (``prof.step()`` once per epoch);
 6. ``kernel_loop``: the loop of each GPU's operations found from the names that run once per
    iteration (:func:`tracekit.analysis.run.loops.find_loops`, :func:`~tracekit.analysis.run.loops.main_loop`):
    a training step's loss and embedding backward, a ``generate()`` call's prompt kernels, an
    engine step's copy of the sampled tokens to the host. Every GPU (rank) is searched; the
-   busiest one's iterations bound the window. Where a GPU ran only one or two token embedding
-   lookups (:data:`~tracekit.analysis.run.forwards.FEW_LOOKUPS`), a loop of more instances is
-   those forwards' layers (an engine step's one prefill), and no iterations are found.
+   busiest one's iterations bound the window. A training loop's leading instances without
+   backward kernels are its set-up (DDP's parameter broadcast), not steps. Where a GPU's main
+   loop opens right after its only one or two token embedding lookups and holds no backward
+   work (:func:`~tracekit.analysis.run.forwards.inside_few_forwards`), it is those forwards'
+   layers (an engine step's one prefill), and no iterations are found.
 
 A leading iteration that takes more than ``warmup_factor`` times the median of the iterations
 after it (CPU range or GPU span, whichever is longer) is warm-up; at most half are. Before the
@@ -54,15 +57,15 @@ from tracekit.analysis._frames import within_any
 from tracekit.analysis.layers import forward_ranges
 from tracekit.analysis.nccl import NCCL_KERNEL_PATTERN
 from tracekit.analysis.run.forwards import (
-    EMBEDDING_NAMES,
     FEW_LOOKUPS,
-    POSITIONAL_NAMES,
     SAMPLING_NAMES,
     GridLookup,
     TokenReading,
     add_graph_replays,
     forward_passes,
+    inside_few_forwards,
     read_tokens,
+    token_lookup_names,
 )
 from tracekit.analysis.run.iterations import (
     DEFAULT_ITERATION_PATTERN,
@@ -232,15 +235,15 @@ def kernel_loop_iterations(ops: pl.DataFrame, *, min_repeats: int = 3, labels: p
             continue
         codes = name_codes(g["name"])
         loops = find_loops(codes, g["start_ns"].to_numpy(), g["end_ns"].to_numpy(), min_repeats=min_repeats)
-        lookups = _token_lookups(g["name"], codes, labels)
-        if 0 < lookups.size <= FEW_LOOKUPS:  # a loop of those forwards' layers is no loop of steps
-            kept = [lp for lp in loops if lp.count <= lookups.size]
-            top = main_loop(loops, host_copies=host_copy_codes(g["name"], codes, labels)) if loops and not kept else None
-            if top is not None and notes is not None:
+        lookups = np.flatnonzero(_label_hits(g["name"], labels, token_lookup_names).to_numpy())
+        top = main_loop(loops, host_copies=host_copy_codes(g["name"], codes, labels)) if 0 < lookups.size <= FEW_LOOKUPS else None
+        if top is not None and _layers_of_few_forwards(top, lookups, _label_hits(g["name"], labels, _backward_names)):
+            # the GPU's main loop is the layer stack of its few forwards: no loop of steps here
+            if notes is not None:
                 fw = "a forward" if lookups.size == 1 else f"at most {lookups.size} forwards"
                 notes.append(f"the kernels repeat {top.count} times around {lookups.size} token embedding "
                              f"lookup{'s' if lookups.size > 1 else ''}: the layers of {fw}, not steps")
-            loops = kept
+            continue
         loop = main_loop(loops, host_copies=host_copy_codes(g["name"], codes, labels))
         if loop is None or loop.count < min_repeats:
             continue
@@ -260,7 +263,7 @@ def kernel_loop_iterations(ops: pl.DataFrame, *, min_repeats: int = 3, labels: p
         if not g["name"].dtype.is_integer() or labels is not None:
             # a training loop's leading instances without backward work are its set-up (DDP's
             # parameter broadcast ahead of step 0), not steps
-            hits = np.concatenate([[0], np.cumsum(_backward_hits(g["name"], labels).to_numpy().astype(np.int64))])
+            hits = np.concatenate([[0], np.cumsum(_label_hits(g["name"], labels, _backward_names).to_numpy().astype(np.int64))])
             per = hits[np.append(b[1:], loop.stop)] - hits[b]
             lead = int(np.argmax(per > 0)) if (per > 0).any() else 0
             if lead and (per > 0).mean() >= 0.5:
@@ -275,47 +278,58 @@ def kernel_loop_iterations(ops: pl.DataFrame, *, min_repeats: int = 3, labels: p
     return out
 
 
+def _layers_of_few_forwards(loop: Loop, lookups: np.ndarray, backward: pl.Series) -> bool:
+    """Whether ``loop`` is the layer stack of the few forwards whose token embedding lookups lie
+    at ``lookups`` (:func:`~tracekit.analysis.run.forwards.inside_few_forwards`) and holds no
+    backward kernel (``backward``: per operation; a loop with backward work is training,
+    whatever its gathers)."""
+    bounds = np.append(loop.bounds, loop.stop)
+    bwd = np.flatnonzero(backward.to_numpy())
+    if np.searchsorted(bwd, bounds[-1]) > np.searchsorted(bwd, bounds[0]):
+        return False
+    return inside_few_forwards(lookups, bounds)
+
+
+def _optimizer_in_each(ops: pl.DataFrame, labels: pl.Series | None, dl: DeviceLoop) -> bool:
+    """Whether at least half the iterations of ``dl`` hold an optimizer kernel
+    (:data:`OPTIMIZER_NAMES`) of its GPU's operations ``ops`` (``name``: text, or codes whose
+    text ``labels`` gives)."""
+    keys = [k for k in dl.keys if k in ops.columns]
+    g = ops.filter(pl.all_horizontal([pl.col(k) == dl.keys[k] for k in keys])) if keys else ops
+    hit = _label_hits(g["name"], labels, lambda t: t.cast(pl.Utf8).fill_null("").str.contains(OPTIMIZER_NAMES))
+    starts = np.sort(g["start_ns"].filter(hit).to_numpy())
+    it = dl.iterations
+    if it.height == 0:
+        return False
+    n = np.searchsorted(starts, it["end_ns"].to_numpy()) - np.searchsorted(starts, it["start_ns"].to_numpy())
+    return bool((n > 0).mean() >= 0.5)
+
+
 def _compute_ns(ops: pl.DataFrame, labels: pl.Series | None = None) -> int:
     """Summed ``duration_ns`` of the operations that are no communication kernels
     (:data:`~tracekit.analysis.nccl.NCCL_KERNEL_PATTERN`): what backward kernels' share is of.
     ``name``: text, or integer codes whose text ``labels`` gives."""
-    names = ops["name"]
-    if names.dtype.is_integer():
-        if labels is None:
-            return int(ops["duration_ns"].sum() or 0)
-        comm = pl.Series(labels).cast(pl.Utf8).fill_null("").str.contains(NCCL_KERNEL_PATTERN)
-        hit = comm.gather(names.fill_null(0).cast(pl.Int64).clip(0, max(comm.len() - 1, 0))) if comm.len() else pl.Series([False] * names.len())
-    else:
-        hit = names.cast(pl.Utf8).fill_null("").str.contains(NCCL_KERNEL_PATTERN)
-    return int(ops["duration_ns"].filter(~hit.fill_null(False)).sum() or 0)
+    comm = _label_hits(ops["name"], labels, lambda t: t.cast(pl.Utf8).fill_null("").str.contains(NCCL_KERNEL_PATTERN))
+    return int(ops["duration_ns"].filter(~comm).sum() or 0)
 
 
-def _backward_hits(names: pl.Series, labels: pl.Series | None) -> pl.Series:
-    """Which operations named ``names`` (text, or integer codes whose text ``labels`` gives)
-    are backward kernels (:data:`BACKWARD_NAMES`)."""
-    if names.dtype.is_integer():
-        backward = pl.Series(labels if labels is not None else []).cast(pl.Utf8).fill_null("").str.contains(BACKWARD_NAMES)
-        if backward.len() == 0:
-            return pl.Series([False] * names.len())
-        return (backward.gather(names.fill_null(0).cast(pl.Int64).clip(0, backward.len() - 1)) & names.is_not_null()).fill_null(False)
+def _backward_names(names: pl.Series) -> pl.Series:
+    """Which kernel ``names`` (text) are backward kernels (:data:`BACKWARD_NAMES`)."""
     return names.cast(pl.Utf8).fill_null("").str.contains(BACKWARD_NAMES)
 
 
-def _token_lookups(names: pl.Series, codes: np.ndarray, labels: pl.Series | None) -> np.ndarray:
-    """Positions of the token embedding lookups (:data:`~tracekit.analysis.run.forwards.EMBEDDING_NAMES`,
-    not :data:`~tracekit.analysis.run.forwards.POSITIONAL_NAMES`) among operations named
-    ``names`` (text, or integer codes whose text ``labels`` gives; ``codes``: equal for equal
-    names)."""
-    if names.dtype.is_integer():
-        if labels is None:
-            return np.empty(0, dtype=np.int64)
-        text = pl.Series(labels).cast(pl.Utf8).fill_null("")
-        hit = (text.str.contains(EMBEDDING_NAMES) & ~text.str.contains(POSITIONAL_NAMES)).to_numpy()
-        raw = names.fill_null(-1).to_numpy()
-        ok = (raw >= 0) & (raw < hit.size)
-        return np.flatnonzero(ok & hit[np.clip(raw, 0, max(hit.size - 1, 0))]) if hit.size else np.empty(0, dtype=np.int64)
-    text = names.cast(pl.Utf8).fill_null("")
-    return np.flatnonzero((text.str.contains(EMBEDDING_NAMES) & ~text.str.contains(POSITIONAL_NAMES)).to_numpy())
+def _label_hits(names: pl.Series, labels: pl.Series | None, test: Callable[[pl.Series], pl.Series]) -> pl.Series:
+    """``test`` (text → bool per name) of operations named ``names``: text, or integer codes
+    whose text ``labels`` gives (a code without a label, or no ``labels``: no hit)."""
+    if not names.dtype.is_integer():
+        return test(names).fill_null(False)
+    text = pl.Series(labels if labels is not None else [], dtype=pl.Utf8)
+    if text.len() == 0:
+        return pl.Series([False] * names.len(), dtype=pl.Boolean)
+    hit = test(text).fill_null(False)
+    code = names.cast(pl.Int64)
+    known = code.is_not_null() & (code >= 0) & (code < text.len())
+    return (hit.gather(code.fill_null(0).clip(0, text.len() - 1)) & known).fill_null(False)
 
 
 # -- CUDA graph replays ------------------------------------------------------------------------
@@ -379,7 +393,8 @@ def forward_iterations(ops: pl.DataFrame, labels: pl.Series | None, grid: GridLo
     (:func:`~tracekit.analysis.run.forwards.read_tokens`), running from its first operation's
     start to the next one's (the last one to its end); ``kernels`` counts its operations.
     ``None`` without forwards, or when backward kernels hold :data:`BACKWARD_SHARE` of the
-    GPU's kernel time (a training step holds forwards and backwards: the kernel loop reads it).
+    GPU's operation time other than communication kernels' (a training step holds forwards and
+    backwards: the kernel loop reads it).
     The replays of CUDA graphs on that GPU count as decode forwards when the forwards make
     tokens (:func:`~tracekit.analysis.run.forwards.add_graph_replays`). Also the reading and
     how many GPUs (ranks) run as many operations as half the busiest's."""
@@ -394,7 +409,7 @@ def forward_iterations(ops: pl.DataFrame, labels: pl.Series | None, grid: GridLo
     names = g["name"]
     if names.dtype.is_integer() and labels is None:
         return None
-    hit = _backward_hits(names, labels)
+    hit = _label_hits(names, labels, _backward_names)
     bwd = g["duration_ns"].filter(hit).sum()
     if bwd and bwd >= BACKWARD_SHARE * _compute_ns(g, labels):
         return None
@@ -565,12 +580,14 @@ def find_iterations(
             passes = passes.with_columns(pl.col("start_ns").alias("w_start"), pl.col("end_ns").alias("w_end"),
                                          pl.col("duration_ns").alias("length_ns"))
             return Iterations(_timed(passes), passes.height, "forward_passes", why, reading=reading, ranks=n_ranks)
-        one = _one_profiler_step(ops_with_launch, nvtx, settings, get)
-        if one is not None:
-            return one
         layer_notes: list[str] = []
         loops = kernel_loop_iterations(ops.drop("correlation_id", strict=False), min_repeats=settings.min_repeats, labels=text,
                                        notes=layer_notes)
+        one = _one_profiler_step(ops_with_launch, nvtx, settings, get)
+        # a program that stepped the profiler once ran one step, unless the loop inside it is of
+        # training steps, each with its optimizer update (prof.step() once per epoch)
+        if one is not None and not (loops and _optimizer_in_each(ops, text, loops[0])):
+            return one
         frame = loops[0].iterations if loops else _empty_iterations()
         method = "kernel_loop"
         no = "no NVTX ranges" if nvtx.height == 0 else "no NVTX iteration ranges"
@@ -655,7 +672,8 @@ def _timed(frame: pl.DataFrame) -> pl.DataFrame:
 
 # -- the structure -----------------------------------------------------------------------------
 
-#: Training: backward kernels must be at least this share of the steady iterations' kernel time.
+#: Training: backward kernels must be at least this share of the steady iterations' kernel time
+#: other than communication kernels' (:func:`_compute_ns`).
 BACKWARD_SHARE = 0.01
 #: A microbenchmark's iterations hold at most this many operations (median), …
 MICRO_MAX_OPS = 8
@@ -1131,7 +1149,8 @@ def token_evidence(window_ops: pl.DataFrame, iterations: int) -> str | None:
         return None
     sampling = _names_like(ops, SAMPLING_NAMES)
     model = _names_like(ops, MODEL_NAMES)
-    lookups = _names_like(ops, EMBEDDING_NAMES).filter(~pl.col("name").str.contains(POSITIONAL_NAMES))
+    k = ops.filter((pl.col("op_kind") == "kernel") if "op_kind" in ops.columns else pl.lit(True))
+    lookups = k.filter(token_lookup_names(k["name"]))
     if sampling.height == 0 or model.height == 0 or lookups.height < iterations:
         return None  # tokens enter a language model through its embedding: an image classifier's argmax is no token
     size = int(copies["bytes"].median() or 0)  # type: ignore[arg-type]
