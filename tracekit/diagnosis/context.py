@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from functools import cached_property
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
@@ -33,6 +34,10 @@ PHASES_ANY_OPS = 200_000
 #: 310 k-operation, 766 k-call, 65 k-range export: +61 MB for the launch join, +126 MB for the
 #: steps with the range tree's paths; rounded up).
 PHASES_BYTES_PER_ROW = 256
+#: Memory the run's structure takes per GPU operation (the busiest GPU's operations sorted, its
+#: name codes and loop arrays, the forward passes' masks), and the columns it reads.
+STRUCTURE_BYTES_PER_OP = 200
+_STRUCTURE_COLUMNS = ("device_id", "start_ns", "end_ns", "duration_ns", "name", "correlation_id")
 PHASES_BYTES_PER_RANGE = 2048
 
 #: The columns of the big event tables that the rules and the analyses they call read. Of a
@@ -284,6 +289,20 @@ class Context:
         value = self.module_loads["start_ns"].max()
         return int(value) if value is not None else None  # type: ignore[arg-type]
 
+    def _refuse_structure_without_room(self) -> None:
+        """One error naming the export when reading the run's structure (the busiest GPU's
+        operations sorted, its loops and forward passes: :data:`STRUCTURE_BYTES_PER_OP` each)
+        would not fit in the memory left: polars aborts the process when an allocation fails
+        (a cold ``summary`` of a 300 k-kernel export with 400 MB of address space left)."""
+        path = getattr(self.trace, "path", None)
+        if path is None:
+            return
+        from tracekit.nsys.database import ensure_memory
+
+        n_ops = self.kernel_count
+        ensure_memory(Path(path), "CUPTI_ACTIVITY_KIND_KERNEL", n_ops, len(_STRUCTURE_COLUMNS), STRUCTURE_BYTES_PER_OP * n_ops,
+                      "reading the run's structure from")
+
     def _read_structure(self, find: Any, build: Any, after_ns: int | None) -> tuple[Any, RunStructure]:
         """:func:`~tracekit.analysis.run.structure.find_iterations` and
         :func:`~tracekit.analysis.run.structure.build_structure` of the operations (of those
@@ -300,6 +319,7 @@ class Context:
 
             if graphs is not None and graphs.height and "start_ns" in graphs.columns:
                 graphs = graphs.filter(pl.col("start_ns") >= cut)
+        self._refuse_structure_without_room()
         found = find(get, self.launched_ops, self.nvtx, self.config, graph_launches=graphs, labels=self.name_labels, grid=self.kernel_grid)
         lo, hi = self._capture_span()
         total = int(get(["duration_ns"])["duration_ns"].sum() or 0)
