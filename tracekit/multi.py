@@ -325,7 +325,7 @@ class TraceSet:
         #: What recorded the reports: ``"torch.profiler"`` when every one is a torch.profiler
         #: trace, else ``"nsys"`` (as :attr:`tracekit.nsys.trace.NsysTrace.profiler`: which
         #: capture the hints name).
-        self.profiler = "torch.profiler" if loaded and all(_is_kineto_path(item.path) for item in loaded) else "nsys"
+        self.profiler = "torch.profiler" if loaded and all(is_kineto(item.path) for item in loaded) else "nsys"
         self._engine, self._max_workers, self._mp_context = engine, max_workers, mp_context
         self.notes: list[str] = []
         epochs = [item.epoch_ns for item in loaded]
@@ -652,12 +652,3 @@ def open_many(
         for failure in failures:
             warnings.warn(f"left out {failure}", ReportSkippedWarning, stacklevel=2)
     return TraceSet(good, failures, engine=engine, max_workers=workers, mp_context=mp_context, unrelated=unrelated)
-
-
-def _is_kineto_path(path: Any) -> bool:
-    """Whether a set's report ``path`` is a torch.profiler trace (by content)."""
-    try:
-        return bool(is_kineto(path))
-    except (OSError, TypeError):
-        return False
-

@@ -155,28 +155,31 @@ def interval_union(frame: pl.DataFrame, by: Sequence[str], start: str = "start_n
     groups = int(group[-1]) + 1 if group is not None else 1
     if step * (groups + 1) < _SHIFT_LIMIT:
         base = group.astype(np.int64) * step - lo if group is not None else np.full(len(s), -lo, dtype=np.int64)
-        running = np.maximum.accumulate(e + base)
-        new = np.empty(len(s), dtype=bool)
-        new[0] = True
-        np.greater(s[1:] + base[1:], running[:-1], out=new[1:])
-        last = np.empty_like(new)
-        last[:-1] = new[1:]
-        last[-1] = True
+        new, last, running = _runs(s + base, e + base)
         ends = running[last] - base[last]
     else:  # times too far apart to shift: one running maximum per group
         new = np.empty(len(s), dtype=bool)
-        ends = np.empty(0, dtype=np.int64)
         cuts = np.flatnonzero(np.diff(group)) + 1 if group is not None else np.empty(0, dtype=np.int64)
         parts = []
         for lo_i, hi_i in zip([0, *cuts.tolist()], [*cuts.tolist(), len(s)], strict=True):
-            run = np.maximum.accumulate(e[lo_i:hi_i])
-            new[lo_i] = True
-            np.greater(s[lo_i + 1:hi_i], run[:-1], out=new[lo_i + 1:hi_i])
-            last = np.append(new[lo_i + 1:hi_i], True)
-            parts.append(run[last])
+            new[lo_i:hi_i], last, running = _runs(s[lo_i:hi_i], e[lo_i:hi_i])
+            parts.append(running[last])
         ends = np.concatenate(parts)
     rows = np.flatnonzero(new)
     return f.select(*by, "start_ns")[rows].with_columns(pl.Series("end_ns", ends, dtype=pl.Int64).cast(f.schema["end_ns"]))
+
+
+def _runs(start: Any, end: Any) -> tuple[Any, Any, Any]:
+    """Of intervals sorted by start (numpy int64 arrays, at least one): which rows open a run of
+    overlapping or touching intervals (``new``), which close one (``last``), and the running
+    maximum of the ends (a closing row's value is its run's end)."""
+    import numpy as np
+
+    running = np.maximum.accumulate(end)
+    new = np.empty(len(start), dtype=bool)
+    new[0] = True
+    np.greater(start[1:], running[:-1], out=new[1:])
+    return new, np.append(new[1:], True), running
 
 
 def span_and_busy(group: Any, device: Any, start: Any, end: Any, groups: int) -> dict[str, Any]:

@@ -24,9 +24,9 @@ Other operators get their GPU time, no FLOPs, and as bytes what their tensor inp
 bandwidth peak. An operator may touch only part of an input (vLLM's ``reshape_and_cache``
 writes a few tokens into the whole KV cache it is given): where those bytes would need more
 than the GPU's bandwidth peak, the operator gets no bytes, rate, verdict or share of peak
-(on a GPU whose peak tracekit does not know, such as AMD's, its rate stays unchecked). Composite operators (``aten::linear``,
-``aten::matmul``) launch nothing themselves: their ``aten::mm``/``addmm`` do, and are counted
-there. Achieved rates are per operator instance: FLOPs ÷ its kernels' time (``tflops``), bytes
+(on a GPU whose peak tracekit does not know, such as AMD's, its rate stays unchecked).
+Composite operators (``aten::linear``, ``aten::matmul``) launch nothing themselves: their
+``aten::mm``/``addmm`` do, and are counted there. Achieved rates are per operator instance: FLOPs ÷ its kernels' time (``tflops``), bytes
 ÷ that time (``tbps``). The verdict compares the operator's arithmetic intensity (FLOPs per
 byte) with the GPU's ridge point (peak FLOP/s ÷ peak bytes/s of the GPU's spec,
 :mod:`tracekit.ncu.specs`, for the operator's dtype): above it ``compute-bound`` and ``pct_of_peak`` is of the FLOP/s peak,

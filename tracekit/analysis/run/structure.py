@@ -57,7 +57,6 @@ from tracekit.analysis._frames import within_any
 from tracekit.analysis.layers import forward_ranges
 from tracekit.analysis.nccl import NCCL_KERNEL_PATTERN
 from tracekit.analysis.run.forwards import (
-    FEW_LOOKUPS,
     SAMPLING_NAMES,
     GridLookup,
     TokenReading,
@@ -207,12 +206,12 @@ def kernel_loop_iterations(ops: pl.DataFrame, *, min_repeats: int = 3, labels: p
         Where ``name`` holds integer codes: the text of each code (to tell device-to-host
         copies, which end an engine's steps, as with text names).
     notes
-        Where given, a sentence is appended for each GPU whose only loops were inside forwards.
+        Where given, a sentence is appended for each GPU whose main loop was a few forwards' layers.
 
-    Where a GPU's operations hold a few token embedding lookups
-    (:data:`~tracekit.analysis.run.forwards.FEW_LOOKUPS`), a loop of more instances than
-    lookups is the layer stack of those forwards (tokens enter a model once per forward), not
-    a loop of steps, and is passed over.
+    A GPU whose main loop opens right after its only one or two token embedding lookups and
+    holds no backward kernel (:func:`~tracekit.analysis.run.forwards.inside_few_forwards`: the
+    layer stack of those forwards, as tokens enter a model once per forward) gives no loop of
+    steps. A training loop's leading instances without backward kernels are left out (set-up).
 
     Returns
     -------
@@ -235,16 +234,16 @@ def kernel_loop_iterations(ops: pl.DataFrame, *, min_repeats: int = 3, labels: p
             continue
         codes = name_codes(g["name"])
         loops = find_loops(codes, g["start_ns"].to_numpy(), g["end_ns"].to_numpy(), min_repeats=min_repeats)
+        loop = main_loop(loops, host_copies=host_copy_codes(g["name"], codes, labels))
+        backward = _label_hits(g["name"], labels, _backward_names).to_numpy()
         lookups = np.flatnonzero(_label_hits(g["name"], labels, token_lookup_names).to_numpy())
-        top = main_loop(loops, host_copies=host_copy_codes(g["name"], codes, labels)) if 0 < lookups.size <= FEW_LOOKUPS else None
-        if top is not None and _layers_of_few_forwards(top, lookups, _label_hits(g["name"], labels, _backward_names)):
+        if loop is not None and _layers_of_few_forwards(loop, lookups, backward):
             # the GPU's main loop is the layer stack of its few forwards: no loop of steps here
             if notes is not None:
                 fw = "a forward" if lookups.size == 1 else f"at most {lookups.size} forwards"
-                notes.append(f"the kernels repeat {top.count} times around {lookups.size} token embedding "
+                notes.append(f"the kernels repeat {loop.count} times around {lookups.size} token embedding "
                              f"lookup{'s' if lookups.size > 1 else ''}: the layers of {fw}, not steps")
             continue
-        loop = main_loop(loops, host_copies=host_copy_codes(g["name"], codes, labels))
         if loop is None or loop.count < min_repeats:
             continue
         starts = g["start_ns"].to_numpy()
@@ -260,14 +259,13 @@ def kernel_loop_iterations(ops: pl.DataFrame, *, min_repeats: int = 3, labels: p
             (pl.col("end_ns") - pl.col("start_ns")).alias("gpu_span_ns"),
             pl.Series("kernels", sizes.astype(np.int64)),
         )
-        if not g["name"].dtype.is_integer() or labels is not None:
-            # a training loop's leading instances without backward work are its set-up (DDP's
-            # parameter broadcast ahead of step 0), not steps
-            hits = np.concatenate([[0], np.cumsum(_label_hits(g["name"], labels, _backward_names).to_numpy().astype(np.int64))])
-            per = hits[np.append(b[1:], loop.stop)] - hits[b]
-            lead = int(np.argmax(per > 0)) if (per > 0).any() else 0
-            if lead and (per > 0).mean() >= 0.5:
-                frame = frame.slice(lead).with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("iteration"))
+        # a training loop's leading instances without backward work are its set-up (DDP's
+        # parameter broadcast ahead of step 0), not steps
+        hits = np.concatenate([[0], np.cumsum(backward.astype(np.int64))])
+        per = hits[np.append(b[1:], loop.stop)] - hits[b]
+        lead = int(np.argmax(per > 0)) if (per > 0).any() else 0
+        if lead and (per > 0).mean() >= 0.5:
+            frame = frame.slice(lead).with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("iteration"))
         names: dict[int, str] = {}
         if not g["name"].dtype.is_integer():  # text names: the anchors' names
             order = np.argsort(codes, kind="stable")
@@ -278,16 +276,13 @@ def kernel_loop_iterations(ops: pl.DataFrame, *, min_repeats: int = 3, labels: p
     return out
 
 
-def _layers_of_few_forwards(loop: Loop, lookups: np.ndarray, backward: pl.Series) -> bool:
+def _layers_of_few_forwards(loop: Loop, lookups: np.ndarray, backward: np.ndarray) -> bool:
     """Whether ``loop`` is the layer stack of the few forwards whose token embedding lookups lie
     at ``lookups`` (:func:`~tracekit.analysis.run.forwards.inside_few_forwards`) and holds no
-    backward kernel (``backward``: per operation; a loop with backward work is training,
-    whatever its gathers)."""
+    backward kernel (``backward``: a bool per operation; a loop with backward work is
+    training, whatever its gathers)."""
     bounds = np.append(loop.bounds, loop.stop)
-    bwd = np.flatnonzero(backward.to_numpy())
-    if np.searchsorted(bwd, bounds[-1]) > np.searchsorted(bwd, bounds[0]):
-        return False
-    return inside_few_forwards(lookups, bounds)
+    return not backward[bounds[0]:bounds[-1]].any() and inside_few_forwards(lookups, bounds)
 
 
 def _optimizer_in_each(ops: pl.DataFrame, labels: pl.Series | None, dl: DeviceLoop) -> bool:
@@ -825,11 +820,10 @@ def _headline(s: RunStructure) -> str:
     tail = f", start-up {_fmt_ns(start)} not counted" if start else ""
     if s.kind in ("generation", "serving") and s.requests.height:
         return _generation_headline(s, tail)
-    noun = {"training": "steps", "microbenchmark": "repetitions", "inference": "forward passes"}.get(s.kind, "iterations")
-    if s.steps == 1:
-        noun = {"steps": "step", "repetitions": "repetition", "forward passes": "forward pass"}.get(noun, "iteration")
-        return f"{kind}: 1 {noun} of {_fmt_ns(s.step_ns)}{on}{warm}{_periodic_clause(s.periodic)}{tail}"
-    return f"{kind}: {s.steps} steady {noun} of {_fmt_ns(s.step_ns)}{on}{warm}{_periodic_clause(s.periodic)}{tail}"
+    one, many = {"training": ("step", "steps"), "microbenchmark": ("repetition", "repetitions"),
+                 "inference": ("forward pass", "forward passes")}.get(s.kind, ("iteration", "iterations"))
+    count = f"1 {one}" if s.steps == 1 else f"{s.steps} steady {many}"
+    return f"{kind}: {count} of {_fmt_ns(s.step_ns)}{on}{warm}{_periodic_clause(s.periodic)}{tail}"
 
 
 def _periodic_clause(periodic: pl.DataFrame) -> str:
