@@ -222,6 +222,12 @@ def diagnose(
         # this order alone)
         ctx.phases  # noqa: B018
         prepare_comm(ctx)
+    from tracekit.diagnosis.rules_coverage import untraced_work
+
+    # before the rules (its finding still goes after theirs): it compares every operation
+    # with the GPU metric samples, which beside the window's tables was the run's peak
+    # (issue 44: 1 M kernels, 391 MiB then)
+    coverage = untraced_work(ctx)
     findings: list[Finding] = []
     for rule in (*HOST_RULES, *GPU_RULES, *DATA_RULES, *COMM_RULES):
         findings.extend(rule(ctx))
@@ -233,9 +239,7 @@ def diagnose(
         from tracekit.diagnosis.rules_model import model_findings
 
         findings.extend(model_findings(ctx))
-    from tracekit.diagnosis.rules_coverage import untraced_work
-
-    findings.extend(untraced_work(ctx))
+    findings.extend(coverage)
     from tracekit.diagnosis.rules_comm import straggler_leads
 
     straggler_leads(ctx, findings)

@@ -611,14 +611,14 @@ class Context:
 
     @cached_property
     def ops_near(self) -> pl.DataFrame:
-        """The operations that overlap the sampled window's margin (:meth:`_margin`) or start
-        in the window: every row the window's filters keep, in :attr:`ops`' order (all of
-        :attr:`ops` when the window is not sampled)."""
+        """The operations that touch :attr:`_gap_span` or start in the sampled window: every
+        row the window's filters and its gaps keep, in :attr:`ops`' order (all of :attr:`ops`
+        when the window is not sampled)."""
         if not self.full_window.sampled:
             return self.ops
-        lo, hi = self._margin()
+        lo, hi = self._gap_span
         w = self.window
-        near = ((pl.col("end_ns") > lo) & (pl.col("start_ns") < hi)) | ((pl.col("start_ns") >= w.start_ns) & (pl.col("start_ns") < w.end_ns))
+        near = ((pl.col("end_ns") >= lo) & (pl.col("start_ns") <= hi)) | ((pl.col("start_ns") >= w.start_ns) & (pl.col("start_ns") < w.end_ns))
         big = self._big
         if big is None:
             return self.ops.filter(near)
@@ -679,8 +679,8 @@ class Context:
         ops = self.ops_w
         ids = ops["correlation_id"].drop_nulls().unique()
         if self.full_window.sampled:
-            lo, hi = self._margin()
-            near_ops = ((pl.col("end_ns") > lo) & (pl.col("start_ns") < hi)).fill_null(False)  # api_near's test
+            lo, hi = self._gap_span
+            near_ops = ((pl.col("end_ns") >= lo) & (pl.col("start_ns") <= hi)).fill_null(False)  # api_near's test
             if ops.filter(~near_ops).height == 0:
                 # every one of these operations is among those api_near took the calls of:
                 # its calls with these ids are all there, in table order (no second read)
@@ -691,11 +691,12 @@ class Context:
     @cached_property
     def api_near(self) -> pl.DataFrame:
         """The CUDA API calls rules join with: all of them, or on a sampled window those that
-        overlap it (with a margin of one step) or launched an operation that runs in it."""
+        overlap :attr:`_gap_span` (the gaps that reach into the window) or launched an
+        operation that runs in it."""
         if not self.full_window.sampled or self.api_count == 0:
             return self.cuda_api
-        lo, hi = self._margin()
-        ops = self.ops_near.filter((pl.col("end_ns") > lo) & (pl.col("start_ns") < hi))
+        lo, hi = self._gap_span
+        ops = self._ops_in_gap_span
         api = self.api_source
         if isinstance(api, pl.DataFrame):
             keep = (pl.col("end_ns") > lo) & (pl.col("start_ns") < hi)
@@ -717,13 +718,42 @@ class Context:
         return self.window.start_ns - max(step, 1_000_000), self.window.end_ns + max(step, 1_000_000)
 
     @cached_property
+    def _gap_span(self) -> tuple[int, int]:
+        """``(lo, hi)`` in ns: where the idle gaps that overlap the sampled window can begin
+        and end. Per (``rank``,) device a gap into the window begins no earlier than the end
+        of the device's last operation ending before the window, and a gap out of it ends at
+        the start of its first operation starting after it; the span runs from the earliest
+        of the first to the latest of the second (the margin's bound for a device with no
+        operation there). The gaps' causes need only the calls in this span, not the
+        margin's: a sample of one step of 500 k kernels held 9 M calls for its margin of a
+        step on either side, 3 M for this span (issue 44)."""
+        lo, hi = self._margin()
+        keys = [*self.rk, "device_id"]
+        ops = self.ops_for_window([*keys, "start_ns", "end_ns"]).filter((pl.col("end_ns") > lo) & (pl.col("start_ns") < hi))
+        if ops.height == 0:
+            return lo, hi
+        w = self.window
+        devices = ops.select(keys).unique().height
+        before = ops.filter(pl.col("end_ns") <= w.start_ns).group_by(keys).agg(pl.col("end_ns").max())
+        after = ops.filter(pl.col("start_ns") >= w.end_ns).group_by(keys).agg(pl.col("start_ns").min())
+        if before.height == devices:
+            lo = int(before["end_ns"].min())  # type: ignore[arg-type]
+        if after.height == devices:
+            hi = int(after["start_ns"].max())  # type: ignore[arg-type]
+        return lo, hi
+
+    @property
+    def _ops_in_gap_span(self) -> pl.DataFrame:
+        """The operations that touch :attr:`_gap_span` (the ones that bound its gaps included)."""
+        lo, hi = self._gap_span
+        return self.ops_near.filter((pl.col("end_ns") >= lo) & (pl.col("start_ns") <= hi))
+
+    @cached_property
     def gaps(self) -> pl.DataFrame:
         """``idle_gaps`` of the trace (each gap with its cause); on a sampled window, of the
-        operations around the sample only."""
-        ops = self.ops_near
-        if self.full_window.sampled:
-            lo, hi = self._margin()
-            ops = ops.filter((pl.col("end_ns") > lo) & (pl.col("start_ns") < hi))
+        operations in :attr:`_gap_span` only (every gap that overlaps the window, with the
+        same bounds and cause as over the whole trace)."""
+        ops = self._ops_in_gap_span if self.full_window.sampled else self.ops_near
         if ops.height == 0:
             return pl.DataFrame()
         return idle_gaps(ops, self.api_near, min_gap_ns=self.config.min_gap_ns)

@@ -456,6 +456,10 @@ def generation_steps(
         get = ops_with_launch
         rk = rank_keys(nvtx) if nvtx.height else []
         found = _from_nvtx(nvtx, rk, pattern)
+        if found is None and forwards is None and not tokens and (graph_launches is None or graph_launches.height == 0):
+            # only the kernel loop is left, and without a sign of tokens it makes no steps
+            # (below): no operation is read (the caller's structure takes no steps either way)
+            return _empty(rk)
         # the NVTX steps read the launch columns, devices and times; the other sources more
         ops_with_launch = get([*rk, *(_NVTX_STEP_COLUMNS if found is not None else _OP_COLUMNS)])
         if found is None:
@@ -505,6 +509,11 @@ def generation_steps(
         out = forward_steps(forwards, rk)
         return out if out.height >= MIN_STEPS else _empty(rk)
     if steps is None:
+        if not tokens:
+            # a loop found in the kernels alone is no generation without a sign of tokens
+            # (below): not searched for at all (issue 44: on 1 M kernels the search was the
+            # diagnosis' peak before its rules)
+            return _empty(rk)
         steps = _from_loops(ops_with_launch, rk, labels)
         source = "kernel_loop"
     if steps is None or steps.height < MIN_STEPS:
