@@ -35,7 +35,7 @@ LAUNCH_API_PATTERN = r"Launch|^cudaGraphLaunch|Async|^cuGraphLaunch"
 _CALL_KINDS = ("sync_ns", "copy_ns", "launch_ns", "other_api_ns")
 #: Gap × call pairs worked through at a time by :func:`_overlap_by_kind` (bounds its memory on
 #: exports with many calls per kernel: about 40 bytes a pair).
-_PAIRS_PER_CHUNK = 1 << 18
+_PAIRS_PER_CHUNK = 1 << 16
 
 
 def _calls_by_thread(cuda_api: pl.DataFrame, rk: list[str], threads: pl.Series) -> pl.DataFrame:
@@ -89,7 +89,8 @@ def _overlap_by_kind(rng: pl.DataFrame, api: pl.DataFrame, g0: pl.Series, g1: pl
         parts.append(pairs.filter(pl.col("_ov") > 0).group_by("_gap", "_k").agg(pl.col("_ov").sum()))
     if not parts:
         return pl.DataFrame(schema={"_gap": pl.UInt32, "_k": pl.UInt8, "_ov": pl.Int64})
-    return pl.concat(parts).group_by("_gap", "_k").agg(pl.col("_ov").sum())
+    # a gap is one row of ``rng``, so all of its pairs are in one chunk: the chunks' sums are final
+    return pl.concat(parts)
 
 
 def _device_keys(frame: pl.DataFrame) -> list[str]:

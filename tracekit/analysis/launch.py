@@ -94,7 +94,9 @@ def launch_bound_stretches(
     ``gpu_utilization`` (busy / span), ``median_kernel_ns``, ``median_gap_ns``,
     ``median_api_ns``.
     """
-    k = kernel_launch_times(kernels, cuda_api)
+    # only what a stretch reads goes through the join and the sort (not the names and ids)
+    read = ("rank", "device_id", "start_ns", "end_ns", "duration_ns", "correlation_id", "global_pid", "api_name", "api_start_ns", "api_end_ns")
+    k = kernel_launch_times(kernels.select([c for c in read if c in kernels.columns]), cuda_api)
     dev = [*rank_keys(k), "device_id"]
     # the latest end of any earlier kernel on the device
     k = k.sort([*dev, "start_ns"]).with_columns(pl.col("end_ns").cum_max().shift(1).over(dev).alias("_prev_end"))

@@ -222,6 +222,7 @@ def diagnose(
         # this order alone)
         ctx.phases  # noqa: B018
         prepare_comm(ctx)
+        ctx.keep_window_nvtx()
     from tracekit.diagnosis.rules_coverage import untraced_work
 
     # before the rules (its finding still goes after theirs): it compares every operation

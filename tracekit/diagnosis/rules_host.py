@@ -73,9 +73,12 @@ def _main_gaps(ctx: Context) -> pl.DataFrame:
     cached = ctx.__dict__.get("_classified_gaps")
     if cached is not None:
         return cached  # type: ignore[no-any-return]
+    # the stretches first: their launch join then runs beside the window's tables without the
+    # gaps (issue 44: on 1 M kernels it was the diagnosis' peak)
+    stretches = _stretches(ctx)
     gaps = ctx.gaps_w
     if gaps.height:
-        gaps = _mark_stretch_gaps(gaps, _stretches(ctx), [*ctx.rk, "device_id"])
+        gaps = _mark_stretch_gaps(gaps, stretches, [*ctx.rk, "device_id"])
         gaps = _mark_sync_gaps(ctx, gaps)
         # the GPU waited for the host's cudaGraphLaunch: graph_launch's, not a sync's or the host's
         gl = (pl.col("cause") == "launch_bound") & pl.col("next_api").str.contains(GRAPH_LAUNCH_API).fill_null(False)
