@@ -118,6 +118,8 @@ def _group(positions: np.ndarray) -> np.ndarray | None:
 #: before the first anchor (the search is a matrix of both).
 _BOUND_INSTANCES = 2000
 _BOUND_LEAD = 4096
+#: Offsets of that matrix worked through at a time.
+_OFFSETS_AT_ONCE = 256
 #: The operations before an instance's first anchor match the first instance's in at least this
 #: share of instances, position by position.
 _LEAD_MATCH = 0.8
@@ -161,12 +163,18 @@ def _bounds(lo: np.ndarray, hi: np.ndarray, gap: np.ndarray, codes: np.ndarray) 
     pick = lo
     if pick.size > _BOUND_INSTANCES:
         pick = pick[np.linspace(0, pick.size - 1, _BOUND_INSTANCES).astype(np.int64)]
-    d = np.arange(dmax + 1)
-    at = pick[:, None] - d[None, :]
-    same = (codes[at] == codes[at[:1]]).mean(axis=0)  # per offset: share of instances whose op there is instance 0's
+    # the instances × offsets matrices a block of offsets at a time (2,000 × 4,097 of them
+    # whole were 65 MB each); every offset's figure is its own column's, as whole
+    same = np.empty(dmax + 1)  # per offset: share of instances whose op there is instance 0's
+    for a in range(0, dmax + 1, _OFFSETS_AT_ONCE):
+        at = pick[:, None] - np.arange(a, min(a + _OFFSETS_AT_ONCE, dmax + 1))[None, :]
+        same[a : a + at.shape[1]] = (codes[at] == codes[at[:1]]).mean(axis=0)
     bad = np.nonzero(same[1:] < _LEAD_MATCH)[0]
     dmax = int(bad[0]) if bad.size else dmax  # the last offset before the first mismatch
-    score = np.quantile(gap[at[:, : dmax + 1]], 0.25, axis=0)
+    score = np.empty(dmax + 1)
+    for a in range(0, dmax + 1, _OFFSETS_AT_ONCE):
+        at = pick[:, None] - np.arange(a, min(a + _OFFSETS_AT_ONCE, dmax + 1))[None, :]
+        score[a : a + at.shape[1]] = np.quantile(gap[at], 0.25, axis=0)
     best = int(np.argmax(score))  # ties: the smallest offset
     lower = np.concatenate([[-1], hi[:-1]])  # a bound stays after the previous instance's last anchor
     for j in range(c):
@@ -179,6 +187,19 @@ def _bounds(lo: np.ndarray, hi: np.ndarray, gap: np.ndarray, codes: np.ndarray) 
             if gap[k] > 2 * gap[at_j] + _CLEAR_GAP_NS:
                 bounds[j] = k
     return bounds
+
+
+def _unique_codes(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``np.unique(codes, return_inverse=True, return_counts=True)`` of small integer codes
+    (names' codes, -1 for none) by counting, not sorting: no sorted copy and permutation of
+    the operations (2 M operations: 32 MB less)."""
+    low = int(codes.min())
+    shifted = codes - low if low else codes
+    per = np.bincount(shifted)
+    present = np.flatnonzero(per)
+    rank = np.zeros(per.size, dtype=np.int64)
+    rank[present] = np.arange(present.size)
+    return present + low, rank[shifted], per[present]
 
 
 def find_loops(
@@ -210,12 +231,13 @@ def find_loops(
     n = int(codes.size)
     if n < min_repeats:
         return []
-    durations = np.maximum(ends - starts, 0).astype(np.float64)
-    busy = np.concatenate([[0.0], np.cumsum(durations)])  # busy[i]: summed time of operations before i
+    busy = np.zeros(n + 1, dtype=np.float64)  # busy[i]: summed time of operations before i
+    np.cumsum(np.maximum(ends - starts, 0), out=busy[1:])
     total_time = float(busy[-1])
-    uniq, inverse, counts = np.unique(codes, return_inverse=True, return_counts=True)
+    uniq, inverse, counts = _unique_codes(codes)
     gap = idle_before(starts, ends)
     order = np.argsort(inverse, kind="stable")  # positions grouped by name, in time order
+    del inverse
     offsets = np.concatenate([[0], np.cumsum(counts)])
     loops: list[Loop] = []
     for c in np.unique(counts[counts >= min_repeats]):
@@ -314,7 +336,7 @@ def name_codes(names: pl.Series) -> np.ndarray:
     read), else their categorical codes."""
     if not names.dtype.is_integer():
         names = names.cast(pl.Categorical).to_physical()
-    return names.fill_null(-1).to_numpy().astype(np.int64)
+    return names.fill_null(-1).to_numpy().astype(np.int64, copy=False)
 
 
 def host_copy_codes(names: pl.Series, codes: np.ndarray, labels: pl.Series | None = None) -> frozenset[int]:

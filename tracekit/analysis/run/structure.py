@@ -228,8 +228,7 @@ def kernel_loop_iterations(ops: pl.DataFrame, *, min_repeats: int = 3, labels: p
         ["duration_ns", *keys], descending=[True, *([False] * len(keys))], nulls_last=True)
     out = []
     for row in totals.iter_rows(named=True):
-        sel = pl.all_horizontal([pl.col(k) == row[k] if row[k] is not None else pl.col(k).is_null() for k in keys])
-        g = ops.filter(sel).sort("start_ns").select("start_ns", "end_ns", "name")
+        g = _ops_of_gpu(ops.select(*keys, "start_ns", "end_ns", "name"), row, several=totals.height > 1).select("start_ns", "end_ns", "name")
         if g.height < 2 * min_repeats:
             continue
         codes = name_codes(g["name"])
@@ -378,6 +377,35 @@ def graph_replay_iterations(launches: pl.DataFrame, ops: pl.DataFrame, *, min_re
     return pl.DataFrame(rows, schema=empty.schema, orient="row")
 
 
+def _ops_of_gpu(ops: pl.DataFrame, key: dict[str, Any], *, several: bool) -> pl.DataFrame:
+    """The operations of the GPU ``key`` names (its ``rank``/``device_id`` values), by start
+    time (ties in ``ops``' order). The frame itself when it holds one GPU's operations
+    (``several`` false) already in that order: on 2 M kernels a filtered and sorted copy of
+    every column was the structure's largest allocation (issue 44)."""
+    g = ops
+    if several:
+        g = g.filter(pl.all_horizontal([pl.col(k) == v if v is not None else pl.col(k).is_null() for k, v in key.items()
+                                        if k in ("rank", "device_id")]))
+    return g if g["start_ns"].is_sorted() else g.sort("start_ns", maintain_order=True)
+
+
+def _read_by_start(get: Callable[[list[str]], pl.DataFrame], columns: list[str]) -> pl.DataFrame:
+    """``get(columns)`` in start order (ties in the order read), sorted a column at a time: the
+    read frame gives up each column as its sorted copy is made, so no second copy of the
+    whole frame is ever held."""
+    frame = get(columns)
+    if frame.height < 2 or frame["start_ns"].is_sorted():
+        return frame
+    order = frame.select(pl.arg_sort_by("start_ns", maintain_order=True)).to_series()
+    out: list[pl.Series] = []
+    for name in frame.columns:
+        column = frame[name]
+        frame = frame.drop(name)
+        out.append(column.gather(order))
+        del column
+    return pl.DataFrame(out)
+
+
 # -- forward passes ----------------------------------------------------------------------------
 
 
@@ -399,8 +427,7 @@ def forward_iterations(ops: pl.DataFrame, labels: pl.Series | None, grid: GridLo
     per = ops.group_by(keys).agg(pl.col("duration_ns").sum(), pl.len().alias("n")).sort(
         ["duration_ns", *keys], descending=[True, *([False] * len(keys))], nulls_last=True)
     top = per.row(0, named=True)
-    sel = pl.all_horizontal([pl.col(k) == top[k] if top[k] is not None else pl.col(k).is_null() for k in keys])
-    g = ops.filter(sel).sort("start_ns")
+    g = _ops_of_gpu(ops, top, several=per.height > 1)
     names = g["name"]
     if names.dtype.is_integer() and labels is None:
         return None
@@ -565,7 +592,9 @@ def find_iterations(
         frame = graph_replay_iterations(graph_launches, get(["rank", "device_id", "duration_ns"]), min_repeats=settings.min_repeats)
         method, why = "graph_replays", "no NVTX iteration ranges: one step per replay of the CUDA graph that holds the most GPU time"
     if frame.height == 0:
-        ops = get(["rank", "device_id", "start_ns", "end_ns", "duration_ns", "name", "correlation_id"])
+        # in start order once, here, where nothing else is held: each GPU's operations below are
+        # then the frame itself or a filter of it, not one more sorted copy
+        ops = _read_by_start(get, ["rank", "device_id", "start_ns", "end_ns", "duration_ns", "name", "correlation_id"])
         text = labels() if labels is not None else None
         fwd = forward_iterations(ops, text, grid, min_repeats=settings.min_repeats, graph_launches=graph_launches)
         if fwd is not None:
