@@ -150,3 +150,18 @@ def test_shorten_middle() -> None:
     assert len(cut) == 40 and cut.startswith("vectorized_") and cut.endswith("FillFunctor<float>>") and "…" in cut
     short = shorten_middle("cudnn_generated_fort_native_sdpa_sm80_flash_fprop_wmma_f16_knob_3_64x64x128_4x1x1_cga1x1x1_kernel0_0", 32)
     assert len(short) == 32 and short.startswith("cudnn_") and short.endswith("_cga1x1x1_kernel0_0") and "…" in short
+
+
+def test_stats_table_shows_rows_asked_for_and_says_how_many_are_left_out() -> None:
+    """``--rows N`` shows a report's first N rows as a table, in the CSV's order, and says how
+    many the report has and how to see them all; ``--rows 0`` shows every row (issue 44: a
+    table of 100 k kernel names took 110 s and 1 GB to lay out). A bad count is one line."""
+    full = list(csv.reader(io.StringIO(_run("stats", "-f", "csv", "-r", "cuda_gpu_kern_sum", str(TP2)))))[1:]
+    assert len(full) > 3
+    (_, body), = _tables(few := _run("stats", "-r", "cuda_gpu_kern_sum", "--rows", "3", str(TP2)))
+    assert [r[2] for r in body] == [r[2] for r in full[:3]]  # Instances, row by row
+    assert f"first 3 of {len(full):,} rows" in few and "--rows 0" in few
+    (_, body), = _tables(every := _run("stats", "-r", "cuda_gpu_kern_sum", "--rows", "0", str(TP2)))
+    assert len(body) == len(full) and "rows;" not in every
+    proc = subprocess.run([*CLI, "stats", "--rows", "-2", str(TP2)], capture_output=True, text=True, check=False, timeout=300)
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and "--rows -2" in proc.stderr
