@@ -202,3 +202,24 @@ def test_unload_lets_go_of_built_tables_and_reads_them_again() -> None:
     assert not trace.is_loaded("kernels") and not trace.is_loaded("nvtx")
     again = trace.kernels
     assert again is not kernels and again.equals(kernels)
+
+
+def test_string_lookup_by_position_equals_the_hash_lookup() -> None:
+    """``lookup_strings`` takes a text by position where the StringIds ids are 0, 1, 2 … (as
+    nsys writes them) and by ``replace_strict`` otherwise: both give each id's text, null for
+    an id the table lacks or a null id, and keep the input's name (issue 44: the hash table of
+    the whole StringIds was ~30 MB per lookup on 300 k strings)."""
+    from tracekit.nsys.readers import lookup_strings
+
+    strings = tracekit.open(SAMPLES / "llm_tp2_nccl" / "llm_tp2_nccl.sqlite").strings
+    ids = strings["id"]
+    assert ids.is_sorted() and int(ids[-1]) - int(ids[0]) == strings.height - 1  # the dense case is the real one
+    probe = pl.DataFrame({"nameId": pl.Series([*ids.gather([0, 5, strings.height - 1]).to_list(), None, -1,
+                                               int(ids.max()) + 1, 3, 3], dtype=pl.Int64)})
+    want = probe.select(pl.col("nameId").replace_strict(ids, strings["value"], default=None, return_dtype=pl.Utf8))
+    got = probe.select(lookup_strings(pl.col("nameId"), strings))
+    assert got.columns == ["nameId"] and got.to_series().to_list() == want.to_series().to_list()
+    assert got.to_series().null_count() == 3
+    gappy = strings.filter(pl.col("id") != 5)  # not 0, 1, 2 …: the hash lookup, same answers
+    got = probe.select(lookup_strings(pl.col("nameId"), gappy).alias("text"))["text"].to_list()
+    assert got == [t if i != 5 else None for i, t in zip(probe["nameId"].to_list(), want.to_series().to_list(), strict=True)]

@@ -471,3 +471,19 @@ def test_structure_json_and_the_cli() -> None:
     r = subprocess.run([sys.executable, "-m", "tracekit.cli.main", "diagnose", str(_file("hf_generate_calls")), "--format", "json"],
                        capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert r.returncode == 0 and json.loads(r.stdout)["structure"]["kind"] == "generation"
+
+
+def test_name_codes_counted_as_numpy_unique_gives_them() -> None:
+    """``find_loops`` counts the operations' name codes instead of sorting them (issue 44: on
+    2 M operations np.unique's sorted copy and permutation were 32 MB): the distinct codes,
+    each operation's index among them and the counts equal ``np.unique``'s, on a real
+    export's codes with missing names (-1) among them and on codes that start above 0."""
+    from tracekit.analysis.run.loops import _unique_codes, name_codes
+
+    names = tracekit.open(SAMPLES / "llm_tp2_nccl" / "llm_tp2_nccl.sqlite").kernels.sort("start_ns")["name"]
+    codes = name_codes(names).copy()  # (a view of the column: read-only)
+    codes[::97] = -1  # operations without a name
+    for c in (codes, codes[codes >= 0] + 7):
+        want = np.unique(c, return_inverse=True, return_counts=True)
+        got = _unique_codes(c)
+        assert len(want[0]) > 10 and all(np.array_equal(w, g) for w, g in zip(want, got, strict=True))
