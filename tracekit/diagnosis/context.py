@@ -708,6 +708,10 @@ class Context:
             return self.cuda_api
         lo, hi = self._gap_span
         ops = self._ops_in_gap_span
+        if "correlation_id" in ops.columns and self.memcpys_w.height and "correlation_id" in self.memcpys_w.columns:
+            # the window's copies whatever their end (a damaged one is no GPU operation above):
+            # pageable_memcpy reads their calls
+            ops = pl.concat([ops.select("correlation_id"), self.memcpys_w.select("correlation_id")], how="vertical_relaxed")
         api = self.api_source
         if isinstance(api, pl.DataFrame):
             keep = (pl.col("end_ns") > lo) & (pl.col("start_ns") < hi)

@@ -251,8 +251,8 @@ def tid_from_global(expr: pl.Expr) -> pl.Expr:
 
 
 def lookup_strings(expr: pl.Expr, strings: pl.DataFrame) -> pl.Expr:
-    """Map ``StringIds`` ids to their text (unknown ids → null); the result keeps ``expr``'s
-    name. nsys numbers its strings 0, 1, 2 …: then each text is taken by position, which needs
+    """Map ``StringIds`` ids (integers) to their text (unknown ids → null); the result keeps
+    ``expr``'s name. nsys numbers its strings 0, 1, 2 …: then each text is taken by position, which needs
     no hash table of the whole ``StringIds`` (300 k strings: ~30 MB for each lookup); other
     ids go through a ``replace_strict``."""
     ids = strings["id"]
@@ -261,8 +261,9 @@ def lookup_strings(expr: pl.Expr, strings: pl.DataFrame) -> pl.Expr:
         name = expr.meta.output_name()
     except Exception:  # noqa: BLE001 - a name polars cannot tell without the frame
         name = None
-    dense = (name is not None and n > 0 and ids.dtype.is_integer() and ids.null_count() == 0 and ids.is_sorted()
-             and int(ids[-1]) - int(ids[0]) == n - 1)
+    # 0, 1, 2 …: no null, each id one more than the one before
+    dense = (name is not None and n > 0 and ids.dtype.is_integer() and ids.null_count() == 0
+             and (n == 1 or bool((ids.diff().slice(1) == 1).all())))
     if not dense:
         return expr.replace_strict(ids, strings["value"], default=None, return_dtype=pl.Utf8)
     at = expr.cast(pl.Int64) - int(ids[0])

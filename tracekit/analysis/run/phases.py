@@ -458,8 +458,9 @@ def generation_steps(
         found = _from_nvtx(nvtx, rk, pattern)
         if found is None and forwards is None and not tokens and (graph_launches is None or graph_launches.height == 0):
             # only the kernel loop is left, and without a sign of tokens it makes no steps
-            # (below): no operation is read (the caller's structure takes no steps either way)
-            return _empty(rk)
+            # (below): the operations' times and names are not read, only whether they have ranks
+            ranked = get(["rank"])
+            return _empty(rank_keys(ranked, nvtx) if nvtx.height else rank_keys(ranked))
         # the NVTX steps read the launch columns, devices and times; the other sources more
         ops_with_launch = get([*rk, *(_NVTX_STEP_COLUMNS if found is not None else _OP_COLUMNS)])
         if found is None:
