@@ -80,7 +80,10 @@ def idle_before(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     prev_end = np.maximum.accumulate(ends)
     gap = np.zeros(starts.size, dtype=np.int64)
-    gap[1:] = np.maximum(starts[1:] - prev_end[:-1], 0)
+    # in place: no temporaries the size of the operations (2 M: 32 MB less at the structure's peak)
+    np.subtract(starts[1:], prev_end[:-1], out=gap[1:])
+    del prev_end
+    np.maximum(gap[1:], 0, out=gap[1:])
     return gap
 
 
