@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -14,6 +15,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+# A suite started in the background by a shell without job control (`nohup bash tests/run.sh &`)
+# inherits SIGINT ignored, and so would every program the capture tests start, which then
+# outlive their Ctrl-C: give the suite the Ctrl-C of a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_traces"
