@@ -136,11 +136,8 @@ def _print_table(result, rows: int) -> None:  # type: ignore[no-untyped-def]
 
     from tracekit.cli.tables import print_table
 
-    text = result.text_frame()
-    total = text.height
-    if rows and total > rows:
-        text = text.head(rows)
-    cells = [list(r) for r in text.fill_null("").iter_rows()]
+    cells = result.formatted_rows(rows or None)
+    total = result.frame.height
     caption = None
     if len(cells) < total:
         caption = (f"first {len(cells):,} of {total:,} rows; --rows 0 shows all, "

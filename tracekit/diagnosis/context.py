@@ -34,11 +34,11 @@ PHASES_ANY_OPS = 200_000
 #: 310 k-operation, 766 k-call, 65 k-range export: +61 MB for the launch join, +126 MB for the
 #: steps with the range tree's paths; rounded up).
 PHASES_BYTES_PER_ROW = 256
+PHASES_BYTES_PER_RANGE = 2048
 #: Memory the run's structure takes per GPU operation (the busiest GPU's operations sorted, its
 #: name codes and loop arrays, the forward passes' masks), and the columns it reads.
 STRUCTURE_BYTES_PER_OP = 200
 _STRUCTURE_COLUMNS = ("device_id", "start_ns", "end_ns", "duration_ns", "name", "correlation_id")
-PHASES_BYTES_PER_RANGE = 2048
 
 #: The columns of the big event tables that the rules and the analyses they call read. Of a
 #: single export only these are read (``NsysTrace.table(name, columns)``, not kept on the trace):

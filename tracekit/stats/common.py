@@ -148,9 +148,10 @@ class Report:
             columns.append(text.set(text == "", None).alias(name))
         return pl.DataFrame(columns)
 
-    def formatted_rows(self) -> list[list[str]]:
-        """Rows as the strings nsys prints in CSV."""
-        return [list(row) for row in self.text_frame().fill_null("").iter_rows()]
+    def formatted_rows(self, limit: int | None = None) -> list[list[str]]:
+        """Rows as the strings nsys prints in CSV (the first ``limit`` of them, when given)."""
+        text = self.text_frame()
+        return [list(row) for row in (text if limit is None else text.head(limit)).fill_null("").iter_rows()]
 
     def to_csv(self) -> str:
         """The report as nsys's ``--format csv`` output (header line, then rows)."""

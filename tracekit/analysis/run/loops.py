@@ -20,6 +20,7 @@ copy to the GPU belongs to its step.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -166,18 +167,11 @@ def _bounds(lo: np.ndarray, hi: np.ndarray, gap: np.ndarray, codes: np.ndarray) 
     pick = lo
     if pick.size > _BOUND_INSTANCES:
         pick = pick[np.linspace(0, pick.size - 1, _BOUND_INSTANCES).astype(np.int64)]
-    # the instances × offsets matrices a block of offsets at a time (2,000 × 4,097 of them
-    # whole were 65 MB each); every offset's figure is its own column's, as whole
-    same = np.empty(dmax + 1)  # per offset: share of instances whose op there is instance 0's
-    for a in range(0, dmax + 1, _OFFSETS_AT_ONCE):
-        at = pick[:, None] - np.arange(a, min(a + _OFFSETS_AT_ONCE, dmax + 1))[None, :]
-        same[a : a + at.shape[1]] = (codes[at] == codes[at[:1]]).mean(axis=0)
+    # per offset: share of instances whose op there is instance 0's
+    same = _per_offset(pick, dmax, lambda at: (codes[at] == codes[at[:1]]).mean(axis=0))
     bad = np.nonzero(same[1:] < _LEAD_MATCH)[0]
     dmax = int(bad[0]) if bad.size else dmax  # the last offset before the first mismatch
-    score = np.empty(dmax + 1)
-    for a in range(0, dmax + 1, _OFFSETS_AT_ONCE):
-        at = pick[:, None] - np.arange(a, min(a + _OFFSETS_AT_ONCE, dmax + 1))[None, :]
-        score[a : a + at.shape[1]] = np.quantile(gap[at], 0.25, axis=0)
+    score = _per_offset(pick, dmax, lambda at: np.quantile(gap[at], 0.25, axis=0))
     best = int(np.argmax(score))  # ties: the smallest offset
     lower = np.concatenate([[-1], hi[:-1]])  # a bound stays after the previous instance's last anchor
     for j in range(c):
@@ -190,6 +184,18 @@ def _bounds(lo: np.ndarray, hi: np.ndarray, gap: np.ndarray, codes: np.ndarray) 
             if gap[k] > 2 * gap[at_j] + _CLEAR_GAP_NS:
                 bounds[j] = k
     return bounds
+
+
+def _per_offset(pick: np.ndarray, dmax: int, figure: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """``figure(at)`` for offsets 0 … ``dmax``, where ``at`` is the instances × offsets matrix
+    of positions ``pick - offset`` and ``figure`` gives one value per column: the matrix a
+    block of :data:`_OFFSETS_AT_ONCE` offsets at a time (2,000 × 4,097 of them whole were
+    65 MB each), each offset's value its own column's as over the whole matrix."""
+    out = np.empty(dmax + 1)
+    for a in range(0, dmax + 1, _OFFSETS_AT_ONCE):
+        at = pick[:, None] - np.arange(a, min(a + _OFFSETS_AT_ONCE, dmax + 1))[None, :]
+        out[a : a + at.shape[1]] = figure(at)
+    return out
 
 
 def _unique_codes(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -511,9 +511,9 @@ def generation_steps(
         return out if out.height >= MIN_STEPS else _empty(rk)
     if steps is None:
         if not tokens:
-            # a loop found in the kernels alone is no generation without a sign of tokens
-            # (below): not searched for at all (issue 44: on 1 M kernels the search was the
-            # diagnosis' peak before its rules)
+            # a loop found in the kernels alone is no generation without a sign of tokens: a
+            # simulation's time steps can have a heavy first one too (not searched for at all:
+            # on 1 M kernels the search was the diagnosis' peak before its rules, issue 44)
             return _empty(rk)
         steps = _from_loops(ops_with_launch, rk, labels)
         source = "kernel_loop"
@@ -533,10 +533,6 @@ def generation_steps(
         if heavy.sum() <= steps.height - MIN_STEPS:
             steps = steps.with_columns(pl.when(pl.Series(heavy)).then(pl.lit("prefill")).otherwise(pl.col("phase")).alias("phase"))
     named = steps["name"].drop_nulls().str.contains("(?i)" + DECODE_PATTERN).any() if "name" in steps.columns else False
-    if source == "kernel_loop" and not tokens:
-        # a loop found in the kernels alone is no generation without a sign of tokens: a
-        # simulation's time steps can have a heavy first one too
-        return _empty(rk)
     if not (steps["phase"] == "prefill").any() and not named and source != "graph_replays" and not tokens:
         # repeated steps alone do not make a generation: a training loop's step.N is not
         # decoding unless a prefill range, a decode name, graph replays or the sampled
