@@ -487,3 +487,27 @@ def test_name_codes_counted_as_numpy_unique_gives_them() -> None:
         want = np.unique(c, return_inverse=True, return_counts=True)
         got = _unique_codes(c)
         assert len(want[0]) > 10 and all(np.array_equal(w, g) for w, g in zip(want, got, strict=True))
+
+
+def test_idle_before_on_a_real_gpu_and_with_missing_times() -> None:
+    """``idle_before`` works in place on integer times (issue 44); a damaged export's missing
+    times read as NaN (the CI run of 2026-11-29 failed there: the in-place subtraction cannot
+    write floats into integers). On a real GPU's kernels the gaps equal start minus the
+    latest earlier end, by hand; with starts and ends missing, each gap next to a missing
+    time is 0 and every other one is what the times around it give."""
+    from tracekit.analysis.run.loops import idle_before
+
+    k = tracekit.open(SAMPLES / "llm_tp2_nccl" / "llm_tp2_nccl.sqlite").kernels
+    k = k.filter(pl.col("device_id") == k["device_id"].min()).sort("start_ns")
+    s, e = k["start_ns"].to_numpy(), k["end_ns"].to_numpy()
+    gap = idle_before(s, e)
+    latest, want = e[0], [0]
+    for i in range(1, s.size):
+        want.append(max(int(s[i]) - int(latest), 0))
+        latest = max(latest, e[i])
+    assert gap.dtype == np.int64 and gap.tolist() == want and sum(want) > 0
+
+    starts = np.array([np.nan, 100.0, 250.0, np.nan, 500.0, 900.0])
+    ends = np.array([50.0, 200.0, np.nan, 450.0, 700.0, 1000.0])
+    # gaps: none first; 100-50; 250-200; missing start; 500-450; 900-700
+    assert idle_before(starts, ends).tolist() == [0, 50, 50, 0, 50, 200]

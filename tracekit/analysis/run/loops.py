@@ -76,11 +76,17 @@ class Loop:
 def idle_before(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """For each operation (sorted by start), how long the GPU was idle just before it: its
     start minus the latest end of the operations before it (0 for the first; negative values,
-    overlap, become 0). ns."""
+    overlap, become 0; so do those next to a missing time, NaN where a damaged export's cell
+    read as null). ns."""
     if starts.size == 0:
         return np.zeros(0, dtype=np.int64)
-    prev_end = np.maximum.accumulate(ends)
     gap = np.zeros(starts.size, dtype=np.int64)
+    if starts.dtype.kind == "f" or ends.dtype.kind == "f":
+        prev = np.fmax.accumulate(ends)  # the latest end known so far, skipping missing ones
+        d = starts[1:] - prev[:-1]
+        gap[1:] = np.where(d > 0, d, 0)  # NaN > 0 is false: no gap where a time is missing
+        return gap
+    prev_end = np.maximum.accumulate(ends)
     # in place: no temporaries the size of the operations (2 M: 32 MB less at the structure's peak)
     np.subtract(starts[1:], prev_end[:-1], out=gap[1:])
     del prev_end
