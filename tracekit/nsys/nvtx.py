@@ -76,9 +76,16 @@ def nvtx(db: ExportSource, strings: pl.DataFrame, columns: Collection[str] | Non
         .group_by("pid", "domain_id", maintain_order=True)
         .agg(pl.col("name").first().alias("domain"))
     )
-    frame = frame.drop("domain").join(domains, on=["pid", "domain_id"], how="left", maintain_order="left")
+    # the names joined to the two key columns only, not to the whole frame (1 M ranges: a copy
+    # of every column read, ~60 MB); none to join where the export created no domain
+    if domains.height:
+        named = frame.select("pid", "domain_id").join(domains, on=["pid", "domain_id"], how="left", maintain_order="left")
+        domain: pl.Expr | pl.Series = named.get_column("domain")
+        del named
+    else:
+        domain = pl.lit(None, pl.Utf8)
     frame = frame.with_columns(
-        pl.when(pl.col("domain_id").fill_null(0) == 0).then(None).otherwise(pl.col("domain")).alias("domain")
+        pl.when(pl.col("domain_id").fill_null(0) == 0).then(None).otherwise(domain).alias("domain")
     )
     return S.conform(frame, "nvtx", wanted)
 
