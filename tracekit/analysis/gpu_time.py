@@ -354,13 +354,15 @@ def idle_gaps(
     per_kind = _overlap_by_kind(rng.select("_gap", "_lo", "_hi"), api.select("_as", "_ae", "_k"),
                                 gaps.get_column("start_ns"), gaps.get_column("end_ns"))
     del api, rng, first_in
-    wide = gaps.select("_gap")
-    for code, k in enumerate(_CALL_KINDS):
-        part = per_kind.filter(pl.col("_k") == code).select("_gap", pl.col("_ov").alias(k))
-        wide = wide.join(part, on="_gap", how="left")
-    gaps = gaps.join(wide, on="_gap", how="left", maintain_order="left").with_columns(
-        pl.col(k).fill_null(0).cast(pl.Int64) for k in _CALL_KINDS
+    # each kind's time put at its gap's row (``_gap`` is the row's position, one sum per gap
+    # and kind): a join would copy every column of the gaps, their names among them
+    # (scatter writes into the series it is given: a fresh one per kind)
+    gaps = gaps.with_columns(
+        pl.zeros(gaps.height, pl.Int64, eager=True).scatter(part.get_column("_gap"), part.get_column("_ov")).alias(k)
+        for code, k in enumerate(_CALL_KINDS)
+        for part in [per_kind.filter(pl.col("_k") == code)]
     )
+    del per_kind
     queued = pl.col("next_launched_ns").is_not_null() & (pl.col("next_launched_ns") <= pl.col("start_ns"))
     cause = (
         pl.when(queued & pl.col("next_api").str.contains(GRAPH_LAUNCH_API).fill_null(False)
