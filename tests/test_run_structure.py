@@ -487,6 +487,13 @@ def test_name_codes_counted_as_numpy_unique_gives_them() -> None:
         want = np.unique(c, return_inverse=True, return_counts=True)
         got = _unique_codes(c)
         assert len(want[0]) > 10 and all(np.array_equal(w, g) for w, g in zip(want, got, strict=True))
+    # ids spread far apart (a damaged export's name id of 10^15): counting would need a count
+    # for every value in between; the sorted path gives the same answer
+    wide = codes.copy()
+    wide[5] = 10**15
+    want = np.unique(wide, return_inverse=True, return_counts=True)
+    got = _unique_codes(wide)
+    assert want[0][-1] == 10**15 and all(np.array_equal(w, g) for w, g in zip(want, got, strict=True))
 
 
 def test_idle_before_on_a_real_gpu_and_with_missing_times() -> None:
