@@ -53,6 +53,29 @@ def mutated_copy(src: Path, dst: Path, *statements: str) -> Path:
     return dst
 
 
+def growth_moved_into_layer(src: Path, dst: Path, layer: str = "layer.2") -> int:
+    """``dst``: a copy of the planted memory-growth export ``src`` whose per-step 64 MiB
+    allocations are each moved into their step's ``layer`` range (just after it starts);
+    returns how many were moved. ``src`` is never written."""
+    mutated_copy(src, dst)
+    con = sqlite3.connect(dst)
+    layers = con.execute(
+        "SELECT n.start FROM NVTX_EVENTS n LEFT JOIN StringIds s ON s.id = n.textId "
+        "WHERE coalesce(n.text, s.value) = ? ORDER BY n.start", (layer,)
+    ).fetchall()
+    moved = 0
+    for rowid, start in con.execute(
+        "SELECT rowid, start FROM CUDA_GPU_MEMORY_USAGE_EVENTS WHERE bytes = 67108864 AND start > 0 ORDER BY start"
+    ).fetchall():
+        before = [s for (s,) in layers if s < start]  # the layer range of the allocation's step
+        if before:
+            con.execute("UPDATE CUDA_GPU_MEMORY_USAGE_EVENTS SET start = ? WHERE rowid = ?", (before[-1] + 1, rowid))
+            moved += 1
+    con.commit()
+    con.close()
+    return moved
+
+
 def _unpacked_corpus() -> Path:
     """The public corpus of ``tests/data/corpus.tar.xz``, unpacked once into
     ``.cache/corpus-<hash>/corpus`` (atomically: a temporary folder, then a rename); the

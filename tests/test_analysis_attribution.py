@@ -365,3 +365,33 @@ def test_pointer_jumping_on_the_jumping_rows_only_gives_the_same_parents(seed: i
     prev_s, end = prev.to_series(), frame["end_ns"]
     assert _pointer_jump_parents(prev_s, end).equals(_pointer_jump_every_row(prev_s, end), check_names=False)
     assert prev_s.equals(prev.to_series())  # the input is not changed in place
+
+
+@pytest.mark.parametrize("which", ["planted_memory_growth", "tp2_per_rank"])
+def test_nvtx_cut_to_a_span_keeps_the_whole_tables_range_ids(which: str) -> None:
+    """``nvtx_overlapping`` cuts the table to a span (a sampled diagnosis window keeps only
+    those rows) and each row keeps its number in the whole table, per rank: every closed range
+    of the cut has the ``range_id``, ``parent_id``, ``level`` and ``path`` the whole table
+    gives it, and none that overlaps the span is missing. Numbered afresh, the ids of a cut
+    named other ranges (the memory-growth rule then took a step range for a layer). Checked
+    on nested steps and layers of one process and on a two-rank set."""
+    from tracekit.analysis.attribution import WHOLE_ROW, nvtx_overlapping, nvtx_ranges
+
+    if which == "tp2_per_rank":
+        nvtx = tracekit.open_many(PER_RANK).nvtx
+    else:
+        nvtx = _open(SAMPLES / "planted" / which / f"{which}.sqlite").nvtx
+    whole = nvtx_ranges(nvtx)
+    starts = whole["start_ns"].sort()
+    a, b = int(starts[starts.len() // 3]) + 1, int(starts[2 * starts.len() // 3])  # the middle third of the ranges
+    cut = nvtx_overlapping(nvtx, a, b)
+    assert WHOLE_ROW in cut.columns and 0 < cut.height < nvtx.height
+    keys = ["rank"] if "rank" in nvtx.columns else []
+    closed = ~pl.col("is_open")
+    got = nvtx_ranges(cut).filter(closed).sort([*keys, "range_id"])
+    want = whole.filter(closed & (pl.col("end_ns") > a) & (pl.col("start_ns") < b)).sort([*keys, "range_id"])
+    assert want.height > 2 and want["level"].max() >= 1  # nested ranges in the span
+    assert got.equals(want)
+    # numbered afresh (the cut without its column), the ids are not the whole table's
+    fresh = nvtx_ranges(cut.drop(WHOLE_ROW)).filter(closed).sort([*keys, "range_id"])
+    assert not fresh["range_id"].equals(want["range_id"])

@@ -18,7 +18,14 @@ import tracekit
 from tracekit.diagnosis import DiagnoseConfig, diagnose
 from tracekit.diagnosis.result import fmt_ns
 
-from .conftest import ROOT, SAMPLES, llm_capture, llm_capture_names, union_ns
+from .conftest import (
+    ROOT,
+    SAMPLES,
+    growth_moved_into_layer,
+    llm_capture,
+    llm_capture_names,
+    union_ns,
+)
 
 PLANTED = SAMPLES / "planted"
 
@@ -180,28 +187,11 @@ def test_memory_growth_names_the_range_it_happens_in(tmp_path: Path) -> None:
     """The planted growth is a 64 MiB allocation per step after the layers: no range inside
     the steps grows. On a copy where each of them is moved into its step's ``layer.2``
     range, the title names that range (from layer_memory)."""
-    import shutil
-
     d = diagnose(_export("memory_growth"))
     title = d.findings.filter(pl.col("category") == "memory_growth")["title"][0]
     assert "no NVTX range inside the steps grows" in title
     copy = tmp_path / "growth_in_layer2.sqlite"
-    shutil.copyfile(_export("memory_growth"), copy)
-    con = sqlite3.connect(copy)
-    layers = con.execute(
-        "SELECT n.start FROM NVTX_EVENTS n LEFT JOIN StringIds s ON s.id = n.textId "
-        "WHERE coalesce(n.text, s.value) = 'layer.2' ORDER BY n.start"
-    ).fetchall()
-    moved = 0
-    for rowid, start in con.execute(
-        "SELECT rowid, start FROM CUDA_GPU_MEMORY_USAGE_EVENTS WHERE bytes = 67108864 AND start > 0 ORDER BY start"
-    ).fetchall():
-        before = [s for (s,) in layers if s < start]  # the layer.2 range of the allocation's step
-        if before:
-            con.execute("UPDATE CUDA_GPU_MEMORY_USAGE_EVENTS SET start = ? WHERE rowid = ?", (before[-1] + 1, rowid))
-            moved += 1
-    con.commit()
-    con.close()
+    moved = growth_moved_into_layer(_export("memory_growth"), copy)
     assert moved >= 10
     d = diagnose(copy)
     row = d.findings.filter(pl.col("category") == "memory_growth").row(0, named=True)

@@ -29,6 +29,7 @@ from .conftest import (
     SAMPLES,
     build_big_trace,
     force_by_column,
+    growth_moved_into_layer,
     llm_capture,
     llm_capture_names,
     mutated_copy,
@@ -305,3 +306,26 @@ def test_a_cache_that_cannot_be_filled_keeps_the_whole_table_path(big: Path, tmp
     monkeypatch.setenv("TRACEKIT_CACHE", str(tmp_path / "full"))
     monkeypatch.setattr(column_cache.ColumnCache, "put", lambda self, *a, **k: None)  # nothing gets written
     assert obc.by_column(tracekit.open(big)) is None
+
+
+def test_growth_inside_a_layer_on_a_sampled_window_by_column(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a sampled window of a big export the NVTX table is cut to the window's ranges once
+    the structure is found (``Context.keep_window_nvtx``); the memory-growth rule still tells
+    the step ranges from the layers inside them by their row numbers in the whole table. On
+    the planted growth moved into each step's ``layer.2``, the by-column path names that
+    range, with the whole tables' findings (before the fix the renumbered step ranges were no
+    longer left out, and the step range itself was named)."""
+    path = tmp_path / "growth_in_layer2.sqlite"
+    assert growth_moved_into_layer(SAMPLES / "planted" / "planted_memory_growth" / "planted_memory_growth.sqlite", path) >= 10
+    config = DiagnoseConfig(exact_steps=3, sample_steps=4, max_window_ops=50)  # growth needs a few steps
+    expected = _whole(path, config)
+    force_by_column(monkeypatch, tmp_path / "cache")
+    trace = tracekit.open(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = diagnose(trace, config=config)
+    assert got.window.sample_start_ns is not None  # a sampled window: the NVTX table was cut
+    assert expected.window.sample_start_ns == got.window.sample_start_ns
+    title = got.findings.filter(pl.col("category") == "memory_growth")["title"][0]
+    assert "inside NVTX range 'layer.2'" in title, title
+    assert got.findings.equals(expected.findings)

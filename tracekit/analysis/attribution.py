@@ -328,6 +328,25 @@ def path_label(label: pl.Expr) -> pl.Expr:
     return pl.coalesce(label.str.extract(TORCH_OP_NAME.pattern, 1), label)
 
 
+#: The column of an ``nvtx`` table cut to a span (:func:`nvtx_overlapping`) that holds each
+#: row's number in the whole table (per ``rank``, as :func:`nvtx_ranges` numbers them).
+WHOLE_ROW = "_whole_row"
+
+
+def nvtx_overlapping(nvtx: pl.DataFrame, start_ns: int, end_ns: int) -> pl.DataFrame:
+    """The rows of the whole ``nvtx`` table that overlap ``[start_ns, end_ns)`` (ns), and those
+    without an end (marks, open ranges), each keeping its row number in the whole table in
+    :data:`WHOLE_ROW`: :func:`nvtx_ranges` of the result gives each closed range the
+    ``range_id``, ``parent_id``, ``level`` and ``path`` it has over the whole table (the ranges
+    enclosing one that overlaps the span overlap it too, so they stay). An open range ends at
+    the last time stamp of the rows kept, not of the whole table."""
+    if WHOLE_ROW not in nvtx.columns:
+        rk = rank_keys(nvtx)
+        row = pl.int_range(1, pl.len() + 1, dtype=pl.Int64)
+        nvtx = nvtx.with_columns((row.over(rk) if rk else row).alias(WHOLE_ROW))
+    return nvtx.filter(pl.col("end_ns").is_null() | ((pl.col("end_ns") > start_ns) & (pl.col("start_ns") < end_ns)))
+
+
 def nvtx_ranges(nvtx: pl.DataFrame) -> pl.DataFrame:
     """NVTX ranges that can enclose a CUDA call, with their nesting on each thread.
 
@@ -335,8 +354,8 @@ def nvtx_ranges(nvtx: pl.DataFrame) -> pl.DataFrame:
     ----------
     nvtx
         The whole ``nvtx`` table in file order (row ``i`` is ``NVTX_EVENTS`` row ``i + 1``; a
-        multi-rank table counts rows per ``rank``). Pass it unfiltered: ``range_id`` is the row
-        number.
+        multi-rank table counts rows per ``rank``), or a cut of it by :func:`nvtx_overlapping`.
+        Pass it unfiltered otherwise: ``range_id`` is the row number.
 
     Returns
     -------
@@ -635,7 +654,9 @@ def _nvtx_tree(
     rid = pl.int_range(1, pl.len() + 1, dtype=pl.Int64)
     read = [*keys, "pid", "tid", "global_tid", "start_ns", "end_ns", "name", "domain", "event_type_id", "end_global_tid"]
     # only what the ranges keep is filtered (a loaded table has payloads, colours, JSON …)
-    events = nvtx.select(*read, (rid.over(keys) if keys else rid).alias("range_id"))
+    # a cut of the table (nvtx_overlapping) carries its rows' numbers in the whole table
+    number = pl.col(WHOLE_ROW) if WHOLE_ROW in nvtx.columns else rid.over(keys) if keys else rid
+    events = nvtx.select(*read, number.alias("range_id"))
     ranges = events.filter(
         pl.col("event_type_id").is_in(list(RANGE_TYPES)) & pl.col("end_global_tid").is_null()
     )
@@ -872,7 +893,9 @@ __all__ = [
     "enclosing_ranges",
     "launch_info",
     "launch_pairs",
+    "WHOLE_ROW",
     "nvtx_coverage",
+    "nvtx_overlapping",
     "nvtx_ranges",
     "path_label",
     "range_label",

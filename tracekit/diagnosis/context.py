@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from tracekit.analysis._frames import gpu_ops, interval_union, rows_between, within_any
-from tracekit.analysis.attribution import launch_info
+from tracekit.analysis.attribution import launch_info, nvtx_overlapping
 from tracekit.analysis.gpu_time import idle_gaps
 from tracekit.diagnosis.config import DiagnoseConfig
 from tracekit.diagnosis.ops_by_column import KERNEL_COLUMNS, OpsByColumn, by_column
@@ -572,12 +572,15 @@ class Context:
         """On a sampled window, keep of :attr:`nvtx` only the ranges that overlap the window
         (and those without an end), once the run's structure, its phases and the NCCL
         matching have read them all: the rules read no other (a range per kernel, 2 M
-        kernels: 163 MB held to the end, a quarter of it now)."""
+        kernels: 163 MB held to the end, a quarter of it now). Each row keeps its number in
+        the whole table (:func:`~tracekit.analysis.attribution.nvtx_overlapping`): the
+        memory-growth rule tells the step ranges, numbered over the whole table, from the
+        ranges inside them by it."""
         nv = self.__dict__.get("nvtx")
         if nv is None or nv.height == 0 or not self.full_window.sampled or "end_ns" not in nv.columns:
             return
         w = self.window
-        self.__dict__["nvtx"] = nv.filter(pl.col("end_ns").is_null() | ((pl.col("end_ns") > w.start_ns) & (pl.col("start_ns") < w.end_ns)))
+        self.__dict__["nvtx"] = nvtx_overlapping(nv, w.start_ns, w.end_ns)
 
     @cached_property
     def rk(self) -> list[str]:
