@@ -223,3 +223,9 @@ def test_string_lookup_by_position_equals_the_hash_lookup() -> None:
     gappy = strings.filter(pl.col("id") != 5)  # not 0, 1, 2 …: the hash lookup, same answers
     got = probe.select(lookup_strings(pl.col("nameId"), gappy).alias("text"))["text"].to_list()
     assert got == [t if i != 5 else None for i, t in zip(probe["nameId"].to_list(), want.to_series().to_list(), strict=True)]
+    # ids that are no integers (a NaN, text): null by position as by the hash lookup
+    odd = pl.DataFrame({"f": [0.0, float("nan"), 5.0], "s": ["5", "x", None]})
+    by_hash = [odd.select(pl.col(c).cast(pl.Int64, strict=False).replace_strict(ids, strings["value"], default=None,
+                                                                                 return_dtype=pl.Utf8))[c].to_list() for c in ("f", "s")]
+    assert [odd.select(lookup_strings(pl.col(c), strings))[c].to_list() for c in ("f", "s")] == by_hash
+    assert by_hash[0][1] is None and by_hash[0][2] == by_hash[1][0] is not None

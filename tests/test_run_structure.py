@@ -494,6 +494,8 @@ def test_name_codes_counted_as_numpy_unique_gives_them() -> None:
     want = np.unique(wide, return_inverse=True, return_counts=True)
     got = _unique_codes(wide)
     assert want[0][-1] == 10**15 and all(np.array_equal(w, g) for w, g in zip(want, got, strict=True))
+    empty = np.zeros(0, dtype=np.int64)  # no operations: empty answers, as np.unique gives
+    assert all(g.size == 0 and g.dtype == np.int64 for g in _unique_codes(empty))
 
 
 def test_idle_before_on_a_real_gpu_and_with_missing_times() -> None:

@@ -266,7 +266,7 @@ def lookup_strings(expr: pl.Expr, strings: pl.DataFrame) -> pl.Expr:
              and (n == 1 or bool((ids.diff().slice(1) == 1).all())))
     if not dense:
         return expr.replace_strict(ids, strings["value"], default=None, return_dtype=pl.Utf8)
-    at = expr.cast(pl.Int64) - int(ids[0])
+    at = expr.cast(pl.Int64, strict=False) - int(ids[0])  # an id that is no integer: null, as replace_strict gives
     text = pl.lit(strings["value"].cast(pl.Utf8)).gather(at.clip(0, n - 1))
     return pl.when((at >= 0) & (at < n)).then(text).otherwise(pl.lit(None, pl.Utf8)).alias(name)
 

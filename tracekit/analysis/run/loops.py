@@ -210,6 +210,8 @@ def _unique_codes(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray
     the operations (2 M operations: 32 MB less). Codes spread wider than the operations are
     many (StringIds ids of a damaged export: one id of 10^15) are sorted as ``np.unique``
     does: the counts would take memory for every value in between."""
+    if codes.size == 0:
+        return codes.astype(np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     low = int(codes.min())
     if int(codes.max()) - low > 2 * codes.size + 1024:
         uniq, inverse, counts = np.unique(codes, return_inverse=True, return_counts=True)
