@@ -605,8 +605,9 @@ def find_iterations(
                                          pl.col("duration_ns").alias("length_ns"))
             return Iterations(_timed(passes), passes.height, "forward_passes", why, reading=reading, ranks=n_ranks)
         layer_notes: list[str] = []
-        loops = kernel_loop_iterations(ops.drop("correlation_id", strict=False), min_repeats=settings.min_repeats, labels=text,
-                                       notes=layer_notes)
+        # only the forward passes match launches: the ids go before the loop search (1 M kernels: 8 MB)
+        ops = ops.drop("correlation_id", strict=False)
+        loops = kernel_loop_iterations(ops, min_repeats=settings.min_repeats, labels=text, notes=layer_notes)
         one = _one_profiler_step(ops_with_launch, nvtx, settings, get)
         # a program that stepped the profiler once ran one step, unless the loop inside it is of
         # training steps, each with its optimizer update (prof.step() once per epoch)
