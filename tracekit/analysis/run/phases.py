@@ -395,6 +395,12 @@ def _get_all(ops: pl.DataFrame, get: Callable[[list[str]], pl.DataFrame] | None)
     return ops if get is None else get(["rank", *_OP_COLUMNS])
 
 
+def _step_rank_keys(ops: pl.DataFrame, nvtx: pl.DataFrame) -> list[str]:
+    """The rank key of the steps: ``rank`` when the operations or (holding rows) the NVTX
+    ranges have it."""
+    return rank_keys(ops, nvtx) if nvtx.height else rank_keys(ops)
+
+
 def generation_steps(
     ops_with_launch: pl.DataFrame | Callable[[list[str]], pl.DataFrame],
     nvtx: pl.DataFrame,
@@ -459,17 +465,16 @@ def generation_steps(
         if found is None and forwards is None and not tokens and (graph_launches is None or graph_launches.height == 0):
             # only the kernel loop is left, and without a sign of tokens it makes no steps
             # (below): the operations' times and names are not read, only whether they have ranks
-            ranked = get(["rank"])
-            return _empty(rank_keys(ranked, nvtx) if nvtx.height else rank_keys(ranked))
+            return _empty(_step_rank_keys(get(["rank"]), nvtx))
         # the NVTX steps read the launch columns, devices and times; the other sources more
         ops_with_launch = get([*rk, *(_NVTX_STEP_COLUMNS if found is not None else _OP_COLUMNS)])
         if found is None:
             get = None
-        if rk != (rank_keys(ops_with_launch, nvtx) if nvtx.height else rank_keys(ops_with_launch)):  # ranks in one only
+        if rk != _step_rank_keys(ops_with_launch, nvtx):  # ranks in one only
             return generation_steps(_get_all(ops_with_launch, get), nvtx, graph_launches, pattern=pattern, prefill_factor=prefill_factor,
                                     tokens=tokens, forwards=forwards, labels=labels)
     else:
-        rk = rank_keys(ops_with_launch, nvtx) if nvtx.height else rank_keys(ops_with_launch)
+        rk = _step_rank_keys(ops_with_launch, nvtx)
         found = _from_nvtx(nvtx, rk, pattern) if "api_start_ns" in ops_with_launch.columns else None
     steps: pl.DataFrame | None = None
     source = ""
