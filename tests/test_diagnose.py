@@ -566,3 +566,59 @@ def test_phases_from_the_narrow_launch_join_equal_the_whole_join(name: str) -> N
     assert "ops_with_launch" not in ctx.__dict__  # the whole join was not built for it
     whole = generation_steps(ctx.ops_with_launch, ctx.nvtx, ctx.graph_launches)
     assert narrow.equals(whole)
+
+
+@pytest.mark.parametrize("name", ["host_bound", "sync_stall", "launch_bound"])
+def test_calls_during_the_gaps_by_hand(name: str) -> None:
+    """host_bound's 'inside <call>' reads _calls_during: per call name, the time of each call
+    inside each of the device's gaps, summed. Here every (gap, call) pair is walked in Python
+    on the window's real calls, on the rule's named gaps and on every gap of the device."""
+    from tracekit.diagnosis.config import DiagnoseConfig
+    from tracekit.diagnosis.context import Context
+    from tracekit.diagnosis.rules_host import _calls_during, _main_gaps
+    from tracekit.diagnosis.window import search_window
+
+    ctx = Context(tracekit.open(_export(name)), DiagnoseConfig())
+    ctx.prepare_reads()
+    ctx.full_window = search_window(ctx)
+    ctx.window = ctx.full_window.analysed()
+    gaps = _main_gaps(ctx)
+    dev = gaps.filter(pl.col("device_id") == gaps["device_id"][0])
+    assert dev.height > 1
+    calls = ctx.api_w.select("name", "start_ns", "end_ns").rows()
+    for chosen in (dev, dev.sort("duration_ns", descending=True).head(5)):
+        pairs: dict[str, list[int]] = {}
+        for g0, g1 in chosen.select("start_ns", "end_ns").rows():
+            for nm, s, e in calls:
+                ov = min(e, g1) - max(s, g0)
+                if ov > 0:
+                    p = pairs.setdefault(nm.split("_v")[0] if "_v" in nm else nm, [0, 0])
+                    p[0] += 1
+                    p[1] += ov
+        got = _calls_during(ctx, chosen)
+        assert pairs, "the gaps hold some call time"
+        assert {r["name"]: [r["calls"], r["overlap_ns"]] for r in got.iter_rows(named=True)} == pairs
+        top = max(pairs.values(), key=lambda p: p[1])[1]
+        assert got["overlap_ns"][0] == top
+
+
+@pytest.mark.parametrize("name", ["host_bound", "sync_stall", "pageable_memcpy"])
+def test_idle_gaps_next_operation_and_its_launch_by_hand(name: str) -> None:
+    """Each idle gap names the operation that ends it and the call that launched it: here the
+    first operation starting at each gap's end on the device, looked up in the whole ops
+    table joined with every launch (idle_gaps joins only the gaps' operations)."""
+    from tracekit.analysis.attribution import launch_info
+    from tracekit.analysis.gpu_time import idle_gaps
+    from tracekit.diagnosis.config import DiagnoseConfig
+    from tracekit.diagnosis.context import Context
+
+    ctx = Context(tracekit.open(_export(name)), DiagnoseConfig())
+    ops = ctx.ops
+    gaps = idle_gaps(ops, ctx.cuda_api)
+    assert gaps.height > 10
+    whole = launch_info(ops, ctx.cuda_api).with_row_index("_r")
+    for g in gaps.iter_rows(named=True):
+        at = whole.filter((pl.col("device_id") == g["device_id"]) & (pl.col("start_ns") == g["end_ns"])).sort("_r")
+        assert at.height >= 1
+        first = at.row(0, named=True)
+        assert (g["next_op"], g["next_api"], g["next_launched_ns"]) == (first["name"], first["api_name"], first["api_start_ns"])

@@ -308,10 +308,14 @@ def idle_gaps(
     schema_cols = [*keys, "start_ns", "end_ns", "duration_ns", "next_op", "next_api", "next_launched_ns",
                    "sync_ns", "copy_ns", "launch_ns", "other_api_ns", "cause"]
     # the operation that ends the gap and the call that launched it
+    # (only the operations that start where a gap ends: the launch join below then reads a
+    # row per gap, not one per operation)
     opcols = [c for c in ("name", "correlation_id", "global_pid", "op_kind") if c in ops.columns]
     first_ops = (
         ops.select(*keys, "start_ns", *opcols)
-        .sort([*keys, "start_ns"])
+        .join(gaps.select(*keys, pl.col("end_ns").alias("start_ns")).unique(), on=[*keys, "start_ns"], how="semi",
+              maintain_order="left")
+        .sort([*keys, "start_ns"], maintain_order=True)
         .unique(subset=[*keys, "start_ns"], keep="first", maintain_order=True)
     )
     if "correlation_id" in first_ops.columns and "global_pid" in first_ops.columns:

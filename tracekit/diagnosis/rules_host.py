@@ -278,31 +278,53 @@ def _range_during(ctx: Context, gaps: pl.DataFrame) -> pl.DataFrame:
     return gaps.with_columns(pl.Series("host_range", out, dtype=pl.Utf8))
 
 
+#: Calls :func:`_calls_during` measures at a time.
+CALL_CHUNK = 1 << 16
+
+
 def _calls_during(ctx: Context, gaps: pl.DataFrame) -> pl.DataFrame:
-    """CUDA API calls (any thread of the trace) overlapping ``gaps``: ``name``, ``calls``,
-    ``overlap_ns`` (time inside the gaps), largest first."""
+    """CUDA API calls (any thread of the trace) overlapping ``gaps`` (one device's: they do
+    not overlap): ``name``, ``calls`` (call and gap pairs that overlap), ``overlap_ns`` (time
+    inside the gaps), largest first, then by name."""
     api = ctx.api_w
     if api.height == 0 or gaps.height == 0:
         return pl.DataFrame()
-    a = api.select(pl.col("name").str.replace(API_VERSION_SUFFIX, ""), "start_ns", "end_ns").sort("start_ns")
-    st = a["start_ns"].to_numpy()
-    longest = int((a["end_ns"] - a["start_ns"]).max() or 0)  # type: ignore[arg-type]
-    rows: list[tuple[str, int]] = []
-    names = a["name"].to_list()
-    en = a["end_ns"].to_numpy()
-    for g0, g1 in gaps.select("start_ns", "end_ns").iter_rows():
-        lo = int(np.searchsorted(st, g0 - longest, side="left"))
-        hi = int(np.searchsorted(st, g1, side="left"))
-        for i in range(lo, hi):
-            ov = min(int(en[i]), g1) - max(int(st[i]), g0)
-            if ov > 0:
-                rows.append((names[i], ov))
-    if not rows:
+    g = gaps.select("start_ns", "end_ns").drop_nulls().sort("start_ns")
+    if g.height == 0:
         return pl.DataFrame()
+    g0 = g.get_column("start_ns").cast(pl.Int64).to_numpy()
+    g1 = g.get_column("end_ns").cast(pl.Int64).to_numpy()
+    # time inside the gaps before t: the gaps wholly before it plus the part of the one it is in
+    before = np.concatenate(([0], np.cumsum(g1 - g0)))
+
+    def inside_before(t: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(g0, t, side="right")  # gaps that start at or before t
+        last = np.maximum(i - 1, 0)
+        return np.where(i > 0, before[last] + np.clip(t - g0[last], 0, g1[last] - g0[last]), 0)
+
+    times = api.select("start_ns", "end_ns")
+    if times.null_count().sum_horizontal().item():
+        times = times.with_row_index("_row").drop_nulls()
+    st = times.get_column("start_ns").cast(pl.Int64).to_numpy()
+    en = times.get_column("end_ns").cast(pl.Int64).to_numpy()
+    # the calls in chunks: a few temporaries of a chunk's length, not of the window's calls
+    hits, overlaps = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+    for lo in range(0, st.size, CALL_CHUNK):
+        part = inside_before(en[lo:lo + CALL_CHUNK]) - inside_before(st[lo:lo + CALL_CHUNK])
+        at = np.nonzero(part > 0)[0]
+        hits.append(lo + at)
+        overlaps.append(part[at])
+    hit, ov = np.concatenate(hits), np.concatenate(overlaps)
+    if hit.size == 0:
+        return pl.DataFrame()
+    # gaps each call overlaps: those that start before its end, less those that end by its start
+    pairs = np.searchsorted(g0, en[hit], side="left") - np.searchsorted(g1, st[hit], side="right")
+    rows = times.get_column("_row").gather(hit) if "_row" in times.columns else pl.Series(hit)
+    names = api.get_column("name").gather(rows).str.replace(API_VERSION_SUFFIX, "")
     return (
-        pl.DataFrame(rows, schema={"name": pl.Utf8, "overlap_ns": pl.Int64}, orient="row")
-        .group_by("name").agg(pl.len().alias("calls"), pl.col("overlap_ns").sum())
-        .sort("overlap_ns", descending=True)
+        pl.DataFrame([names.alias("name"), pl.Series("calls", pairs, pl.Int64), pl.Series("overlap_ns", ov, pl.Int64)])
+        .group_by("name").agg(pl.col("calls").sum(), pl.col("overlap_ns").sum())
+        .sort(["overlap_ns", "name"], descending=[True, False])
     )
 
 
