@@ -411,3 +411,23 @@ def test_compiled_decode_that_copies_its_kv_cache_is_named() -> None:
     (dtod,) = _sql("compile_functional", "SELECT SUM(end - start) FROM CUPTI_ACTIVITY_KIND_MEMCPY WHERE copyKind = 8 "
                    f"AND start >= {w.start_ns} AND start < {w.end_ns}")[0]
     assert row["time_ns"] == dtod
+
+
+@pytest.mark.parametrize("name", ["hf_generate_compile", "compile_kvcopy", "hf_generate_eager"])
+def test_data_movement_rows_decided_per_name_equal_each_row_decided(name: str) -> None:
+    """data_movement_ops decides once per distinct name and kind which operations move data;
+    the rows it keeps, in order, are those each row's own test keeps (its name's family,
+    in-place copy, device-to-device memcpy, memset), on a capture's kernels, copies and sets."""
+    from tracekit.analysis._frames import gpu_ops
+    from tracekit.analysis.data_movement import data_movement_ops, inplace_copy
+    from tracekit.taxonomy import kernel_family
+
+    t = tracekit.open(llm_capture(name))
+    ops = gpu_ops(t.kernels, t.memcpys, t.memsets).with_row_index("_r")
+    got = data_movement_ops(ops)
+    inplace = dict(zip(ops["name"], inplace_copy(ops["name"]), strict=True))
+    want = [r for r, n, k in ops.select("_r", "name", "op_kind").iter_rows()
+            if (k == "kernel" and (kernel_family(n) == "copy" or inplace[n]))
+            or (k == "memcpy" and "device-to-device" in n.lower()) or k == "memset"]
+    assert len(want) > 0 and got["_r"].to_list() == want
+    assert got.columns == [*ops.columns, "family", "kind"]

@@ -94,12 +94,15 @@ def data_movement_ops(ops: pl.DataFrame) -> pl.DataFrame:
     peer-to-peer copies and whole-graph launches are left out.
     """
     frame = ops if "op_kind" in ops.columns else ops.with_columns(pl.lit("kernel").alias("op_kind"))
-    frame = with_family(frame, name_column="name")
-    dtod = pl.col("name").str.contains(r"(?i)device-to-device|dtod").fill_null(False)
-    inplace = inplace_copy(pl.col("name"))
-    keep = ((pl.col("op_kind") == "kernel") & ((pl.col("family") == "copy") | inplace)) | (
-        (pl.col("op_kind") == "memcpy") & dtod) | (pl.col("op_kind") == "memset")
-    return frame.filter(keep).with_columns(_kind().alias("kind"))
+    # decided once per distinct name, then only the rows kept are classified (not a family
+    # string per operation of a million)
+    names = with_family(frame.get_column("name").unique().drop_nulls().to_frame("name"), name_column="name")
+    copying = names.filter((pl.col("family") == "copy") | inplace_copy(pl.col("name"))).get_column("name")
+    dtod = names.filter(pl.col("name").str.contains(r"(?i)device-to-device|dtod")).get_column("name")
+    kind = pl.col("op_kind")
+    keep = ((kind == "kernel") & pl.col("name").is_in(copying.implode())) | (
+        (kind == "memcpy") & pl.col("name").is_in(dtod.implode())) | (kind == "memset")
+    return with_family(frame.filter(keep.fill_null(False)), name_column="name").with_columns(_kind().alias("kind"))
 
 
 def data_movement(ops: pl.DataFrame, *, by: tuple[str, ...] = ("kind", "name")) -> pl.DataFrame:

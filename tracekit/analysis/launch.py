@@ -94,16 +94,22 @@ def launch_bound_stretches(
     ``gpu_utilization`` (busy / span), ``median_kernel_ns``, ``median_gap_ns``,
     ``median_api_ns``.
     """
-    # only what a stretch reads goes through the join and the sort (not the names and ids)
+    # only what a stretch reads goes through the join and the sort (not the names and ids;
+    # of the launch, its times and whether it was a graph launch)
     read = ("rank", "device_id", "start_ns", "end_ns", "duration_ns", "correlation_id", "global_pid", "api_name", "api_start_ns", "api_end_ns")
-    k = kernel_launch_times(kernels.select([c for c in read if c in kernels.columns]), cuda_api)
-    dev = [*rank_keys(k), "device_id"]
-    # the latest end of any earlier kernel on the device
-    k = k.sort([*dev, "start_ns"]).with_columns(pl.col("end_ns").cum_max().shift(1).over(dev).alias("_prev_end"))
+    k = kernels.select([c for c in read if c in kernels.columns])
+    if cuda_api is not None and not {"api_start_ns", "api_end_ns"} <= set(k.columns):
+        k = launch_info(k, cuda_api, columns=("api_name", "api_start_ns", "api_end_ns"))
+    k = _with_launch(k, cuda_api)
     # a kernel of a CUDA graph replay (per-node traces) never waits on its own launch call
     from_graph = pl.col("api_name").str.contains(r"^cu(?:da)?GraphLaunch").fill_null(False) if "api_name" in k.columns else pl.lit(False)
+    dev = [*rank_keys(k), "device_id"]
+    k = k.select(*dev, "start_ns", "end_ns", "duration_ns", "api_end_ns",
+                 (pl.col("api_end_ns") - pl.col("api_start_ns")).alias("api_duration_ns"), from_graph.alias("_graph"))
+    # the latest end of any earlier kernel on the device
+    k = k.sort([*dev, "start_ns"]).with_columns(pl.col("end_ns").cum_max().shift(1).over(dev).alias("_prev_end"))
     starved = (
-        ~from_graph
+        ~pl.col("_graph")
         & (pl.col("duration_ns") < short_kernel_ns)
         & pl.col("_prev_end").is_not_null()
         & pl.col("api_end_ns").is_not_null()
