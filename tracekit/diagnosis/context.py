@@ -151,6 +151,9 @@ class Context:
         #: it on big traces, else the same).
         self.full_window: Window = self.window
         self._near_kernels: pl.DataFrame = pl.DataFrame()
+        #: Every kernel, of the read that built :attr:`ops` from a big export (its kernel rows
+        #: share these columns); ``None`` until then.
+        self._all_kernels: pl.DataFrame | None = None
 
     def prepare_reads(self) -> None:
         """Count the API calls first (every diagnosis needs it): on a cold column cache this
@@ -591,7 +594,8 @@ class Context:
         """Kernels, memcpys and memsets stacked (``gpu_ops``). Of a big export the rules
         filter it with :meth:`ops_where` instead; asking builds it whole."""
         if self._big is not None:
-            return self._big.where(pl.lit(True))
+            ops, self._all_kernels = self._big.where_with_kernels(pl.lit(True))
+            return ops
         return gpu_ops(self.kernels, self.memcpys, self.memsets, self.graphs)
 
     @property
@@ -792,6 +796,10 @@ class Context:
         if self.full_window.sampled and "ops" not in self.__dict__:
             self.ops_near  # noqa: B018  (reads the kernels around the window once)
             return rows_between(self._near_kernels, "start_ns", w.start_ns, w.end_ns)
+        if not self.full_window.sampled:
+            self.ops  # noqa: B018  (the rules read every operation: one read of the kernels for both)
+        if self._all_kernels is not None:
+            return rows_between(self._all_kernels, "start_ns", w.start_ns, w.end_ns)
         return big.kernels_where(inside)
 
     @cached_property
@@ -825,7 +833,8 @@ class Context:
         ``idle_ns`` (window − busy) and ``utilization``; devices with no work in it are left out."""
         keys = [*self.rk, "device_id"]
         w = self.window
-        ops = self.ops_near.filter((pl.col("end_ns") > w.start_ns) & (pl.col("start_ns") < w.end_ns)).with_columns(
+        ops = self.ops_near.select(*keys, "start_ns", "end_ns").filter(
+            (pl.col("end_ns") > w.start_ns) & (pl.col("start_ns") < w.end_ns)).with_columns(
             pl.max_horizontal("start_ns", pl.lit(w.start_ns)).alias("start_ns"),
             pl.min_horizontal("end_ns", pl.lit(w.end_ns)).alias("end_ns"),
         )
