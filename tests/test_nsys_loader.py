@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import warnings
 from pathlib import Path
@@ -229,3 +230,36 @@ def test_string_lookup_by_position_equals_the_hash_lookup() -> None:
                                                                                  return_dtype=pl.Utf8))[c].to_list() for c in ("f", "s")]
     assert [odd.select(lookup_strings(pl.col(c), strings))[c].to_list() for c in ("f", "s")] == by_hash
     assert by_hash[0][1] is None and by_hash[0][2] == by_hash[1][0] is not None
+
+
+def test_one_value_columns_hold_the_exports_values_once() -> None:
+    """A table of at least ONE_VALUE_FROM_ROWS rows holds a column whose rows are all one
+    value (one GPU's device and context, one process) as that value once, and an all-null
+    column as null once: the rows equal the export's by SQL; those columns add nothing to the
+    frame's size, where the same rows taken out one column at a time hold every row."""
+    from tracekit.nsys.readers import ONE_VALUE_FROM_ROWS, one_value_columns
+
+    from .conftest import llm_capture
+
+    path = llm_capture("hf_generate_eager")
+    t = tracekit.open(path)
+    cols = ["device_id", "context_id", "global_pid", "stream_id", "correlation_id", "start_ns"]
+    k = t.table("kernels", cols)
+    assert k.height >= ONE_VALUE_FROM_ROWS
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+        rows = db.execute("SELECT deviceId, contextId, globalPid, streamId, correlationId, start FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchall()
+        one = {c: db.execute(f"SELECT count(DISTINCT {c}) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
+               for c in ("deviceId", "contextId", "globalPid", "streamId")}
+    assert one["deviceId"] == one["contextId"] == one["globalPid"] == 1
+    held = k.estimated_size()
+    whole = pl.DataFrame([k.get_column(c) for c in cols])
+    # each one-value Int64 column held once (8 bytes) instead of 8 bytes a row
+    assert whole.estimated_size() - held == sum(n == 1 for n in one.values()) * 8 * (k.height - 1)
+    assert sorted(k.select(cols).rows()) == sorted(rows)
+    # an all-null column, and a frame below the bound left as it is
+    with_nulls = k.select("start_ns").with_columns(pl.Series("x", [None] * k.height, pl.Int64))
+    nulls = one_value_columns(with_nulls)
+    assert with_nulls.estimated_size() - nulls.estimated_size() >= 8 * k.height
+    assert nulls["x"].null_count() == k.height and nulls.equals(with_nulls)
+    small = k.head(ONE_VALUE_FROM_ROWS - 1)
+    assert one_value_columns(small) is small

@@ -223,7 +223,45 @@ def read_projected(
     casts = sum(n in documented and (n not in frame.columns or frame.schema[n] != documented[n]) for n in wanted)
     if casts:
         ensure_memory(db.path, source, frame.height, casts, (casts + 1) * frame.height * 8, "converting")
-    return S.conform(frame, table, wanted)
+    return one_value_columns(S.conform(frame, table, wanted))
+
+
+#: Tables from this many rows on hold a column of a single value as that value (polars'
+#: scalar column) rather than a row each: below it the saving is a few kilobytes.
+ONE_VALUE_FROM_ROWS = 1 << 14
+_ONE_VALUE_DTYPES = (pl.Int8, pl.Int16, pl.Int32, pl.Int64, pl.UInt8, pl.UInt16, pl.UInt32, pl.UInt64, pl.String, pl.Boolean)
+
+
+def one_value_columns(frame: pl.DataFrame) -> pl.DataFrame:
+    """``frame`` with each column whose rows all hold one value, or are all null, held as
+    that value once (same values, dtypes and order). On one GPU and one thread the process,
+    thread, device and context ids are such columns, and so are a table's unused fields
+    (NVTX payloads, domains): a million NVTX ranges held ~60 MB of them. A column someone
+    takes out as a Series (``frame["pid"]``) becomes a row each again, as before.
+
+    Integer, string and boolean columns, and all-null columns of any type; frames from
+    :data:`ONE_VALUE_FROM_ROWS` rows on."""
+    if frame.height < ONE_VALUE_FROM_ROWS:
+        return frame
+    cols = [c for c, t in frame.schema.items() if t in _ONE_VALUE_DTYPES or t == pl.Null]
+    nulls = [c for c, t in frame.schema.items() if c not in cols]
+    # expressions, not Series: a column that is one value already stays so while measured
+    stats = frame.select(
+        *(pl.col(c).null_count().alias(f"n{i}") for i, c in enumerate(cols)),
+        *(pl.col(c).min().alias(f"a{i}") for i, c in enumerate(cols)),
+        *(pl.col(c).max().alias(f"b{i}") for i, c in enumerate(cols)),
+        *(pl.col(c).null_count().alias(f"z{i}") for i, c in enumerate(nulls)),
+    ).row(0)
+    k, n = len(cols), frame.height
+    one = []
+    for i, c in enumerate(cols):
+        count, lo, hi = stats[i], stats[k + i], stats[2 * k + i]
+        if count == n:
+            one.append(pl.lit(None, frame.schema[c]).alias(c))
+        elif count == 0 and lo is not None and lo == hi:
+            one.append(pl.lit(lo, frame.schema[c]).alias(c))
+    one += [pl.lit(None, frame.schema[c]).alias(c) for i, c in enumerate(nulls) if stats[3 * k + i] == n]
+    return frame.with_columns(one) if one else frame
 
 
 #: How far past the latest start of a table an end may lie, at least (the table's own span
