@@ -15,6 +15,7 @@ from tracekit.analysis.gpu_time import idle_gaps
 from tracekit.diagnosis.config import DiagnoseConfig
 from tracekit.diagnosis.ops_by_column import KERNEL_COLUMNS, OpsByColumn, by_column
 from tracekit.diagnosis.result import Window
+from tracekit.nsys.readers import one_value_columns
 
 if TYPE_CHECKING:
     from tracekit.analysis.run.structure import RunStructure
@@ -733,7 +734,7 @@ class Context:
         rows = mask.fill_null(False).arg_true()
         del mask
         _release(api)
-        return pl.DataFrame(api.gather_columns(list(api.columns), rows))
+        return one_value_columns(pl.DataFrame(api.gather_columns(list(api.columns), rows)))
 
     def _margin(self) -> tuple[int, int]:
         step = self.full_window.step_ns or 0

@@ -23,7 +23,7 @@ import polars as pl
 from tracekit.analysis._frames import PID_UNIT, gpu_ops, within_any
 from tracekit.nsys import schema as S
 from tracekit.nsys.database import ensure_memory
-from tracekit.nsys.readers import END_SLACK_NS, KERNEL_SOURCE, lookup_strings
+from tracekit.nsys.readers import END_SLACK_NS, KERNEL_SOURCE, lookup_strings, one_value_columns
 
 __all__ = ["KERNEL_COLUMNS", "MIN_KERNELS", "OpsByColumn", "by_column"]
 
@@ -143,10 +143,10 @@ class OpsByColumn:
     def _gather(self, rows: pl.Series | None, columns: tuple[str, ...] | list[str]) -> pl.DataFrame:
         """``columns`` of the kernels at ``rows`` (``None``: every row, each column as read)."""
         if rows is None:
-            return pl.DataFrame([self._src[c] for c in columns])
+            return one_value_columns(pl.DataFrame([self._src[c] for c in columns]))
         if rows.len() == 0:
             return S.empty("kernels", list(columns))
-        return pl.DataFrame(self._src.gather_columns(list(columns), rows))
+        return one_value_columns(pl.DataFrame(self._src.gather_columns(list(columns), rows)))
 
     def kernels_where(self, expr: pl.Expr, columns: tuple[str, ...] = KERNEL_COLUMNS) -> pl.DataFrame:
         """``kernels.select(columns).filter(expr)`` (every kernel, plausible end or not)."""
