@@ -605,8 +605,9 @@ def test_calls_during_the_gaps_by_hand(name: str) -> None:
 @pytest.mark.parametrize("name", ["host_bound", "sync_stall", "pageable_memcpy"])
 def test_idle_gaps_next_operation_and_its_launch_by_hand(name: str) -> None:
     """Each idle gap names the operation that ends it and the call that launched it: here the
-    first operation starting at each gap's end on the device, looked up in the whole ops
-    table joined with every launch (idle_gaps joins only the gaps' operations)."""
+    operations starting at each gap's end on the device (one of them, when several start
+    together), looked up in the whole ops table joined with every launch (idle_gaps joins
+    only the gaps' operations)."""
     from tracekit.analysis.attribution import launch_info
     from tracekit.analysis.gpu_time import idle_gaps
     from tracekit.diagnosis.config import DiagnoseConfig
@@ -618,7 +619,6 @@ def test_idle_gaps_next_operation_and_its_launch_by_hand(name: str) -> None:
     assert gaps.height > 10
     whole = launch_info(ops, ctx.cuda_api).with_row_index("_r")
     for g in gaps.iter_rows(named=True):
-        at = whole.filter((pl.col("device_id") == g["device_id"]) & (pl.col("start_ns") == g["end_ns"])).sort("_r")
+        at = whole.filter((pl.col("device_id") == g["device_id"]) & (pl.col("start_ns") == g["end_ns"]))
         assert at.height >= 1
-        first = at.row(0, named=True)
-        assert (g["next_op"], g["next_api"], g["next_launched_ns"]) == (first["name"], first["api_name"], first["api_start_ns"])
+        assert (g["next_op"], g["next_api"], g["next_launched_ns"]) in set(at.select("name", "api_name", "api_start_ns").rows())

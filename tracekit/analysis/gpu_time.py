@@ -308,16 +308,19 @@ def idle_gaps(
     schema_cols = [*keys, "start_ns", "end_ns", "duration_ns", "next_op", "next_api", "next_launched_ns",
                    "sync_ns", "copy_ns", "launch_ns", "other_api_ns", "cause"]
     # the operation that ends the gap and the call that launched it
-    # (only the operations that start where a gap ends: the launch join below then reads a
-    # row per gap, not one per operation)
+    # (the first of the operations that start together, picked by a sort of the key columns;
+    # then only the picks where a gap ends get their other columns and, below, their launch:
+    # a row per gap, not one per operation)
     opcols = [c for c in ("name", "correlation_id", "global_pid", "op_kind") if c in ops.columns]
-    first_ops = (
-        ops.select(*keys, "start_ns", *opcols)
+    firsts = (
+        ops.select(*keys, "start_ns").with_row_index("_op")
+        .sort([*keys, "start_ns"])
+        .unique(subset=[*keys, "start_ns"], keep="first", maintain_order=True)
         .join(gaps.select(*keys, pl.col("end_ns").alias("start_ns")).unique(), on=[*keys, "start_ns"], how="semi",
               maintain_order="left")
-        .sort([*keys, "start_ns"], maintain_order=True)
-        .unique(subset=[*keys, "start_ns"], keep="first", maintain_order=True)
     )
+    first_ops = ops.select(*keys, "start_ns", *opcols)[firsts.get_column("_op")]
+    del firsts
     if "correlation_id" in first_ops.columns and "global_pid" in first_ops.columns:
         first_ops = launch_info(first_ops, cuda_api)
     else:

@@ -215,6 +215,7 @@ def diagnose(
         full = search_window(ctx)
     ctx.full_window = full
     ctx.window = full.analysed()
+    ctx.rules_read_ops = True
     if ctx.by_column is not None:
         # a big export's generation phases and NCCL matching before the rules: their work over
         # every operation or call then runs beside the window's tables only, not beside what

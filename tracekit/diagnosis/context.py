@@ -155,6 +155,11 @@ class Context:
         #: Every kernel, of the read that built :attr:`ops` from a big export (its kernel rows
         #: share these columns); ``None`` until then.
         self._all_kernels: pl.DataFrame | None = None
+        #: Set by :func:`~tracekit.diagnosis.diagnose` before its rules, which read every
+        #: operation on a window that is not sampled: :attr:`kernels_w` then comes from the
+        #: read that builds :attr:`ops`. Elsewhere (the run's structure alone) it reads the
+        #: window's kernels only.
+        self.rules_read_ops = False
 
     def prepare_reads(self) -> None:
         """Count the API calls first (every diagnosis needs it): on a cold column cache this
@@ -797,7 +802,7 @@ class Context:
         if self.full_window.sampled and "ops" not in self.__dict__:
             self.ops_near  # noqa: B018  (reads the kernels around the window once)
             return rows_between(self._near_kernels, "start_ns", w.start_ns, w.end_ns)
-        if not self.full_window.sampled:
+        if self.rules_read_ops and not self.full_window.sampled:
             self.ops  # noqa: B018  (the rules read every operation: one read of the kernels for both)
         if self._all_kernels is not None:
             return rows_between(self._all_kernels, "start_ns", w.start_ns, w.end_ns)

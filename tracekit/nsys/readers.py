@@ -241,7 +241,7 @@ def one_value_columns(frame: pl.DataFrame) -> pl.DataFrame:
 
     Integer, string and boolean columns, and all-null columns of any type; frames from
     :data:`ONE_VALUE_FROM_ROWS` rows on."""
-    if frame.height < ONE_VALUE_FROM_ROWS:
+    if frame.height < ONE_VALUE_FROM_ROWS or frame.width == 0:
         return frame
     cols = [c for c, t in frame.schema.items() if t in _ONE_VALUE_DTYPES or t == pl.Null]
     nulls = [c for c, t in frame.schema.items() if c not in cols]
