@@ -17,13 +17,15 @@ from tracekit.analysis.attribution import launch_info
 __all__ = ["kernel_launch_times", "launch_bound_stretches", "launch_cost"]
 
 
-def _with_launch(kernels: pl.DataFrame, cuda_api: pl.DataFrame | None) -> pl.DataFrame:
+def _with_launch(kernels: pl.DataFrame, cuda_api: pl.DataFrame | None, columns: tuple[str, ...] | None = None) -> pl.DataFrame:
+    """``kernels`` with their launch's ``columns`` (default: all of launch_info's), joined
+    only when they lack ``api_start_ns``/``api_end_ns``."""
     if {"api_start_ns", "api_end_ns"} <= set(kernels.columns):
         return kernels
     if cuda_api is None:
         msg = "kernels lack api_start_ns/api_end_ns; pass cuda_api or run tracekit.analysis.attribution.launch_info first"
         raise ValueError(msg)
-    return launch_info(kernels, cuda_api)
+    return launch_info(kernels, cuda_api, columns=columns)
 
 
 def kernel_launch_times(kernels: pl.DataFrame, cuda_api: pl.DataFrame | None = None) -> pl.DataFrame:
@@ -97,10 +99,8 @@ def launch_bound_stretches(
     # only what a stretch reads goes through the join and the sort (not the names and ids;
     # of the launch, its times and whether it was a graph launch)
     read = ("rank", "device_id", "start_ns", "end_ns", "duration_ns", "correlation_id", "global_pid", "api_name", "api_start_ns", "api_end_ns")
-    k = kernels.select([c for c in read if c in kernels.columns])
-    if cuda_api is not None and not {"api_start_ns", "api_end_ns"} <= set(k.columns):
-        k = launch_info(k, cuda_api, columns=("api_name", "api_start_ns", "api_end_ns"))
-    k = _with_launch(k, cuda_api)
+    k = _with_launch(kernels.select([c for c in read if c in kernels.columns]), cuda_api,
+                     columns=("api_name", "api_start_ns", "api_end_ns"))
     # a kernel of a CUDA graph replay (per-node traces) never waits on its own launch call
     from_graph = pl.col("api_name").str.contains(r"^cu(?:da)?GraphLaunch").fill_null(False) if "api_name" in k.columns else pl.lit(False)
     dev = [*rank_keys(k), "device_id"]
