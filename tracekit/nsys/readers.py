@@ -243,24 +243,17 @@ def one_value_columns(frame: pl.DataFrame) -> pl.DataFrame:
     :data:`ONE_VALUE_FROM_ROWS` rows on."""
     if frame.height < ONE_VALUE_FROM_ROWS or frame.width == 0:
         return frame
-    cols = [c for c, t in frame.schema.items() if t in _ONE_VALUE_DTYPES or t == pl.Null]
-    nulls = [c for c, t in frame.schema.items() if c not in cols]
-    # expressions, not Series: a column that is one value already stays so while measured
-    stats = frame.select(
-        *(pl.col(c).null_count().alias(f"n{i}") for i, c in enumerate(cols)),
-        *(pl.col(c).min().alias(f"a{i}") for i, c in enumerate(cols)),
-        *(pl.col(c).max().alias(f"b{i}") for i, c in enumerate(cols)),
-        *(pl.col(c).null_count().alias(f"z{i}") for i, c in enumerate(nulls)),
-    ).row(0)
-    k, n = len(cols), frame.height
-    one = []
-    for i, c in enumerate(cols):
-        count, lo, hi = stats[i], stats[k + i], stats[2 * k + i]
-        if count == n:
-            one.append(pl.lit(None, frame.schema[c]).alias(c))
-        elif count == 0 and lo is not None and lo == hi:
-            one.append(pl.lit(lo, frame.schema[c]).alias(c))
-    one += [pl.lit(None, frame.schema[c]).alias(c) for i, c in enumerate(nulls) if stats[3 * k + i] == n]
+    n = frame.height
+    nulls = dict(zip(frame.columns, frame.null_count().row(0), strict=True))
+    one = [pl.lit(None, t).alias(c) for c, t in frame.schema.items() if nulls[c] == n]
+    # of the others without a null, those whose least and greatest values are equal (by
+    # expressions, not Series: a column that is one value already stays so while measured)
+    cols = [c for c, t in frame.schema.items() if nulls[c] == 0 and t in _ONE_VALUE_DTYPES]
+    if cols:
+        bounds = frame.select(*(pl.col(c).min().alias(f"a{i}") for i, c in enumerate(cols)),
+                              *(pl.col(c).max().alias(f"b{i}") for i, c in enumerate(cols))).row(0)
+        one += [pl.lit(lo, frame.schema[c]).alias(c) for c, lo, hi in zip(cols, bounds, bounds[len(cols):], strict=False)
+                if lo is not None and lo == hi]
     return frame.with_columns(one) if one else frame
 
 
