@@ -18,7 +18,8 @@ with the same delay as the others in the jemalloc polars ships (a dropped 40 MB 
 resident until the delay passes: measured), not handing them back at once as jemalloc's
 documentation describes for its own build. ``summary`` and ``diagnose`` get
 :data:`DECAY_NOW` from a smaller input than the other stepped commands
-(:data:`DECAY_NOW_FROM`).
+(:data:`DECAY_NOW_FROM`); ``stats`` gets :data:`DECAY_SHORT` (the same, with freed pages back
+after 0.2 s) on any input.
 
 A value of ``_RJEM_MALLOC_CONF`` the user set is left alone.
 
@@ -40,7 +41,7 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from pathlib import Path
 
 __all__ = [
-    "BIG_INPUT_BYTES", "DECAY_NOW", "DECAY_NOW_FROM", "DECAY_SHORT", "DECAY_SHORT_FROM", "EAGER_LARGE", "MMAP_THRESHOLD", "STEPPED_COMMANDS", "map_large_blocks", "tune_allocator",
+    "BIG_INPUT_BYTES", "DECAY_NOW", "DECAY_NOW_FROM", "DECAY_SHORT", "DECAY_SHORT_COMMANDS", "EAGER_LARGE", "MMAP_THRESHOLD", "STEPPED_COMMANDS", "map_large_blocks", "tune_allocator",
 ]
 
 #: Inputs from this size on (bytes; a folder: its files) count as big.
@@ -64,15 +65,17 @@ STEPPED_COMMANDS = frozenset({"diff", "report", "summary", "diagnose", "export"}
 DECAY_NOW_FROM = {"summary": 192 << 20, "diagnose": 192 << 20}
 #: jemalloc options: :data:`EAGER_LARGE`, and freed pages go back after 0.2 s instead of ~10 s.
 DECAY_SHORT = f"{EAGER_LARGE},dirty_decay_ms:200,muzzy_decay_ms:0"
-#: Input bytes from which a command gets :data:`DECAY_SHORT` (when it does not get
-#: :data:`DECAY_NOW`): ``stats`` from 256 MiB. Its reports free one whole-column step before
-#: the next allocates; on the h1x export (363 MB, 1 M kernels, 5 M calls) the three big
-#: reports with the column cache empty peaked at 354–382 MiB with :data:`EAGER_LARGE` and
-#: 297–322 MiB with this (a 500 ms delay: 311–345, 1 s: 303–344), in as much time (by turns,
-#: medians of 3: 4.64 → 4.77 s; alternating, 4 runs: 4.65–5.12 → 4.61–4.89 s); on s1x (1 GPU)
-#: the cold run took 0.1–0.2 s longer (2.8–3.0 → 2.95–3.2 s) and warm runs were as fast
-#: (benchmarks/README.md, "Issue 28, fourteenth session").
-DECAY_SHORT_FROM = {"stats": 256 << 20}
+#: Commands that get :data:`DECAY_SHORT` whatever their input's size (when they do not get
+#: :data:`DECAY_NOW`): ``stats``. Its reports free one whole-column step before the next
+#: allocates. On the h1x export (363 MB, 1 M kernels, 5 M calls) the three big reports with the
+#: column cache empty peaked at 354–382 MiB with :data:`EAGER_LARGE` and 297–322 MiB with this
+#: (a 500 ms delay: 311–345, 1 s: 303–344), in as much time (benchmarks/README.md, "Issue 28,
+#: fourteenth session"). It was kept for inputs from 256 MiB until the grid of export shapes
+#: (issue 44) showed the same on smaller ones at no cost in time: on the 206 MB
+#: ``k1m_a1_v1_n100k`` the warm run 291 → 265–271 MiB, on the 97 MB ``k200_a6_v1_n100k``
+#: 228 → 214, the cold ``cuda_kern_exec_sum`` 258–262 → 238–240, each in as much time, and on
+#: the 25 MB ``k200_a1_v0_n1k`` no change (benchmarks/README.md, "Session 24").
+DECAY_SHORT_COMMANDS = frozenset({"stats"})
 _VARIABLE = "_RJEM_MALLOC_CONF"
 #: Commands that start the user's program, which would inherit the variable.
 _RUNS_PROGRAMS = frozenset({"capture"})
@@ -117,8 +120,7 @@ def tune_allocator(argv: Sequence[str], env: MutableMapping[str, str] | None = N
     ``argv`` (without the program) and return them: :data:`DECAY_NOW` for a
     :data:`STEPPED_COMMANDS` command on an input of at least ``min_bytes`` (default: the
     command's :data:`DECAY_NOW_FROM`, else :data:`BIG_INPUT_BYTES`), :data:`DECAY_SHORT` for
-    a command of :data:`DECAY_SHORT_FROM` on an input of at least its size, else
-    :data:`EAGER_LARGE`; :data:`DECAY_NOW` whenever an input is a torch.profiler trace (or a
+    a command of :data:`DECAY_SHORT_COMMANDS`, else :data:`EAGER_LARGE`; :data:`DECAY_NOW` whenever an input is a torch.profiler trace (or a
     folder of them). None, and ``env`` untouched, when ``env`` has a jemalloc setting
     already, ``argv`` is empty or runs ``capture`` (the program it profiles would inherit it). Must run before polars is imported (jemalloc reads it once)."""
     env = os.environ if env is None else env
@@ -133,12 +135,12 @@ def tune_allocator(argv: Sequence[str], env: MutableMapping[str, str] | None = N
         # benchmarks/README.md, "Kineto open")
         env[_VARIABLE] = DECAY_NOW
         return DECAY_NOW
-    if argv[0] in STEPPED_COMMANDS or argv[0] in DECAY_SHORT_FROM:
+    if argv[0] in STEPPED_COMMANDS:
         total = sum(_size(Path(arg)) for arg in argv[1:] if not arg.startswith("-"))
-        if argv[0] in STEPPED_COMMANDS and total >= min_bytes:
+        if total >= min_bytes:
             value = DECAY_NOW
-        elif argv[0] in DECAY_SHORT_FROM and total >= DECAY_SHORT_FROM[argv[0]]:
-            value = DECAY_SHORT
+    if value == EAGER_LARGE and argv[0] in DECAY_SHORT_COMMANDS:
+        value = DECAY_SHORT
     env[_VARIABLE] = value
     return value
 
