@@ -6,7 +6,6 @@ hold about that many, whatever its number of steps. On a real capture, with a sm
 from __future__ import annotations
 
 import polars as pl
-import pytest
 
 import tracekit
 from tests.conftest import run_capture
@@ -56,44 +55,3 @@ def test_sampled_window_gaps_equal_the_whole_trace_gaps_inside_it() -> None:
     got = ctx.gaps_w
     assert got.height > 50 and got.sort("device_id", "start_ns").equals(want.select(got.columns).sort("device_id", "start_ns"))
     assert ctx.api_near.height < trace.cuda_api.height // 2
-
-
-def test_a_step_of_more_than_twice_the_bound_is_sampled_in_part() -> None:
-    """When each step holds more than twice ``max_window_ops`` operations, the sample is a part
-    of one step: the middle ``max_window_ops`` operations of the middle steady step (issue 44:
-    one step of 500 k kernels and 3 M calls was the smallest sample, 650 MB for a 0.8 GB
-    export). Times at stake scale by length, and per-step figures count the part as its share
-    of a median step. Checked by hand against the capture's own operations."""
-    from tracekit.diagnosis.context import Context
-    from tracekit.diagnosis.result import fmt_ns
-    from tracekit.diagnosis.window import search_window
-
-    path = run_capture("train_ddp_2gpu") / "train_ddp_2gpu.sqlite"
-    trace = tracekit.open(path)
-    w = diagnose(tracekit.open(path)).window
-    ops = pl.concat([t.select("start_ns", "end_ns") for t in (trace.kernels, trace.memcpys, trace.memsets)])
-    in_window = ops.filter((pl.col("start_ns") >= w.start_ns) & (pl.col("start_ns") < w.end_ns)).height
-    bound = in_window // (4 * w.steps)  # each step holds about four times the bound
-    config = DiagnoseConfig(max_window_ops=bound)
-    d = diagnose(tracekit.open(path), config=config)
-    cut = d.window
-    assert (cut.start_ns, cut.end_ns, cut.steps) == (w.start_ns, w.end_ns, w.steps)
-    assert cut.sampled and cut.sample_steps == 0
-    # by hand: the middle steady step, and the middle `bound` of the operations that start in it
-    steady = cut.iterations.slice(cut.warmup_steps)
-    step = steady.row(steady.height // 2, named=True)
-    inside = ops.filter((pl.col("start_ns") >= step["w_start"]) & (pl.col("start_ns") < step["w_end"])).sort("start_ns")
-    assert inside.height > 2 * bound
-    part = inside.slice((inside.height - bound) // 2, bound)
-    assert (cut.sample_start_ns, cut.sample_end_ns) == (part["start_ns"].min(), part["end_ns"].max())
-    span = cut.sample_end_ns - cut.sample_start_ns  # type: ignore[operator]
-    assert cut.scale == pytest.approx(cut.duration_ns / span)
-    assert "from the middle of its middle step" in d.window_text()
-    # the per-step count is the part's share of a median step
-    ctx = Context(tracekit.open(path), config)
-    ctx.prepare_reads()
-    ctx.full_window = search_window(ctx)
-    ctx.window = ctx.full_window.analysed()
-    n, noun = ctx.step_unit
-    assert n == pytest.approx(span / cut.step_ns) and 0 < n < 1 and noun == "step"
-    assert ctx.per_step(n * 2e9) == f"{fmt_ns(2e9)} per step"  # the part's time over its share

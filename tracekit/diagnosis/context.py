@@ -854,15 +854,12 @@ class Context:
         ).sort(keys)
 
     @cached_property
-    def step_unit(self) -> tuple[float, str]:
+    def step_unit(self) -> tuple[int, str]:
         """``(count, noun)`` of the steps the findings' per-step figures are of: the analysed
         window's token steps for a generation (``token step``) or a server (``engine step``),
         whose iterations may be whole ``generate()`` calls; a microbenchmark's iterations
         (``repetition``); a model run over and over without tokens (``forward pass``); else its
-        iterations (``step``). Of a sample that is a part of one step (a step of more
-        operations than the rules take: :func:`~tracekit.diagnosis.window.window_of`), the
-        count is that part's share of a step, its length over the median step's (< 1), so that
-        a per-step figure is the part's scaled to a whole step."""
+        iterations (``step``)."""
         s = self.__dict__.get("structure")
         st = s.steady_steps if s is not None and s.kind in ("generation", "serving") else None
         if st is not None and st.height:
@@ -870,15 +867,11 @@ class Context:
             n = st.filter((pl.col("start_ns") >= w.start_ns) & (pl.col("start_ns") < w.end_ns)).height
             if n and s is not None:
                 return n, "token step" if s.kind == "generation" else "engine step"
-        fw = self.full_window
-        steps: float = self.window.steps
-        if fw.sampled and fw.steps and not fw.sample_steps and fw.step_ns:
-            steps = self.window.duration_ns / fw.step_ns
         if s is not None and s.kind == "microbenchmark":
-            return steps, "repetition"
+            return self.window.steps, "repetition"
         if s is not None and s.kind == "inference":
-            return steps, "forward pass"
-        return steps, "step"
+            return self.window.steps, "forward pass"
+        return self.window.steps, "step"
 
     def per_step(self, ns: float) -> str:
         """``"X per step"`` (per token or engine step of a generation or a server: see

@@ -88,10 +88,8 @@ class Window:
     ``warmup_steps`` the leading ones excluded; ``step_ns`` is the median steady iteration.
 
     On big traces the rules run on a sample: ``sample_steps`` consecutive steady iterations
-    from the middle of the window, ``sample_start_ns``…``sample_end_ns``; ``sample_steps`` = 0
-    when the sample is a span of operations (a window without steps, or one whose steps each
-    hold more than twice ``max_window_ops`` operations: a part of its middle step); times at
-    stake are then scaled by ``scale``.
+    from the middle of the window, ``sample_start_ns``…``sample_end_ns`` (``sample_steps`` = 0
+    when the whole window is analysed); times at stake are then scaled by ``scale``.
     """
 
     start_ns: int
@@ -254,12 +252,9 @@ class Diagnosis:
         warm = f", {w.warmup_steps} warm-up step(s) excluded" if w.warmup_steps else ""
         sample = ""
         if w.sampled:
-            span = fmt_ns((w.sample_end_ns or 0) - (w.sample_start_ns or 0))
-            if w.sample_steps:
-                what = f"{w.sample_steps} step{'s' if w.sample_steps != 1 else ''} from its middle"
-            else:  # a part of the middle step when the window has steps
-                what = f"{span} from the middle of its middle step" if w.steps else f"{span} from its middle"
-            sample = f"; rules run on {what}, times at stake scaled ×{w.scale:.3g}"
+            what = (f"{w.sample_steps} step{'s' if w.sample_steps != 1 else ''}" if w.sample_steps
+                    else fmt_ns((w.sample_end_ns or 0) - (w.sample_start_ns or 0)))
+            sample = f"; rules run on {what} from its middle, times at stake scaled ×{w.scale:.3g}"
         text = f"window {fmt_ns(w.duration_ns)} ({w.method}{steps}{warm}): {w.reason}{sample}"
         if self.structure is not None and w.method != "given":
             text = f"run — {self.structure.headline()}\n{text}"

@@ -459,7 +459,7 @@ def launch_bound(ctx: Context) -> list[Finding]:
     if sev is None:
         return []
     n_steps, noun = ctx.step_unit
-    per_step_k = ctx.kernels_w.height / (n_steps or 1)
+    per_step_k = ctx.kernels_w.height / max(n_steps, 1)
     title = (
         f"Launch-bound: {per_step_k:.0f} kernels per {noun}, median {fmt_ns(top['median_kernel_ns'])} each but "
         f"{fmt_ns(top['median_api_ns'])} per launch call; GPU idle {ctx.per_step(total)} between them"
@@ -554,7 +554,7 @@ def sync_stall(ctx: Context) -> list[Finding]:
         return []
     dev_costs = costs.join(per_dev.head(1).select(dk), on=dk)
     n_steps, noun = ctx.step_unit
-    steps = (n_steps or 1)
+    steps = max(n_steps, 1)
     syncs = syncs.with_columns(pl.col("name").str.replace(API_VERSION_SUFFIX, ""))
     by_call = syncs.group_by("name").agg(pl.len().alias("calls"), pl.col("duration_ns").sum().alias("host_blocked_ns"))
     idle_by = dev_costs.group_by(pl.col("sync_call").alias("name")).agg(
@@ -659,7 +659,7 @@ def pageable_memcpy(ctx: Context) -> list[Finding]:
     b = int(ev["bytes"].sum())
     bw = b / max(int(ev["time_ns"].sum()), 1)
     n_steps, noun = ctx.step_unit
-    steps = (n_steps or 1)
+    steps = max(n_steps, 1)
     return [Finding(
         "pageable_memcpy", sev,
         f"{bad.height / steps:.0f} pageable/synchronous host copies per {noun} ({b / steps / 2**20:.1f} MiB at "

@@ -27,24 +27,14 @@ from tracekit.diagnosis.result import Window
 __all__ = ["search_window", "steady_ops", "steady_window", "window_of"]
 
 
-def _sample(
-    it: pl.DataFrame, warm: int, n_steady: int, config: DiagnoseConfig, n_ops: int = 0, times: Any = None
-) -> tuple[int, int, int] | None:
+def _sample(it: pl.DataFrame, warm: int, n_steady: int, config: DiagnoseConfig, n_ops: int = 0) -> tuple[int, int, int] | None:
     """``(start, end, steps)`` of ``sample_steps`` consecutive steady iterations in the middle;
     of a window of few but long steps (no more than ``sample_steps`` of them, ``n_ops``
     operations in all), as many steps as hold about ``max_window_ops`` operations (issue 44:
-    20 steps of 48 k kernels were analysed whole, 1.9 GB for a 0.3 GB export). When a step
-    holds more than twice that many (on average), a part of one step: the middle
-    ``max_window_ops`` operations of the middle step (``times()`` gives the operations'
-    ``start_ns`` and ``end_ns``), with ``steps`` 0 (issue 44: a step of 500 k kernels and 3 M
-    calls was the smallest sample, 650 MB for a 0.8 GB export)."""
+    20 steps of 48 k kernels were analysed whole, 1.9 GB for a 0.3 GB export)."""
     steady = it.slice(warm)
     want = config.sample_steps
     if steady.height <= want and n_ops > config.max_window_ops:
-        if times is not None and 2 * steady.height * config.max_window_ops < n_ops and "w_start" in steady.columns:
-            middle = steady.row(steady.height // 2, named=True)
-            part = _middle_ops(times(), int(middle["w_start"]), int(middle["w_end"]), config.max_window_ops)
-            return (int(middle["w_start"]), int(middle["w_end"]), 1) if part is None else (*part, 0)
         want = max(1, steady.height * config.max_window_ops // n_ops)
     if steady.height <= want:
         return None
@@ -105,7 +95,7 @@ def window_of(structure: RunStructure, get: Any, config: DiagnoseConfig) -> Wind
                     iterations=it)
     n_ops = get(["start_ns"]).filter((pl.col("start_ns") >= s.start_ns) & (pl.col("start_ns") < s.end_ns)).height
     if n_ops > config.max_window_ops:
-        sample = _sample(it, s.warmup_steps, s.steps, config, n_ops, times=lambda: get(["start_ns", "end_ns"]))
+        sample = _sample(it, s.warmup_steps, s.steps, config, n_ops)
         if sample is not None:
             return replace(window, sample_start_ns=sample[0], sample_end_ns=sample[1], sample_steps=sample[2])
     return window
@@ -120,19 +110,12 @@ def search_window(ctx: Context) -> Window:
 
 def _sample_whole(window: Window, ops: pl.DataFrame, config: DiagnoseConfig) -> Window:
     """A whole-trace window over ``max_window_ops``: the middle span holding that many operations."""
-    part = _middle_ops(ops, window.start_ns, window.end_ns, config.max_window_ops)
-    return window if part is None else replace(window, sample_start_ns=part[0], sample_end_ns=part[1])
-
-
-def _middle_ops(ops: pl.DataFrame, lo: int, hi: int, n: int) -> tuple[int, int] | None:
-    """``(start, end)`` in ns of the middle ``n`` of the operations (``start_ns``, ``end_ns``)
-    that start in ``[lo, hi)``: the first one's start and the latest end among them; None when
-    no more than ``n`` start there."""
-    inside = ops.filter((pl.col("start_ns") >= lo) & (pl.col("start_ns") < hi)).sort("start_ns")
-    if inside.height <= n:
-        return None
-    part = inside.slice((inside.height - n) // 2, n)
-    return int(part["start_ns"].min()), int(part["end_ns"].max())  # type: ignore[arg-type]
+    inside = ops.filter((pl.col("start_ns") >= window.start_ns) & (pl.col("start_ns") < window.end_ns)).sort("start_ns")
+    if inside.height <= config.max_window_ops:
+        return window
+    first = (inside.height - config.max_window_ops) // 2
+    part = inside.slice(first, config.max_window_ops)
+    return replace(window, sample_start_ns=int(part["start_ns"].min()), sample_end_ns=int(part["end_ns"].max()))  # type: ignore[arg-type]
 
 
 def steady_ops(trace: Any) -> tuple[pl.DataFrame, list[int], str]:
