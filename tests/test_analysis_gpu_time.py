@@ -260,3 +260,59 @@ def test_idle_gaps_in_small_chunks_equal_one_chunk(monkeypatch: pytest.MonkeyPat
         monkeypatch.undo()
         assert whole.height > 100 and small.equals(whole)
         assert whole.filter(pl.col("launch_ns") > 0).height > 0  # calls were matched
+
+
+def _call_ranges_by_as_of_joins(g: pl.DataFrame, api: pl.DataFrame, tk: list[str]) -> pl.DataFrame:
+    """The index ranges as three as-of joins by thread gave them (the code before 2026-11-30)."""
+    lo = g.sort([*tk, "start_ns"]).join_asof(
+        api.select(*tk, pl.col("_as").alias("start_ns"), pl.col("_ai").alias("_lo")),
+        on="start_ns", by=tk, strategy="backward", check_sortedness=False,
+    )
+    hi = g.sort([*tk, "end_ns"]).join_asof(
+        api.select(*tk, pl.col("_as").alias("end_ns"), pl.col("_ai").alias("_hi")),
+        on="end_ns", by=tk, strategy="backward", check_sortedness=False, allow_exact_matches=False,
+    )
+    first_in = g.sort([*tk, "start_ns"]).join_asof(
+        api.select(*tk, pl.col("_as").alias("start_ns"), pl.col("_ai").alias("_first")),
+        on="start_ns", by=tk, strategy="forward", check_sortedness=False,
+    ).select("_gap", "_first")
+    rng = lo.select("_gap", "_lo").join(hi.select("_gap", "_hi"), on="_gap").join(first_in, on="_gap", how="left")
+    return rng.select("_gap", pl.coalesce("_lo", "_first").alias("_lo"), "_hi")
+
+
+@pytest.mark.parametrize("which", ["tp2", "tp2_ranks", "mfu"])
+def test_call_ranges_equal_as_of_joins(which: str) -> None:
+    """Each gap's range of calls of its thread (a binary search in the thread's run of calls)
+    equals what as-of joins by thread give, on real calls: spans drawn at random between the
+    calls' own start times (ties with a call's start on both ends, before the first call and
+    after the last, threads without a call): one process of 6 threads, two ranks of 3, two
+    processes of 2."""
+    import random
+
+    from tracekit.analysis import gpu_time
+
+    trace = {"tp2": lambda: _open(TP2), "tp2_ranks": lambda: tracekit.open_many(SAMPLES / "llm_tp2_nccl_per_rank"),
+             "mfu": lambda: _open(MFU)}[which]()
+    cuda_api = trace.cuda_api
+    rk = ["rank"] if "rank" in cuda_api.columns else []
+    tk = [*rk, "global_tid"]
+    threads = cuda_api.get_column("global_tid").unique()
+    api = gpu_time._calls_by_thread(cuda_api, rk, threads)
+    rnd = random.Random(7)
+    keys = api.select(tk).unique(maintain_order=True).rows()
+    starts = api.get_column("_as").to_list()
+    rows = []
+    for i in range(3000):
+        key = rnd.choice(keys)
+        a, b = sorted(rnd.choice(starts) + rnd.choice((0, 0, 1, -1, 5_000)) for _ in range(2))
+        rows.append((i, *key, a, b))
+    lo_all, hi_all = min(starts), max(starts)
+    rows += [(3000, *keys[0], lo_all - 10, lo_all - 5), (3001, *keys[0], hi_all + 5, hi_all + 10),
+             (3002, *((-1,) * len(tk)), lo_all, hi_all)]  # before every call, after every call, no such thread
+    schema = {"_gap": pl.UInt32, **{c: api.schema[c] for c in tk}, "start_ns": pl.Int64, "end_ns": pl.Int64}
+    g = pl.DataFrame(rows, schema=schema, orient="row")
+    got = gpu_time._call_ranges(g, api, tk).sort("_gap")
+    want = _call_ranges_by_as_of_joins(g, api, tk).filter(pl.col("_lo").is_not_null() | pl.col("_hi").is_not_null())
+    got = got.filter(pl.col("_lo").is_not_null() | pl.col("_hi").is_not_null())
+    assert api.select(tk).n_unique() >= 4  # the threads' runs
+    assert got.height > 2500 and got.equals(want.sort("_gap").cast(got.schema))  # type: ignore[arg-type]

@@ -69,6 +69,41 @@ def _calls_by_thread(cuda_api: pl.DataFrame, rk: list[str], threads: pl.Series) 
     return api.with_row_index("_ai").with_columns(pl.col("_ai").cast(index))
 
 
+def _call_ranges(g: pl.DataFrame, api: pl.DataFrame, tk: list[str]) -> pl.DataFrame:
+    """Per gap (``_gap``, its thread ``tk``, ``start_ns``, ``end_ns``), the index range into
+    ``api`` (:func:`_calls_by_thread`: sorted by thread, then start; ``_ai`` its row position)
+    of its thread's calls that may overlap it: ``_lo`` the last call starting at or before the
+    gap's start, else the first starting after it; ``_hi`` the last call starting before its
+    end (null where there is none). A binary search in each thread's run of calls: what three
+    as-of joins by thread gave, without their sorted copies of the gaps and hash tables of
+    the calls (their peak was the diagnosis' on 200 k to 2 M kernels)."""
+    schema = {"_gap": g.schema["_gap"], "_lo": api.schema["_ai"], "_hi": api.schema["_ai"]}
+    if g.height == 0 or api.height == 0:
+        return pl.DataFrame(schema=schema)
+    # the threads' runs: where any key column changes from the row before
+    change = pl.any_horizontal(pl.col(c).ne_missing(pl.col(c).shift(1)) for c in tk)
+    firsts = api.select(tk).with_columns(change.fill_null(True).alias("_new")).with_row_index("_i").filter("_new")
+    bounds = firsts.get_column("_i").to_list() + [api.height]
+    starts_all, parts = api.get_column("_as"), []
+    for n, key in enumerate(firsts.select(tk).iter_rows()):
+        a, b = bounds[n], bounds[n + 1]
+        mine = g.filter(pl.all_horizontal(pl.col(c).eq_missing(v) for c, v in zip(tk, key, strict=True)))
+        if mine.height == 0:
+            continue
+        calls = starts_all.slice(a, b - a)
+        g0, g1 = mine.get_column("start_ns"), mine.get_column("end_ns")
+        before = calls.search_sorted(g0, side="right").cast(pl.Int64) - 1  # last call starting at or before the start
+        first = calls.search_sorted(g0, side="left").cast(pl.Int64)  # first call starting at or after it
+        last = calls.search_sorted(g1, side="left").cast(pl.Int64) - 1  # last call starting before the end
+        lo = pl.when(before >= 0).then(before).when(first < b - a).then(first)
+        parts.append(mine.select(
+            "_gap",
+            (lo + a).cast(schema["_lo"]).alias("_lo"),
+            pl.when(last >= 0).then(last + a).cast(schema["_hi"]).alias("_hi"),
+        ))
+    return pl.concat(parts) if parts else pl.DataFrame(schema=schema)
+
+
 def _overlap_by_kind(rng: pl.DataFrame, api: pl.DataFrame, g0: pl.Series, g1: pl.Series) -> pl.DataFrame:
     """Time of each gap that calls filled, by kind: ``_gap``, ``_k``, ``_ov`` (ns).
 
@@ -341,26 +376,13 @@ def idle_gaps(
     api = _calls_by_thread(cuda_api, rk, gaps.get_column("global_tid"))
     tk = [*rk, "global_tid"]
     g = gaps.filter(pl.col("global_tid").is_not_null()).select("_gap", *tk, "start_ns", "end_ns")
-    lo = g.sort([*tk, "start_ns"]).join_asof(
-        api.select(*tk, pl.col("_as").alias("start_ns"), pl.col("_ai").alias("_lo")),
-        on="start_ns", by=tk, strategy="backward", check_sortedness=False,
+    rng = _call_ranges(g, api, tk).filter(
+        pl.col("_lo").is_not_null() & pl.col("_hi").is_not_null() & (pl.col("_hi") >= pl.col("_lo"))
     )
-    hi = g.sort([*tk, "end_ns"]).join_asof(
-        api.select(*tk, pl.col("_as").alias("end_ns"), pl.col("_ai").alias("_hi")),
-        on="end_ns", by=tk, strategy="backward", check_sortedness=False, allow_exact_matches=False,
-    )
-    rng = lo.select("_gap", "_lo").join(hi.select("_gap", "_hi"), on="_gap")
-    first_in = g.sort([*tk, "start_ns"]).join_asof(
-        api.select(*tk, pl.col("_as").alias("start_ns"), pl.col("_ai").alias("_first")),
-        on="start_ns", by=tk, strategy="forward", check_sortedness=False,
-    ).select("_gap", "_first")
-    del g, lo, hi
-    rng = rng.join(first_in, on="_gap", how="left").with_columns(
-        pl.coalesce("_lo", "_first").alias("_lo")
-    ).filter(pl.col("_lo").is_not_null() & pl.col("_hi").is_not_null() & (pl.col("_hi") >= pl.col("_lo")))
+    del g
     per_kind = _overlap_by_kind(rng.select("_gap", "_lo", "_hi"), api.select("_as", "_ae", "_k"),
                                 gaps.get_column("start_ns"), gaps.get_column("end_ns"))
-    del api, rng, first_in
+    del api, rng
     # each kind's time put at its gap's row (``_gap`` is the row's position, one sum per gap
     # and kind): a join would copy every column of the gaps, their names among them
     # (scatter writes into the series it is given: a fresh one per kind)
