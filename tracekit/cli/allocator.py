@@ -72,8 +72,8 @@ DECAY_SHORT = f"{EAGER_LARGE},dirty_decay_ms:200,muzzy_decay_ms:0"
 #: (a 500 ms delay: 311–345, 1 s: 303–344), in as much time (benchmarks/README.md, "Issue 28,
 #: fourteenth session"). It was kept for inputs from 256 MiB until the grid of export shapes
 #: (issue 44) showed the same on smaller ones at no cost in time: on the 206 MB
-#: ``k1m_a1_v1_n100k`` the warm run 291 → 265–271 MiB, on the 97 MB ``k200_a6_v1_n100k``
-#: 228 → 214, the cold ``cuda_kern_exec_sum`` 258–262 → 238–240, each in as much time, and on
+#: ``k1m_a1_v1_n100k`` the warm run 282–285 → 255–264 MiB, on the 97 MB ``k200_a6_v1_n100k``
+#: 222–223 → 209–210, the cold ``cuda_kern_exec_sum`` 252–256 → 233–234, each in as much time, and on
 #: the 25 MB ``k200_a1_v0_n1k`` no change (benchmarks/README.md, "Session 24").
 DECAY_SHORT_COMMANDS = frozenset({"stats"})
 _VARIABLE = "_RJEM_MALLOC_CONF"
