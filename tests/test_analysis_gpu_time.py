@@ -316,3 +316,34 @@ def test_call_ranges_equal_as_of_joins(which: str) -> None:
     got = got.filter(pl.col("_lo").is_not_null() | pl.col("_hi").is_not_null())
     assert api.select(tk).n_unique() >= 4  # the threads' runs
     assert got.height > 2500 and got.equals(want.sort("_gap").cast(got.schema))  # type: ignore[arg-type]
+
+
+def test_call_ranges_ignore_calls_without_a_start_and_null_keys() -> None:
+    """As the as-of joins: a call without a start (a damaged export) is no gap's first call, and
+    a gap or call whose thread key is null (a rank-less report beside ranked ones) matches
+    nothing; 300 random small cases with both agree with the joins."""
+    import random
+
+    from tracekit.analysis.gpu_time import _call_ranges
+
+    api = pl.DataFrame({"global_tid": [1, 1, 1], "_as": [None, 10, 20]}).sort("global_tid", "_as").with_row_index("_ai")
+    g = pl.DataFrame({"_gap": [0], "global_tid": [1], "start_ns": [5], "end_ns": [12]}, schema_overrides={"_gap": pl.UInt32})
+    assert _call_ranges(g, api, ["global_tid"]).rows() == [(0, 1, 1)]  # the call at 10, not the one without a start
+    api = pl.DataFrame({"rank": [None, 0], "global_tid": [1, 1], "_as": [10, 10]}).sort("rank", "global_tid", "_as").with_row_index("_ai")
+    g = pl.DataFrame({"_gap": [0, 1], "rank": [None, 0], "global_tid": [1, 1], "start_ns": [12, 12], "end_ns": [15, 15]},
+                     schema_overrides={"_gap": pl.UInt32})
+    assert _call_ranges(g, api, ["rank", "global_tid"]).rows() == [(1, 1, 1)]  # the null rank's gap: no calls
+    rnd = random.Random(1)
+    for _ in range(300):
+        tk = ["rank", "global_tid"] if rnd.random() < 0.5 else ["global_tid"]
+        calls = [(rnd.randint(0, 2), rnd.randint(1, 4), rnd.choice([None, *range(0, 100, 7)])) for _ in range(rnd.randint(0, 60))]
+        api = pl.DataFrame(calls, schema={"rank": pl.Int64, "global_tid": pl.Int64, "_as": pl.Int64}, orient="row")
+        api = api.select(*tk, "_as").sort([*tk, "_as"]).with_row_index("_ai")
+        spans = [(i, rnd.randint(0, 2), rnd.randint(1, 5), *sorted((rnd.randint(-5, 105), rnd.randint(-5, 105))))
+                 for i in range(rnd.randint(0, 30))]
+        g = pl.DataFrame(spans, schema={"_gap": pl.UInt32, "rank": pl.Int64, "global_tid": pl.Int64, "start_ns": pl.Int64,
+                                        "end_ns": pl.Int64}, orient="row").select("_gap", *tk, "start_ns", "end_ns")
+        some = pl.col("_lo").is_not_null() | pl.col("_hi").is_not_null()
+        got = _call_ranges(g, api, tk).filter(some).sort("_gap")
+        want = _call_ranges_by_as_of_joins(g, api, tk).filter(some).sort("_gap")
+        assert got.equals(want.cast(got.schema)), (api, g)  # type: ignore[arg-type]

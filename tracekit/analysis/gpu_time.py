@@ -7,6 +7,7 @@ several streams counts once. Every function groups by ``rank`` as well when its 
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
 from tracekit.analysis._frames import gpu_ops, interval_union, rank_keys
@@ -78,30 +79,36 @@ def _call_ranges(g: pl.DataFrame, api: pl.DataFrame, tk: list[str]) -> pl.DataFr
     as-of joins by thread gave, without their sorted copies of the gaps and hash tables of
     the calls (their peak was the diagnosis' on 200 k to 2 M kernels)."""
     schema = {"_gap": g.schema["_gap"], "_lo": api.schema["_ai"], "_hi": api.schema["_ai"]}
+    g = g.drop_nulls(tk).sort([*tk, "start_ns"], maintain_order=True)  # a null key matches nothing, as in a join
     if g.height == 0 or api.height == 0:
         return pl.DataFrame(schema=schema)
-    # the threads' runs: where any key column changes from the row before
-    change = pl.any_horizontal(pl.col(c).ne_missing(pl.col(c).shift(1)) for c in tk)
-    firsts = api.select(tk).with_columns(change.fill_null(True).alias("_new")).with_row_index("_i").filter("_new")
-    bounds = firsts.get_column("_i").to_list() + [api.height]
-    starts_all, parts = api.get_column("_as"), []
-    for n, key in enumerate(firsts.select(tk).iter_rows()):
-        a, b = bounds[n], bounds[n + 1]
-        mine = g.filter(pl.all_horizontal(pl.col(c).eq_missing(v) for c, v in zip(tk, key, strict=True)))
-        if mine.height == 0:
-            continue
-        calls = starts_all.slice(a, b - a)
-        g0, g1 = mine.get_column("start_ns"), mine.get_column("end_ns")
-        before = calls.search_sorted(g0, side="right").cast(pl.Int64) - 1  # last call starting at or before the start
-        first = calls.search_sorted(g0, side="left").cast(pl.Int64)  # first call starting at or after it
-        last = calls.search_sorted(g1, side="left").cast(pl.Int64) - 1  # last call starting before the end
-        lo = pl.when(before >= 0).then(before).when(first < b - a).then(first)
-        parts.append(mine.select(
-            "_gap",
-            (lo + a).cast(schema["_lo"]).alias("_lo"),
-            pl.when(last >= 0).then(last + a).cast(schema["_hi"]).alias("_hi"),
-        ))
-    return pl.concat(parts) if parts else pl.DataFrame(schema=schema)
+    # each thread's run of calls and of gaps, [first row, last row + 1), paired by thread
+    pairs = _runs(g, tk, "_c", "_d").join(_runs(api, tk, "_a", "_b"), on=tk, how="inner")
+    calls = api.get_column("_as").cast(pl.Int64)
+    nulls = np.concatenate(([0], np.cumsum(calls.is_null().to_numpy())))  # calls without a start (damage): first in their run
+    at = calls.fill_null(0).to_numpy()
+    g0 = g.get_column("start_ns").cast(pl.Int64).to_numpy()
+    g1 = g.get_column("end_ns").cast(pl.Int64).to_numpy()
+    lo = np.full(g.height, -1, dtype=np.int64)
+    hi = np.full(g.height, -1, dtype=np.int64)
+    for a, b, c, d in pairs.select("_a", "_b", "_c", "_d").iter_rows():
+        a += int(nulls[b] - nulls[a])  # past the run's calls without a start: they match no gap
+        run = at[a:b]
+        before = np.searchsorted(run, g0[c:d], side="right") - 1  # last call starting at or before the start
+        first = np.searchsorted(run, g0[c:d], side="left")  # first call starting at or after it
+        last = np.searchsorted(run, g1[c:d], side="left") - 1  # last call starting before the end
+        lo[c:d] = np.where(before >= 0, before + a, np.where(first < b - a, first + a, -1))
+        hi[c:d] = np.where(last >= 0, last + a, -1)
+    out = pl.DataFrame({"_gap": g.get_column("_gap"), "_lo": lo, "_hi": hi})
+    return out.select("_gap", *(pl.when(pl.col(c) >= 0).then(pl.col(c)).cast(schema[c]).alias(c) for c in ("_lo", "_hi")))
+
+
+def _runs(frame: pl.DataFrame, keys: list[str], first: str, end: str) -> pl.DataFrame:
+    """The runs of equal ``keys`` in ``frame`` (sorted by them): the keys, the run's first row
+    (``first``) and one past its last (``end``)."""
+    change = pl.any_horizontal(pl.col(c).ne_missing(pl.col(c).shift(1)) for c in keys).fill_null(True)
+    starts = frame.select(keys).with_row_index(first).filter(change)
+    return starts.with_columns(pl.col(first).shift(-1, fill_value=frame.height).alias(end)).select(*keys, first, end)
 
 
 def _overlap_by_kind(rng: pl.DataFrame, api: pl.DataFrame, g0: pl.Series, g1: pl.Series) -> pl.DataFrame:
