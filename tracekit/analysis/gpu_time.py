@@ -85,14 +85,14 @@ def _call_ranges(g: pl.DataFrame, api: pl.DataFrame, tk: list[str]) -> pl.DataFr
     # each thread's run of calls and of gaps, [first row, last row + 1), paired by thread
     pairs = _runs(g, tk, "_c", "_d").join(_runs(api, tk, "_a", "_b"), on=tk, how="inner")
     calls = api.get_column("_as").cast(pl.Int64)
-    nulls = np.concatenate(([0], np.cumsum(calls.is_null().to_numpy())))  # calls without a start (damage): first in their run
-    at = calls.fill_null(0).to_numpy()
+    # the starts as they are (no copy) unless some call has none (damage): those sort first in their run
+    at = (calls.fill_null(0) if calls.null_count() else calls).to_numpy()
     g0 = g.get_column("start_ns").cast(pl.Int64).to_numpy()
     g1 = g.get_column("end_ns").cast(pl.Int64).to_numpy()
     lo = np.full(g.height, -1, dtype=np.int64)
     hi = np.full(g.height, -1, dtype=np.int64)
     for a, b, c, d in pairs.select("_a", "_b", "_c", "_d").iter_rows():
-        a += int(nulls[b] - nulls[a])  # past the run's calls without a start: they match no gap
+        a += calls.slice(a, b - a).null_count()  # past the run's calls without a start: they match no gap
         run = at[a:b]
         before = np.searchsorted(run, g0[c:d], side="right") - 1  # last call starting at or before the start
         first = np.searchsorted(run, g0[c:d], side="left")  # first call starting at or after it
