@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sqlite3
 import warnings
 from pathlib import Path
 
@@ -252,14 +253,17 @@ def test_column_cache_limit_of_zero_keeps_only_the_export_being_written(
     assert kept == [second.db.column_cache.key]  # type: ignore[union-attr]
 
 
-def _count_scans(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, list[str]]]:
-    """Record every scan of the export (table, expressions) while still running it."""
+def _count_scans(monkeypatch: pytest.MonkeyPatch, wheres: list[str] | None = None) -> list[tuple[str, list[str]]]:
+    """Record every scan of the export (table, expressions; its ``WHERE`` in ``wheres``) while
+    still running it."""
     scans: list[tuple[str, list[str]]] = []
     original = database.ExportDatabase._scan_table
 
     def counted(self: database.ExportDatabase, table: str, exprs: list[str], schema: dict, where: str = "",  # type: ignore[type-arg]
                 **kwargs: bool) -> pl.DataFrame:
         scans.append((table, list(exprs)))
+        if wheres is not None:
+            wheres.append(where)
         return original(self, table, exprs, schema, where, **kwargs)
 
     monkeypatch.setattr(database.ExportDatabase, "_scan_table", counted)
@@ -271,9 +275,13 @@ def test_prefetch_reads_the_columns_a_report_needs_in_one_scan(
 ) -> None:
     """A cold ``cuda_kern_exec_sum`` puts its six kernel and five API columns in the cache with
     one scan of each table (it read them one scan per column), then reads them back one at a
-    time; the report equals the one made without any cache, and a warm run scans nothing."""
+    time; the report equals the one made without any cache, and a warm run scans nothing.
+    (With every call read: this export has 5 calls per kernel, so it would read only the
+    launches otherwise; see the next test.)"""
+    from tracekit.analysis import op_launches
     from tracekit.stats import run_report
 
+    monkeypatch.setattr(op_launches, "NARROW_FROM_CALLS_PER_KERNEL", 1 << 40)
     monkeypatch.setenv("TRACEKIT_CACHE", str(tmp_path / "cache"))
     path = SAMPLES / "llm_tp2_nccl" / "llm_tp2_nccl.sqlite"
     expected = run_report(_trace(path, column_cache=False), "cuda_kern_exec_sum", convention="2023").to_csv()
@@ -291,6 +299,49 @@ def test_prefetch_reads_the_columns_a_report_needs_in_one_scan(
     assert scans == [] and db.column_cache is not None and not db.column_cache._held
     assert run_report(_trace(path), "cuda_kern_exec_sum", convention="2023").to_csv() == expected
     assert not [s for s in scans if s[0] in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME")]
+
+
+def test_a_cold_launch_join_reads_only_the_calls_that_launch_a_kernel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small_thresholds: None
+) -> None:
+    """With several calls per kernel, a cold ``cuda_kern_exec_sum`` and ``cuda_kern_exec_trace``
+    read the API calls once, filtered in SQLite to the correlation ids of the kernels, and
+    write none of their columns to the cache; the reports equal those made from every call
+    without any cache, and a warm run reads neither table (the join is kept)."""
+    from tracekit.analysis import op_launches
+    from tracekit.stats import run_report
+
+    monkeypatch.setenv("TRACEKIT_CACHE", str(tmp_path / "cache"))
+    path = SAMPLES / "llm_tp2_nccl" / "llm_tp2_nccl.sqlite"
+    api = "CUPTI_ACTIVITY_KIND_RUNTIME"
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    calls, launches = con.execute(
+        f"SELECT count(*), sum(correlationId IN (SELECT correlationId FROM {op_launches.KERNEL_TABLE})) FROM {api}"
+    ).fetchone()
+    con.close()
+    assert calls >= 2 * launches > 0  # most calls launch no kernel: the filter has rows to drop
+    wheres: list[str] = []
+    scans = _count_scans(monkeypatch, wheres)
+    for report in ("cuda_kern_exec_sum", "cuda_kern_exec_trace"):
+        shutil.rmtree(tmp_path / "cache", ignore_errors=True)
+        with monkeypatch.context() as m:  # every call, no cache: the reference
+            m.setattr(op_launches, "NARROW_FROM_CALLS_PER_KERNEL", 1 << 40)
+            expected = run_report(_trace(path, column_cache=False), report, convention="2023").to_csv()
+        trace = _trace(path)
+        assert op_launches.narrows_launch_calls(trace)
+        scans.clear()
+        wheres.clear()
+        assert run_report(trace, report, convention="2023").to_csv() == expected
+        on_api = [w for (t, _), w in zip(scans, wheres, strict=True) if t == api]
+        assert on_api == [f"correlationId IN (SELECT correlationId FROM {op_launches.KERNEL_TABLE})"]
+        got = op_launches.kernel_launch_calls(trace)
+        assert got is not None and got.height == launches
+        db = database.ExportDatabase(path)
+        assert db.column_cache is not None
+        assert not any(db.column_cache.has(api, f'"{c}"') for c in ("globalTid", "correlationId", "nameId", "start", "end"))
+        scans.clear()
+        assert run_report(_trace(path), report, convention="2023").to_csv() == expected
+        assert not [s for s in scans if s[0] in (op_launches.KERNEL_TABLE, api)]  # warm: the kept join
 
 
 def test_cache_integer_columns_reads_only_the_named_columns_within_scan_bytes(

@@ -29,16 +29,23 @@ if TYPE_CHECKING:
     from tracekit.nsys.trace import NsysTrace
 
 __all__ = [
-    "KERNEL_TABLE", "LEAN_FROM_OPS", "OP_LAUNCH_KEY", "api_rows", "derived_source", "launches_at", "lean_api_rows", "matches_twice",
-    "op_keys", "op_launches",
+    "KERNEL_TABLE", "LEAN_FROM_OPS", "NARROW_FROM_CALLS_PER_KERNEL", "OP_LAUNCH_KEY", "api_rows", "derived_source",
+    "kernel_launch_calls", "launches_at", "lean_api_rows", "matches_twice", "narrows_launch_calls", "op_keys",
+    "op_launches",
 ]
 
 KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
+_API_TABLE = "CUPTI_ACTIVITY_KIND_RUNTIME"
 
 
 def _loaded(trace: NsysTrace, table: str) -> pl.DataFrame | None:
     """The trace's ``table`` if it was already built, else None."""
     return trace.table(table) if trace.is_loaded(table) else None
+
+
+#: The API columns of :func:`api_rows` (``name`` last).
+_API_COLS = (Col("global_tid", "globalTid"), Col("correlation_id", "correlationId"), Col("start_ns", "start"),
+             Col("end_ns", "end"), Col("name", "nameId"))
 
 
 def api_rows(trace: NsysTrace, *, names: bool = True) -> pl.DataFrame | readers.TableColumns:
@@ -56,12 +63,46 @@ def api_rows(trace: NsysTrace, *, names: bool = True) -> pl.DataFrame | readers.
     cached = _loaded(trace, "cuda_api")
     if cached is not None:
         return cached.select(cols)
-    return readers.TableColumns(
-        trace.db,
-        "CUPTI_ACTIVITY_KIND_RUNTIME",
-        [Col("global_tid", "globalTid"), Col("correlation_id", "correlationId"), Col("start_ns", "start"),
-         Col("end_ns", "end"), *([Col("name", "nameId")] if names else [])],
-    )
+    return readers.TableColumns(trace.db, _API_TABLE, _API_COLS if names else _API_COLS[:-1])
+
+
+#: CUDA API rows per kernel from which a kernel launch join reads only the calls that some
+#: kernel names (:func:`kernel_launch_calls`) rather than every call: the filter costs a
+#: probe per call in SQLite and the calls then do not fill the column cache, which pays off
+#: only where most calls launch no kernel (read alone, 200 k kernels: 1.2 M calls 0.40 s,
+#: their 200 k launches 0.17 s).
+NARROW_FROM_CALLS_PER_KERNEL = 2
+
+
+def narrows_launch_calls(trace: NsysTrace) -> bool:
+    """Whether a kernel launch join of ``trace`` reads only the CUDA API calls that some
+    kernel names (:func:`kernel_launch_calls`): not where the trace holds ``kernels`` or
+    ``cuda_api`` already, the export is not an SQLite file, the column cache holds the calls'
+    columns, or the export has fewer than :data:`NARROW_FROM_CALLS_PER_KERNEL` calls per
+    kernel (row estimates: nothing is counted)."""
+    db = trace.db
+    if trace.is_loaded("kernels") or trace.is_loaded("cuda_api") or not isinstance(db, database.ExportDatabase):
+        return False
+    if not db.has_table(_API_TABLE) or not db.has_table(KERNEL_TABLE) or "correlationId" not in db.columns(KERNEL_TABLE):
+        return False
+    if db.all_cached(_API_TABLE, [f'"{c.source}"' for c in _API_COLS]):
+        return False
+    return db.row_estimate(_API_TABLE) >= NARROW_FROM_CALLS_PER_KERNEL * max(db.row_estimate(KERNEL_TABLE), 1)
+
+
+def kernel_launch_calls(trace: NsysTrace) -> pl.DataFrame | None:
+    """The CUDA API calls whose correlation id some kernel of the export has, with the
+    columns of :func:`api_rows` (``name`` as string ids), read with that filter in SQLite;
+    None where :func:`narrows_launch_calls` says a full read is the better one.
+
+    The launch join on these calls equals the join on all of them (a call whose correlation
+    id no kernel has pairs with none), in the same order (rowid order, as the whole table).
+    On a cold export with 6 calls per kernel the read takes 0.17 s where all 1.2 M calls took
+    0.40 s (200 k kernels), and no column of the calls is written to the cache."""
+    if not narrows_launch_calls(trace):
+        return None
+    where = f"correlationId IN (SELECT correlationId FROM {KERNEL_TABLE})"
+    return readers.select(trace.db, _API_TABLE, _API_COLS, where=where)
 
 
 class _Unpinned:

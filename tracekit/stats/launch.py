@@ -16,7 +16,13 @@ import polars as pl
 
 from tracekit.analysis._frames import PID_UNIT, is_identity, max_int
 from tracekit.analysis.attribution import launch_pairs
-from tracekit.analysis.op_launches import KERNEL_TABLE, derived_source, lean_api_rows
+from tracekit.analysis.op_launches import (
+    KERNEL_TABLE,
+    derived_source,
+    kernel_launch_calls,
+    lean_api_rows,
+    narrows_launch_calls,
+)
 from tracekit.errors import UnsupportedReportError
 from tracekit.nsys.database import prefetch_columns
 from tracekit.nsys.readers import lookup_strings
@@ -217,6 +223,12 @@ class _Launches:
         self.count = self._lrow.len()
         self._identity: bool | None = None  # whether lrow is every kernel in order
 
+    @staticmethod
+    def kept(trace: NsysTrace) -> bool:
+        """Whether the join of ``trace`` is in the column cache (then no API column is read)."""
+        db = derived_source(trace)
+        return db is not None and db.all_cached(KERNEL_TABLE, [f"{LAUNCH_JOIN_KEY}:{n}" for n in _KEPT])
+
     def _derived(self, name: str, make: Callable[[], pl.Series]) -> pl.Series:
         if self._db is None:
             return make()
@@ -225,7 +237,11 @@ class _Launches:
     def _join(self) -> pl.Series:
         """The kernel row of each launch; keeps the API row of each for :meth:`api_column`."""
         keys_in = op_rows(self._trace, KERNEL_TABLE, ["global_pid", "correlation_id"], duration=False)
-        self._api = lean_api_rows(self._trace, keys_in.height)  # on a big trace a column read is dropped after use
+        # where most calls launch no kernel, only those that do are read (filtered in SQLite);
+        # else every call, on a big trace each column read dropped after use
+        self._api = kernel_launch_calls(self._trace)
+        if self._api is None:
+            self._api = lean_api_rows(self._trace, keys_in.height)
         pairs = launch_pairs(keys_in, self._api, how="inner")
         self._arow = pairs["_arow"]
         return pairs["_lrow"]
@@ -265,6 +281,9 @@ class _Launches:
         return values
 
 
+#: The columns :class:`_Launches` keeps in the column cache (under :data:`LAUNCH_JOIN_KEY`).
+_KEPT = ("lrow", "api.global_tid", "api.name", "api.start_ns", "api.end_ns")
+
 #: Launches up to which ``cuda_kern_exec_sum`` summarises all durations in one group-by.
 ONE_PASS_ROWS = 2_000_000
 
@@ -300,7 +319,8 @@ def cuda_kern_exec_sum(trace: NsysTrace, *, convention: str = "2025") -> Report:
     # reuses the smaller one's memory (peak 350 MB; API first 440 MB; per-column scans 275 MB)
     if not trace.is_loaded("kernels"):
         prefetch_columns(trace.db, KERNEL_TABLE, ("globalPid", "correlationId", "deviceId", "demangledName", "start", "end"))
-    if not trace.is_loaded("cuda_api"):
+    # the calls, unless the join is kept or reads only the calls that launch a kernel
+    if not trace.is_loaded("cuda_api") and not _Launches.kept(trace) and not narrows_launch_calls(trace):
         prefetch_columns(trace.db, "CUPTI_ACTIVITY_KIND_RUNTIME", ("globalTid", "correlationId", "nameId", "start", "end"))
     launches = _Launches(trace)
     api_column, kernel_column = launches.api_column, launches.kernel_column
