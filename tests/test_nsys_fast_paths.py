@@ -21,7 +21,7 @@ from tracekit.nsys import database
 from tracekit.nsys.schema import TABLES
 from tracekit.nsys.trace import IncompleteTraceWarning, NsysTrace
 
-from .conftest import NSYS_CORPUS, SAMPLES, corpus_files, sample_exports
+from .conftest import NSYS_CORPUS, SAMPLES, corpus_files, mutated_copy, sample_exports
 
 LARGE_TABLES = ("kernels", "memcpys", "memsets", "syncs", "cuda_api", "nvtx")
 EXPORTS = sample_exports() + [p for p in corpus_files() if "incomplete" not in p.name][:6]
@@ -333,7 +333,7 @@ def test_a_cold_launch_join_reads_only_the_calls_that_launch_a_kernel(
         wheres.clear()
         assert run_report(trace, report, convention="2023").to_csv() == expected
         on_api = [w for (t, _), w in zip(scans, wheres, strict=True) if t == api]
-        assert on_api == [f"correlationId IN (SELECT correlationId FROM {op_launches.KERNEL_TABLE})"]
+        assert on_api == [f"+correlationId IN (SELECT correlationId FROM {op_launches.KERNEL_TABLE})"]
         got = op_launches.kernel_launch_calls(trace)
         assert got is not None and got.height == launches
         db = database.ExportDatabase(path)
@@ -342,6 +342,58 @@ def test_a_cold_launch_join_reads_only_the_calls_that_launch_a_kernel(
         scans.clear()
         assert run_report(_trace(path), report, convention="2023").to_csv() == expected
         assert not [s for s in scans if s[0] in (op_launches.KERNEL_TABLE, api)]  # warm: the kept join
+
+
+def test_launch_reports_read_every_call_beside_a_report_that_reads_them_all(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small_thresholds: None
+) -> None:
+    """``tracekit stats -r cuda_kern_exec_sum,cuda_api_sum`` has the launch report read every
+    call in one scan into the cache (the next report reads them from there), as alone it
+    reads only the launches; the report is the same."""
+    from tracekit.stats import report_options, run_report
+
+    assert report_options(["cuda_kern_exec_sum"]) == {"cuda_kern_exec_sum": {}}
+    assert report_options(["cuda_gpu_kern_sum", "cuda_kern_exec_trace"]) == {"cuda_gpu_kern_sum": {}, "cuda_kern_exec_trace": {}}
+    both = report_options(["cuda_kern_exec_sum", "cudaapisum", "cuda_kern_exec_trace"])
+    assert both == {"cuda_kern_exec_sum": {"every_call": True}, "cudaapisum": {}, "cuda_kern_exec_trace": {"every_call": True}}
+    monkeypatch.setenv("TRACEKIT_CACHE", str(tmp_path / "cache"))
+    path = SAMPLES / "llm_tp2_nccl" / "llm_tp2_nccl.sqlite"
+    narrowed = run_report(_trace(path, column_cache=False), "cuda_kern_exec_sum", convention="2023").to_csv()
+    wheres: list[str] = []
+    scans = _count_scans(monkeypatch, wheres)
+    every = run_report(_trace(path), "cuda_kern_exec_sum", convention="2023", every_call=True).to_csv()
+    assert every == narrowed
+    assert [w for (t, _), w in zip(scans, wheres, strict=True) if t == "CUPTI_ACTIVITY_KIND_RUNTIME"] == [""]
+    db = database.ExportDatabase(path)
+    assert db.all_cached("CUPTI_ACTIVITY_KIND_RUNTIME", ['"globalTid"', '"correlationId"', '"nameId"', '"start"', '"end"'])
+
+
+def test_launch_calls_are_read_whole_where_the_filter_cannot_be_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small_thresholds: None
+) -> None:
+    """No ``correlationId`` in the API table: no filtered read (it was an SQL error); the
+    filtered read refused for memory (it is checked as if every call came back): the calls
+    are read a column at a time as before, and the report is the one every call gives."""
+    from tracekit.analysis import op_launches
+    from tracekit.stats import run_report
+
+    src = SAMPLES / "llm_tp2_nccl" / "llm_tp2_nccl.sqlite"
+    no_corr = mutated_copy(src, tmp_path / "no_corr.sqlite", "ALTER TABLE CUPTI_ACTIVITY_KIND_RUNTIME DROP COLUMN correlationId")
+    trace = _trace(no_corr, column_cache=False)
+    assert not op_launches.narrows_launch_calls(trace)
+    assert run_report(trace, "cuda_kern_exec_sum").frame.height == 0  # no call can be matched
+    monkeypatch.setenv("TRACEKIT_CACHE", str(tmp_path / "cache"))
+    expected = run_report(_trace(src, column_cache=False), "cuda_kern_exec_sum", convention="2023").to_csv()
+    calls = database.ExportDatabase(src).row_estimate("CUPTI_ACTIVITY_KIND_RUNTIME")
+    # room for one column of every call at a time, not for the five the filtered read asks
+    monkeypatch.setenv("TRACEKIT_READ_THREADS", "1")  # no thread stacks to count
+    monkeypatch.setattr(database, "free_memory", lambda: 3 * calls * 8)
+    trace = _trace(src)
+    assert op_launches.narrows_launch_calls(trace) and op_launches.kernel_launch_calls(trace) is None
+    wheres: list[str] = []
+    scans = _count_scans(monkeypatch, wheres)
+    assert run_report(trace, "cuda_kern_exec_sum", convention="2023").to_csv() == expected
+    assert all(w == "" for (t, _), w in zip(scans, wheres, strict=True) if t == "CUPTI_ACTIVITY_KIND_RUNTIME")
 
 
 def test_cache_integer_columns_reads_only_the_named_columns_within_scan_bytes(

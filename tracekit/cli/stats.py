@@ -45,7 +45,7 @@ def stats(
     import tracekit
     from tracekit.errors import TraceFormatError, TracekitError
     from tracekit.nsys.trace import NsysTrace
-    from tracekit.stats import run_report
+    from tracekit.stats import report_options, run_report
 
     if fmt not in ("csv", "table"):
         msg = f"unknown format {fmt!r}; use csv or table"
@@ -68,9 +68,10 @@ def stats(
         if not isinstance(trace, NsysTrace):
             msg = f"{file} is an Nsight Compute report; `tracekit stats` reads Nsight Systems exports"
             raise TraceFormatError(msg)
+        options = report_options(names)
         for name in names:
             try:
-                result = run_report(trace, name, convention=convention)
+                result = run_report(trace, name, convention=convention, **options[name])
             except TracekitError as exc:
                 if len(names) == 1:
                     raise

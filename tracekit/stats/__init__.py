@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from tracekit.stats.common import CONVENTIONS, Report
@@ -31,6 +32,23 @@ REPORTS: dict[str, str] = {
 #: Older report names nsys still accepts.
 ALIASES = {"gpukernsum": "cuda_gpu_kern_sum", "cudaapisum": "cuda_api_sum", "gputrace": "cuda_gpu_trace",
            "gpumemtimesum": "cuda_gpu_mem_time_sum", "gpumemsizesum": "cuda_gpu_mem_size_sum", "nvtxsum": "nvtx_sum"}
+
+
+#: Reports that join kernels to the CUDA calls that launched them, and read only those calls
+#: on a cold export with several calls per kernel (``every_call=False``).
+LAUNCH_REPORTS = frozenset({"cuda_kern_exec_sum", "cuda_kern_exec_trace"})
+#: Reports that read every CUDA call (through the column cache on a big export).
+CALL_READERS = frozenset({"cuda_api_sum", "nvtx_gpu_proj_trace", "nvtx_gpu_proj_sum", "nvtx_kern_sum"})
+
+
+def report_options(names: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Options for :func:`run_report` of each of ``names`` run in turn on one trace: where one
+    of them reads every CUDA call, the :data:`LAUNCH_REPORTS` read every call too (their
+    column scan fills the cache the other one then reads, as they did before they read only
+    the launches); else none."""
+    bases = {ALIASES.get(n.partition(":")[0], n.partition(":")[0]) for n in names}
+    shared = bool(bases & CALL_READERS) and bool(bases & LAUNCH_REPORTS)
+    return {n: ({"every_call": True} if shared and n in LAUNCH_REPORTS else {}) for n in names}
 
 
 #: ``report:variant`` names nsys accepts: the kernel-name column of ``cuda_gpu_kern_sum``.

@@ -52,14 +52,14 @@ _TOTAL_DURATION = pl.max_horizontal("end_ns", "api_end_ns") - pl.col("api_start_
 _PID = pl.col("global_tid") // (1 << 24) % (1 << 24)
 
 
-def _launched(trace: NsysTrace, extra: list[str]) -> pl.DataFrame:
+def _launched(trace: NsysTrace, extra: list[str], *, every_call: bool = False) -> pl.DataFrame:
     """Kernels (times, device, name id, correlation id and ``extra`` columns) joined to every
     matching API row, as nsys's join does: a kernel whose launch another tracer also recorded
     (eventClass 67 wrappers in some 2022 exports) appears once per row; kernels without a
     traced launch are left out."""
     # the join as cuda_kern_exec_sum keeps it (in the column cache when there is one): a warm
     # run reads no API column but the four launch columns and makes no join
-    launches = _Launches(trace)
+    launches = _Launches(trace, every_call=every_call)
     kernels = launches.kernel_rows(
         op_rows(trace, KERNEL_TABLE, ["global_pid", "correlation_id", "start_ns", "end_ns", "device_id", *extra], names=True)
     )
@@ -107,14 +107,14 @@ def _xyz(frame: pl.DataFrame, x: str, y: str, z: str) -> pl.Series:
     return key.replace_strict(shapes["k"], text, return_dtype=pl.Utf8)
 
 
-def cuda_kern_exec_trace(trace: NsysTrace, *, convention: str = "2025") -> Report:
+def cuda_kern_exec_trace(trace: NsysTrace, *, convention: str = "2025", every_call: bool = False) -> Report:
     """One row per kernel: API call, queue wait and execution (``cuda_kern_exec_trace``).
 
     ``GridXYZ``/``BlockXYZ`` are three right-aligned 4-wide fields as nsys prints them.
-    Ordered by API start.
+    Ordered by API start. ``every_call``: as in :func:`cuda_kern_exec_sum`.
     """
     _require(trace, "cuda_kern_exec_trace")
-    k = _launched(trace, GRID)
+    k = _launched(trace, GRID, every_call=every_call)
     # the launch shapes as text, then the six integer columns go (a million rows each)
     k = k.with_columns(_xyz(k, "grid_x", "grid_y", "grid_z").alias("_grid"), _xyz(k, "block_x", "block_y", "block_z").alias("_block"))
     k = k.drop(GRID)
@@ -213,8 +213,9 @@ class _Launches:
     matched (:func:`~tracekit.analysis.attribution.launch_pairs`), and each API column
     gathered at the matched rows when asked for, one column at a time."""
 
-    def __init__(self, trace: NsysTrace) -> None:
+    def __init__(self, trace: NsysTrace, *, every_call: bool = False) -> None:
         self._trace = trace
+        self._every_call = every_call
         self._db = derived_source(trace)
         self._arow: pl.Series | None = None
         self._api: pl.DataFrame | TableColumns | _Unpinned | None = None
@@ -239,7 +240,7 @@ class _Launches:
         keys_in = op_rows(self._trace, KERNEL_TABLE, ["global_pid", "correlation_id"], duration=False)
         # where most calls launch no kernel, only those that do are read (filtered in SQLite);
         # else every call, on a big trace each column read dropped after use
-        self._api = kernel_launch_calls(self._trace)
+        self._api = None if self._every_call else kernel_launch_calls(self._trace)
         if self._api is None:
             self._api = lean_api_rows(self._trace, keys_in.height)
         pairs = launch_pairs(keys_in, self._api, how="inner")
@@ -300,7 +301,7 @@ def _abs_sum_passes_2_53(value: pl.Series) -> bool:
     return (value.abs().sum() or 0) > 1 << 53
 
 
-def cuda_kern_exec_sum(trace: NsysTrace, *, convention: str = "2025") -> Report:
+def cuda_kern_exec_sum(trace: NsysTrace, *, convention: str = "2025", every_call: bool = False) -> Report:
     """``cuda_kern_exec_trace`` summarised per thread, device, API function and kernel name
     (``cuda_kern_exec_sum``).
 
@@ -312,6 +313,11 @@ def cuda_kern_exec_sum(trace: NsysTrace, *, convention: str = "2025") -> Report:
     kernel, and each measured duration is computed, summarised and dropped in turn, reading
     one kernel or API column at a time (on 8 M kernels / 20 M calls the peak fell from 1.6 GB
     to ~0.6 GB). The statistics are those of one group-by over all rows.
+
+    On a cold export with several calls per kernel only the calls that launched a kernel are
+    read (:func:`~tracekit.analysis.op_launches.kernel_launch_calls`); ``every_call=True``
+    reads every call instead, into the column cache, for a caller that runs a report reading
+    them all next (:func:`tracekit.stats.report_options`). The report is the same either way.
     """
     _require(trace, "cuda_kern_exec_sum")
     # a cold run reads the columns below in one scan per table, not one scan per column (1 M
@@ -320,9 +326,9 @@ def cuda_kern_exec_sum(trace: NsysTrace, *, convention: str = "2025") -> Report:
     if not trace.is_loaded("kernels"):
         prefetch_columns(trace.db, KERNEL_TABLE, ("globalPid", "correlationId", "deviceId", "demangledName", "start", "end"))
     # the calls, unless the join is kept or reads only the calls that launch a kernel
-    if not trace.is_loaded("cuda_api") and not _Launches.kept(trace) and not narrows_launch_calls(trace):
+    if not trace.is_loaded("cuda_api") and not _Launches.kept(trace) and (every_call or not narrows_launch_calls(trace)):
         prefetch_columns(trace.db, "CUPTI_ACTIVITY_KIND_RUNTIME", ("globalTid", "correlationId", "nameId", "start", "end"))
-    launches = _Launches(trace)
+    launches = _Launches(trace, every_call=every_call)
     api_column, kernel_column = launches.api_column, launches.kernel_column
     # the group of each launch: (pid, tid) is the low 48 bits of global_tid; API names group by
     # their display text (cudaLaunchKernel and cudaLaunchKernel_v7000 are one row), kernel
