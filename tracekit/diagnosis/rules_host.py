@@ -131,16 +131,17 @@ def _mark_sync_gaps(ctx: Context, gaps: pl.DataFrame) -> pl.DataFrame:
     s = s.join_asof(queued.sort([*keys, "_recovered"]), left_on="_s1", right_on="_recovered", by=keys or None,
                     strategy="forward", check_sortedness=False)
     s = s.with_columns(pl.col("_recovered").fill_null(ctx.window.end_ns)).sort([*keys, "_s0"])
-    g = gaps.with_row_index("_gi").sort([*keys, "start_ns"])
+    g = _gap_bounds(gaps, keys)
     j = g.join_asof(s, left_on="start_ns", right_on="_s0", by=keys or None, strategy="backward", check_sortedness=False)
     j = j.with_columns(
         pl.when(pl.col("_s0").is_not_null() & (pl.col("start_ns") < pl.max_horizontal("_recovered", "_s1")))
         .then(pl.col("_call")).alias("after_sync")
-    ).with_columns(
+    ).select(
+        "_gi", "after_sync",
         pl.when(pl.col("after_sync").is_not_null()).then(pl.col("_s0")).alias("sync_start_ns"),
         pl.when(pl.col("after_sync").is_not_null()).then(pl.col("_s1")).alias("sync_end_ns"),
     )
-    return j.sort("_gi").drop("_gi", "_s0", "_s1", "_call", "_recovered")
+    return gaps.with_columns(j.sort("_gi").drop("_gi").get_columns())
 
 
 def _after_warmup_cmd(ctx: Context) -> str:
@@ -227,10 +228,18 @@ def _mark_stretch_gaps(gaps: pl.DataFrame, stretches: pl.DataFrame, keys: list[s
     if stretches.height == 0:
         return gaps.with_columns(pl.lit(False).alias("in_stretch"))
     s = stretches.select(*keys, pl.col("start_ns").alias("_s0"), pl.col("end_ns").alias("_s1")).sort([*keys, "_s0"])
-    g = gaps.with_row_index("_gi").sort([*keys, "start_ns"])
+    g = _gap_bounds(gaps, keys)
     j = g.join_asof(s, left_on="start_ns", right_on="_s0", by=keys, strategy="backward", check_sortedness=False)
-    j = j.with_columns((pl.col("_s1").is_not_null() & (pl.col("end_ns") <= pl.col("_s1"))).alias("in_stretch"))
-    return j.sort("_gi").drop("_gi", "_s0", "_s1")
+    j = j.select("_gi", (pl.col("_s1").is_not_null() & (pl.col("end_ns") <= pl.col("_s1"))).alias("in_stretch"))
+    return gaps.with_columns(j.sort("_gi").get_column("in_stretch"))
+
+
+def _gap_bounds(gaps: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
+    """The gaps' ``keys``, ``start_ns`` and ``end_ns`` with their row number ``_gi``, sorted by
+    keys and start for an as-of join: the join's columns come back by ``_gi`` and are added to
+    ``gaps``, which is not copied (a sorted copy of every column of 490 k gaps, and another
+    sorted back, were the diagnosis' peak on a 2 M-kernel export; issue 44)."""
+    return gaps.select(*keys, "start_ns", "end_ns").with_row_index("_gi").sort([*keys, "start_ns"])
 
 
 #: Gaps looked at (largest first) to name the NVTX range and CUDA calls the host was in.
