@@ -347,3 +347,98 @@ def test_call_ranges_ignore_calls_without_a_start_and_null_keys() -> None:
         got = _call_ranges(g, api, tk).filter(some).sort("_gap")
         want = _call_ranges_by_as_of_joins(g, api, tk).filter(some).sort("_gap")
         assert got.equals(want.cast(got.schema)), (api, g)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("which", ["tp2", "tp2_ranks", "mfu", "clover"])
+def test_call_kinds_by_name_membership_equal_the_join_on_names(which: str) -> None:
+    """Each call's kind code (``_k``), found by membership of its name in each kind's names,
+    equals what the join of the calls' names to the names' kinds gave (the code before
+    2026-11-30), on real calls and with some names made null (kind 3, "other")."""
+    from tracekit.analysis import gpu_time
+
+    trace = {"tp2": lambda: _open(TP2), "tp2_ranks": lambda: tracekit.open_many(SAMPLES / "llm_tp2_nccl_per_rank"),
+             "mfu": lambda: _open(MFU), "clover": lambda: _open(CLOVER)}[which]()
+    cuda_api = trace.cuda_api
+    cuda_api = cuda_api.with_columns(pl.when(pl.int_range(pl.len()) % 7 == 3).then(None).otherwise(pl.col("name")).alias("name"))
+    rk = ["rank"] if "rank" in cuda_api.columns else []
+    got = gpu_time._calls_by_thread(cuda_api, rk, cuda_api.get_column("global_tid").unique())
+    n = pl.col("_n")
+    kind = (
+        pl.when(n.str.contains(gpu_time.SYNC_API_PATTERN)).then(0)
+        .when(n.str.contains(gpu_time.COPY_API_PATTERN) & ~n.str.contains("Async")).then(1)
+        .when(n.str.contains(gpu_time.LAUNCH_API_PATTERN)).then(2)
+        .otherwise(3)
+    ).cast(pl.UInt8)
+    names = cuda_api.select(pl.col("name").unique()).with_columns(pl.col("name").fill_null("").alias("_n"))
+    codes = cuda_api.select("name").join(names.select("name", kind.alias("_k")), on="name", how="left",
+                                         maintain_order="left").get_column("_k").fill_null(3)
+    cols = [*rk, "global_tid", "_as", "_ae", "_k"]
+    want = cuda_api.select(*rk, "global_tid", pl.col("start_ns").alias("_as"), pl.col("end_ns").alias("_ae")).with_columns(codes)
+    assert set(got.get_column("_k").unique().to_list()) >= {0, 2, 3}  # syncs, launches and others were told apart
+    assert got.height == cuda_api.height and got.select(cols).sort(cols).equals(want.select(cols).sort(cols))
+
+
+def test_next_operation_beside_the_gaps_equals_the_join() -> None:
+    """The gaps' next operation put beside them row by row where its keys are the gaps' own,
+    in order, equals the left join on the keys; any other case (a missing or extra row, a
+    different order, a null key) takes the join. 500 random cases and the real gaps of TP2."""
+    import random
+
+    from tracekit.analysis.gpu_time import _with_next
+
+    rnd = random.Random(3)
+    on = ["device_id", "end_ns"]
+    fast = 0
+    for _ in range(500):
+        n = rnd.randint(0, 12)
+        keys = sorted({(rnd.randint(0, 2), rnd.randint(0, 50)) for _ in range(n)})
+        gaps = pl.DataFrame(keys, schema={"device_id": pl.Int64, "end_ns": pl.Int64}, orient="row").with_columns(
+            pl.int_range(pl.len()).alias("start_ns"))
+        nxt_keys = list(keys)
+        shape = rnd.choice(["same", "same", "drop", "extra", "swap", "null"])
+        if shape == "drop" and nxt_keys:
+            nxt_keys.pop(rnd.randrange(len(nxt_keys)))
+        elif shape == "extra" and nxt_keys:
+            nxt_keys.insert(rnd.randrange(len(nxt_keys)), rnd.choice(nxt_keys))
+        elif shape == "swap" and len(nxt_keys) > 1:
+            i = rnd.randrange(len(nxt_keys) - 1)
+            nxt_keys[i], nxt_keys[i + 1] = nxt_keys[i + 1], nxt_keys[i]
+        nxt = pl.DataFrame(nxt_keys, schema={"device_id": pl.Int64, "end_ns": pl.Int64}, orient="row").with_columns(
+            pl.int_range(pl.len()).cast(pl.Utf8).alias("next_op"), (pl.int_range(pl.len()) * 10).alias("global_tid"))
+        if shape == "null" and gaps.height:
+            gaps = gaps.with_columns(pl.when(pl.int_range(pl.len()) == 0).then(None).otherwise(pl.col("device_id")).alias("device_id"))
+            nxt = nxt.with_columns(pl.when(pl.int_range(pl.len()) == 0).then(None).otherwise(pl.col("device_id")).alias("device_id"))
+        got = _with_next(gaps, nxt, on)
+        want = gaps.join(nxt, on=on, how="left", maintain_order="left")
+        assert got.equals(want), (shape, gaps, nxt)
+        fast += shape == "same" and gaps.height > 0
+    assert fast > 100
+    ops = _open(TP2).kernels
+    gaps = idle_gaps(ops, _open(TP2).cuda_api)
+    assert gaps.height > 100 and gaps.get_column("next_op").null_count() < gaps.height
+
+
+def test_rows_where_equals_a_filter() -> None:
+    """``rows_where`` gives the filter's rows in order (a slice where they are one run), with
+    null conditions dropped as a filter drops them: random windows and scattered masks on a
+    real kernel table."""
+    import random
+
+    from tracekit.analysis._frames import rows_where
+
+    k = _open(TP2).kernels.sort("start_ns")
+    starts = k.get_column("start_ns").to_list()
+    rnd = random.Random(5)
+    runs = 0
+    for _ in range(200):
+        a, b = sorted((rnd.choice(starts), rnd.choice(starts) + rnd.choice((0, 1, -1))))
+        cond = rnd.choice([
+            (pl.col("start_ns") >= a) & (pl.col("start_ns") < b),  # one run
+            (pl.col("start_ns") >= a) & (pl.col("device_id") == rnd.randint(0, 1)),  # scattered
+            pl.when(pl.col("start_ns") >= a).then(pl.col("start_ns") < b),  # null outside: dropped
+            pl.lit(True), pl.lit(False),
+        ])
+        got, want = rows_where(k, cond), k.filter(cond)
+        assert got.equals(want)
+        runs += want.height > 1
+    assert runs > 50

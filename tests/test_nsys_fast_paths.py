@@ -396,6 +396,32 @@ def test_launch_calls_are_read_whole_where_the_filter_cannot_be_used(
     assert all(w == "" for (t, _), w in zip(scans, wheres, strict=True) if t == "CUPTI_ACTIVITY_KIND_RUNTIME")
 
 
+@pytest.mark.parametrize("name", ["cuda_api", "kernels"])
+def test_gathered_rows_of_cached_columns_equal_the_table(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small_thresholds: None
+) -> None:
+    """Columns derived after a gather from the column cache (each input read and gathered in
+    turn, each column derived once its inputs are in, inputs let go when no longer needed,
+    columns of one value held once) equal the table's rows, as a frame and as Series: random
+    rows with repeats, out of order, and none."""
+    import random
+
+    from tracekit.nsys.readers import gathered
+
+    monkeypatch.setenv("TRACEKIT_CACHE", str(tmp_path / "cache"))
+    path = SAMPLES / "llm_tp2_nccl" / "llm_tp2_nccl.sqlite"
+    table = _trace(path, column_cache=False).table(name)
+    source = _trace(path).columns_on_demand(name, list(table.columns))
+    assert source._from_cache()  # the derived path, not a frame read once
+    rnd = random.Random(11)
+    for n in (0, 1, 7, 500, table.height):
+        rows = pl.Series([rnd.randrange(table.height) for _ in range(n)], dtype=pl.UInt32)
+        cols = rnd.sample(table.columns, rnd.randint(1, table.width)) if n != table.height else list(table.columns)
+        want = table.select(cols)[rows]
+        assert gathered(source, cols, rows).equals(want)
+        assert pl.DataFrame(source.gather_columns(cols, rows)).equals(want)
+
+
 def test_cache_integer_columns_reads_only_the_named_columns_within_scan_bytes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small_thresholds: None
 ) -> None:

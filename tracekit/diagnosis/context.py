@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from tracekit.analysis._frames import gpu_ops, interval_union, rows_between, within_any
+from tracekit.analysis._frames import gpu_ops, interval_union, rows_between, rows_where, within_any
 from tracekit.analysis.attribution import launch_info, nvtx_overlapping
 from tracekit.analysis.gpu_time import idle_gaps
 from tracekit.diagnosis.config import DiagnoseConfig
 from tracekit.diagnosis.ops_by_column import KERNEL_COLUMNS, OpsByColumn, by_column
 from tracekit.diagnosis.result import Window
-from tracekit.nsys.readers import one_value_columns
+from tracekit.nsys.readers import gathered, one_value_columns
 
 if TYPE_CHECKING:
     from tracekit.analysis.run.structure import RunStructure
@@ -739,7 +739,7 @@ class Context:
         rows = mask.fill_null(False).arg_true()
         del mask
         _release(api)
-        return one_value_columns(pl.DataFrame(api.gather_columns(list(api.columns), rows)))
+        return one_value_columns(gathered(api, list(api.columns), rows))
 
     def _margin(self) -> tuple[int, int]:
         step = self.full_window.step_ns or 0
@@ -774,7 +774,7 @@ class Context:
     def _ops_in_gap_span(self) -> pl.DataFrame:
         """The operations that touch :attr:`_gap_span` (the ones that bound its gaps included)."""
         lo, hi = self._gap_span
-        return self.ops_near.filter((pl.col("end_ns") >= lo) & (pl.col("start_ns") <= hi))
+        return rows_where(self.ops_near, (pl.col("end_ns") >= lo) & (pl.col("start_ns") <= hi))
 
     @cached_property
     def gaps(self) -> pl.DataFrame:
@@ -827,7 +827,7 @@ class Context:
         if g.height == 0:
             return g
         w = self.window
-        g = g.filter((pl.col("end_ns") > w.start_ns) & (pl.col("start_ns") < w.end_ns))
+        g = rows_where(g, (pl.col("end_ns") > w.start_ns) & (pl.col("start_ns") < w.end_ns))
         return g.with_columns(
             pl.max_horizontal("start_ns", pl.lit(w.start_ns)).alias("start_ns"),
             pl.min_horizontal("end_ns", pl.lit(w.end_ns)).alias("end_ns"),

@@ -23,7 +23,13 @@ import polars as pl
 from tracekit.analysis._frames import PID_UNIT, gpu_ops, within_any
 from tracekit.nsys import schema as S
 from tracekit.nsys.database import ensure_memory
-from tracekit.nsys.readers import END_SLACK_NS, KERNEL_SOURCE, lookup_strings, one_value_columns
+from tracekit.nsys.readers import (
+    END_SLACK_NS,
+    KERNEL_SOURCE,
+    gathered,
+    lookup_strings,
+    one_value_columns,
+)
 
 __all__ = ["KERNEL_COLUMNS", "MIN_KERNELS", "OpsByColumn", "by_column"]
 
@@ -146,7 +152,7 @@ class OpsByColumn:
             return one_value_columns(pl.DataFrame([self._src[c] for c in columns]))
         if rows.len() == 0:
             return S.empty("kernels", list(columns))
-        return one_value_columns(pl.DataFrame(self._src.gather_columns(list(columns), rows)))
+        return one_value_columns(gathered(self._src, list(columns), rows))
 
     def kernels_where(self, expr: pl.Expr, columns: tuple[str, ...] = KERNEL_COLUMNS) -> pl.DataFrame:
         """``kernels.select(columns).filter(expr)`` (every kernel, plausible end or not)."""

@@ -376,14 +376,21 @@ class ColumnsOnDemand:
         """``self[c].gather(rows)`` for each column. From the cache, ``cuda_api`` and
         ``kernels`` columns are derived after the gather (names looked up for the rows asked
         only)."""
+        frame = self.gather_frame(columns, rows)
+        return [frame[c] for c in columns]
+
+    def gather_frame(self, columns: list[str], rows: pl.Series) -> pl.DataFrame:
+        """:meth:`gather_columns` as a frame (``columns`` in their order), a column of one
+        value held as that value once where derived from the cache
+        (:func:`~tracekit.nsys.readers.gather_derived_frame`)."""
         if self._name not in ("cuda_api", "kernels") or self._trace.is_loaded(self._name) or not self._from_cache():
-            return [self[c].gather(rows) for c in columns]
+            return pl.DataFrame([self[c].gather(rows) for c in columns])
         db = self._trace.db
         if self._name == "kernels":
             source, (raw, derived) = readers.KERNEL_SOURCE, readers.kernels_spec(db, self._trace.strings)
         else:
             source, (raw, derived) = readers.CUDA_API_SOURCE, readers.cuda_api_spec(self._trace.strings)
-        return readers.gather_derived_columns(db, source, self._name, raw, derived, columns, rows)
+        return readers.gather_derived_frame(db, source, self._name, raw, derived, columns, rows).select(columns)
 
 
 _SOURCE_TABLES = {
