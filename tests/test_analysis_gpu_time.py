@@ -280,8 +280,9 @@ def _call_ranges_by_as_of_joins(g: pl.DataFrame, api: pl.DataFrame, tk: list[str
     return rng.select("_gap", pl.coalesce("_lo", "_first").alias("_lo"), "_hi")
 
 
+@pytest.mark.parametrize("block", [None, 7])
 @pytest.mark.parametrize("which", ["tp2", "tp2_ranks", "mfu"])
-def test_call_ranges_equal_as_of_joins(which: str) -> None:
+def test_call_ranges_equal_as_of_joins(which: str, block: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each gap's range of calls of its thread (a binary search in the thread's run of calls)
     equals what as-of joins by thread give, on real calls: spans drawn at random between the
     calls' own start times (ties with a call's start on both ends, before the first call and
@@ -291,6 +292,8 @@ def test_call_ranges_equal_as_of_joins(which: str) -> None:
 
     from tracekit.analysis import gpu_time
 
+    if block is not None:  # each run's gaps searched a few at a time
+        monkeypatch.setattr(gpu_time, "_GAPS_PER_SEARCH", block)
     trace = {"tp2": lambda: _open(TP2), "tp2_ranks": lambda: tracekit.open_many(SAMPLES / "llm_tp2_nccl_per_rank"),
              "mfu": lambda: _open(MFU)}[which]()
     cuda_api = trace.cuda_api
@@ -442,3 +445,21 @@ def test_rows_where_equals_a_filter() -> None:
         assert got.equals(want)
         runs += want.height > 1
     assert runs > 50
+
+
+def test_calls_of_one_thread_in_order_or_not_come_back_sorted() -> None:
+    """One launching thread's calls: taken as they are when their starts are in order, sorted
+    when not (checked on the starts alone); either way sorted by start and numbered."""
+    from tracekit.analysis import gpu_time
+
+    api = _open(TP2).cuda_api
+    tid = api.group_by("global_tid").len().sort("len", descending=True)["global_tid"][0]
+    one = api.filter(pl.col("global_tid") == tid)
+    assert one.height > 100 and one.get_column("start_ns").is_sorted()
+    want = gpu_time._calls_by_thread(one, [], pl.Series([tid]))
+    assert want.get_column("_as").is_sorted() and want.get_column("_ai").to_list() == list(range(one.height))
+    shuffled = one.sample(fraction=1.0, shuffle=True, seed=1)
+    got = gpu_time._calls_by_thread(shuffled, [], pl.Series([tid]))
+    assert got.get_column("_as").is_sorted()
+    cols = ["global_tid", "_as", "_ae", "_k", "_ai"]
+    assert got.select(cols).equals(want.select(cols))

@@ -65,3 +65,25 @@ def test_times_too_wide_to_shift_take_the_per_group_path() -> None:
     assert (2 * big + 1) * 4 >= _frames._SHIFT_LIMIT  # too wide to shift
     got = _frames.interval_union(frame, ["g"])
     assert got.equals(pl.DataFrame({"g": [0, 1, 2], "start_ns": [-big, 0, 5], "end_ns": [0, 3, big]}))
+
+
+def test_one_group_and_frames_in_order_merge_as_by_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One group (one device; no ``by`` at all) takes the path without shifted times, and a
+    frame already in order is merged without a sorted copy: the same rows as the window
+    merge, sorted or shuffled, on random intervals and on one device of a real export."""
+    rng = np.random.default_rng(2)
+    frames = []
+    for _ in range(100):
+        n = int(rng.integers(1, 200))
+        start = pl.Series("start_ns", rng.integers(-1000, 50_000, n))
+        frames.append(pl.DataFrame({"d": [0] * n, "start_ns": start, "end_ns": start + pl.Series(rng.integers(-50, 3000, n))}))
+    k = tracekit.open(SAMPLES / "llm_tp2_nccl" / "llm_tp2_nccl.sqlite").kernels
+    frames.append(k.filter(pl.col("device_id") == k["device_id"][0]).select(pl.col("device_id").alias("d"), "start_ns", "end_ns"))
+    in_order = 0
+    for frame in frames:
+        for f in (frame, frame.sort("start_ns"), frame.sample(fraction=1.0, shuffle=True, seed=3)):
+            in_order += f.get_column("start_ns").is_sorted()
+            for by in (["d"], []):
+                want = _by_window(f.with_columns(pl.lit(0).alias("_k")), ["_k"]).drop("_k") if not by else _by_window(f, by)
+                assert _frames.interval_union(f, by).equals(want), by
+    assert in_order >= len(frames)

@@ -156,9 +156,13 @@ def interval_union(frame: pl.DataFrame, by: Sequence[str], start: str = "start_n
 
     by = list(by)
     f = frame.select(*by, pl.col(start).alias("start_ns"), pl.col(end).alias("end_ns")).drop_nulls(["start_ns", "end_ns"])
-    f = f.sort([*by, "start_ns"])
     if f.height == 0:
-        return f
+        return f.sort([*by, "start_ns"])
+    # a frame in that order already (a window's operations by start, on one device) is not copied
+    order = f.select(pl.arg_sort_by([*by, "start_ns"], maintain_order=True)).to_series()
+    if not is_identity(order, f.height):
+        f = f.sort([*by, "start_ns"])
+    del order
     # the merged intervals are runs of consecutive rows: a run starts where a row starts after
     # every end before it in its group and ends at the running maximum of its last row. One
     # running maximum serves every group: each group's times are shifted by its number times
@@ -171,8 +175,11 @@ def interval_union(frame: pl.DataFrame, by: Sequence[str], start: str = "start_n
     step = int(max(s.max(), e.max())) - lo + 1
     group = f.select(pl.struct(by).rle_id()).to_series().to_numpy() if by else None
     groups = int(group[-1]) + 1 if group is not None else 1
-    if step * (groups + 1) < _SHIFT_LIMIT:
-        base = group.astype(np.int64) * step - lo if group is not None else np.full(len(s), -lo, dtype=np.int64)
+    if groups == 1:  # one group (one device): no shift, no group arrays
+        new, last, running = _runs(s, e)
+        ends = running[last]
+    elif step * (groups + 1) < _SHIFT_LIMIT:
+        base = group.astype(np.int64) * step - lo
         new, last, running = _runs(s + base, e + base)
         ends = running[last] - base[last]
     else:  # times too far apart to shift: one running maximum per group

@@ -716,9 +716,10 @@ class Context:
     def api_near(self) -> pl.DataFrame:
         """The CUDA API calls rules join with: all of them, or on a sampled window those that
         overlap :attr:`_gap_span` (the gaps that reach into the window) or launched an
-        operation that runs in it."""
+        operation that runs in it. Without ``duration_ns`` (``end_ns - start_ns``, where a rule
+        needs it): on k2m_a6's 3 M calls it was 24 MB held through every rule (issue 44)."""
         if not self.full_window.sampled or self.api_count == 0:
-            return self.cuda_api
+            return self.cuda_api.drop("duration_ns", strict=False)
         lo, hi = self._gap_span
         ops = self._ops_in_gap_span
         if "correlation_id" in ops.columns and self.memcpys_w.height and "correlation_id" in self.memcpys_w.columns:
@@ -730,7 +731,7 @@ class Context:
             keep = (pl.col("end_ns") > lo) & (pl.col("start_ns") < hi)
             if "correlation_id" in api.columns and "correlation_id" in ops.columns:
                 keep = keep | pl.col("correlation_id").is_in(ops["correlation_id"].unique().implode())
-            return api.filter(keep)
+            return api.drop("duration_ns", strict=False).filter(keep)
         # one column at a time: the mask, then the kept rows of each column
         mask = api["end_ns"] > lo
         mask = mask & (api["start_ns"] < hi)
@@ -739,7 +740,7 @@ class Context:
         rows = mask.fill_null(False).arg_true()
         del mask
         _release(api)
-        return one_value_columns(gathered(api, list(api.columns), rows))
+        return one_value_columns(gathered(api, [c for c in api.columns if c != "duration_ns"], rows))
 
     def _margin(self) -> tuple[int, int]:
         step = self.full_window.step_ns or 0

@@ -565,7 +565,7 @@ def sync_stall(ctx: Context) -> list[Finding]:
     n_steps, noun = ctx.step_unit
     steps = max(n_steps, 1)
     syncs = syncs.with_columns(pl.col("name").str.replace(API_VERSION_SUFFIX, ""))
-    by_call = syncs.group_by("name").agg(pl.len().alias("calls"), pl.col("duration_ns").sum().alias("host_blocked_ns"))
+    by_call = syncs.group_by("name").agg(pl.len().alias("calls"), (pl.col("end_ns") - pl.col("start_ns")).sum().alias("host_blocked_ns"))
     idle_by = dev_costs.group_by(pl.col("sync_call").alias("name")).agg(
         pl.len().alias("stalls"), pl.col("idle_after_ns").sum().alias("gpu_idle_after_ns"),
         pl.col("stake_ns").sum().alias("time_at_stake_ns"),

@@ -334,6 +334,7 @@ class ColumnsOnDemand:
                 self._frame = self._trace.table(self._name, self.columns)
             return self._frame[column]
         if self._last is None or self._last[0] != column:
+            self._last = None  # let go of the column kept from the last read before this one is read
             self._last = (column, self._trace.table(self._name, [column])[column])
         return self._last[1]
 
