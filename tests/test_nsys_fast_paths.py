@@ -348,14 +348,16 @@ def test_launch_reports_read_every_call_beside_a_report_that_reads_them_all(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small_thresholds: None
 ) -> None:
     """``tracekit stats -r cuda_kern_exec_sum,cuda_api_sum`` has the launch report read every
-    call in one scan into the cache (the next report reads them from there), as alone it
-    reads only the launches; the report is the same."""
+    call in one scan into the cache (the next report reads them from there), as alone, or
+    after such a report, it reads only the launches; the report is the same."""
     from tracekit.stats import report_options, run_report
 
     assert report_options(["cuda_kern_exec_sum"]) == {"cuda_kern_exec_sum": {}}
     assert report_options(["cuda_gpu_kern_sum", "cuda_kern_exec_trace"]) == {"cuda_gpu_kern_sum": {}, "cuda_kern_exec_trace": {}}
     both = report_options(["cuda_kern_exec_sum", "cudaapisum", "cuda_kern_exec_trace"])
-    assert both == {"cuda_kern_exec_sum": {"every_call": True}, "cudaapisum": {}, "cuda_kern_exec_trace": {"every_call": True}}
+    assert both == {"cuda_kern_exec_sum": {"every_call": True}, "cudaapisum": {}, "cuda_kern_exec_trace": {}}
+    after = report_options(["cuda_gpu_kern_sum", "nvtx_gpu_proj_sum", "cuda_kern_exec_sum"])  # the reader went first
+    assert after == {"cuda_gpu_kern_sum": {}, "nvtx_gpu_proj_sum": {}, "cuda_kern_exec_sum": {}}
     monkeypatch.setenv("TRACEKIT_CACHE", str(tmp_path / "cache"))
     path = SAMPLES / "llm_tp2_nccl" / "llm_tp2_nccl.sqlite"
     narrowed = run_report(_trace(path, column_cache=False), "cuda_kern_exec_sum", convention="2023").to_csv()

@@ -42,13 +42,13 @@ CALL_READERS = frozenset({"cuda_api_sum", "nvtx_gpu_proj_trace", "nvtx_gpu_proj_
 
 
 def report_options(names: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """Options for :func:`run_report` of each of ``names`` run in turn on one trace: where one
-    of them reads every CUDA call, the :data:`LAUNCH_REPORTS` read every call too (their
-    column scan fills the cache the other one then reads, as they did before they read only
-    the launches); else none."""
-    bases = {ALIASES.get(n.partition(":")[0], n.partition(":")[0]) for n in names}
-    shared = bool(bases & CALL_READERS) and bool(bases & LAUNCH_REPORTS)
-    return {n: ({"every_call": True} if shared and n in LAUNCH_REPORTS else {}) for n in names}
+    """Options for :func:`run_report` of each of ``names`` run in turn on one trace: a
+    :data:`LAUNCH_REPORTS` report followed by one that reads every CUDA call reads every call
+    too (its column scan fills the cache the later one reads, as before they read only the
+    launches); else none (a reader before it has filled the cache already, with what it needs)."""
+    bases = [ALIASES.get(n.partition(":")[0], n.partition(":")[0]) for n in names]
+    later = [bool(set(bases[i + 1:]) & CALL_READERS) for i in range(len(bases))]
+    return {n: ({"every_call": True} if b in LAUNCH_REPORTS and after else {}) for n, b, after in zip(names, bases, later, strict=True)}
 
 
 #: ``report:variant`` names nsys accepts: the kernel-name column of ``cuda_gpu_kern_sum``.
