@@ -30,14 +30,15 @@ def test_set_for_a_stepped_command_on_a_big_input() -> None:
 
 
 def test_summary_and_diagnose_return_pages_from_a_smaller_input(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Their threshold is their own (256 MiB), below the other stepped commands' (1 GiB)."""
+    """Their threshold is their own (192 MiB), below the other stepped commands' (1 GiB);
+    below it they return freed pages after 0.2 s (DECAY_SHORT)."""
     assert allocator.DECAY_NOW_FROM["summary"] == allocator.DECAY_NOW_FROM["diagnose"] < allocator.BIG_INPUT_BYTES
     size = EXPORT.stat().st_size
     for cmd in ("summary", "diagnose"):
         monkeypatch.setitem(allocator.DECAY_NOW_FROM, cmd, size)
         assert tune_allocator([cmd, str(EXPORT)], {}) == DECAY_NOW
         monkeypatch.setitem(allocator.DECAY_NOW_FROM, cmd, size + 1)
-        assert tune_allocator([cmd, str(EXPORT)], {}) == EAGER_LARGE
+        assert tune_allocator([cmd, str(EXPORT)], {}) == allocator.DECAY_SHORT  # below it: pages back after 0.2 s
     assert tune_allocator(["report", str(EXPORT)], {}) == EAGER_LARGE  # BIG_INPUT_BYTES
 
 
@@ -46,13 +47,14 @@ def test_stats_returns_pages_soon_on_any_input() -> None:
     0.2 s; DECAY_NOW still wins where a stepped command gets it; the jemalloc options parse
     (polars starts with them)."""
     assert allocator.DECAY_SHORT.startswith(EAGER_LARGE + ",") and "dirty_decay_ms:200" in allocator.DECAY_SHORT
-    assert "stats" in allocator.DECAY_SHORT_COMMANDS
+    assert {"stats", "summary", "diagnose"} <= allocator.DECAY_SHORT_COMMANDS
     for argv in (["stats", "-r", "nvtx_gpu_proj_sum", str(EXPORT)], ["stats", "/no/such/file.sqlite"], ["stats"]):
         env: dict[str, str] = {}
         assert tune_allocator(argv, env) == allocator.DECAY_SHORT
         assert env == {"_RJEM_MALLOC_CONF": allocator.DECAY_SHORT}
-    assert tune_allocator(["summary", str(EXPORT)], {}, min_bytes=1) == DECAY_NOW  # DECAY_SHORT is stats' alone
-    assert tune_allocator(["summary", str(EXPORT)], {}, min_bytes=EXPORT.stat().st_size + 1) == EAGER_LARGE
+    assert tune_allocator(["summary", str(EXPORT)], {}, min_bytes=1) == DECAY_NOW  # DECAY_NOW wins
+    assert tune_allocator(["summary", str(EXPORT)], {}, min_bytes=EXPORT.stat().st_size + 1) == allocator.DECAY_SHORT
+    assert tune_allocator(["report", str(EXPORT)], {}, min_bytes=EXPORT.stat().st_size + 1) == EAGER_LARGE
     r = subprocess.run([sys.executable, "-c", "import polars as pl; print(pl.Series([1, 2]).sum())"],
                        env={**os.environ, "_RJEM_MALLOC_CONF": allocator.DECAY_SHORT}, capture_output=True, text=True,
                        timeout=120)
@@ -61,7 +63,7 @@ def test_stats_returns_pages_soon_on_any_input() -> None:
 
 def test_large_allocations_eager_for_small_inputs_and_other_commands() -> None:
     size = EXPORT.stat().st_size
-    for argv in (["summary", str(EXPORT)], ["report", str(EXPORT)], ["summary", "/no/such/file.sqlite"]):
+    for argv in (["report", str(EXPORT)], ["export", "perfetto", str(EXPORT)], ["report", "/no/such/file.sqlite"]):
         env: dict[str, str] = {}
         assert tune_allocator(argv, env, min_bytes=size + 1) == EAGER_LARGE
         assert env == {"_RJEM_MALLOC_CONF": EAGER_LARGE}
@@ -79,7 +81,7 @@ def test_left_alone_without_a_command_and_for_a_user_setting() -> None:
     assert tune_allocator(["stats", str(EXPORT)], env, min_bytes=1) is None
     assert env == {"_RJEM_MALLOC_CONF": "narenas:1"}
     before = dict(os.environ)
-    assert tune_allocator(["summary", str(EXPORT)], {}, min_bytes=1 << 60) == EAGER_LARGE
+    assert tune_allocator(["summary", str(EXPORT)], {}, min_bytes=1 << 60) == allocator.DECAY_SHORT
     assert dict(os.environ) == before  # os.environ untouched when another mapping is given
 
 
@@ -116,7 +118,7 @@ def test_torch_profiler_traces_return_pages_at_once() -> None:
     env: dict[str, str] = {}
     assert tune_allocator(["summary", str(root / "kineto" / "ddp_nccl_1rank" / "nccl_data.json.gz")], env) == DECAY_NOW
     assert tune_allocator(["diagnose", str(root / "kineto" / "sampled_2rank")], {}) == DECAY_NOW
-    assert tune_allocator(["summary", str(root / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite")], {}) == EAGER_LARGE
+    assert tune_allocator(["summary", str(root / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite")], {}) == allocator.DECAY_SHORT
     code = ("import sys; from tracekit.cli.allocator import tune_allocator; "
             f"tune_allocator(['summary', {str(root / 'kineto' / 'sampled_2rank')!r}], {{}}); print('polars' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"

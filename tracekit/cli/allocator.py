@@ -74,8 +74,14 @@ DECAY_SHORT = f"{EAGER_LARGE},dirty_decay_ms:200,muzzy_decay_ms:0"
 #: (issue 44) showed the same on smaller ones at no cost in time: on the 206 MB
 #: ``k1m_a1_v1_n100k`` the warm run 282–285 → 255–264 MiB, on the 97 MB ``k200_a6_v1_n100k``
 #: 222–223 → 209–210, the cold ``cuda_kern_exec_sum`` 252–256 → 233–234, each in as much time, and on
-#: the 25 MB ``k200_a1_v0_n1k`` no change (benchmarks/README.md, "Session 24").
-DECAY_SHORT_COMMANDS = frozenset({"stats"})
+#: the 25 MB ``k200_a1_v0_n1k`` no change (benchmarks/README.md, "Session 24"). ``summary`` and
+#: ``diagnose`` below their :data:`DECAY_NOW_FROM` too: on ``k200_a6_v1_n100k`` (97 MB) a cold
+#: ``summary`` 253–260 → 225 MiB, warm 219–224 → 215, ``diagnose`` cold 222–223 → 221, warm
+#: 211–214 → 208–209, in as much time (2.1–2.3 s cold); on ``k200_a1_v0_n1k`` (25 MB)
+#: 216–227 → 205–222 MiB. Pages returned at once (:data:`DECAY_NOW`) gave 196–228 MiB on
+#: the two but 25–35 % more time (page faults), where these small inputs' memory is mostly
+#: the interpreter's and polars' own (benchmarks/README.md, "Session 25").
+DECAY_SHORT_COMMANDS = frozenset({"stats", "summary", "diagnose"})
 _VARIABLE = "_RJEM_MALLOC_CONF"
 #: Commands that start the user's program, which would inherit the variable.
 _RUNS_PROGRAMS = frozenset({"capture"})
