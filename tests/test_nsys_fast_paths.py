@@ -424,6 +424,26 @@ def test_gathered_rows_of_cached_columns_equal_the_table(
         assert pl.DataFrame(source.gather_columns(cols, rows)).equals(want)
 
 
+def test_a_cold_read_scans_text_columns_apart_from_the_numbers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small_thresholds: None
+) -> None:
+    """A table read cold through the cache scans its number columns, then its text columns
+    (a scan's batches and their contiguous copy are alive together; text is the bulk of a
+    table of names): two scans, every column cached, the table equal to one read without the
+    cache; warm, no scan."""
+    monkeypatch.setenv("TRACEKIT_CACHE", str(tmp_path / "cache"))
+    path = SAMPLES / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite"
+    want = _trace(path, column_cache=False).nvtx
+    scans = _count_scans(monkeypatch)
+    got = _trace(path).nvtx
+    assert got.equals(want, null_equal=True)
+    nvtx = [exprs for t, exprs in scans if t == "NVTX_EVENTS"]
+    assert len(nvtx) == 2 and '"text"' not in " ".join(nvtx[0]) and any("text" in e for e in nvtx[1])
+    scans.clear()
+    assert _trace(path).nvtx.equals(want, null_equal=True)
+    assert not [t for t, _ in scans if t == "NVTX_EVENTS"]
+
+
 def test_cache_integer_columns_reads_only_the_named_columns_within_scan_bytes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small_thresholds: None
 ) -> None:
