@@ -422,6 +422,22 @@ def test_gathered_rows_of_cached_columns_equal_the_table(
         want = table.select(cols)[rows]
         assert gathered(source, cols, rows).equals(want)
         assert pl.DataFrame(source.gather_columns(cols, rows)).equals(want)
+    rows = pl.Series([3, 1, 3], dtype=pl.UInt32)
+    twice = source.gather_columns(["start_ns", "name", "start_ns"], rows)  # a name asked twice comes twice
+    assert [s.name for s in twice] == ["start_ns", "name", "start_ns"] and twice[0].equals(table["start_ns"][rows])
+
+
+def test_a_column_derived_from_no_input_is_made_last_for_every_row(tmp_path: Path) -> None:
+    """A literal column beside ones derived from two inputs: one value per row asked for."""
+    from tracekit.nsys import readers
+
+    trace = _trace(SAMPLES / "llm_tp2_nccl" / "llm_tp2_nccl.sqlite", column_cache=False)
+    raw, derived = readers.cuda_api_spec(trace.strings)
+    rows = pl.Series([0, 5, 2, 9], dtype=pl.UInt32)
+    out = readers.gather_derived_frame(trace.db, readers.CUDA_API_SOURCE, "cuda_api", raw, {**derived, "api": pl.lit("runtime")},
+                                       ["duration_ns", "api"], rows)
+    assert out.height == 4 and out["api"].to_list() == ["runtime"] * 4
+    assert out["duration_ns"].equals(trace.cuda_api["duration_ns"][rows])
 
 
 def test_a_cold_read_scans_text_columns_apart_from_the_numbers(

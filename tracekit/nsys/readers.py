@@ -567,9 +567,9 @@ def gather_derived_columns(
     db: ExportSource, source: str, table: str, raw: Sequence[Col], derived: Mapping[str, pl.Expr],
     columns: Sequence[str], rows: pl.Series,
 ) -> list[pl.Series]:
-    """Columns ``columns`` of ``table`` at ``rows`` only, as Series: the columns of
-    :func:`gather_derived_frame`."""
-    out = gather_derived_frame(db, source, table, raw, derived, columns, rows)
+    """Columns ``columns`` of ``table`` at ``rows`` only, as Series (a name asked twice, twice):
+    the columns of :func:`gather_derived_frame`."""
+    out = gather_derived_frame(db, source, table, raw, derived, list(dict.fromkeys(columns)), rows)
     return [out[c] for c in columns]
 
 
@@ -577,6 +577,7 @@ def gathered(source: Any, columns: list[str], rows: pl.Series) -> pl.DataFrame:
     """``columns`` of a column source (``NsysTrace.columns_on_demand``, a frame's stand-in
     with ``gather_columns``) at ``rows``, as a frame: through its ``gather_frame`` where it
     has one (a column of one value then held once), else its ``gather_columns``."""
+    columns = list(dict.fromkeys(columns))  # a frame holds a name once
     gather = getattr(source, "gather_frame", None)
     if gather is not None:
         return gather(columns, rows)  # type: ignore[no-any-return]
@@ -600,7 +601,8 @@ def gather_derived_frame(
     made: list[pl.DataFrame] = []
 
     def derive(ready: list[str], frame: pl.DataFrame) -> None:
-        made.append(one_value_columns(frame.select(exprs[c].alias(c) for c in ready)))
+        # with_columns, not select: a literal is one value for each of the frame's rows
+        made.append(one_value_columns(frame.with_columns(exprs[c].alias(c) for c in ready).select(ready)))
         for c in ready:
             del pending[c]
 
@@ -608,12 +610,12 @@ def gather_derived_frame(
         if not any(col.target in needs for needs in pending.values()):
             continue
         inputs[col.target] = one_value_columns(select(db, source, [col]).to_series().gather(rows).to_frame())
-        ready = [c for c, needs in pending.items() if needs <= inputs.keys()]
+        ready = [c for c, needs in pending.items() if needs and needs <= inputs.keys()]
         if ready:
             derive(ready, pl.concat(inputs.values(), how="horizontal"))
         wanted = set().union(*pending.values()) if pending else set()
         inputs = {c: f for c, f in inputs.items() if c in wanted}
-    if pending:  # columns of no input (literals): one per row asked for
+    if pending:  # columns of no input (literals), last: one per row asked for
         derive(list(pending), pl.DataFrame({"_n": pl.int_range(rows.len(), eager=True)}))
     frame = pl.concat(made, how="horizontal") if made else pl.DataFrame()
     return S.conform(frame, table, list(columns))

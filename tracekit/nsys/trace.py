@@ -377,7 +377,7 @@ class ColumnsOnDemand:
         """``self[c].gather(rows)`` for each column. From the cache, ``cuda_api`` and
         ``kernels`` columns are derived after the gather (names looked up for the rows asked
         only)."""
-        frame = self.gather_frame(columns, rows)
+        frame = self.gather_frame(list(dict.fromkeys(columns)), rows)
         return [frame[c] for c in columns]
 
     def gather_frame(self, columns: list[str], rows: pl.Series) -> pl.DataFrame:
