@@ -136,7 +136,7 @@ def rows_where(frame: pl.DataFrame, keep: pl.Expr) -> pl.DataFrame:
     mask = frame.select(keep.fill_null(False)).to_series()
     if mask.len() != frame.height:  # a literal: all rows or none
         return frame if mask.len() and mask[0] else frame.clear()
-    kept = mask.sum()
+    kept = int(mask.sum())
     if kept == frame.height:
         return frame
     if kept == 0:
@@ -179,6 +179,7 @@ def interval_union(frame: pl.DataFrame, by: Sequence[str], start: str = "start_n
         new, last, running = _runs(s, e)
         ends = running[last]
     elif step * (groups + 1) < _SHIFT_LIMIT:
+        assert group is not None  # more than one group
         base = group.astype(np.int64) * step - lo
         new, last, running = _runs(s + base, e + base)
         ends = running[last] - base[last]
