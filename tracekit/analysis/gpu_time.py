@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from tracekit.analysis._frames import gpu_ops, interval_union, is_identity, rank_keys
+from tracekit.analysis._frames import gpu_ops, interval_union, rank_keys, sorted_by
 from tracekit.analysis.attribution import launch_info
 
 __all__ = [
@@ -69,20 +69,24 @@ def _calls_by_thread(cuda_api: pl.DataFrame, rk: list[str], threads: pl.Series) 
     if not keep.all():
         api = api.filter(keep)
     del keep
-    # one process's calls are checked for (thread, start) order; a set of ranks is sorted.
-    # Calls of one thread: their starts' order alone (no diff columns of 3 M calls)
-    tids = api.get_column("global_tid")
-    one_thread = tids.null_count() == 0 and tids.min() == tids.max()
-    in_order = not rk and (api.height < 2 or (bool(api.get_column("_as").is_sorted()) and api.get_column("_as").null_count() == 0
-                                              if one_thread else bool(api.select(
-        ((pl.col("global_tid").diff() > 0) | ((pl.col("global_tid").diff() == 0) & (pl.col("_as").diff() >= 0)))
-        .slice(1).fill_null(False).all()
-    ).item())))
-    del tids
-    if not in_order:
+    if rk or not _in_thread_order(api):  # a set of ranks is sorted; one process's calls when not in order
         api = api.sort([*rk, "global_tid", "_as"])
     index = pl.UInt32 if api.height < (1 << 32) else pl.Int64
     return api.with_row_index("_ai").with_columns(pl.col("_ai").cast(index))
+
+
+def _in_thread_order(api: pl.DataFrame) -> bool:
+    """Whether one process's calls (``global_tid``, ``_as``) are in (thread, start) order; the
+    calls of one thread by their starts' order alone (no diff columns of 3 M calls)."""
+    if api.height < 2:
+        return True
+    tids, starts = api.get_column("global_tid"), api.get_column("_as")
+    if tids.null_count() == 0 and tids.min() == tids.max():
+        return starts.null_count() == 0 and bool(starts.is_sorted())
+    return bool(api.select(
+        ((pl.col("global_tid").diff() > 0) | ((pl.col("global_tid").diff() == 0) & (pl.col("_as").diff() >= 0)))
+        .slice(1).fill_null(False).all()
+    ).item())
 
 
 def _call_ranges(g: pl.DataFrame, api: pl.DataFrame, tk: list[str]) -> pl.DataFrame:
@@ -446,8 +450,5 @@ def idle_gaps(
         .when(pl.col("other_api_ns") >= cause_share * pl.col("duration_ns")).then(pl.lit("cuda_api"))
         .otherwise(pl.lit("untraced"))
     )
-    gaps = gaps.with_columns(cause.alias("cause")).select(schema_cols)
-    # in that order already (the busy stretches' order): a sort copied every column, the peak
-    # of the diagnosis on a 2 M-kernel export (issue 44); no two gaps of a device start together
-    order = gaps.select(pl.arg_sort_by([*keys, "start_ns"], maintain_order=True)).to_series()
-    return gaps if is_identity(order, gaps.height) else gaps[order]
+    # in that order already (the busy stretches'); no two gaps of a device start together
+    return sorted_by(gaps.with_columns(cause.alias("cause")).select(schema_cols), [*keys, "start_ns"])

@@ -392,7 +392,7 @@ KERNEL_SOURCE = "CUPTI_ACTIVITY_KIND_KERNEL"
 
 def kernels_spec(db: ExportSource, strings: pl.DataFrame) -> tuple[list[Col], dict[str, pl.Expr]]:
     """The raw columns of ``CUPTI_ACTIVITY_KIND_KERNEL`` and the expressions that derive the
-    other ``kernels`` columns from them (for :func:`kernels` and :func:`gather_derived_columns`)."""
+    other ``kernels`` columns from them (for :func:`kernels` and :func:`gather_derived_frame`)."""
     raw = [
         *_GPU_OP_COLS,
         Col("green_context_id", "greenContextId"),
@@ -541,7 +541,7 @@ def cuda_api_named(db: ExportSource, strings: pl.DataFrame, pattern: str) -> pl.
 def cuda_api_spec(strings: pl.DataFrame) -> tuple[list[Col], dict[str, pl.Expr]]:
     """The raw columns of ``CUPTI_ACTIVITY_KIND_RUNTIME`` and the expressions that derive the
     other ``cuda_api`` columns from them (for :func:`cuda_api` and for gathering a few rows
-    of raw columns before deriving, :func:`gather_derived_columns`)."""
+    of raw columns before deriving, :func:`gather_derived_frame`)."""
     raw = [
         Col("start_ns", "start"),
         Col("end_ns", "end"),
@@ -561,16 +561,6 @@ def cuda_api_spec(strings: pl.DataFrame) -> tuple[list[Col], dict[str, pl.Expr]]
         "api": enums.map_codes(pl.col("event_class"), api_labels),
     }
     return raw, derived
-
-
-def gather_derived_columns(
-    db: ExportSource, source: str, table: str, raw: Sequence[Col], derived: Mapping[str, pl.Expr],
-    columns: Sequence[str], rows: pl.Series,
-) -> list[pl.Series]:
-    """Columns ``columns`` of ``table`` at ``rows`` only, as Series (a name asked twice, twice):
-    the columns of :func:`gather_derived_frame`."""
-    out = gather_derived_frame(db, source, table, raw, derived, list(dict.fromkeys(columns)), rows)
-    return [out[c] for c in columns]
 
 
 def gathered(source: Any, columns: list[str], rows: pl.Series) -> pl.DataFrame:
