@@ -69,14 +69,17 @@ def _launched(trace: NsysTrace, extra: list[str], *, every_call: bool = False) -
     )
 
 
-def _display_name_ids(names: pl.Series, trace: NsysTrace) -> pl.Series:
+def _display_name_ids(names: pl.Series, strings: pl.DataFrame) -> pl.Series:
     """API name column (string ids, or text when reused from ``trace.cuda_api``) with every
-    id replaced by the smallest id of the same display text (:func:`api_display_name`), so
-    that grouping on it groups by the text without resolving a million strings."""
+    id replaced by the smallest id of ``strings`` (``StringIds`` rows holding at least those
+    of ``names``) with the same display text (:func:`api_display_name`), so that grouping on
+    it groups by the text without resolving a million strings."""
     if names.dtype == pl.Utf8:
         return names.to_frame("n").select(api_display_name(pl.col("n"))).to_series()
-    # over the whole StringIds table (thousands of rows), not the million-row column
-    texts = trace.strings.select("id", api_display_name(pl.col("value")).alias("text"))
+    # over the names' StringIds rows (a few), not the million-row column
+    texts = strings.filter(pl.col("id").is_in(names.unique().implode())).select(
+        "id", api_display_name(pl.col("value")).alias("text")
+    )
     canon = texts.with_columns(pl.col("id").min().over("text").alias("canon")).filter(pl.col("canon") != pl.col("id"))
     if canon.height == 0:  # one id per display text (the usual case): nothing to replace
         return names
@@ -132,7 +135,7 @@ def cuda_kern_exec_trace(trace: NsysTrace, *, convention: str = "2025", every_ca
         # took ~0.2 GB
         for offset in range(0, max(k.height, 1), _CHUNK_ROWS):
             rows = k.slice(offset, _CHUNK_ROWS) if order is None else k[order.slice(offset, _CHUNK_ROWS)]
-            rows = resolve_names(rows, trace, "name")
+            rows = resolve_names(rows, trace.strings, "name")
             if rows.schema["api_name"] == pl.Utf8:  # text, from a loaded cuda_api table
                 api = api_display_name(pl.col("api_name"))
             else:
@@ -334,13 +337,17 @@ def cuda_kern_exec_sum(trace: NsysTrace, *, convention: str = "2025", every_call
     # their display text (cudaLaunchKernel and cudaLaunchKernel_v7000 are one row), kernel
     # names by id while each text has one id
     group_keys = pl.DataFrame({"_pid_tid": api_column("global_tid") % (1 << 48)})
+    api_names, kernel_names = api_column("name"), kernel_column("name")
+    # the names' StringIds rows only, on a cold export (a few thousand of 300 k)
+    strings = trace.strings_of(*(n.unique() for n in (api_names, kernel_names) if n.dtype != pl.Utf8))
     group_keys = group_keys.with_columns(
         kernel_column("device_id").alias("device_id"),
-        _display_name_ids(api_column("name"), trace).alias("api_name"),
-        kernel_column("name").alias("name"),
+        _display_name_ids(api_names, strings).alias("api_name"),
+        kernel_names.alias("name"),
     )
-    if not names_are_ids(group_keys, "name", trace):
-        group_keys = resolve_names(group_keys, trace, "name")
+    del api_names, kernel_names
+    if not names_are_ids(group_keys, "name", strings):
+        group_keys = resolve_names(group_keys, strings, "name")
     # up to ONE_PASS_ROWS launches, one group-by over all four durations (faster); beyond, each
     # duration is summarised over group numbers and dropped before the next is computed
     one_pass = launches.count <= ONE_PASS_ROWS
@@ -394,7 +401,7 @@ def cuda_kern_exec_sum(trace: NsysTrace, *, convention: str = "2025", every_call
         groups = pl.concat([decode(stats["_g"]), stats.drop("_g")], how="horizontal")
     assert groups is not None
     s = groups
-    s = resolve_names(s, trace, "name", "api_name").with_columns(api_display_name(pl.col("api_name")).alias("api_name"))
+    s = resolve_names(s, strings, "name", "api_name").with_columns(api_display_name(pl.col("api_name")).alias("api_name"))
     s = s.sort(["TAvg (ns)", "Count", "name"], descending=[True, False, False])
     frame = s.select(
         (pl.col("_pid_tid") // (1 << 24)).alias("PID"),

@@ -79,18 +79,22 @@ def op_rows(trace: NsysTrace, table: str, columns: list[str], *, names: bool = F
     return frame.select(*columns, *extra)
 
 
-def resolve_names(frame: pl.DataFrame, trace: NsysTrace, *columns: str) -> pl.DataFrame:
-    """``frame`` with its string-id ``columns`` turned into text (text columns pass through)."""
+def resolve_names(frame: pl.DataFrame, strings: pl.DataFrame, *columns: str) -> pl.DataFrame:
+    """``frame`` with its string-id ``columns`` turned into text by ``strings`` (``StringIds``
+    rows holding at least the ids in them; text columns pass through)."""
     ids = [c for c in columns if frame.schema[c] != pl.Utf8]
     if not ids:
         return frame
-    return frame.with_columns(readers.lookup_strings(pl.col(c), trace.strings).alias(c) for c in ids)
+    return frame.with_columns(readers.lookup_strings(pl.col(c), strings).alias(c) for c in ids)
 
 
-def names_are_ids(frame: pl.DataFrame, column: str, trace: NsysTrace) -> bool:
-    """Whether ``column`` holds string ids that can be grouped on instead of the text (each
-    text has one id)."""
-    return frame.schema[column] == pl.Int64 and not trace.strings["value"].is_duplicated().any()
+def names_are_ids(frame: pl.DataFrame, column: str, strings: pl.DataFrame) -> bool:
+    """Whether ``column`` holds string ids that can be grouped on instead of the text: no two
+    of its ids have one text in ``strings`` (``StringIds`` rows holding at least its ids)."""
+    if frame.schema[column] != pl.Int64:
+        return False
+    present = strings.filter(pl.col("id").is_in(frame.get_column(column).unique().implode()))
+    return not present["value"].is_duplicated().any()
 
 
 @dataclass
@@ -658,9 +662,11 @@ def _kern_sum_whole(trace: NsysTrace, convention: str) -> pl.DataFrame:
     )
     both = pl.concat([outside, inside], how="vertical_relaxed")
     del inside, outside
-    by_id = names_are_ids(both, "_kname", trace)
+    # the kernel names' StringIds rows only, on a cold export
+    strings = trace.strings_of(both["_kname"].unique()) if both.schema["_kname"] == pl.Int64 else trace.strings
+    by_id = names_are_ids(both, "_kname", strings)
     if not by_id and both.schema["_kname"] == pl.Int64:
-        both = resolve_names(both, trace, "_kname")
+        both = resolve_names(both, strings, "_kname")
     keys = ["_range", "_style", "_gpid", "_gtid", "_kname"]
     gid, decode = group_numbers(both.select(keys))
     stats = both.select("range_id", "_gpu", "duration_ns").with_columns(gid).group_by("_g").agg(
@@ -671,7 +677,7 @@ def _kern_sum_whole(trace: NsysTrace, convention: str) -> pl.DataFrame:
     del both, gid
     s = pl.concat([decode(stats["_g"]).drop("_g"), stats.drop("_g")], how="horizontal")
     s = s.with_columns(names.gather(s["_range"]).alias("_range"), styles.gather(s["_style"]).alias("_style"))
-    return resolve_names(s, trace, "_kname") if by_id else s
+    return resolve_names(s, strings, "_kname") if by_id else s
 
 
 #: Bytes the windowed path holds per kernel launch (its row, launching thread, call start
@@ -802,8 +808,9 @@ def _kernel_name_codes(name: pl.Series, trace: NsysTrace) -> tuple[pl.Series, pl
     text has one id, else by text."""
     distinct = name.drop_nulls().unique()
     if name.dtype == pl.Int64:
-        by_id = not trace.strings["value"].is_duplicated().any()
-        texts = distinct.to_frame("i").select(readers.lookup_strings(pl.col("i"), trace.strings)).to_series()
+        strings = trace.strings_of(distinct)
+        by_id = names_are_ids(distinct.to_frame("i"), "i", strings)
+        texts = distinct.to_frame("i").select(readers.lookup_strings(pl.col("i"), strings)).to_series()
     else:
         by_id, texts = True, distinct
     keys = distinct if by_id else texts
