@@ -47,6 +47,7 @@ from common import (  # noqa: E402
     fmt_ratio,
     fmt_s,
     markdown_table,
+    precompile_tracekit,
     print_table,
     run_measured,
     source_state,
@@ -226,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(child(args.child, args.file, queries, args.warmup)))
         return 0
 
+    precompile_tracekit()
     path: Path = args.file
     if not path.exists():
         print(

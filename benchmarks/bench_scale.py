@@ -35,6 +35,7 @@ from common import (  # noqa: E402
     OUT,
     drop_kept_reports,
     markdown_table,
+    precompile_tracekit,
     print_table,
     python,
     run_measured,
@@ -81,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     cap = ["prlimit", f"--as={int(args.as_limit_gb * 1e9)}", "--"] if shutil.which("prlimit") else []
     exe = [python(), "-m", "tracekit.cli.entry"]
     source = (args.source or Path(__file__).resolve().parents[1]).resolve()
+    precompile_tracekit(source)
     env_base = {**os.environ, "PYTHONPATH": str(source)}
     OUT.mkdir(parents=True, exist_ok=True)
     rows: list[list[str]] = []

@@ -37,6 +37,7 @@ from common import (  # noqa: E402
     REPO,
     find_nsys,
     markdown_table,
+    precompile_tracekit,
     print_table,
     python,
     run_measured,
@@ -121,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reuse", action="store_true", help="keep a shape's export already in out/shapes")
     args = parser.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
+    for tree in (args.before.resolve(), REPO):  # both as installed: no module compiled per run
+        precompile_tracekit(tree)
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     mem_rows, open_rows, kexec_rows, results = [], [], [], {}
     for name in filter(None, args.shapes.split(",")):

@@ -325,14 +325,16 @@ def tracekit_command(python: str) -> tuple[list[str], str]:
     return [python, "-c", _FALLBACK], "python -c run_report(...).to_csv() (CLI unavailable)"
 
 
-def precompile_tracekit() -> None:
-    """Compile tracekit's modules to bytecode before timing anything.
+def precompile_tracekit(tree: Path = REPO) -> None:
+    """Compile the modules of ``tree/tracekit`` (this checkout's by default; a ``--before``
+    tree too) to bytecode before timing anything.
 
     An installed wheel has its ``.pyc`` files; a source checkout run with
     ``PYTHONDONTWRITEBYTECODE=1`` (as on the benchmark machine) would otherwise recompile
-    every imported tracekit module in every child: 0.05–0.1 s per process that no user pays.
+    every imported tracekit module in every child: 0.05–0.1 s per process that no user pays
+    (a ``git archive`` tree, with no ``.pyc`` at all, every module).
     """
-    subprocess.run([python(), "-m", "compileall", "-q", str(REPO / "tracekit")], check=False, capture_output=True)
+    subprocess.run([python(), "-m", "compileall", "-q", str(tree / "tracekit")], check=False, capture_output=True)
 
 
 def drop_kept_reports(cache: Path) -> None:
