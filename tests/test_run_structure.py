@@ -520,3 +520,26 @@ def test_idle_before_on_a_real_gpu_and_with_missing_times() -> None:
     ends = np.array([50.0, 200.0, np.nan, 450.0, 700.0, 1000.0])
     # gaps: none first; 100-50; 250-200; missing start; 500-450; 900-700
     assert idle_before(starts, ends).tolist() == [0, 50, 50, 0, 50, 200]
+
+
+def test_loop_time_coverage_by_hand() -> None:
+    """``find_loops`` sums the operations' own time in place, only once a loop needs it (issue
+    44: one array of the operations' size fewer at the structure's peak): each loop's
+    ``time_coverage`` equals, by hand, the summed ``end - start`` (0 when negative) of the
+    operations in its instances of the usual size over that of all operations, on a real
+    GPU's kernels with one duration made negative."""
+    from tracekit.analysis.run.loops import _TYPICAL, find_loops, name_codes
+
+    k = tracekit.open(SAMPLES / "llm_decode_1gpu" / "llm_decode_1gpu.sqlite").kernels.sort("start_ns")
+    s, e = k["start_ns"].to_numpy().copy(), k["end_ns"].to_numpy().copy()
+    e[3] = s[3] - 500  # a damaged row: negative time counts as none
+    loops = find_loops(name_codes(k["name"]), s, e)
+    assert loops
+    own = [max(int(b) - int(a), 0) for a, b in zip(s, e, strict=True)]
+    for lp in loops:
+        sizes = np.diff(np.append(lp.bounds, lp.stop))
+        limit = _TYPICAL * float(np.median(sizes))
+        ends_at = [*lp.bounds[1:].tolist(), lp.stop]
+        inside = sum(sum(own[int(b):int(t)]) for b, t, n in zip(lp.bounds, ends_at, sizes, strict=True) if n <= limit)
+        assert lp.time_coverage == pytest.approx(inside / sum(own), rel=1e-12)
+        assert 0 < lp.time_coverage <= 1

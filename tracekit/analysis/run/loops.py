@@ -219,7 +219,8 @@ def _unique_codes(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray
     shifted = codes - low if low else codes
     per = np.bincount(shifted)
     present = np.flatnonzero(per)
-    rank = np.zeros(per.size, dtype=np.int64)
+    # each operation's rank as 4 bytes where the names fit (always, short of 2^31 names)
+    rank = np.zeros(per.size, dtype=np.int32 if present.size < 1 << 31 else np.int64)
     rank[present] = np.arange(present.size)
     return present + low, rank[shifted], per[present]
 
@@ -253,13 +254,13 @@ def find_loops(
     n = int(codes.size)
     if n < min_repeats:
         return []
-    busy = np.zeros(n + 1, dtype=np.float64)  # busy[i]: summed time of operations before i
-    np.cumsum(np.maximum(ends - starts, 0), out=busy[1:])
-    total_time = float(busy[-1])
+    # one array the size of the operations made at a time where it can be (1 M operations:
+    # the order, the idle gaps, then the busy times; the names' ranks gone before the gaps)
     uniq, inverse, counts = _unique_codes(codes)
-    gap = idle_before(starts, ends)
     order = np.argsort(inverse, kind="stable")  # positions grouped by name, in time order
     del inverse
+    gap = idle_before(starts, ends)
+    busy: np.ndarray | None = None  # busy[i]: summed time of operations before i (made when a loop needs it)
     offsets = np.concatenate([[0], np.cumsum(counts)])
     loops: list[Loop] = []
     for c in np.unique(counts[counts >= min_repeats]):
@@ -282,6 +283,13 @@ def find_loops(
         coverage = float(sizes[usual].sum()) / n
         if coverage < min_coverage:
             continue
+        if busy is None:
+            # in place: each operation's own time (end - start, 0 when negative), then summed
+            busy = np.zeros(n + 1, dtype=np.float64)
+            np.subtract(ends, starts, out=busy[1:])
+            np.maximum(busy[1:], 0, out=busy[1:])
+            np.cumsum(busy[1:], out=busy[1:])
+            total_time = float(busy[-1])
         ends_at = np.append(bounds[1:], stop)
         inside = float((busy[ends_at[usual]] - busy[bounds[usual]]).sum())
         loops.append(Loop(c, tuple(int(uniq[i]) for i in names[rows]), bounds, stop, coverage,
