@@ -13,6 +13,7 @@ from polars.testing import assert_frame_equal
 
 import tracekit
 from tracekit import stats
+from tracekit.nsys import readers
 from tracekit.nsys import trace as trace_module
 from tracekit.nsys.database import InvalidTextWarning
 
@@ -72,7 +73,7 @@ def test_kept_strings_answer_without_a_lookup(tmp_path: Path) -> None:
         mp.setattr("tracekit.nsys.database.CACHE_MIN_ROWS", 1)  # the small sample's tables are cached
         first = tracekit.open(DECODE, column_cache=True)
         whole = first.strings  # fills the column cache
-        assert first.db.all_cached("StringIds", ["\"id\"", 'CAST("value" AS BLOB)'])
+        assert first.db.all_cached("StringIds", readers.STRING_EXPRS)
         second = tracekit.open(DECODE, column_cache=True)
         got = second.strings_of(_kernel_name_ids(second))
         assert "strings" in second.__dict__  # from the cache, not by key
@@ -85,7 +86,7 @@ def _csv(path: Path, report: str, *, by_key: bool, mp: pytest.MonkeyPatch) -> st
         warnings.simplefilter("ignore")
         trace = tracekit.open(path, column_cache=False)
         out = stats.run_report(trace, report, convention="2023").to_csv()
-        if by_key and report == "cuda_kern_exec_sum":  # its names only, read by key
+        if by_key and report == "cuda_kern_exec_sum" and readers.strings_keyed(trace.db):  # its names only, by key
             assert "strings" not in trace.__dict__
     return out
 
@@ -116,3 +117,38 @@ def test_invalid_text_read_by_key_warns_and_decodes(tmp_path: Path) -> None:
     with pytest.warns(InvalidTextWarning, match="StringIds.value"):
         got = bad.strings_of(pl.Series([c]))
     assert got.rows() == [(c, "k_\ufffd")]
+
+
+def test_names_without_text_are_one_group_as_nsys_groups_them(tmp_path: Path) -> None:
+    """Two kernels whose name ids the export lacks (damage) are one group of blank names, as
+    nsys 2023.4.4 prints ``cuda_kern_exec_sum`` of such a file (measured: one row, ``Count``
+    2), whether the names are read by key or the whole table is."""
+    damaged = mutated_copy(
+        DECODE, tmp_path / "unknown.sqlite",
+        "UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET demangledName = 999991 WHERE rowid = 1",
+        "UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET demangledName = 999992 WHERE rowid = 2",
+    )  # fmt: skip
+    got = {}
+    for by_key in (True, False):
+        with pytest.MonkeyPatch.context() as mp:
+            got[by_key] = _csv(damaged, "cuda_kern_exec_sum", by_key=by_key, mp=mp)
+        blank = [line for line in got[by_key].splitlines() if line.endswith(",")]
+        assert len(blank) == 1 and blank[0].split(",")[3] == "2"  # Count
+    assert got[True] == got[False]
+
+
+@pytest.mark.parametrize("edit", [
+    # no id column: names blank (nsys itself fails on this file)
+    'ALTER TABLE StringIds RENAME COLUMN id TO ident',
+    # ids in a column without the integer key, one stored as text: the whole table is read
+    "CREATE TABLE S2(id, value); INSERT INTO S2 SELECT id, value FROM StringIds; DROP TABLE StringIds; "
+    "ALTER TABLE S2 RENAME TO StringIds; UPDATE StringIds SET id = CAST(id AS TEXT) WHERE id = "
+    "(SELECT max(demangledName) FROM CUPTI_ACTIVITY_KIND_KERNEL)",
+])
+def test_string_table_without_its_key_is_read_whole(edit: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``StringIds`` without ``id`` as its ``INTEGER PRIMARY KEY`` (damage) is never read by key:
+    the reports equal those made from the whole table, and nothing raises."""
+    damaged = mutated_copy(DECODE, tmp_path / "nokey.sqlite", *edit.split("; "))
+    assert not readers.strings_keyed(tracekit.open(damaged, column_cache=False).db)
+    for report in REPORTS:
+        assert _csv(damaged, report, by_key=True, mp=monkeypatch) == _csv(damaged, report, by_key=False, mp=monkeypatch)

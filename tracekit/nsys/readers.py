@@ -63,11 +63,22 @@ def select(db: ExportSource, table: str, cols: Sequence[Col], where: str = "") -
         # columnar export, a converted Kineto trace), not one per row of the table
         n = db.row_count(table)
         return pl.DataFrame([pl.Series(c.target, [None] * n, dtype=c.dtype) for c in cols])
+    exprs, read_as, text = _read_plan(cols, present)
+    return _decoded(db, table, db.query_table(table, exprs, read_as, where), text)
+
+
+def _read_plan(cols: Sequence[Col], present: Collection[str]) -> tuple[list[str], dict[str, Any], list[str]]:
+    """The SQL expressions of ``cols`` (present text columns cast to bytes), the schema they
+    are read with, and the text columns to decode after (:func:`_decoded`)."""
     text = [c.target for c in cols if c.dtype == pl.Utf8 and c.sql is None and c.source in present]
-    if not text:
-        return db.query_table(table, _sql_exprs(cols, present), schema, where)
     as_bytes = [Col(c.target, c.source, pl.Binary, "CAST({col} AS BLOB)") if c.target in text else c for c in cols]
-    frame = db.query_table(table, _sql_exprs(as_bytes, present), {c.target: c.dtype for c in as_bytes}, where)
+    return _sql_exprs(as_bytes, present), {c.target: c.dtype for c in as_bytes}, text
+
+
+def _decoded(db: ExportSource, table: str, frame: pl.DataFrame, text: Sequence[str]) -> pl.DataFrame:
+    """``frame`` with its ``text`` columns, read as bytes, decoded (:func:`decode_text`)."""
+    if not text:
+        return frame
     return frame.with_columns(decode_text(frame.get_column(c), f"{db.path.name}: {table}.{c}") for c in text)
 
 
@@ -333,28 +344,36 @@ def string_ids(db: ExportSource) -> pl.DataFrame:
 
 
 def string_ids_of(db: ExportSource, ids: pl.Series) -> pl.DataFrame:
-    """The ``StringIds(id, value)`` rows of ``ids`` (nulls and repeats ignored; an id the
-    table lacks has no row), in id order: looked up by the table's key, so 40 k names of a
-    300 k-row table take half the time of reading it all. Values and damage as
-    :func:`string_ids`."""
-    wanted = ids.drop_nulls().cast(pl.Int64).unique().sort()
-    if not db.has_table("StringIds"):
-        return string_ids(db)  # empty, after its warning
+    """The ``StringIds(id, value)`` rows of ``ids`` (integers; nulls, repeats and other values
+    ignored; an id the table lacks has no row), in id order, looked up by the table's key when
+    it has one (:func:`strings_keyed`; else the whole table, :func:`string_ids`): 40 k names of a
+    300 k-row table in half the time of reading it all. Values are decoded as
+    :func:`string_ids` decodes them; a value not read is not checked (no warning for it)."""
+    if not strings_keyed(db):
+        return string_ids(db)
+    wanted = ids.cast(pl.Int64, strict=False).drop_nulls().unique().sort()
+    exprs, read_as, text = _read_plan(_STRING_COLS, db.columns("StringIds"))
     if wanted.len() == 0:
         return pl.DataFrame(schema={c.target: c.dtype for c in _STRING_COLS})
-    where = f"id IN ({','.join(map(str, wanted.to_list()))})"
+    where = f'"id" IN ({",".join(map(str, wanted.to_list()))})'
     # one query: split in rowid slices on threads, each slice scanned its half of the table
     # for the keys (0.07 s against 0.03 for 40 k of 300 k)
-    raw = [Col("id", "id"), Col("value", "value", pl.Binary, "CAST({col} AS BLOB)")]
-    exprs = _sql_exprs(raw, db.columns("StringIds"))
-    frame = db.query(select_sql("StringIds", exprs, where), {c.target: c.dtype for c in raw})
-    frame = frame.with_columns(decode_text(frame.get_column("value"), f"{db.path.name}: StringIds.value"))
+    frame = _decoded(db, "StringIds", db.query(select_sql("StringIds", exprs, where), read_as), text)
     return _one_text_per_id(db, frame)
+
+
+def strings_keyed(db: ExportSource) -> bool:
+    """Whether ``StringIds.id`` is the table's ``INTEGER PRIMARY KEY`` (as nsys writes it): its
+    rows can be looked up by id, and every id is an integer held once."""
+    if not db.has_table("StringIds"):
+        return False
+    return any(str(r[1]) == "id" and str(r[2]).upper() == "INTEGER" and int(r[5]) == 1
+               for r in db.rows('PRAGMA table_info("StringIds")'))
 
 
 _STRING_COLS = [Col("id", "id"), Col("value", "value", pl.Utf8)]
 #: The SQL expressions :func:`string_ids` reads (its column-cache keys).
-STRING_EXPRS = ('"id"', 'CAST("value" AS BLOB)')
+STRING_EXPRS = tuple(_read_plan(_STRING_COLS, ("id", "value"))[0])
 
 
 def _one_text_per_id(db: ExportSource, strings: pl.DataFrame) -> pl.DataFrame:

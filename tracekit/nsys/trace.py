@@ -134,20 +134,23 @@ class NsysTrace:
         return readers.string_ids(self.db)
 
     def strings_of(self, *ids: pl.Series) -> pl.DataFrame:
-        """The :attr:`strings` rows (``id``, ``value``) of the ids in ``ids``; may hold more rows.
+        """The :attr:`strings` rows (``id``, ``value``) of the integer ids in ``ids`` (other
+        values and nulls ignored); may hold more rows.
 
-        :attr:`strings` itself when it is read already, kept in the column cache, or when the
-        ids are a quarter of its rows or more; else only those rows are read, by the table's
-        key (a lookup costs about four rows of a full read: 40 k kernel names of a 300 k-row
-        table in 0.03 s against 0.07 s, and no column written to the cache). For a report
-        that names a few thousand kernels of a cold export."""
+        :attr:`strings` itself when it is read already, kept in the column cache, when the
+        table has no integer key (:func:`~tracekit.nsys.readers.strings_keyed`) or when the ids
+        are a quarter of its rows or more; else only those rows are read, by the table's key
+        (a lookup costs about four rows of a full read: 40 k kernel names of a 300 k-row table
+        in 0.03 s against 0.07 s, and no column written to the cache). For a report that
+        names a few thousand kernels of a cold export. Values are decoded as :attr:`strings`
+        decodes them; values not read are not checked (no warning about them)."""
         db = self.db
-        if "strings" in self.__dict__ or not isinstance(db, ExportDatabase) or not db.has_table("StringIds"):
+        if "strings" in self.__dict__ or not isinstance(db, ExportDatabase) or not readers.strings_keyed(db):
             return self.strings
         if db.all_cached("StringIds", readers.STRING_EXPRS):
             return self.strings
-        wanted = pl.concat([i.drop_nulls().cast(pl.Int64) for i in ids]).unique() if ids else pl.Series("id", [], pl.Int64)
-        if wanted.len() * _LOOKUP_ROWS >= db.row_estimate("StringIds"):
+        wanted = pl.concat([i.cast(pl.Int64, strict=False).drop_nulls() for i in ids]).unique() if ids else pl.Series("id", [], pl.Int64)
+        if wanted.len() * _LOOKUP_ROWS >= db.row_count("StringIds"):
             return self.strings
         return readers.string_ids_of(db, wanted)
 

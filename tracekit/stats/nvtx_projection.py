@@ -90,11 +90,13 @@ def resolve_names(frame: pl.DataFrame, strings: pl.DataFrame, *columns: str) -> 
 
 def names_are_ids(frame: pl.DataFrame, column: str, strings: pl.DataFrame) -> bool:
     """Whether ``column`` holds string ids that can be grouped on instead of the text: no two
-    of its ids have one text in ``strings`` (``StringIds`` rows holding at least its ids)."""
+    of its values have one text by ``strings`` (``StringIds`` rows holding at least its ids),
+    a null or an id without a text counting as the text null (a damaged export's unknown ids
+    are one group by text, as :func:`resolve_names` then makes them)."""
     if frame.schema[column] != pl.Int64:
         return False
-    present = strings.filter(pl.col("id").is_in(frame.get_column(column).unique().implode()))
-    return not present["value"].is_duplicated().any()
+    ids = frame.get_column(column).unique()
+    return bool(ids.to_frame("i").select(readers.lookup_strings(pl.col("i"), strings)).to_series().n_unique() == ids.len())
 
 
 @dataclass
