@@ -109,12 +109,9 @@ def gpu_ops(
         parts.append(graphs.select(*base, *fill, label.alias("name"), pl.lit(None, pl.Int64).alias("bytes"),
                                    pl.lit("graph").alias("op_kind")))
     ops = pl.concat(parts, how="vertical_relaxed")
-    if not ops.height:
-        return ops
-    # usually every row is kept: the stacked frame itself, not a copy of every column
     if end_bound is not None:
-        return rows_where(ops, (pl.col("end_ns") <= end_bound).fill_null(True))
-    return rows_where(ops, ~implausible_end())
+        return ops.filter((pl.col("end_ns") <= end_bound).fill_null(True)) if ops.height else ops
+    return ops.filter(~implausible_end()) if ops.height else ops
 
 
 #: Shifted times (:func:`interval_union`) must stay below this.
