@@ -96,7 +96,17 @@ def names_are_ids(frame: pl.DataFrame, column: str, strings: pl.DataFrame) -> bo
     if frame.schema[column] != pl.Int64:
         return False
     ids = frame.get_column(column).unique()
-    return bool(ids.to_frame("i").select(readers.lookup_strings(pl.col("i"), strings)).to_series().n_unique() == ids.len())
+    return _one_id_per_text(ids, _texts(ids, strings))
+
+
+def _texts(ids: pl.Series, strings: pl.DataFrame) -> pl.Series:
+    """The text of each of ``ids`` by ``strings`` (null where it has none)."""
+    return ids.to_frame("i").select(readers.lookup_strings(pl.col("i"), strings)).to_series()
+
+
+def _one_id_per_text(ids: pl.Series, texts: pl.Series) -> bool:
+    """Whether the distinct ``ids`` have distinct ``texts`` (theirs, in order; null one text)."""
+    return bool(texts.n_unique() == ids.len())
 
 
 @dataclass
@@ -659,11 +669,12 @@ def _kern_sum_whole(trace: NsysTrace, convention: str) -> pl.DataFrame:
     )
     both = pl.concat([outside, inside], how="vertical_relaxed")
     del inside, outside
-    # the kernel names' StringIds rows only, on a cold export
-    strings = trace.strings_of(both["_kname"].unique()) if both.schema["_kname"] == pl.Int64 else trace.strings
-    by_id = names_are_ids(both, "_kname", strings)
-    if not by_id and both.schema["_kname"] == pl.Int64:
-        both = resolve_names(both, strings, "_kname")
+    by_id = False
+    if both.schema["_kname"] == pl.Int64:  # ids (text when the kernels table is loaded)
+        strings = trace.strings_of(both["_kname"].unique())  # those names' rows only, on a cold export
+        by_id = names_are_ids(both, "_kname", strings)
+        if not by_id:
+            both = resolve_names(both, strings, "_kname")
     keys = ["_range", "_style", "_gpid", "_gtid", "_kname"]
     gid, decode = group_numbers(both.select(keys))
     stats = both.select("range_id", "_gpu", "duration_ns").with_columns(gid).group_by("_g").agg(
@@ -805,9 +816,8 @@ def _kernel_name_codes(name: pl.Series, trace: NsysTrace) -> tuple[pl.Series, pl
     text has one id, else by text."""
     distinct = name.drop_nulls().unique()
     if name.dtype == pl.Int64:
-        strings = trace.strings_of(distinct)
-        by_id = names_are_ids(distinct.to_frame("i"), "i", strings)
-        texts = distinct.to_frame("i").select(readers.lookup_strings(pl.col("i"), strings)).to_series()
+        texts = _texts(distinct, trace.strings_of(distinct))
+        by_id = _one_id_per_text(distinct, texts)
     else:
         by_id, texts = True, distinct
     keys = distinct if by_id else texts
