@@ -278,10 +278,10 @@ def test_prefetch_reads_the_columns_a_report_needs_in_one_scan(
     time; the report equals the one made without any cache, and a warm run scans nothing.
     (With every call read: this export has 5 calls per kernel, so it would read only the
     launches otherwise; see the next test.)"""
-    from tracekit.analysis import op_launches
+    from tracekit.nsys import launch_scans
     from tracekit.stats import run_report
 
-    monkeypatch.setattr(op_launches, "NARROW_FROM_CALLS_PER_KERNEL", 1 << 40)
+    monkeypatch.setattr(launch_scans, "NARROW_FROM_CALLS_PER_KERNEL", 1 << 40)
     monkeypatch.setenv("TRACEKIT_CACHE", str(tmp_path / "cache"))
     path = SAMPLES / "llm_tp2_nccl" / "llm_tp2_nccl.sqlite"
     expected = run_report(_trace(path, column_cache=False), "cuda_kern_exec_sum", convention="2023").to_csv()
@@ -309,6 +309,7 @@ def test_a_cold_launch_join_reads_only_the_calls_that_launch_a_kernel(
     write none of their columns to the cache; the reports equal those made from every call
     without any cache, and a warm run reads neither table (the join is kept)."""
     from tracekit.analysis import op_launches
+    from tracekit.nsys import launch_scans
     from tracekit.stats import run_report
 
     monkeypatch.setenv("TRACEKIT_CACHE", str(tmp_path / "cache"))
@@ -325,7 +326,7 @@ def test_a_cold_launch_join_reads_only_the_calls_that_launch_a_kernel(
     for report in ("cuda_kern_exec_sum", "cuda_kern_exec_trace"):
         shutil.rmtree(tmp_path / "cache", ignore_errors=True)
         with monkeypatch.context() as m:  # every call, no cache: the reference
-            m.setattr(op_launches, "NARROW_FROM_CALLS_PER_KERNEL", 1 << 40)
+            m.setattr(launch_scans, "NARROW_FROM_CALLS_PER_KERNEL", 1 << 40)
             expected = run_report(_trace(path, column_cache=False), report, convention="2023").to_csv()
         trace = _trace(path)
         assert op_launches.narrows_launch_calls(trace)

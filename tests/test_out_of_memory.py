@@ -98,7 +98,7 @@ def test_cgroup_page_cache_counts_as_free(tmp_path: Path) -> None:
     with the kernel's format (the numbers of a container that had just read a 3 GB export
     under a 4 GiB limit): 3.9 GiB current of which 3.2 GiB is file cache. Counting all of it as
     used left 0.1 GiB 'free', so reading any large table was refused up front."""
-    from tracekit.nsys.database import cgroup_free
+    from tracekit.nsys.memory import cgroup_free
 
     gib = 1 << 30
     (tmp_path / "memory.max").write_text(f"{4 * gib}\n")

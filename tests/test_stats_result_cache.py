@@ -122,7 +122,7 @@ def test_the_key_names_report_convention_and_code(export: Path, tmp_path: Path, 
     assert a != stats_cache._path(export, "cuda_api_sum", "2025")
     # a WAL beside the export: never kept nor served
     Path(f"{export}-wal").write_bytes(b"")
-    assert not stats_cache._usable(export)
+    assert not stats_cache.usable_export(export)
 
 
 def test_output_files_are_written_whole(export: Path, tmp_path: Path) -> None:

@@ -25,21 +25,25 @@ from tracekit.analysis._frames import PID_UNIT
 from tracekit.analysis.attribution import launch_pairs
 from tracekit.errors import TraceMemoryError
 from tracekit.nsys import database, readers
+from tracekit.nsys.launch_scans import (
+    API_TABLE,
+    KERNEL_TABLE,
+    LAUNCH_API_COLUMNS,
+    LAUNCHING_CALLS,
+    narrows_by_rows,
+)
 from tracekit.nsys.readers import Col
 
 if TYPE_CHECKING:
     from tracekit.nsys.trace import NsysTrace
 
 __all__ = [
-    "KERNEL_TABLE", "LEAN_FROM_OPS", "NARROW_FROM_CALLS_PER_KERNEL", "OP_LAUNCH_KEY", "api_rows", "derived_source",
+    "KERNEL_TABLE", "LEAN_FROM_OPS", "OP_LAUNCH_KEY", "api_rows", "derived_source",
     "kernel_launch_calls", "launches_at", "lean_api_rows", "matches_twice", "narrows_launch_calls", "op_keys",
     "op_launches",
 ]
 
 log = logging.getLogger(__name__)
-
-KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
-_API_TABLE = "CUPTI_ACTIVITY_KIND_RUNTIME"
 
 
 def _loaded(trace: NsysTrace, table: str) -> pl.DataFrame | None:
@@ -48,8 +52,8 @@ def _loaded(trace: NsysTrace, table: str) -> pl.DataFrame | None:
 
 
 #: The API columns of :func:`api_rows` (``name`` last).
-_API_COLS = (Col("global_tid", "globalTid"), Col("correlation_id", "correlationId"), Col("start_ns", "start"),
-             Col("end_ns", "end"), Col("name", "nameId"))
+_API_COLS = tuple(Col(name, source) for name, source in zip(
+    ("global_tid", "correlation_id", "start_ns", "end_ns", "name"), LAUNCH_API_COLUMNS, strict=True))
 
 
 def api_rows(trace: NsysTrace, *, names: bool = True) -> pl.DataFrame | readers.TableColumns:
@@ -67,32 +71,27 @@ def api_rows(trace: NsysTrace, *, names: bool = True) -> pl.DataFrame | readers.
     cached = _loaded(trace, "cuda_api")
     if cached is not None:
         return cached.select(cols)
-    return readers.TableColumns(trace.db, _API_TABLE, _API_COLS if names else _API_COLS[:-1])
+    return readers.TableColumns(trace.db, API_TABLE, _API_COLS if names else _API_COLS[:-1])
 
 
-#: CUDA API rows per kernel from which a kernel launch join reads only the calls that some
-#: kernel names (:func:`kernel_launch_calls`) rather than every call: the filter costs a
-#: probe per call in SQLite and the calls then do not fill the column cache, which pays off
-#: only where most calls launch no kernel (read alone, 200 k kernels: 1.2 M calls 0.40 s,
-#: their 200 k launches 0.17 s).
-NARROW_FROM_CALLS_PER_KERNEL = 2
 
 
 def narrows_launch_calls(trace: NsysTrace) -> bool:
     """Whether a kernel launch join of ``trace`` reads only the CUDA API calls that some
     kernel names (:func:`kernel_launch_calls`): not where the trace holds ``kernels`` or
     ``cuda_api`` already, the export is not an SQLite file, the column cache holds the calls'
-    columns, or the export has fewer than :data:`NARROW_FROM_CALLS_PER_KERNEL` calls per
+    columns, or the export has fewer than
+    :data:`~tracekit.nsys.launch_scans.NARROW_FROM_CALLS_PER_KERNEL` calls per
     kernel (row estimates: nothing is counted)."""
     db = trace.db
     if trace.is_loaded("kernels") or trace.is_loaded("cuda_api") or not isinstance(db, database.ExportDatabase):
         return False
-    tables = (_API_TABLE, KERNEL_TABLE)
+    tables = (API_TABLE, KERNEL_TABLE)
     if not all(db.has_table(t) and "correlationId" in db.columns(t) for t in tables):
         return False
-    if db.all_cached(_API_TABLE, [f'"{c.source}"' for c in _API_COLS]):
+    if db.all_cached(API_TABLE, [f'"{c.source}"' for c in _API_COLS]):
         return False
-    return db.row_estimate(_API_TABLE) >= NARROW_FROM_CALLS_PER_KERNEL * max(db.row_estimate(KERNEL_TABLE), 1)
+    return narrows_by_rows(db.row_estimate(KERNEL_TABLE), db.row_estimate(API_TABLE))
 
 
 def kernel_launch_calls(trace: NsysTrace) -> pl.DataFrame | None:
@@ -110,9 +109,8 @@ def kernel_launch_calls(trace: NsysTrace) -> pl.DataFrame | None:
     at a time."""
     if not narrows_launch_calls(trace):
         return None
-    where = f"+correlationId IN (SELECT correlationId FROM {KERNEL_TABLE})"
     try:
-        return readers.select(trace.db, _API_TABLE, _API_COLS, where=where)
+        return readers.select(trace.db, API_TABLE, _API_COLS, where=LAUNCHING_CALLS)
     except TraceMemoryError as exc:
         log.debug("reading every call instead of the kernels' launches: %s", exc)
         return None

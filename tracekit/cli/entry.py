@@ -1,7 +1,8 @@
 """The ``tracekit`` console script: a repeated ``tracekit stats … -f csv`` is answered from the
 kept CSVs (:mod:`tracekit.cli.stats_cache`) before typer or polars is imported; everything
 else goes to :func:`tracekit.cli.main.run`, with jemalloc and glibc's malloc told to return
-freed memory sooner (:mod:`tracekit.cli.allocator`)."""
+freed memory sooner (:mod:`tracekit.cli.allocator`) and, for a cold ``stats``, the first
+report's scans of the export started on threads (:mod:`tracekit.cli.stats_readahead`)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ def run() -> NoReturn:
 
     tune_allocator(sys.argv[1:])  # before polars is imported
     map_large_blocks()
+    from tracekit.cli.stats_readahead import start_reads
+
+    start_reads(sys.argv[1:])  # SQLite scans while polars is imported
     from tracekit.cli.main import run as run_cli
 
     run_cli()

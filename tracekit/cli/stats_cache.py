@@ -62,7 +62,7 @@ def code_stamp() -> str:
     return _stamp[0]
 
 
-def _usable(export: Path) -> bool:
+def usable_export(export: Path) -> bool:
     """An ordinary ``.sqlite`` export with nothing beside it that changes how it reads (a WAL or
     rollback journal), and the column cache on."""
     if not column_cache_enabled() or export.suffix != ".sqlite" or not export.is_file():
@@ -80,7 +80,7 @@ def _path(export: Path, report: str, convention: str) -> Path:
 def load(export: Path, report: str, convention: str) -> bytes | None:
     """The kept CSV of ``report`` on ``export``, or None (not kept, damaged, or not usable)."""
     try:
-        if not _usable(export) or folder_state(cache_dir() / "columns") != "ok":
+        if not usable_export(export) or folder_state(cache_dir() / "columns") != "ok":
             return None
         path = _path(export, report, convention)
         data = path.read_bytes()
@@ -98,7 +98,7 @@ def load(export: Path, report: str, convention: str) -> bytes | None:
 
 def store(export: Path, report: str, convention: str, data: bytes) -> None:
     """Keep ``data`` (best effort: an unwritable cache keeps nothing, silently)."""
-    if len(data) > MAX_BYTES or not _usable(export) or folder_state(cache_dir() / "columns") != "ok":
+    if len(data) > MAX_BYTES or not usable_export(export) or folder_state(cache_dir() / "columns") != "ok":
         return
     tmp: list[str] = []
     try:
@@ -143,9 +143,10 @@ def warnings_counted() -> Iterator[list[int]]:
         counted[0] += handler.count
 
 
-def _parse(argv: Sequence[str]) -> tuple[Path, list[str], str] | None:
-    """``stats FILE [-r R] -f csv [--convention C]`` → (file, reports, convention); None for
-    anything else (another command or option, table output, ``-o``, ``--help``)."""
+def parse_stats(argv: Sequence[str]) -> tuple[str, str, str, str] | None:
+    """``stats FILE [-r R] [-f F] [--convention C]`` → (file, report, convention, format), as
+    given (``report`` may name several, comma-separated: :func:`report_names`); None for
+    anything else (another command or option, ``-o``, ``--rows``, ``--help``, no report)."""
     if not argv or argv[0] != "stats":
         return None
     values = {"report": "cuda_gpu_kern_sum", "format": "table", "convention": "2025"}
@@ -163,21 +164,25 @@ def _parse(argv: Sequence[str]) -> tuple[Path, list[str], str] | None:
             files.append(arg)
         else:
             return None
-    if len(files) != 1 or values["format"] != "csv":
+    if len(files) != 1 or not report_names(values["report"]):
         return None
-    reports = [r.strip() for r in values["report"].split(",") if r.strip()]
-    return (Path(files[0]), reports, values["convention"]) if reports else None
+    return files[0], values["report"], values["convention"], values["format"]
+
+
+def report_names(report: str) -> list[str]:
+    """The report names of a ``-r`` value (comma-separated, blanks dropped)."""
+    return [r.strip() for r in report.split(",") if r.strip()]
 
 
 def cached_stats(argv: Sequence[str]) -> int | None:
     """Print the kept CSVs for a ``tracekit stats … -f csv`` command line and return 0, or
     return None (the command runs as usual) unless every report asked for is kept."""
     try:
-        parsed = _parse(argv)
-        if parsed is None:
+        parsed = parse_stats(argv)
+        if parsed is None or parsed[3] != "csv":
             return None
-        export, reports, convention = parsed
-        kept = [load(export, r, convention) for r in reports]
+        file, report, convention, _ = parsed
+        kept = [load(Path(file), r, convention) for r in report_names(report)]
     except Exception:  # never fail here: the ordinary path reports any problem properly
         return None
     if any(k is None for k in kept):

@@ -26,7 +26,6 @@ import os
 import re
 import sqlite3
 import threading
-import urllib.parse
 import weakref
 from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -37,11 +36,16 @@ from typing import Any, Protocol
 import polars as pl
 
 from tracekit.errors import TraceFormatError, TraceMemoryError, one_line
+from tracekit.nsys import readahead
 from tracekit.nsys.column_cache import ColumnCache
 from tracekit.nsys.column_cache import enabled_by_default as column_cache_enabled_by_default
+from tracekit.nsys.memory import free_memory
+from tracekit.nsys.sqlite_file import rowid_bounds, sqlite_uri
 
 log = logging.getLogger(__name__)
 
+#: An expression that is one quoted column name (``"start"``), and that name.
+_PLAIN_COLUMN = re.compile(r'"([^"]+)"')
 #: Rows per Arrow batch the ADBC driver produces (its default, 1024, is slower).
 ADBC_BATCH_ROWS = 65536
 #: Tables with at least this many rows are read in parallel rowid slices.
@@ -73,11 +77,6 @@ def _adbc_available() -> bool:
         return importlib.util.find_spec("adbc_driver_sqlite") is not None
     except (ImportError, ValueError):
         return False
-
-
-def _uri(path: Path, *, immutable: bool = True) -> str:
-    quoted = urllib.parse.quote(str(path.resolve()))
-    return f"file:{quoted}?mode=ro&immutable=1" if immutable else f"file:{quoted}?mode=ro"
 
 
 def _beside(path: Path, suffix: str) -> Path | None:
@@ -180,7 +179,7 @@ class ExportDatabase:
     # -- connections -------------------------------------------------------------
     def _stdlib(self) -> sqlite3.Connection:
         if self._sqlite is None:
-            uri = _uri(self.path, immutable=self._immutable)
+            uri = sqlite_uri(self.path, immutable=self._immutable)
             self._sqlite = sqlite3.connect(uri, uri=True, check_same_thread=False)
             self._sqlite.text_factory = lambda b: b.decode("utf-8", errors="replace")
             # traces opened in notebooks are rarely closed: close with the object
@@ -195,7 +194,7 @@ class ExportDatabase:
             if self._adbc_db is None:
                 import adbc_driver_sqlite
 
-                self._adbc_db = adbc_driver_sqlite.connect(_uri(self.path, immutable=self._immutable))
+                self._adbc_db = adbc_driver_sqlite.connect(sqlite_uri(self.path, immutable=self._immutable))
                 self._adbc_conns = []
                 # traces opened in notebooks are rarely closed: close with the object
                 self._adbc_closer = weakref.finalize(self, _close_adbc, self._adbc_db, self._adbc_conns)
@@ -489,12 +488,7 @@ class ExportDatabase:
         if table not in bounds:
             lo_hi = (0, -1)
             if table in self.tables and self.is_rowid_table(table):
-                # two queries: SQLite answers each from the b-tree's ends, but min and max
-                # together in one SELECT make it scan the whole table
-                lo = self.scalar(f'SELECT min(rowid) FROM "{table}"')
-                hi = self.scalar(f'SELECT max(rowid) FROM "{table}"')
-                if lo is not None and hi is not None:
-                    lo_hi = (int(lo), int(hi))
+                lo_hi = rowid_bounds(self.scalar, table)
             bounds[table] = lo_hi
         return bounds[table]
 
@@ -526,6 +520,9 @@ class ExportDatabase:
         """:meth:`_scan_table`, refused up front when its columns alone cannot fit in the memory
         left (:func:`free_memory`), and with an out-of-memory error turned into one
         :class:`~tracekit.errors.TraceMemoryError` that names the table and the ways around it."""
+        ahead = self._read_ahead(table, exprs, schema, where, rechunk=rechunk)
+        if ahead is not None:
+            return ahead
         columns = sum(e != "NULL" for e in exprs)
         rows = min(self._row_span(table), _rowid_span(where), self._file_bytes) if columns else 0  # a damaged rowid cannot inflate it
         # Int64/Float64 values only (strings need more), twice: the reader's record batches and
@@ -550,6 +547,32 @@ class ExportDatabase:
             if isinstance(exc, TraceMemoryError):
                 raise
             raise _out_of_memory(self.path, table, rows, columns, "ran out of memory") from exc
+
+    def _read_ahead(
+        self,
+        table: str,
+        exprs: Sequence[str],
+        schema: Mapping[str, pl.DataType | type[pl.DataType]],
+        where: str,
+        *,
+        rechunk: bool,
+    ) -> pl.DataFrame | None:
+        """The columns ``exprs`` (plain quoted column names) of a scan that the CLI started
+        before polars was imported (:mod:`tracekit.nsys.readahead`), cast to ``schema``; None
+        (then the table is read as usual) when there is none for this table and filter, or
+        it does not hold them all as 64-bit integers."""
+        if self.engine != "adbc" or not self._immutable or not readahead.pending(self.path):
+            return None
+        names = [m.group(1) if (m := _PLAIN_COLUMN.fullmatch(e)) else None for e in exprs]
+        if None in names or len(set(names)) != len(names):
+            return None
+        frame = readahead.take(self.path, table, where, names, pl.DataFrame,  # type: ignore[arg-type]
+                               lambda f, c: f.schema[c] == pl.Int64)
+        if frame is None:
+            return None
+        frame.columns = list(schema)
+        frame = _cast(frame, schema)
+        return frame.rechunk() if rechunk else frame
 
     def _scan_table(
         self,
@@ -886,69 +909,6 @@ def select_sql(table: str, exprs: Sequence[str], where: str = "") -> str:
     schema anyway."""
     named = ", ".join(f'{e} AS "_c{i}"' for i, e in enumerate(exprs))
     return f'SELECT {named} FROM "{table}"' + (f" WHERE {where}" if where else "")
-
-
-def free_memory() -> int | None:
-    """Bytes this process can still allocate, as far as is cheap to know: the address-space
-    limit (``RLIMIT_AS``) less what is mapped, the cgroup's ``memory.max`` less its usage and
-    the machine's available memory and free swap; None when none is known (not Linux)."""
-    import resource
-
-    bounds = []
-    soft = resource.getrlimit(resource.RLIMIT_AS)[0]
-    if soft != resource.RLIM_INFINITY:  # /proc/self/status only when there is a limit (it is called often)
-        status = _kb_fields("/proc/self/status")
-        if "VmSize" in status:
-            bounds.append(soft - status["VmSize"])
-    meminfo = _kb_fields("/proc/meminfo")
-    if "MemAvailable" in meminfo:
-        bounds.append(meminfo["MemAvailable"] + meminfo.get("SwapFree", 0))
-    cgroup = cgroup_free()
-    if cgroup is not None:
-        bounds.append(cgroup)
-    return max(min(bounds), 0) if bounds else None
-
-
-def cgroup_free(root: Path = Path("/sys/fs/cgroup")) -> int | None:
-    """Bytes the cgroup (v2) can still take: ``memory.max`` less ``memory.current``, less the
-    page cache in it (``active_file`` + ``inactive_file`` of ``memory.stat``), which the kernel
-    reclaims before it refuses memory. ``memory.current`` counts that cache: once an export
-    larger than the headroom had been read, it filled the cgroup to its limit and every read of
-    a large table was refused although the memory was there. None without a limit."""
-    try:
-        limit = (root / "memory.max").read_text().strip()
-        if limit == "max":
-            return None
-        used = int((root / "memory.current").read_text())
-    except (OSError, ValueError):
-        return None
-    cache = 0
-    try:
-        for line in (root / "memory.stat").read_text().splitlines():
-            name, _, value = line.partition(" ")
-            if name in ("active_file", "inactive_file") and value.strip().isdigit():
-                cache += int(value)
-    except OSError:
-        pass
-    try:
-        return int(limit) - max(used - cache, 0)
-    except ValueError:
-        return None
-
-
-def _kb_fields(path: str) -> dict[str, int]:
-    """``Name: <n> kB`` lines of a /proc file, in bytes."""
-    out = {}
-    try:
-        with open(path) as fh:
-            for line in fh:
-                name, _, rest = line.partition(":")
-                parts = rest.split()
-                if len(parts) == 2 and parts[1] == "kB" and parts[0].isdigit():
-                    out[name] = int(parts[0]) * 1024
-    except OSError:
-        pass
-    return out
 
 
 def _out_of_memory(path: Path, table: str, rows: int, columns: int, what: str, doing: str = "reading") -> TraceMemoryError:

@@ -25,6 +25,7 @@ from tracekit.analysis.op_launches import (
 )
 from tracekit.errors import UnsupportedReportError
 from tracekit.nsys.database import prefetch_columns
+from tracekit.nsys.launch_scans import API_TABLE, EXEC_SUM_KERNEL_COLUMNS, LAUNCH_API_COLUMNS
 from tracekit.nsys.readers import lookup_strings
 from tracekit.stats.common import Report, group_numbers
 from tracekit.stats.nvtx_projection import names_are_ids, op_rows, resolve_names
@@ -327,10 +328,10 @@ def cuda_kern_exec_sum(trace: NsysTrace, *, convention: str = "2025", every_call
     # kernels, 2.5 M calls: CPU 1.75-2.04 -> 1.33-1.61 s). Kernels first: the larger scan then
     # reuses the smaller one's memory (peak 350 MB; API first 440 MB; per-column scans 275 MB)
     if not trace.is_loaded("kernels"):
-        prefetch_columns(trace.db, KERNEL_TABLE, ("globalPid", "correlationId", "deviceId", "demangledName", "start", "end"))
+        prefetch_columns(trace.db, KERNEL_TABLE, EXEC_SUM_KERNEL_COLUMNS)
     # the calls, unless the join is kept or reads only the calls that launch a kernel
     if not trace.is_loaded("cuda_api") and not _Launches.kept(trace) and (every_call or not narrows_launch_calls(trace)):
-        prefetch_columns(trace.db, "CUPTI_ACTIVITY_KIND_RUNTIME", ("globalTid", "correlationId", "nameId", "start", "end"))
+        prefetch_columns(trace.db, API_TABLE, LAUNCH_API_COLUMNS)
     launches = _Launches(trace, every_call=every_call)
     api_column, kernel_column = launches.api_column, launches.kernel_column
     # the group of each launch: (pid, tid) is the low 48 bits of global_tid; API names group by
