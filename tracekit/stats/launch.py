@@ -266,7 +266,10 @@ class _Launches:
     def kernel_column(self, column: str) -> pl.Series:
         """Kernel column ``column`` (``name`` as string ids, or text when the trace holds
         ``kernels``) of each launch's kernel: read alone, so one whole column is in memory."""
-        values = _kernel_column(self._trace, column)
+        return self.of_kernels(_kernel_column(self._trace, column))
+
+    def of_kernels(self, values: pl.Series) -> pl.Series:
+        """``values`` (one per kernel, in table order) of each launch's kernel."""
         rows = self._rows(values.len())
         return values if rows is None else values.gather(rows)
 
@@ -305,6 +308,14 @@ def _abs_sum_passes_2_53(value: pl.Series) -> bool:
     return (value.abs().sum() or 0) > 1 << 53
 
 
+def _either_strings(a: pl.DataFrame, b: pl.DataFrame) -> pl.DataFrame:
+    """The ``StringIds`` rows of two lookups (:meth:`~tracekit.nsys.trace.NsysTrace.strings_of`),
+    each id once."""
+    if a is b:  # both the whole table
+        return a
+    return pl.concat([a, b], how="vertical_relaxed").unique(subset="id", keep="first", maintain_order=True)
+
+
 def cuda_kern_exec_sum(trace: NsysTrace, *, convention: str = "2025", every_call: bool = False) -> Report:
     """``cuda_kern_exec_trace`` summarised per thread, device, API function and kernel name
     (``cuda_kern_exec_sum``).
@@ -332,22 +343,32 @@ def cuda_kern_exec_sum(trace: NsysTrace, *, convention: str = "2025", every_call
     # the calls, unless the join is kept or reads only the calls that launch a kernel
     if not trace.is_loaded("cuda_api") and not _Launches.kept(trace) and (every_call or not narrows_launch_calls(trace)):
         prefetch_columns(trace.db, API_TABLE, LAUNCH_API_COLUMNS)
+    # the kernels' names, their StringIds rows (on a cold export only those: a few thousand of
+    # 300 k) and whether ids can stand for them, before the join: a cold run's calls may still
+    # be being read then (the CLI starts that scan before polars is imported,
+    # tracekit.nsys.readahead), and this runs meanwhile (200 k kernels, 1.2 M calls: 0.06 s off
+    # the run). The launched kernels' names are some of these: where ids stand for all the
+    # names they stand for these; where not, grouping by text gives the same groups
+    names = _kernel_column(trace, "name")
+    strings = trace.strings_of(*([names.unique()] if names.dtype != pl.Utf8 else []))
+    by_id = names_are_ids(pl.DataFrame({"name": names}), "name", strings)
     launches = _Launches(trace, every_call=every_call)
     api_column, kernel_column = launches.api_column, launches.kernel_column
     # the group of each launch: (pid, tid) is the low 48 bits of global_tid; API names group by
     # their display text (cudaLaunchKernel and cudaLaunchKernel_v7000 are one row), kernel
     # names by id while each text has one id
     group_keys = pl.DataFrame({"_pid_tid": api_column("global_tid") % (1 << 48)})
-    api_names, kernel_names = api_column("name"), kernel_column("name")
-    # the names' StringIds rows only, on a cold export (a few thousand of 300 k)
-    strings = trace.strings_of(*(n.unique() for n in (api_names, kernel_names) if n.dtype != pl.Utf8))
+    api_names, kernel_names = api_column("name"), launches.of_kernels(names)
+    del names
+    if api_names.dtype != pl.Utf8:
+        strings = _either_strings(strings, trace.strings_of(api_names.unique()))
     group_keys = group_keys.with_columns(
         kernel_column("device_id").alias("device_id"),
         _display_name_ids(api_names, strings).alias("api_name"),
         kernel_names.alias("name"),
     )
     del api_names, kernel_names
-    if not names_are_ids(group_keys, "name", strings):
+    if not by_id:
         group_keys = resolve_names(group_keys, strings, "name")
     # up to ONE_PASS_ROWS launches, one group-by over all four durations (faster); beyond, each
     # duration is summarised over group numbers and dropped before the next is computed
