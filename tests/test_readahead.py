@@ -100,18 +100,45 @@ def test_a_column_is_taken_once_for_exactly_its_table_filter_and_type() -> None:
         return readahead.take(TP2, table, where, columns, pl.DataFrame, lambda f, c: f.schema[c] == pl.Int64)
 
     truth = _trace(TP2, column_cache=False).db.query(f'SELECT "end", "start" FROM "{KERNELS}"', {"end": pl.Int64, "start": pl.Int64})
-    assert take(KERNELS, ["start"], where="start > 0") is None
     assert take(KERNELS, ["start", "deviceId"]) is None
     got = take(KERNELS, ["end", "start"])
     assert got is not None and got.columns == ["end", "start"] and got.equals(truth)
     assert take(KERNELS, ["start"]) is None  # taken already
     assert readahead.pending(TP2)  # correlationId is left
-    assert take("StringIds", ["value"]) is None
-    ids = take("StringIds", ["id"])
-    assert ids is not None and ids.height == _trace(TP2, column_cache=False).db.row_count("StringIds")
+    assert take("StringIds", ["value"]) is None  # text: refused, and the scan freed at once
+    assert take("StringIds", ["id"]) is None
     assert take("NoSuchTable", ["start"]) is None  # its statement failed
-    readahead.drop(TP2)
+    assert take(KERNELS, ["correlationId"], where="deviceId = 0") is None  # read another way: the scan is dropped
     assert not readahead.pending(TP2)
+
+
+def test_a_file_put_in_the_export_s_place_is_read_as_itself(tmp_path: Path) -> None:
+    """The scans read one file; another file renamed over the export before the report opens
+    it is not answered with their rows (device, inode, size and mtime are compared)."""
+    path = tmp_path / "export.sqlite"
+    mutated_copy(DECODE, path)
+    assert start_reads(_argv(path))
+    mutated_copy(TP2, tmp_path / "other.sqlite")
+    os.replace(tmp_path / "other.sqlite", path)
+    assert run_report(_trace(path), "cuda_kern_exec_sum", convention="2023").to_csv() == _reference(TP2)
+    assert not readahead.pending(path)
+
+
+def test_an_index_that_holds_the_columns_changes_no_answer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An export carrying indexes that hold the scanned columns (SQLite answered such reads from
+    the index, in its order: columns of one table read apart no longer lined up, and a report
+    differed from the export without them): the reports equal the un-indexed export's, read
+    ahead or not, through the column cache (its size threshold lowered) or not."""
+    copy = mutated_copy(DECODE, tmp_path / "indexed.sqlite",
+                        f'CREATE INDEX kx ON {KERNELS}("deviceId", "demangledName", "globalPid", "correlationId", "start", "end")',
+                        f'CREATE INDEX ky ON {KERNELS}("end" DESC, "demangledName", "start", "deviceId")',
+                        f'CREATE INDEX ax ON {CALLS}("nameId", "globalTid", "correlationId", "start", "end")')
+    reports = ("cuda_kern_exec_sum", "cuda_gpu_kern_sum")
+    expected = [run_report(_trace(DECODE, column_cache=False), r, convention="2023").to_csv() for r in reports]
+    assert [run_report(_trace(copy, column_cache=False), r, convention="2023").to_csv() for r in reports] == expected
+    monkeypatch.setattr(database, "CACHE_MIN_ROWS", 2)
+    assert start_reads(_argv(copy))
+    assert [run_report(_trace(copy), r, convention="2023").to_csv() for r in reports] == expected  # cold, then warm
 
 
 def test_what_starts_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -200,6 +227,21 @@ def test_a_plain_stats_command_line_does_not_import_typer(tmp_path: Path) -> Non
     assert missing[0].stderr.splitlines()[0].startswith("tracekit: error: ")
 
 
+def test_stderr_is_typer_s(tmp_path: Path) -> None:
+    """The typer-free path prints its lines as typer did: an escape sequence in a report name
+    echoed back is dropped when stderr is not a terminal, the same line through typer."""
+    bad = "\x1b[31mbogus"
+    lines = []
+    for more in ((), ("--rows", "5")):
+        argv = [sys.executable, "-m", "tracekit.cli.entry", "stats", str(TP2), "-r", f"{bad},cuda_gpu_kern_sum", "-f", "csv", *more]
+        run = subprocess.run(argv, capture_output=True, cwd=ROOT, check=False, timeout=300,
+                             env={**os.environ, "PYTHONPATH": str(ROOT), "TRACEKIT_CACHE": str(tmp_path / f"d{len(more)}")})
+        assert run.returncode == 0, run.stderr[-2000:]
+        lines.append(run.stderr.decode().splitlines())
+    assert lines[0] == lines[1] and lines[0][0].startswith("tracekit: skipping bogus: ")
+    assert "\x1b" not in "".join(lines[0])
+
+
 def test_a_damaged_column_is_read_as_usual(tmp_path: Path) -> None:
     """A kernel start stored as text (SQLite allows it): the driver types the column read ahead
     as text, so it is not taken and the usual read handles it; the command prints what it
@@ -210,3 +252,27 @@ def test_a_damaged_column_is_read_as_usual(tmp_path: Path) -> None:
     plain = _cli(copy, tmp_path / "b", TRACEKIT_READ_AHEAD="0")
     assert (ahead.returncode, ahead.stdout, ahead.stderr) == (plain.returncode, plain.stdout, plain.stderr)
     assert ahead.stdout or ahead.stderr
+
+
+@pytest.mark.parametrize(("raised", "code"), [(KeyboardInterrupt, 130), (EOFError, 1)])
+def test_an_interrupted_plain_command_ends_as_through_typer(raised: type[BaseException], code: int,
+                                                              monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """Ctrl-C (or end of input) while a report runs: the same exit code and the same stderr
+    (nothing; click's empty line for end of input) whether the command line went through typer
+    or not."""
+    from tracekit.cli import main as cli_main
+    from tracekit.cli import stats as cli_stats
+
+    def interrupted(*_args: object, **_kwargs: object) -> None:
+        raise raised
+
+    monkeypatch.setattr(cli_main, "run_stats", interrupted, raising=False)
+    monkeypatch.setattr("tracekit.cli.stats_run.run_stats", interrupted)
+    monkeypatch.setattr(cli_stats, "run_stats", interrupted)
+    results = []
+    for more in ((), ("--rows", "5")):
+        results.append(cli_main.main(_argv(DECODE, *more)))
+        results.append(capsys.readouterr().err)
+    err = "\n" if raised is EOFError else ""
+    assert results == [code, err, code, err]

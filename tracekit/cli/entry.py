@@ -21,9 +21,10 @@ def run() -> NoReturn:
 
     tune_allocator(sys.argv[1:])  # before polars is imported
     map_large_blocks()
-    from tracekit.cli.stats_readahead import start_reads
+    if sys.argv[1:2] == ["stats"]:  # SQLite scans while polars is imported
+        from tracekit.cli.stats_readahead import start_reads
 
-    start_reads(sys.argv[1:])  # SQLite scans while polars is imported
+        start_reads(sys.argv[1:])
     from tracekit.cli.main import run as run_cli
 
     run_cli()

@@ -168,7 +168,13 @@ def main(argv: list[str] | None = None) -> int:
             if plain is not None:  # a plain `tracekit stats` command line: no typer to import
                 _configure(False)
                 file, report, convention, fmt = plain
-                run_stats(file, report, fmt, convention=convention)
+                try:
+                    run_stats(file, report, fmt, convention=convention)
+                except KeyboardInterrupt:  # as through typer: exit 130, no line
+                    return 130
+                except EOFError:  # as click through typer: an empty line, then Abort (exit 1)
+                    print(file=sys.stderr)
+                    return 1
                 result = None
             else:
                 result = build_app(args)(args=args, standalone_mode=False)

@@ -11,8 +11,11 @@ Standard library only. Started for the first report of the command line when it 
 - the ADBC SQLite driver is installed (the reads it makes are the ones read ahead);
 - there is no address-space limit (``ulimit -v``: there the reader checks each read against
   what is left before it starts, and a thread started ahead of those checks could not be
-  refused), and the columns fit: at most :data:`MAX_BYTES`, and at most a quarter of the
-  memory left (:func:`tracekit.nsys.memory.free_memory`).
+  refused), and the columns fit, counted at 8 bytes a value: at most :data:`MAX_BYTES`, and
+  at most a quarter of the memory left (:func:`tracekit.nsys.memory.free_memory`). A damaged
+  export's text cells in those columns take more; the scan holding them is freed as soon as
+  the report finds them (the usual read, which reads them too, comes after), and whatever
+  the first report did not take is freed when it ends (:func:`tracekit.cli.stats_run.run_stats`).
 
 ``TRACEKIT_READ_AHEAD=0`` (or ``off``, ``false``, ``no``) turns it off. Anything else, and
 any failure here, starts nothing: the report reads as usual. What a scan

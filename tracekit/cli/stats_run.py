@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 from tracekit.cli import stats_cache
+from tracekit.cli.terminal import echo_err
+from tracekit.nsys import readahead
 
 #: Rows of a report ``tracekit stats`` shows as a table by default (``--rows``).
 TABLE_ROWS = 100
@@ -55,15 +57,17 @@ def run_stats(file: str, report: str = "cuda_gpu_kern_sum", fmt: str = "table", 
                 reasons.append(f"skipping {name}: {exc}")
                 skipped.append(name)
                 continue
+            finally:
+                readahead.drop()  # what the first report read ahead and did not take is not kept
             for reason in reasons:
-                print(f"tracekit: {reason}", file=sys.stderr)
+                echo_err(f"tracekit: {reason}")
             reasons.clear()
             if output:
                 path = Path(f"{output}_{result.name}.csv")
                 from tracekit.outputs import write_output
 
                 write_output(path, result.write_csv)
-                print(f"wrote {path}", file=sys.stderr)
+                echo_err(f"wrote {path}")
             elif fmt == "csv":
                 sys.stdout.flush()
                 sink = _Tee(sys.stdout.buffer, stats_cache.MAX_BYTES)
@@ -76,7 +80,7 @@ def run_stats(file: str, report: str = "cuda_gpu_kern_sum", fmt: str = "table", 
         msg = f"none of the {len(names)} reports could be made from {file}: " + "; ".join(r.removeprefix("skipping ") for r in reasons)
         raise TracekitError(msg)
     for reason in reasons:
-        print(f"tracekit: {reason}", file=sys.stderr)
+        echo_err(f"tracekit: {reason}")
     if printed and not skipped and not warned[0]:  # the next identical command prints these again
         for name, data in printed:
             if data is not None:

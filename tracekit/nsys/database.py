@@ -583,12 +583,13 @@ class ExportDatabase:
         *,
         rechunk: bool = True,
     ) -> pl.DataFrame:
-        """``exprs`` of ``table`` (``where``), read in rowid slices on threads when the table is
-        big; one chunk per column unless ``rechunk=False`` (the reader's batches as they came:
-        no second copy of every column, for a caller that writes them out one at a time)."""
-        base = select_sql(table, exprs)
+        """``exprs`` of ``table`` (``where``) in rowid order (whatever index the export
+        carries), read in rowid slices on threads when the table is big; one chunk per column
+        unless ``rechunk=False`` (the reader's batches as they came: no second copy of every
+        column, for a caller that writes them out one at a time)."""
+        base = select_sql(table, exprs, rowid_order=True)
         cond = f" AND ({where})" if where else ""
-        whole = select_sql(table, exprs, where)
+        whole = select_sql(table, exprs, where, rowid_order=True)
         slices = self._rowid_slices(table)
         if len(slices) < 2:
             return self.query(whole, schema, rechunk=rechunk)
@@ -902,13 +903,17 @@ def _gb(n: int) -> str:
     return f"{n / 1e9:.2g} GB" if n >= 10**8 else f"{n / 1e6:.3g} MB"
 
 
-def select_sql(table: str, exprs: Sequence[str], where: str = "") -> str:
+def select_sql(table: str, exprs: Sequence[str], where: str = "", *, rowid_order: bool = False) -> str:
     """``SELECT exprs FROM "table" [WHERE where]`` with each expression under its own name
     (``_c0``, ``_c1`` …): the ADBC driver panics on an empty result whose columns share a name
     (``SELECT NULL, NULL`` of an old export's empty table); callers rename the frame to their
-    schema anyway."""
+    schema anyway. ``rowid_order`` (SQLite only): ``NOT INDEXED``, so that the rows come in
+    rowid order whatever index the export carries (SQLite answered a read of columns that an
+    index holds from the index, in its order, and the columns of one table read apart no
+    longer lined up); the rowid still finds rows by key."""
     named = ", ".join(f'{e} AS "_c{i}"' for i, e in enumerate(exprs))
-    return f'SELECT {named} FROM "{table}"' + (f" WHERE {where}" if where else "")
+    source = f'"{table}" NOT INDEXED' if rowid_order else f'"{table}"'
+    return f"SELECT {named} FROM {source}" + (f" WHERE {where}" if where else "")
 
 
 def _out_of_memory(path: Path, table: str, rows: int, columns: int, what: str, doing: str = "reading") -> TraceMemoryError:

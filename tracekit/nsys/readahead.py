@@ -3,19 +3,23 @@
 A cold ``tracekit stats`` spends 0.16–0.2 s importing polars (``python -c "import polars"`` on
 the 2-core benchmark machine) before its first scan of the export, and a scan of 200 k kernels
 and their launching calls takes about as long again. The CLI starts the scans the first report
-will make (:func:`tracekit.cli.stats_cache.start_reads`) on threads before it imports polars:
-the ADBC SQLite driver runs each to its end inside ``execute_query`` (one batch of every row),
-with the GIL released, while the interpreter loads polars (``benchmarks/bench_exec_floor.py``).
-The export reader then takes a started scan's columns instead of scanning the table again
-(:func:`take`, from :meth:`tracekit.nsys.database.ExportDatabase._read_table`).
+will make (:func:`tracekit.cli.stats_readahead.start_reads`) on threads before it imports
+polars: the ADBC SQLite driver runs each to its end inside ``execute_query`` (one batch of
+every row), with the GIL released, while the interpreter loads polars
+(``benchmarks/bench_exec_floor.py``). The export reader then takes a started scan's columns
+instead of scanning the table again (:func:`take`, from
+:meth:`tracekit.nsys.database.ExportDatabase._read_table`).
 
-What is read ahead is whole columns, by name, with the scan's SQL filter; a column is taken
-only where the usual read would have asked for exactly it (same table, same filter), and only
-when the driver typed it as 64-bit integers (it types each column from its values; any other
-type is left to the usual read, which handles every type). A scan that failed is never taken;
-each column is taken at most once, and a scan is dropped once all its columns have been. So
-a column taken equals the usual read's: the same rows in the same (rowid) order. Nothing here
-imports polars.
+What is read ahead is whole columns, by name, with the scan's SQL filter, in rowid order (as
+the reader scans: ``NOT INDEXED``, whatever index the export carries). A column is taken only
+where the usual read would have asked for exactly it (same table, same filter), only while
+the file at the export's path is the one the scan read (device, inode, size, modification
+time), and only when the driver typed it as 64-bit integers (it types each column from its
+values; any other type is left to the usual read, which handles every type). So a column
+taken equals the usual read's: the same rows in the same order. A scan that failed is never
+taken; each column is taken at most once; a scan is dropped once all its columns have been,
+and at once when any of its columns is not 64-bit integers, the file changed, or its table is
+read with another filter. Nothing here imports polars.
 """
 
 from __future__ import annotations
@@ -58,9 +62,10 @@ class Scan:
         return f"Scan({self.table!r}, {self.columns!r}, {self.where!r})"
 
     def sql(self) -> str:
-        """The scan as one ``SELECT`` (each column under its own name)."""
+        """The scan as one ``SELECT`` (each column under its own name), in rowid order whatever
+        index the export carries (``NOT INDEXED``, as the export reader scans)."""
         named = ", ".join(f'"{c}"' for c in self.columns)
-        return f'SELECT {named} FROM "{self.table}"' + (f" WHERE {self.where}" if self.where else "")
+        return f'SELECT {named} FROM "{self.table}" NOT INDEXED' + (f" WHERE {self.where}" if self.where else "")
 
 
 class _Started:
@@ -73,6 +78,7 @@ class _Started:
         self._stream: Any = None
         self._handles: list[Any] = []
         self._done = False
+        self._result_lock = threading.Lock()  # one taker makes the frame; the others wait for it
         self._thread = threading.Thread(target=self._run, args=(uri,), name="tracekit-readahead", daemon=True)
         self._thread.start()
 
@@ -91,10 +97,19 @@ class _Started:
         except Exception as exc:  # the usual read runs instead, and reports any real problem
             log.debug("reading %s ahead failed: %s", self.scan.table, exc)
 
+    def running(self) -> bool:
+        """Whether the scan is still being read (its thread then holds it until it ends)."""
+        return self._thread.is_alive()
+
     def result(self, make_frame: Callable[[Any], Any]) -> Any:
         """The scan's rows as ``make_frame(stream)`` (the driver's Arrow stream; made once),
         or None when the scan failed."""
         self._thread.join()
+        with self._result_lock:
+            self._make(make_frame)
+        return self.frame
+
+    def _make(self, make_frame: Callable[[Any], Any]) -> None:
         if not self._done:
             self._done = True
             if self._stream is not None:
@@ -109,10 +124,12 @@ class _Started:
                 except Exception as exc:  # closing is best effort
                     log.debug("closing a read-ahead handle: %s", exc)
             self._handles = []
-        return self.frame
 
 
 _started: dict[tuple[str, str, str], _Started] = {}
+#: The identity of each export whose scans were started (device, inode, size, mtime): a file
+#: put in its place since is not the one they read.
+_identity: dict[str, tuple[int, int, int, int]] = {}
 _lock = threading.Lock()
 
 
@@ -120,11 +137,23 @@ def _key(path: Path, table: str, where: str) -> tuple[str, str, str]:
     return str(path.resolve()), table, where
 
 
+def _stat(path: Path) -> tuple[int, int, int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
 def start(path: Path, scans: Sequence[Scan]) -> None:
     """Start ``scans`` of the SQLite export ``path`` (opened read-only, immutable), each on a
     thread of its own; the first scan of a table and filter counts."""
+    identity = _stat(path)
+    if identity is None:
+        return
     uri = sqlite_uri(path)
     with _lock:
+        _identity[str(path.resolve())] = identity
         for scan in scans:
             key = _key(path, scan.table, scan.where)
             if key not in _started:
@@ -141,17 +170,34 @@ def take(path: Path, table: str, where: str, columns: Sequence[str], make_frame:
          is_int64: Callable[[Any, str], bool]) -> Any:
     """A frame of ``columns`` of ``table`` (rows matching ``where``) from a scan started for
     exactly that table and filter, or None: none was started, it failed, some column was not
-    read ahead, was taken already or is not 64-bit integers (``is_int64(frame, column)``).
+    read ahead or was taken already, or the file at ``path`` is no longer the one it read.
     ``make_frame`` turns the driver's Arrow stream into a frame (once per scan); the frame
-    returned holds exactly ``columns``, in that order, under their names in the export."""
+    returned holds exactly ``columns``, in that order, under their names in the export.
+
+    A scan is dropped (its rows freed) once all its columns are taken; at once, none taken,
+    when any of its columns is not 64-bit integers (``is_int64(frame, column)``: a damaged
+    export's cells, which the usual read then handles; its columns share one batch's memory,
+    which a column taken would keep), when the file changed, and when the table is read with
+    another filter (the report reads it another way)."""
     key = _key(path, table, where)
     with _lock:
+        if _identity.get(key[0]) != _stat(path):
+            gone = _drop_locked(key[0])
+        else:
+            gone = [_started.pop(k) for k in [k for k in _started if k[:2] == key[:2] and k != key]]
         started = _started.get(key)
-        if started is None or not set(columns) <= started.left:
-            return None
+    _release(gone)
+    if started is None or not set(columns) <= started.left:
+        return None
     frame = started.result(make_frame)
     with _lock:
-        if frame is None or not all(is_int64(frame, c) for c in columns) or not set(columns) <= started.left:
+        if _started.get(key) is not started or not set(columns) <= started.left:
+            return None
+        # every column of the scan, not only those asked for: the columns of one scan share
+        # their memory (the driver's one batch), which a column taken would keep alive
+        if frame is None or not all(is_int64(frame, c) for c in started.scan.columns):
+            del _started[key]
+            started.frame = None
             return None
         started.left -= set(columns)
         if not started.left:
@@ -160,10 +206,25 @@ def take(path: Path, table: str, where: str, columns: Sequence[str], make_frame:
     return frame.select(list(columns))
 
 
+def _drop_locked(export: str) -> list[_Started]:
+    """Forget the scans of the export ``export`` (a resolved path); ``_lock`` held."""
+    _identity.pop(export, None)
+    return [_started.pop(k) for k in [k for k in _started if k[0] == export]]
+
+
 def drop(path: Path | None = None) -> None:
-    """Forget the scans of ``path`` (of every export when None), waiting for running ones."""
+    """Forget the scans of ``path`` (of every export when None), freeing what they read: at
+    once where they are done, when they end where they still run (not waited for)."""
     with _lock:
-        keys = [k for k in _started if path is None or k[0] == str(path.resolve())]
-        gone = [_started.pop(k) for k in keys]
+        exports = {k[0] for k in _started} | set(_identity) if path is None else {str(path.resolve())}
+        gone = [started for export in exports for started in _drop_locked(export)]
+    _release(gone)
+
+
+def _release(gone: list[_Started]) -> None:
+    """Free what scans no longer in the registry read: at once where they are done, when
+    they end where they still run."""
     for started in gone:
-        started.result(lambda stream: None)
+        started.frame = None
+        if not started.running():
+            started.result(lambda stream: None)
