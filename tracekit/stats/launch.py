@@ -266,10 +266,7 @@ class _Launches:
     def kernel_column(self, column: str) -> pl.Series:
         """Kernel column ``column`` (``name`` as string ids, or text when the trace holds
         ``kernels``) of each launch's kernel: read alone, so one whole column is in memory."""
-        return self.of_kernels(_kernel_column(self._trace, column))
-
-    def of_kernels(self, values: pl.Series) -> pl.Series:
-        """``values`` (one per kernel, in table order) of each launch's kernel."""
+        values = _kernel_column(self._trace, column)
         rows = self._rows(values.len())
         return values if rows is None else values.gather(rows)
 
@@ -349,17 +346,17 @@ def cuda_kern_exec_sum(trace: NsysTrace, *, convention: str = "2025", every_call
     # tracekit.nsys.readahead), and this runs meanwhile (200 k kernels, 1.2 M calls: 0.06 s off
     # the run). The launched kernels' names are some of these: where ids stand for all the
     # names they stand for these; where not, grouping by text gives the same groups
-    names = _kernel_column(trace, "name")
-    strings = trace.strings_of(*([names.unique()] if names.dtype != pl.Utf8 else []))
+    names = _kernel_column(trace, "name").unique()
+    strings = trace.strings_of(*([names] if names.dtype != pl.Utf8 else []))
     by_id = names_are_ids(pl.DataFrame({"name": names}), "name", strings)
+    del names  # the distinct names only: each kernel's, held through the join, were 16 MB more at its peak on 2 M kernels
     launches = _Launches(trace, every_call=every_call)
     api_column, kernel_column = launches.api_column, launches.kernel_column
     # the group of each launch: (pid, tid) is the low 48 bits of global_tid; API names group by
     # their display text (cudaLaunchKernel and cudaLaunchKernel_v7000 are one row), kernel
     # names by id while each text has one id
     group_keys = pl.DataFrame({"_pid_tid": api_column("global_tid") % (1 << 48)})
-    api_names, kernel_names = api_column("name"), launches.of_kernels(names)
-    del names
+    api_names, kernel_names = api_column("name"), kernel_column("name")
     if api_names.dtype != pl.Utf8:
         strings = _either_strings(strings, trace.strings_of(api_names.unique()))
     group_keys = group_keys.with_columns(
