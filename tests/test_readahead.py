@@ -278,3 +278,36 @@ def test_an_interrupted_plain_command_ends_as_through_typer(raised: type[BaseExc
         results.append(capsys.readouterr().err)
     err = "\n" if raised is EOFError else ""
     assert results == [code, err, code, err]
+
+
+def _open(path: Path) -> int:
+    """Descriptors of this process open on ``path``."""
+    target = str(path.resolve())
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}") == target
+        except OSError:
+            continue
+    return count
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc")
+def test_a_dropped_scan_closes_its_connection(tmp_path: Path) -> None:
+    """A scan dropped before it is taken (finished, or still running: a slow filter) frees its
+    rows and closes its SQLite connection once it has finished; so does one taken whole."""
+    path = mutated_copy(TP2, tmp_path / "export.sqlite")
+    # a filter that keeps SQLite busy for a while first: that scan is still running when dropped
+    slow = "start > (WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 2000000) SELECT count(*) FROM c)"
+    for take_it, where in ((False, ""), (False, slow), (True, "")):
+        readahead.start(path, [readahead.Scan(CALLS, ("start", "end"), where)])
+        started = list(readahead._started.values())
+        if take_it:
+            assert readahead.take(path, CALLS, "", ["start", "end"], pl.DataFrame,
+                                  lambda f, c: f.schema[c] == pl.Int64) is not None
+        else:
+            readahead.drop(path)
+        for s in started:
+            s._thread.join()
+        assert not readahead.pending(path)
+        assert _open(path) == 0

@@ -8,8 +8,10 @@ import tempfile
 from pathlib import Path
 from typing import Any, BinaryIO
 
-#: Version of the column cache's stored layout (part of each export's folder key).
-COLUMN_CACHE_FORMAT = "3"
+#: Version of the column cache's stored layout (part of each export's folder key). 4: the
+#: columns of an export carrying an index are read in rowid order (``NOT INDEXED``); earlier
+#: versions could cache a column in the index's order, which no longer lines up.
+COLUMN_CACHE_FORMAT = "4"
 
 
 def column_cache_enabled() -> bool:

@@ -170,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
                 file, report, convention, fmt = plain
                 try:
                     run_stats(file, report, fmt, convention=convention)
-                except KeyboardInterrupt:  # as through typer: exit 130, no line
+                except KeyboardInterrupt:  # as through typer: the warnings so far, exit 130
+                    flush_warnings()
                     return 130
                 except EOFError:  # as click through typer: an empty line, then Abort (exit 1)
                     print(file=sys.stderr)

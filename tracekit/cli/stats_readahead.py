@@ -15,7 +15,8 @@ Standard library only. Started for the first report of the command line when it 
   at most a quarter of the memory left (:func:`tracekit.nsys.memory.free_memory`). A damaged
   export's text cells in those columns take more; the scan holding them is freed as soon as
   the report finds them (the usual read, which reads them too, comes after), and whatever
-  the first report did not take is freed when it ends (:func:`tracekit.cli.stats_run.run_stats`).
+  the first report did not take is freed when it ends (:func:`tracekit.cli.stats_run.run_stats`;
+  a scan still running then is freed, and its connection closed, when it finishes).
 
 ``TRACEKIT_READ_AHEAD=0`` (or ``off``, ``false``, ``no``) turns it off. Anything else, and
 any failure here, starts nothing: the report reads as usual. What a scan

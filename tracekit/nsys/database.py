@@ -559,8 +559,8 @@ class ExportDatabase:
     ) -> pl.DataFrame | None:
         """The columns ``exprs`` (plain quoted column names) of a scan that the CLI started
         before polars was imported (:mod:`tracekit.nsys.readahead`), cast to ``schema``; None
-        (then the table is read as usual) when there is none for this table and filter, or
-        it does not hold them all as 64-bit integers."""
+        (then the table is read as usual) when there is none for this table and filter, it
+        lacks one of them, or not every column it read is 64-bit integers."""
         if self.engine != "adbc" or not self._immutable or not readahead.pending(self.path):
             return None
         names = [m.group(1) if (m := _PLAIN_COLUMN.fullmatch(e)) else None for e in exprs]

@@ -78,6 +78,8 @@ class _Started:
         self._stream: Any = None
         self._handles: list[Any] = []
         self._done = False
+        self._finished = False  # the thread has read all it will
+        self._abandoned = False  # dropped: what it read is freed, now or when it is finished
         self._result_lock = threading.Lock()  # one taker makes the frame; the others wait for it
         self._thread = threading.Thread(target=self._run, args=(uri,), name="tracekit-readahead", daemon=True)
         self._thread.start()
@@ -96,10 +98,19 @@ class _Started:
             self._stream = stmt.execute_query()[0]
         except Exception as exc:  # the usual read runs instead, and reports any real problem
             log.debug("reading %s ahead failed: %s", self.scan.table, exc)
+        with self._result_lock:
+            self._finished = True
+            if self._abandoned:  # dropped while it ran: its rows and connection go now
+                self._make(lambda stream: None)
 
-    def running(self) -> bool:
-        """Whether the scan is still being read (its thread then holds it until it ends)."""
-        return self._thread.is_alive()
+    def abandon(self) -> None:
+        """Free what the scan read and close its connection: now where it is finished, else
+        as soon as it is (it runs to its end; SQLite's step is not interrupted)."""
+        with self._result_lock:
+            self._abandoned = True
+            self.frame = None
+            if self._finished:
+                self._make(lambda stream: None)
 
     def result(self, make_frame: Callable[[Any], Any]) -> Any:
         """The scan's rows as ``make_frame(stream)`` (the driver's Arrow stream; made once),
@@ -177,8 +188,8 @@ def take(path: Path, table: str, where: str, columns: Sequence[str], make_frame:
     A scan is dropped (its rows freed) once all its columns are taken; at once, none taken,
     when any of its columns is not 64-bit integers (``is_int64(frame, column)``: a damaged
     export's cells, which the usual read then handles; its columns share one batch's memory,
-    which a column taken would keep), when the file changed, and when the table is read with
-    another filter (the report reads it another way)."""
+    which a column taken would keep), when the file changed, and when the table's plain
+    columns are asked for with another filter (the report reads it another way)."""
     key = _key(path, table, where)
     with _lock:
         if _identity.get(key[0]) != _stat(path):
@@ -213,8 +224,9 @@ def _drop_locked(export: str) -> list[_Started]:
 
 
 def drop(path: Path | None = None) -> None:
-    """Forget the scans of ``path`` (of every export when None), freeing what they read: at
-    once where they are done, when they end where they still run (not waited for)."""
+    """Forget the scans of ``path`` (of every export when None), freeing what they read and
+    closing their connections: at once where they are finished, when they finish where they
+    still run (not waited for)."""
     with _lock:
         exports = {k[0] for k in _started} | set(_identity) if path is None else {str(path.resolve())}
         gone = [started for export in exports for started in _drop_locked(export)]
@@ -222,9 +234,7 @@ def drop(path: Path | None = None) -> None:
 
 
 def _release(gone: list[_Started]) -> None:
-    """Free what scans no longer in the registry read: at once where they are done, when
-    they end where they still run."""
+    """Free what scans no longer in the registry read, and close their connections: at once
+    where they are finished, when they finish where they still run."""
     for started in gone:
-        started.frame = None
-        if not started.running():
-            started.result(lambda stream: None)
+        started.abandon()
