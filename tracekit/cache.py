@@ -14,9 +14,15 @@ from typing import Any, BinaryIO
 COLUMN_CACHE_FORMAT = "4"
 
 
+def switched_off(variable: str) -> bool:
+    """Whether the environment variable ``variable`` turns a feature that is on by default off:
+    ``0``, ``off``, ``false`` or ``no`` (any case, blanks around)."""
+    return os.environ.get(variable, "1").strip().lower() in ("0", "off", "false", "no")
+
+
 def column_cache_enabled() -> bool:
     """False when ``TRACEKIT_COLUMN_CACHE`` is ``0``, ``off``, ``false`` or ``no``."""
-    return os.environ.get("TRACEKIT_COLUMN_CACHE", "1").strip().lower() not in ("0", "off", "false", "no")
+    return not switched_off("TRACEKIT_COLUMN_CACHE")
 
 
 def cache_dir() -> Path:

@@ -30,21 +30,17 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import logging
-import os
 import resource
 import sqlite3
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from tracekit.cache import COLUMN_CACHE_FORMAT, cache_dir, export_key
+from tracekit.cache import COLUMN_CACHE_FORMAT, cache_dir, export_key, switched_off
 from tracekit.cli.stats_cache import parse_stats, report_names, usable_export
 from tracekit.nsys import readahead
 from tracekit.nsys.launch_scans import exec_sum_scans
 from tracekit.nsys.memory import free_memory
-from tracekit.nsys.sqlite_file import (
-    rowid_bounds,
-    sqlite_uri,
-)
+from tracekit.nsys.sqlite_file import rowid_bounds, sqlite_uri
 
 log = logging.getLogger(__name__)
 
@@ -66,20 +62,19 @@ def _cold(export: Path) -> bool:
     return not any(folder.glob("*.arrow"))
 
 
-def _bounds(con: sqlite3.Connection, table: str) -> tuple[int, int]:
-    """:func:`~tracekit.nsys.sqlite_file.rowid_bounds` of ``table``; ``(0, -1)`` when absent."""
-    try:
-        return rowid_bounds(lambda sql: con.execute(sql).fetchone()[0], table)
-    except sqlite3.Error:
-        return 0, -1
-
-
 def _row_estimates(con: sqlite3.Connection) -> Callable[[str], int]:
-    """A table's rowid span (its rows, as the export reader estimates them; 0 when absent)."""
+    """A table's rowid span (its rows, as the export reader estimates them; 0 when absent),
+    each table's asked of SQLite once."""
+    spans: dict[str, int] = {}
 
     def rows(table: str) -> int:
-        lo, hi = _bounds(con, table)
-        return hi - lo + 1
+        if table not in spans:
+            try:
+                lo, hi = rowid_bounds(lambda sql: con.execute(sql).fetchone()[0], table)
+            except sqlite3.Error:  # no such table
+                lo, hi = 0, -1
+            spans[table] = hi - lo + 1
+        return spans[table]
 
     return rows
 
@@ -87,7 +82,7 @@ def _row_estimates(con: sqlite3.Connection) -> Callable[[str], int]:
 def start_reads(argv: Sequence[str]) -> bool:
     """Start the scans of the ``tracekit stats`` command line ``argv`` (without the program)
     that the module docstring allows; whether any were started."""
-    if os.environ.get("TRACEKIT_READ_AHEAD", "1").strip().lower() in ("0", "off", "false", "no"):
+    if switched_off("TRACEKIT_READ_AHEAD"):
         return False
     try:
         parsed = parse_stats(argv)
