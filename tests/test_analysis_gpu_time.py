@@ -421,6 +421,25 @@ def test_next_operation_beside_the_gaps_equals_the_join() -> None:
     assert gaps.height > 100 and gaps.get_column("next_op").null_count() < gaps.height
 
 
+def test_next_operation_is_the_first_in_row_order_of_those_starting_together() -> None:
+    """Where several operations start where a gap ends, the gap's next operation is the first
+    of them in the table's rows: TP2's kernels with a renamed copy of each kernel that ends a
+    gap, put after every original row (the originals are picked) and before them (the copies
+    are); every other column of the gaps is unchanged."""
+    trace = _open(TP2)
+    ops, api = trace.kernels, trace.cuda_api
+    plain = idle_gaps(ops, api)
+    keys = [c for c in ("rank", "device_id") if c in ops.columns]
+    twins = ops.join(plain.select(*keys, pl.col("end_ns").alias("start_ns")), on=[*keys, "start_ns"],
+                     how="semi").with_columns(pl.lit("twin").alias("name"))
+    assert twins.height >= plain.height > 100
+    after = idle_gaps(pl.concat([ops, twins]), api)
+    before = idle_gaps(pl.concat([twins, ops]), api)
+    assert after.equals(plain)
+    assert before.drop("next_op").equals(plain.drop("next_op"))
+    assert before.get_column("next_op").to_list() == ["twin"] * plain.height
+
+
 def test_rows_where_equals_a_filter() -> None:
     """``rows_where`` gives the filter's rows in order (a slice where they are one run), with
     null conditions dropped as a filter drops them: random windows and scattered masks on a
