@@ -421,13 +421,16 @@ def test_next_operation_beside_the_gaps_equals_the_join() -> None:
     assert gaps.height > 100 and gaps.get_column("next_op").null_count() < gaps.height
 
 
-def test_next_operation_is_the_first_in_row_order_of_those_starting_together() -> None:
+@pytest.mark.parametrize("source", ["tp2", "tp2_ranks"])
+def test_next_operation_is_the_first_in_row_order_of_those_starting_together(source: str) -> None:
     """Where several operations start where a gap ends, the gap's next operation is the first
-    of them in the table's rows: TP2's kernels with a renamed copy of each kernel that ends a
-    gap, put after every original row (the originals are picked) and before them (the copies
-    are); every other column of the gaps is unchanged."""
-    trace = _open(TP2)
+    of them in the table's rows: TP2's kernels (one export, and the per-rank exports with
+    their ``rank`` key) with a renamed copy of each kernel that ends a gap, put after every
+    original row (the originals are picked) and before them (the copies are); every other
+    column of the gaps is unchanged."""
+    trace = _open(TP2) if source == "tp2" else tracekit.open_many(SAMPLES / "llm_tp2_nccl_per_rank")
     ops, api = trace.kernels, trace.cuda_api
+    assert ("rank" in ops.columns) == (source == "tp2_ranks")
     plain = idle_gaps(ops, api)
     keys = [c for c in ("rank", "device_id") if c in ops.columns]
     twins = ops.join(plain.select(*keys, pl.col("end_ns").alias("start_ns")), on=[*keys, "start_ns"],

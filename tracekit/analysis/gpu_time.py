@@ -340,8 +340,9 @@ def idle_gaps(
     -------
     One row per gap: (``rank``,) ``device_id``, ``start_ns`` (end of the previous busy
     stretch), ``end_ns`` (start of the next operation), ``duration_ns``, ``next_op`` (its
-    name; of operations that start together, the first in ``ops``' rows), ``next_api`` (the call that launched it), ``next_launched_ns`` (start of that call),
-    the time of the gap that calls of the launching thread filled, by kind — ``sync_ns``
+    name; of operations that start together, the first in ``ops``' rows: of :func:`gpu_ops`,
+    a kernel before a copy, memset or graph), ``next_api`` (the call that launched it),
+    ``next_launched_ns`` (start of that call), the time of the gap that calls of the launching thread filled, by kind — ``sync_ns``
     (``*Synchronize`` and queries), ``copy_ns`` (``cudaMemcpy*``/``cudaMemset*`` calls),
     ``launch_ns`` (kernel/graph launches and other ``*Async`` calls), ``other_api_ns`` — and
     ``cause``, the first that applies of:
@@ -386,8 +387,8 @@ def idle_gaps(
     schema_cols = [*keys, "start_ns", "end_ns", "duration_ns", "next_op", "next_api", "next_launched_ns",
                    "sync_ns", "copy_ns", "launch_ns", "other_api_ns", "cause"]
     # the operation that ends the gap and the call that launched it: the operations that
-    # start where a gap ends (a semi join on the gaps' ends, so that only those are kept,
-    # sorted and made unique: 200 k kernels, 2 k gaps, 22 MB less at the summary's peak),
+    # start where a gap ends (a semi join on the gaps' ends first, so that only those are
+    # made unique and sorted: 200 k kernels, 2 k gaps, 22 MB less at the summary's peak),
     # the first in the table's rows of those that start together, in the gaps' order; only
     # these get their other columns and, below, their launch: a row per gap, not per operation
     opcols = [c for c in ("name", "correlation_id", "global_pid", "op_kind") if c in ops.columns]
