@@ -342,10 +342,10 @@ def idle_gaps(
     stretch), ``end_ns`` (start of the next operation), ``duration_ns``, ``next_op`` (its
     name; of operations that start together, the first in ``ops``' rows: of :func:`gpu_ops`,
     a kernel before a copy, memset or graph), ``next_api`` (the call that launched it),
-    ``next_launched_ns`` (start of that call), the time of the gap that calls of the launching thread filled, by kind — ``sync_ns``
-    (``*Synchronize`` and queries), ``copy_ns`` (``cudaMemcpy*``/``cudaMemset*`` calls),
-    ``launch_ns`` (kernel/graph launches and other ``*Async`` calls), ``other_api_ns`` — and
-    ``cause``, the first that applies of:
+    ``next_launched_ns`` (start of that call), the time of the gap that calls of the
+    launching thread filled, by kind — ``sync_ns`` (``*Synchronize`` and queries),
+    ``copy_ns`` (``cudaMemcpy*``/``cudaMemset*`` calls), ``launch_ns`` (kernel/graph launches
+    and other ``*Async`` calls), ``other_api_ns`` — and ``cause``, the first that applies of:
 
     ``graph``
         the next operation is a node of a CUDA graph whose launch call started before the
